@@ -1,0 +1,39 @@
+# vllm-eagle3 — every target installs what it needs by itself.
+#   make demo   serve the bundled miniature Kimi K2.5 with its EAGLE-3 head and show it working
+#   make test   the whole test suite (unit, parity incl. SGLang, e2e)
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.vllm-eagle3-installed
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export VLLM_USAGE_SOURCE := vllm-eagle3
+export VLLM_NO_USAGE_STATS := 1
+export DO_NOT_TRACK := 1
+
+.PHONY: setup sglang-env test test-unit demo bench clean
+
+$(STAMP): pyproject.toml scripts/setup_venv.sh
+	bash scripts/setup_venv.sh $(VENV)
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+sglang-env:
+	bash scripts/setup_sglang_env.sh
+
+test: setup sglang-env
+	$(VPY) -m pytest -v tests
+
+test-unit: setup
+	$(VPY) -m pytest -v -m unit tests
+
+demo: setup
+	$(VENV)/bin/vllm-eagle3 demo
+
+bench: setup
+	$(VENV)/bin/vllm-eagle3 bench
+
+clean:
+	rm -rf $(VENV) .venv-sglang .pytest_cache

@@ -1,0 +1,151 @@
+"""Static resolution of target + draft + spec, with every class of bad input the brief names.
+
+Each case guards a silent failure seen in the field: unknown convention, out-of-range or duplicate taps, fan-in
+mismatch with the draft's fc, missing d2t (vLLM then maps draft token i to target token i), ids only in the nested
+eagle_config (vLLM's runner ignores them and uses its defaults), no ids at all (defaults = the incident's wiring).
+"""
+
+import json
+import struct
+
+import pytest
+
+from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, resolve_capture, resolve_from_env
+from vllm_eagle3.spec import CaptureSpecError
+
+pytestmark = pytest.mark.unit
+H, L, V = 128, 61, 4096
+
+
+def write_safetensors_header(path, shapes):
+    """A safetensors file whose header declares ``shapes`` (F32) and whose data section holds zeros."""
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        n = 4
+        for s in shape:
+            n *= s
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+
+
+@pytest.fixture
+def target(tmp_path):
+    d = tmp_path / "target"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "text_config": {"num_hidden_layers": L, "hidden_size": H, "vocab_size": V}}))
+    return d
+
+
+def make_draft(tmp_path, ids=(-1, 2, 30), nested=True, top=True, fan_in=3 * H, d2t=True, extra=None, name="draft"):
+    d = tmp_path / name
+    d.mkdir()
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": H, "draft_vocab_size": 1024,
+           "vocab_size": V, **(extra or {})}
+    if top:
+        cfg["eagle_aux_hidden_state_layer_ids"] = list(ids)
+    if nested:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(ids), "use_aux_hidden_state": True}
+    (d / "config.json").write_text(json.dumps(cfg))
+    shapes = {"fc.weight": [H, fan_in], "lm_head.weight": [1024, H]}
+    if d2t:
+        shapes["d2t"] = [1024]
+    write_safetensors_header(d / "model.safetensors", shapes)
+    return d
+
+
+@pytest.fixture
+def spec_yaml(tmp_path):
+    p = tmp_path / "spec.yaml"
+    p.write_text("taps: [embed, 3, 31]\nnum_layers: 61\ndraft_ids_convention: sglang-legacy\n")
+    return p
+
+
+def test_incident_head_resolves_from_yaml(target, tmp_path, spec_yaml):
+    r = resolve_capture(target, make_draft(tmp_path), spec_path=spec_yaml)
+    assert r.spec.taps == (0, 3, 31) and r.runner_ids == (-1, 2, 30) and r.draft_convention == "sglang-legacy"
+    line = r.log_line()
+    assert "taps [embed, 3, 31]" in line and str(spec_yaml) in line and "[-1, 2, 30]" in line
+
+
+def test_incident_head_resolves_from_convention(target, tmp_path):
+    r = resolve_capture(target, make_draft(tmp_path), convention="sglang-legacy")
+    assert r.spec.taps == (0, 3, 31)
+    assert "read as sglang-legacy" in r.spec.source
+
+
+def test_env_is_read(target, tmp_path, spec_yaml):
+    draft = make_draft(tmp_path)
+    assert resolve_from_env(target, draft, {ENV_SPEC: str(spec_yaml)}).spec.taps == (0, 3, 31)
+    assert resolve_from_env(target, draft, {ENV_CONVENTION: "sglang-legacy"}).spec.taps == (0, 3, 31)
+
+
+def test_runner_ids_must_match(target, tmp_path, spec_yaml):
+    r = resolve_capture(target, make_draft(tmp_path), spec_path=spec_yaml)
+    r.check_runner_ids((2, 30, -1))
+    with pytest.raises(CaptureSpecError, match=r"runner asked to capture ids \[2, 30, 58\] .* refusing"):
+        r.check_runner_ids((2, 30, 58))
+
+
+@pytest.mark.parametrize("kwargs, setup, message", [
+    ({}, {}, r"have no stated convention, and they mean different taps in different engines; pass --capture-spec"),
+    ({"convention": "tensorrt"}, {}, r"unknown id convention 'tensorrt'"),
+    ({"convention": "vllm"}, {}, r"id -1 is out of range for a 61-layer model under the vllm convention"),
+    ({"convention": "sglang-legacy"}, {"ids": (2, 30, 58)}, None),  # fine on its own: taps 3/31/59
+    ({"convention": "sglang-legacy"}, {"ids": (-1, 2, 2)}, r"lists id 2 twice"),
+    ({"convention": "sglang-legacy"}, {"fan_in": 2 * H}, r"fan-in mismatch: the draft's fc takes 256 inputs"),
+    ({"convention": "sglang-legacy"}, {"d2t": False}, r"reduced vocabulary \(1024 of 4096 tokens\) but has no d2t"),
+    ({"convention": "sglang-legacy"}, {"top": False}, r"ids only in eagle_config.* vLLM's runner reads the top-level"),
+    ({"convention": "sglang-legacy"}, {"top": False, "nested": False}, r"no eagle_aux_hidden_state_layer_ids; .*"
+                                                                        r"defaults \[2, 30, 58\]"),
+    ({"convention": "sglang-legacy"}, {"ids": ([-1, 2, 30],)}, r"is a nested list"),
+    ({"convention": "sglang-legacy"}, {"extra": {"num_aux_hidden_states": 2}}, r"num_aux_hidden_states = 2"),
+])
+def test_bad_input_is_a_clear_error(target, tmp_path, kwargs, setup, message):
+    draft = make_draft(tmp_path, **setup)
+    if message is None:
+        assert resolve_capture(target, draft, **kwargs).spec.taps == (3, 31, 59)
+        return
+    with pytest.raises(CaptureSpecError, match=message):
+        resolve_capture(target, draft, **kwargs)
+
+
+def test_spec_and_draft_disagree(target, tmp_path, spec_yaml):
+    """The incident: a spec for [embed, 3, 31] and a draft config whose ids name 3/31/59."""
+    draft = make_draft(tmp_path, ids=(2, 30, 58))
+    with pytest.raises(CaptureSpecError, match=r"spec \[embed, 3, 31\] .* disagree: its ids \[2, 30, 58\] read as "
+                                               r"sglang-legacy are taps \[3, 31, 59\]"):
+        resolve_capture(target, draft, spec_path=spec_yaml)
+
+
+def test_nested_and_top_level_disagree(target, tmp_path):
+    draft = make_draft(tmp_path, nested=False)
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}
+    (draft / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CaptureSpecError, match=r"two different id lists: top-level \[-1, 2, 30\] .* eagle_config "
+                                               r"\[2, 30, 58\]"):
+        resolve_capture(target, draft, convention="sglang-legacy")
+
+
+def test_yaml_without_convention_cannot_be_checked(target, tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("taps: [embed, 3, 31]\n")
+    with pytest.raises(CaptureSpecError, match=r"does not say how to read the draft config's ids \[-1, 2, 30\]"):
+        resolve_capture(target, make_draft(tmp_path), spec_path=p)
+
+
+def test_missing_and_malformed_files(target, tmp_path):
+    with pytest.raises(CaptureSpecError, match="does not exist or is not a folder"):
+        resolve_capture(target, tmp_path / "nope", convention="vllm")
+    draft = make_draft(tmp_path)
+    (draft / "config.json").write_text("{not json")
+    with pytest.raises(CaptureSpecError, match="draft config .* is not valid JSON"):
+        resolve_capture(target, draft, convention="vllm")
+    draft2 = make_draft(tmp_path, name="draft2")
+    (draft2 / "model.safetensors").write_bytes(b"\x01\x02")
+    with pytest.raises(CaptureSpecError, match="truncated"):
+        resolve_capture(target, draft2, convention="sglang-legacy")

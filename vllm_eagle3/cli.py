@@ -1,0 +1,97 @@
+"""The ``vllm-eagle3`` command: one dispatcher, each subcommand in its own module (imported lazily).
+
+Every subcommand module exposes ``main(argv: list[str]) -> int`` with its own argparse ``--help``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    # name: (module, one-line help)
+    "serve": ("vllm_eagle3.serve", "validate the capture spec, then run vLLM's own `vllm serve` with the plugin"),
+    "demo": ("vllm_eagle3.demo", "serve the bundled miniature Kimi K2.5 + EAGLE-3 head and query it (the main job)"),
+    "resolve": ("vllm_eagle3.cli", "print the taps a target + draft + spec resolve to (static, no engine)"),
+    "conventions": ("vllm_eagle3.cli", "list the engine id conventions and what an id list means in each"),
+    "inspect": ("vllm_eagle3.inspect", "resolved spec of a target + draft, and warnings for known traps"),
+    "convert": ("vllm_eagle3.convert", "translate a draft config's ids from one engine convention to another"),
+    "doctor": ("vllm_eagle3.doctor", "measure which taps a draft was trained on (ranked wirings + config lines)"),
+    "bench": ("vllm_eagle3.bench", "benchmark: with vs without EAGLE-3, plugin capture vs native, one run"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    lines = ["usage: vllm-eagle3 <command> [options]   (vllm-eagle3 <command> --help for each)", "",
+             "EAGLE-3 for Kimi K2.5 on vLLM with an explicit aux-capture spec (tap k = hidden state entering "
+             "layer k; embed = tap 0).", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"vllm-eagle3: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    if name == "resolve":
+        return resolve_main(rest)
+    if name == "conventions":
+        return conventions_main(rest)
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+def resolve_main(argv: list[str]) -> int:
+    import argparse
+
+    from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, ids_for_engines, resolve_capture
+    from vllm_eagle3.spec import CaptureSpecError
+
+    p = argparse.ArgumentParser(prog="vllm-eagle3 resolve", description=SUBCOMMANDS["resolve"][1])
+    p.add_argument("--target", required=True, help="target model folder (config.json)")
+    p.add_argument("--draft", required=True, help="EAGLE-3 draft folder (config.json + safetensors)")
+    p.add_argument("--capture-spec", default=None, help=f"capture-spec YAML (env {ENV_SPEC})")
+    p.add_argument("--convention", default=None, help=f"convention of the draft config's ids (env {ENV_CONVENTION})")
+    args = p.parse_args(argv)
+    try:
+        r = resolve_capture(args.target, args.draft, spec_path=args.capture_spec, convention=args.convention)
+    except CaptureSpecError as exc:
+        print(f"vllm-eagle3: error: {exc}", file=sys.stderr)
+        return 1
+    print(r.log_line())
+    for conv, ids in ids_for_engines(r.spec, r.target.num_layers).items():
+        print(f"  {conv:<14} {list(ids) if isinstance(ids, tuple) else ids}")
+    return 0
+
+
+def conventions_main(argv: list[str]) -> int:
+    import argparse
+
+    from vllm_eagle3.conventions import CONVENTIONS, ids_to_taps
+    from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
+
+    p = argparse.ArgumentParser(prog="vllm-eagle3 conventions", description=SUBCOMMANDS["conventions"][1])
+    p.add_argument("--ids", default=None, help="comma-separated ids, e.g. -1,2,30: show the taps in each convention")
+    p.add_argument("--num-layers", type=int, default=61, help="target decoder layers (default 61, Kimi K2.5)")
+    args = p.parse_args(argv)
+    ids = [int(x) for x in args.ids.split(",")] if args.ids else None
+    for c in CONVENTIONS.values():
+        print(f"{c.name:<14} {c.description}\n{'':<14} concat order: {c.concat_order}; reads the {c.reads} list; "
+              f"code: {c.code_ref}")
+        if ids is not None:
+            try:
+                meaning = CaptureSpec(ids_to_taps(ids, c.name, args.num_layers)).label()
+            except CaptureSpecError as exc:
+                meaning = f"invalid: {exc}"
+            print(f"{'':<14} ids {ids} -> taps {meaning}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

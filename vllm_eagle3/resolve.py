@@ -1,0 +1,282 @@
+"""Static resolution and validation of a target + EAGLE-3 draft + capture spec, before any engine starts.
+
+Data flow position: this decides the **taps** (``target forward -> taps -> concat -> draft fc -> proposer``) from
+files alone: the target's ``config.json``, the draft's ``config.json`` and the draft's safetensors *headers* (no
+weights are read). The CLI runs it before ``vllm serve`` (one clear line instead of a worker traceback), and the
+plugin runs it again inside every vLLM process.
+
+Where the spec comes from, in order:
+1. a capture-spec YAML (``--capture-spec`` / ``VLLM_EAGLE3_SPEC``), optionally naming ``draft_ids_convention``;
+2. the draft config's ids read under a DECLARED convention (``--convention`` / ``VLLM_EAGLE3_CONVENTION``).
+Neither -> error: a draft config's ids are never read under a guessed convention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any, Mapping
+
+from vllm_eagle3.conventions import engine_default_ids, get_convention, ids_to_taps, taps_to_ids
+from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, load_spec_file
+
+ENV_SPEC = "VLLM_EAGLE3_SPEC"
+ENV_CONVENTION = "VLLM_EAGLE3_CONVENTION"
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+# ----------------------------------------------------------------------------------------------- file readers
+
+def read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise CaptureSpecError(f"{what} {path} does not exist; check the path")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CaptureSpecError(f"{what} {path} is not valid JSON ({exc}); restore it from the checkpoint") from None
+    if not isinstance(data, dict):
+        raise CaptureSpecError(f"{what} {path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def safetensors_shapes(folder: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from every ``*.safetensors`` header in ``folder`` (8-byte length + JSON header)."""
+    shapes: dict[str, list[int]] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                raise CaptureSpecError(f"{f} is truncated (no safetensors header)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > 100_000_000:
+                raise CaptureSpecError(f"{f} is not a safetensors file (header length {n})")
+            try:
+                header = json.loads(fh.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise CaptureSpecError(f"{f} has a corrupt safetensors header") from None
+        for name, info in header.items():
+            if name != "__metadata__":
+                shapes[name] = list(info["shape"])
+    return shapes
+
+
+def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language-model part of a target config (Kimi K2.5 nests it under ``text_config``)."""
+    return cfg.get("text_config") or cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetInfo:
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    architecture: str
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "TargetInfo":
+        tc = text_config(cfg)
+        try:
+            return cls(int(tc["num_hidden_layers"]), int(tc["hidden_size"]), int(tc["vocab_size"]),
+                       (cfg.get("architectures") or ["?"])[0])
+        except KeyError as exc:
+            raise CaptureSpecError(f"target config lacks {exc}; is this a DeepSeek/Kimi config.json?") from None
+
+    @classmethod
+    def load(cls, target: str | Path | Mapping[str, Any]) -> "TargetInfo":
+        if isinstance(target, Mapping):
+            return cls.from_config(target)
+        return cls.from_config(read_json(Path(target) / "config.json", "target config"))
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftInfo:
+    path: Path | None
+    config: Mapping[str, Any]
+    top_ids: tuple[int, ...] | None
+    nested_ids: tuple[int, ...] | None
+    shapes: Mapping[str, list[int]]
+
+    @classmethod
+    def load(cls, draft: str | Path) -> "DraftInfo":
+        path = Path(draft)
+        if not path.is_dir():
+            raise CaptureSpecError(f"draft {path} does not exist or is not a folder; pass the EAGLE-3 draft's folder")
+        cfg = read_json(path / "config.json", "draft config")
+        return cls.from_config(cfg, path=path, shapes=safetensors_shapes(path))
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], path: Path | None = None,
+                    shapes: Mapping[str, list[int]] | None = None) -> "DraftInfo":
+        nested = cfg.get("eagle_config") or {}
+        if not isinstance(nested, Mapping):
+            raise CaptureSpecError(f"draft config: eagle_config must be an object, got {nested!r}")
+        return cls(path, cfg, _ids_or_none(cfg.get(IDS_KEY), IDS_KEY),
+                   _ids_or_none(nested.get(IDS_KEY), f"eagle_config.{IDS_KEY}"), shapes or {})
+
+    @property
+    def fc_in_features(self) -> int | None:
+        shape = self.shapes.get("fc.weight") or self.shapes.get("model.fc.weight")
+        return shape[1] if shape else None
+
+    def has(self, name: str) -> bool:
+        return name in self.shapes or f"model.{name}" in self.shapes
+
+
+def _ids_or_none(value: Any, where: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise CaptureSpecError(f"draft config {where} must be a list of ints, got {value!r}")
+    for v in value:
+        if isinstance(v, list):
+            raise CaptureSpecError(
+                f"draft config {where} = {value} is a nested list; vLLM and SGLang read a flat list of ints, "
+                "e.g. [-1, 2, 30]: flatten it"
+            )
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise CaptureSpecError(f"draft config {where} = {value} holds {v!r}, which is not an integer")
+    return tuple(value)
+
+
+# ----------------------------------------------------------------------------------------------- resolution
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """What the plugin will capture and why."""
+
+    spec: CaptureSpec
+    target: TargetInfo
+    draft_ids: tuple[int, ...]  # as written at top level in the draft config (what vLLM's runner reads)
+    draft_convention: str | None
+    runner_ids: tuple[int, ...]  # what vLLM's runner hands set_aux_hidden_state_layers
+
+    def log_line(self) -> str:
+        conv = f"{self.draft_convention} " if self.draft_convention else ""
+        return (f"vllm-eagle3: capturing taps {self.spec.label()} (hidden state entering layer k; embed = "
+                f"embedding output) in this order, from {self.spec.source}; draft config {conv}ids "
+                f"{list(self.draft_ids)}; vLLM runner ids {list(self.runner_ids)}; "
+                f"{self.target.num_layers}-layer target, draft fc fan-in {self.spec.fan_in(self.target.hidden_size)}")
+
+    def check_runner_ids(self, ids) -> None:
+        """The runner's ids must be the draft config's ids; anything else would capture other taps."""
+        if sorted(ids) != sorted(self.runner_ids):
+            raise CaptureSpecError(
+                f"vLLM's runner asked to capture ids {sorted(ids)} but the draft config says {list(self.runner_ids)} "
+                f"= taps {self.spec.label()}; refusing to capture other taps. Put the ids at the top level of the "
+                f"draft config.json ({IDS_KEY}) so the runner reads them"
+            )
+
+
+def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | DraftInfo,
+                    spec_path: str | Path | None = None, convention: str | None = None) -> Resolution:
+    """Resolve and validate; every problem raises :class:`CaptureSpecError` with the fix in its message."""
+    info = TargetInfo.load(target)
+    d = draft if isinstance(draft, DraftInfo) else DraftInfo.load(draft)
+    L = info.num_layers
+
+    # The id lists each engine reads.
+    if d.top_ids is None and d.nested_ids is None:
+        raise CaptureSpecError(
+            f"the draft config has no {IDS_KEY}; vLLM and SGLang would silently fall back to their defaults "
+            f"{list(engine_default_ids(L))} (the incident's wiring). Write the ids the draft was trained on, e.g. "
+            "`vllm-eagle3 convert --from hf --to vllm` output, into config.json"
+        )
+    if d.top_ids is None:
+        raise CaptureSpecError(
+            f"the draft config has ids only in eagle_config.{IDS_KEY} = {list(d.nested_ids)}; vLLM's V2 runner "
+            f"(the GPU default) reads only the top-level {IDS_KEY} and would silently use its default "
+            f"{list(engine_default_ids(L))} instead. Copy the list to the top level (`vllm-eagle3 convert` writes both)"
+        )
+    if d.nested_ids is not None and tuple(d.nested_ids) != tuple(d.top_ids):
+        raise CaptureSpecError(
+            f"the draft config has two different id lists: top-level {list(d.top_ids)} (read by vLLM) and "
+            f"eagle_config {list(d.nested_ids)} (read by SGLang); make them equal"
+        )
+    ids = d.top_ids
+
+    # The spec.
+    if spec_path is not None:
+        sf = load_spec_file(spec_path)
+        spec = sf.spec
+        if sf.num_layers is not None and sf.num_layers != L:
+            raise CaptureSpecError(
+                f"capture spec {spec_path} was written for a {sf.num_layers}-layer model but the target has {L} layers"
+            )
+        if convention is not None and sf.draft_ids_convention is not None and \
+                get_convention(convention).name != sf.draft_ids_convention:
+            raise CaptureSpecError(
+                f"the convention given ({convention}) disagrees with capture spec {spec_path} "
+                f"(draft_ids_convention: {sf.draft_ids_convention}); state it once"
+            )
+        conv = get_convention(convention).name if convention else sf.draft_ids_convention
+        if conv is None:
+            raise CaptureSpecError(
+                f"capture spec {spec_path} does not say how to read the draft config's ids {list(ids)}; add "
+                "`draft_ids_convention: <vllm|speculators|sglang|sglang-legacy|specforge|hf>` so they can be checked"
+            )
+    elif convention is not None:
+        conv = get_convention(convention).name
+        spec = CaptureSpec(taps=ids_to_taps(ids, conv, L), source=f"draft config ids {list(ids)} read as {conv}")
+    else:
+        raise CaptureSpecError(
+            f"the draft config's ids {list(ids)} have no stated convention, and they mean different taps in "
+            "different engines; pass --capture-spec configs/<spec>.yaml or --convention "
+            "<vllm|speculators|sglang|sglang-legacy|specforge|hf> (env VLLM_EAGLE3_SPEC / VLLM_EAGLE3_CONVENTION)"
+        )
+
+    spec.check_num_layers(L)
+    draft_taps = ids_to_taps(ids, conv, L)
+    if sorted(draft_taps) != sorted(spec.taps):
+        raise CaptureSpecError(
+            f"spec {spec.label()} ({spec.source}) and the draft config disagree: its ids {list(ids)} read as {conv} "
+            f"are taps {CaptureSpec(draft_taps).label()}; fix whichever is wrong (`vllm-eagle3 doctor` measures "
+            "which wiring the draft was trained on)"
+        )
+    n_aux = d.config.get("num_aux_hidden_states")
+    if n_aux is not None and n_aux != spec.num_taps:
+        raise CaptureSpecError(
+            f"draft config num_aux_hidden_states = {n_aux} but the spec {spec.label()} has {spec.num_taps} taps"
+        )
+    if d.fc_in_features is not None:
+        spec.check_fan_in(d.fc_in_features, info.hidden_size)
+    elif d.shapes:
+        raise CaptureSpecError(f"draft {d.path} has no fc.weight; is it an EAGLE-3 head?")
+    draft_vocab = d.config.get("draft_vocab_size")
+    if d.shapes and draft_vocab and draft_vocab != info.vocab_size and not d.has("d2t"):
+        raise CaptureSpecError(
+            f"the draft predicts a reduced vocabulary ({draft_vocab} of {info.vocab_size} tokens) but has no d2t "
+            "tensor; without it vLLM maps draft token i to target token i (wrong tokens, silent near-zero "
+            "acceptance). Export d2t with the draft"
+        )
+    return Resolution(spec=spec, target=info, draft_ids=tuple(ids), draft_convention=conv,
+                      runner_ids=_runner_ids(ids))
+
+
+def _runner_ids(ids: tuple[int, ...]) -> tuple[int, ...]:
+    """vLLM 0.32's runner passes the draft config's top-level ids through unchanged, as a tuple
+    (``v1/worker/gpu_model_runner.py`` ``_get_eagle3_aux_layers_from_config``; the V1 runner falls back to the nested
+    list, the V2 runner does not)."""
+    return tuple(ids)
+
+
+def resolve_from_env(target, draft, environ: Mapping[str, str] | None = None) -> Resolution:
+    """The plugin's entry: spec and convention from ``VLLM_EAGLE3_SPEC`` / ``VLLM_EAGLE3_CONVENTION``."""
+    env = os.environ if environ is None else environ
+    return resolve_capture(target, draft, spec_path=env.get(ENV_SPEC) or None,
+                           convention=env.get(ENV_CONVENTION) or None)
+
+
+def ids_for_engines(spec: CaptureSpec, num_layers: int) -> dict[str, tuple[int, ...] | str]:
+    """The spec written in every convention (or why it cannot be)."""
+    from vllm_eagle3.conventions import CONVENTIONS
+
+    out: dict[str, tuple[int, ...] | str] = {}
+    for name in CONVENTIONS:
+        try:
+            out[name] = taps_to_ids(spec.taps, name, num_layers)
+        except CaptureSpecError as exc:
+            out[name] = f"not expressible: {exc}"
+    return out
