@@ -98,7 +98,7 @@ def test_runner_ids_must_match(target, tmp_path, spec_yaml):
     ({"convention": "sglang-legacy"}, {"ids": (-1, 2, 2)}, r"lists id 2 twice"),
     ({"convention": "sglang-legacy"}, {"fan_in": 2 * H}, r"fan-in mismatch: the draft's fc takes 256 inputs"),
     ({"convention": "sglang-legacy"}, {"d2t": False}, r"reduced vocabulary \(1024 of 4096 tokens\) but has no d2t"),
-    ({"convention": "sglang-legacy"}, {"top": False}, r"ids only in eagle_config.* vLLM's runner reads the top-level"),
+    ({"convention": "sglang-legacy"}, {"top": False}, r"ids only in eagle_config.* V2 runner .* reads only the top-level"),
     ({"convention": "sglang-legacy"}, {"top": False, "nested": False}, r"no eagle_aux_hidden_state_layer_ids; .*"
                                                                         r"defaults \[2, 30, 58\]"),
     ({"convention": "sglang-legacy"}, {"ids": ([-1, 2, 30],)}, r"is a nested list"),
