@@ -20,8 +20,9 @@ from vllm_eagle3.spec import EMBED, CaptureSpecError, tap_label
 def engine_default_ids(num_layers: int) -> tuple[int, int, int]:
     """The ids vLLM, SGLang and speculators fall back to when a draft config names none: (2, L//2, L-3).
 
-    This is a DEFAULT, not a recommendation: it is what the incident's engine silently used.
-    In vLLM's convention these are taps; SGLang applies its +1 to a missing list too (taps 3, L//2+1, L-2 there).
+    This is a DEFAULT, not a recommendation: it is what the incident's engine silently used. Every engine reads
+    the default as taps directly (SGLang 0.5.23's ``set_eagle3_layers_to_capture(None)`` sets
+    ``layers_to_capture = [2, L//2, L-3]`` without its +1).
     """
     return (2, num_layers // 2, num_layers - 3)
 

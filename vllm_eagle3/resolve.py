@@ -58,8 +58,11 @@ def safetensors_shapes(folder: Path) -> dict[str, list[int]]:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise CaptureSpecError(f"{f} has a corrupt safetensors header") from None
         for name, info in header.items():
-            if name != "__metadata__":
-                shapes[name] = list(info["shape"])
+            if name == "__metadata__":
+                continue
+            if not isinstance(info, dict) or not isinstance(info.get("shape"), list):
+                raise CaptureSpecError(f"{f}: tensor {name!r} has no shape in the safetensors header (corrupt file)")
+            shapes[name] = list(info["shape"])
     return shapes
 
 

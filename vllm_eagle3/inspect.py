@@ -1,0 +1,480 @@
+"""``vllm-eagle3 inspect``: what a target + EAGLE-3 draft resolve to, and every known trap in the pair, at once.
+
+Data flow position: static, before any engine starts (files and safetensors headers only). It shows the spec
+(``target forward -> taps -> concat -> draft fc``) that :func:`vllm_eagle3.resolve.resolve_capture` resolves, the
+ids in every engine convention, what each engine would actually capture from this draft config, and WARNINGS for
+the traps in ``shared/CONVENTIONS.md``. ``resolve_capture`` stops at the first error (right for start-up); this
+module collects them all (right for a diagnosis), reusing resolve's readers and conventions' converters.
+
+Traps checked (each warning has a ``code`` the tests pin):
+- ``nested-only``: ids only in ``eagle_config`` -> vLLM's V2 runner ignores them and uses its default taps;
+- ``top-only``: ids only at top level -> SGLang reads only the nested list and uses its default taps;
+- ``lists-differ`` / ``no-ids``: two different lists, or none (every engine silently uses its defaults);
+- ``engine-reads``: an engine would capture other taps than the spec (e.g. SGLang < 0.5.14 reading [2, 30, 58]);
+  SGLang is checked for ONE version (``--sglang-version``; default: legacy when the ids are declared sglang-legacy,
+  else 0.5.14+), because the same nested list means different taps before and after 0.5.14 (PR #25454);
+- ``d2t-missing`` / ``draft-vocab``: a reduced draft vocabulary without ``d2t`` (draft id i -> target id i);
+- ``norm-before-fc`` / ``fc-norm`` / ``norm-exclusive``: config flags vs the weights (vLLM drops or defaults them);
+- ``fan-in`` / ``num-aux`` / ``aux-off``: the draft's ``fc`` vs the number of taps vLLM will size it for;
+- ``order``: a non-ascending spec, which engines that sort cannot feed without this plugin;
+- ``embed-crash``: tap 0 on vLLM's DeepSeek/Kimi path without the plugin (``Tensor + None``);
+- ``spec-override`` / ``spec-assert`` / ``algorithm`` / ``tbo`` / ``draft-path``: SGLang speculative flags that
+  override or contradict each other (the incident's ``--speculative-num-steps 1`` capping
+  ``--speculative-num-draft-tokens 16`` to 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, engine_order, get_convention, ids_to_taps
+from vllm_eagle3.resolve import IDS_KEY, DraftInfo, Resolution, TargetInfo, ids_for_engines, resolve_capture
+from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, tap_label
+
+DEEPSEEK_FAMILY = ("Deepseek", "KimiK25", "Kimi_K25")
+"""Target architectures (prefixes) whose vLLM 0.32 capture is ``hidden_states + residual`` (tap 0 crashes)."""
+
+
+def taps_label(taps) -> str:
+    """``[embed, 3, 31]`` for any tap tuple, also one that is not a valid spec (an engine default on a tiny model
+    can repeat a tap: (2, L//2, L-3) = (2, 3, 3) for L = 6)."""
+    return "[" + ", ".join(tap_label(t) for t in taps) + "]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One warning: a stable ``code`` and a message that says what is wrong and how to fix it."""
+
+    code: str
+    message: str
+
+
+# ----------------------------------------------------------------------------------------------- SGLang flags
+
+SGLANG_FLAGS = {
+    "speculative_algorithm": str, "speculative_draft_model_path": str, "speculative_num_steps": int,
+    "speculative_eagle_topk": int, "speculative_num_draft_tokens": int, "enable_two_batch_overlap": bool,
+    "model_path": str,
+}
+
+
+def parse_sglang_args(text: str) -> dict[str, Any]:
+    """The speculative flags of an SGLang command line (a string, or ``@file`` / a file path holding one).
+
+    Accepts ``--flag value`` and ``--flag=value``, line continuations and comments, and unambiguous prefixes (SGLang
+    parses with argparse, which accepts them too). Unknown flags are ignored; a flag given twice keeps the last
+    value, as argparse does.
+    """
+    path = Path(text[1:]) if text.startswith("@") else Path(text)
+    if text.startswith("@") or (len(text) < 4096 and "\n" not in text and not text.lstrip().startswith("-")
+                                and path.is_file()):
+        if not path.is_file():
+            raise CaptureSpecError(f"SGLang args file {path} does not exist")
+        text = path.read_text()
+    text = text.replace("\\\n", " ")
+    try:
+        tokens = shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise CaptureSpecError(f"cannot parse the SGLang command line ({exc}); check its quotes") from None
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=True, exit_on_error=False)
+    for name, kind in SGLANG_FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            p.add_argument(flag, dest=name, action="store_true", default=None)
+        else:
+            p.add_argument(flag, dest=name, default=None)
+    p.add_argument("--model", dest="model_path", default=None)
+    try:
+        ns, _ = p.parse_known_args(tokens)
+    except argparse.ArgumentError as exc:
+        raise CaptureSpecError(f"SGLang args: {exc}") from None
+    out: dict[str, Any] = {}
+    for name, kind in SGLANG_FLAGS.items():
+        value = getattr(ns, name)
+        if value is None:
+            continue
+        if kind is int:
+            try:
+                value = int(value)
+            except ValueError:
+                raise CaptureSpecError(f"SGLang args: --{name.replace('_', '-')} {value!r} is not an integer") from None
+        out[name] = value
+    return out
+
+
+def sglang_findings(args: Mapping[str, Any], draft_path: Path | None = None) -> list[Finding]:
+    """SGLang speculative settings that override or contradict each other (rules of SGLang 0.5.23
+    ``srt/arg_groups/speculative_hook.py`` ``_handle_eagle_family``; older releases had the same in server_args)."""
+    out: list[Finding] = []
+    algo = args.get("speculative_algorithm")
+    steps, topk, ndraft = (args.get(k) for k in ("speculative_num_steps", "speculative_eagle_topk",
+                                                 "speculative_num_draft_tokens"))
+    if algo is not None and algo.upper() != "EAGLE3":
+        out.append(Finding("algorithm", (
+            f"--speculative-algorithm {algo}: SGLang captures aux hidden states only for EAGLE3; an EAGLE-3 head "
+            "served this way gets the last hidden state instead of its taps. Use --speculative-algorithm EAGLE3")))
+    if steps is None and (topk is not None or ndraft is not None):
+        given = ", ".join(f"--{k.replace('_', '-')} {args[k]}" for k in ("speculative_eagle_topk",
+                          "speculative_num_draft_tokens") if args.get(k) is not None)
+        out.append(Finding("spec-assert", (
+            f"{given} without --speculative-num-steps: SGLang picks all three itself only when none is given and "
+            "asserts otherwise; give --speculative-num-steps too")))
+    if steps is not None and ndraft is not None and ndraft != steps + 1 and topk in (None, 1):
+        cond = ("--speculative-eagle-topk 1" if topk == 1 else
+                "--speculative-eagle-topk 1 (if it resolves to 1: it is not given)")
+        out.append(Finding("spec-override", (
+            f"--speculative-num-draft-tokens {ndraft} is silently replaced by --speculative-num-steps + 1 = "
+            f"{steps + 1} under {cond}: a chain drafts num_steps tokens and verifies num_steps + 1 (the incident's "
+            f"'--speculative-num-steps 1' capped 16 draft tokens at 2). To draft {ndraft - 1} tokens in a chain "
+            f"set --speculative-num-steps {ndraft - 1}; to verify a tree of {ndraft} set --speculative-eagle-topk > 1")))
+    if args.get("enable_two_batch_overlap"):
+        out.append(Finding("tbo", (
+            "--enable-two-batch-overlap: SGLang's two-batch overlap silently misses aux ids >= "
+            "first_k_dense_replace on the DeepSeek path; check the acceptance with and without it")))
+    dm = args.get("speculative_draft_model_path")
+    if dm is not None and draft_path is not None:
+        try:
+            same = Path(dm).resolve() == Path(draft_path).resolve()
+        except OSError:
+            same = False
+        if not same:
+            out.append(Finding("draft-path", (
+                f"--speculative-draft-model-path {dm} is not the draft inspected here ({draft_path}); the checks "
+                "above are about the latter")))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- draft checks
+
+def _weights(draft: DraftInfo, stem: str) -> dict[str, list[int]]:
+    """Shapes of the draft weights named ``stem*`` (with or without a ``model.`` prefix)."""
+    return {k: v for k, v in draft.shapes.items() if k.startswith(stem) or k.startswith("model." + stem)}
+
+
+def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
+    """Traps in the draft's config and weights (vLLM 0.32 ``llama_eagle3.py`` reads; SGLang reads the nested list)."""
+    out: list[Finding] = []
+    L, H = target.num_layers, target.hidden_size
+    cfg, nested = draft.config, (draft.config.get("eagle_config") or {})
+    top, nest = draft.top_ids, draft.nested_ids
+    defaults = list(engine_default_ids(L))
+    if top is None and nest is None:
+        out.append(Finding("no-ids", (
+            f"the draft config has no {IDS_KEY}: vLLM and SGLang silently capture their default taps {defaults} "
+            "(the incident's wiring). Write the ids the draft was trained on (`vllm-eagle3 doctor` measures them, "
+            "`vllm-eagle3 convert` writes both lists)")))
+    elif top is None:
+        out.append(Finding("nested-only", (
+            f"ids only in eagle_config.{IDS_KEY} = {list(nest)}: vLLM's V2 runner (the GPU default) reads only the "
+            f"top-level list and silently captures its default taps {defaults}. Copy the list to the top level "
+            "(`vllm-eagle3 convert --from C --to C` writes both)")))
+    elif nest is None:
+        out.append(Finding("top-only", (
+            f"ids only at the top level ({list(top)}): SGLang reads only eagle_config.{IDS_KEY} and silently captures "
+            f"its default taps {defaults} (models/deepseek_v2.py set_eagle3_layers_to_capture). Copy the list into "
+            "eagle_config in SGLang's convention (`vllm-eagle3 convert`)")))
+    elif tuple(top) != tuple(nest):
+        out.append(Finding("lists-differ", (
+            f"two different id lists: top-level {list(top)} (vLLM) and eagle_config {list(nest)} (SGLang); the "
+            "engines capture different taps. Keep one wiring, written in each engine's convention")))
+    # Vocabulary mapping.
+    lm = (_weights(draft, "lm_head.weight") or {}).values()
+    lm_rows = next(iter(lm))[0] if lm else None
+    draft_vocab = cfg.get("draft_vocab_size")
+    if draft.shapes:
+        reduced = (draft_vocab is not None and draft_vocab != target.vocab_size) or \
+                  (lm_rows is not None and lm_rows != target.vocab_size)
+        if reduced and not draft.has("d2t"):
+            out.append(Finding("d2t-missing", (
+                f"the draft predicts a reduced vocabulary ({draft_vocab or lm_rows} of {target.vocab_size} tokens) but "
+                "has no d2t tensor: vLLM maps draft token i to target token i (wrong tokens, near-zero acceptance, no "
+                "error). Export d2t with the draft")))
+        if draft_vocab is None and lm_rows is not None and lm_rows != target.vocab_size:
+            out.append(Finding("draft-vocab", (
+                f"lm_head has {lm_rows} rows but the config has no draft_vocab_size: vLLM then assumes the full "
+                f"{target.vocab_size} and fails to load lm_head. Add \"draft_vocab_size\": {lm_rows}")))
+
+    # Norms around fc: config flags vs weights (vLLM llama_eagle3.py: norm_before_fc read from eagle_config first).
+    nbf = bool(nested.get("norm_before_fc", cfg.get("norm_before_fc", False))) if isinstance(nested, Mapping) else False
+    fcn = bool(cfg.get("fc_norm", False))
+    if draft.shapes:
+        input_norm = _weights(draft, "input_norm.")
+        fc_norms = _weights(draft, "fc_norm.")
+        if nbf and not input_norm:
+            out.append(Finding("norm-before-fc", (
+                "config says norm_before_fc but the weights have no input_norm.weight: vLLM then normalises the "
+                "concatenated taps with an all-ones weight the draft never saw. Export input_norm with the draft or "
+                "set norm_before_fc false if it was trained without it")))
+        if input_norm and not nbf:
+            out.append(Finding("norm-before-fc", (
+                "the weights hold input_norm.weight but norm_before_fc is not set: vLLM silently drops the norm and "
+                "feeds fc un-normalised taps. Set \"norm_before_fc\": true (in eagle_config or at top level)")))
+        if fcn and not fc_norms:
+            out.append(Finding("fc-norm", (
+                "config says fc_norm but the weights have no fc_norm.{i}.weight: vLLM uses all-ones per-tap norms the "
+                "draft never saw. Export them or set fc_norm false")))
+        if fc_norms and not fcn:
+            out.append(Finding("fc-norm", (
+                f"the weights hold {len(fc_norms)} fc_norm tensors but fc_norm is not set in the config: vLLM has no "
+                "module for them and refuses to load (or ignores them). Set \"fc_norm\": true")))
+    if nbf and fcn:
+        out.append(Finding("norm-exclusive", (
+            "norm_before_fc and fc_norm are both set: they are mutually exclusive (one norm over the concatenation vs "
+            "one per tap); vLLM applies both. Enable the one the draft was trained with")))
+
+    # Fan-in: what vLLM sizes fc for vs the weights vs the ids.
+    if isinstance(nested, Mapping) and nested.get("use_aux_hidden_state") is False:
+        out.append(Finding("aux-off", (
+            "eagle_config.use_aux_hidden_state is false: vLLM and SGLang then feed the draft the last hidden state "
+            "and no taps (fc is skipped). Set it true for an EAGLE-3 head")))
+    fc_in = draft.fc_in_features
+    ids = top if top is not None else nest
+    if fc_in is not None and fc_in % H != 0:
+        out.append(Finding("fan-in", (
+            f"the draft's fc takes {fc_in} inputs, not a multiple of the target hidden size {H}: this draft is for "
+            "another target")))
+    elif fc_in is not None:
+        trained = fc_in // H
+        if ids is not None and len(ids) != trained:
+            out.append(Finding("fan-in", (
+                f"the draft's fc takes {fc_in} = {trained} x {H} inputs but its ids {list(ids)} name {len(ids)} taps; "
+                f"list the {trained} taps it was trained on")))
+        vllm_n = cfg.get("num_aux_hidden_states")
+        how = "num_aux_hidden_states"
+        if vllm_n is None:
+            vllm_n, how = (len(nest), "the eagle_config list") if nest else (3, "its fallback (no "
+                                                                              "num_aux_hidden_states, no nested list)")
+        if vllm_n != trained:
+            out.append(Finding("num-aux", (
+                f"vLLM sizes fc for {vllm_n} taps (from {how}) but fc.weight has {trained} x {H} inputs: loading fails. "
+                f"Set \"num_aux_hidden_states\": {trained}")))
+    elif draft.shapes:
+        out.append(Finding("fan-in", f"the draft has no fc.weight: is {draft.path} an EAGLE-3 head?"))
+    return out
+
+
+VLLM_V2 = "vLLM 0.32 V2 runner (top-level list)"
+VLLM_V1 = "vLLM 0.32 V1 runner (top-level, else nested)"
+SGLANG_NEW = "SGLang 0.5.14+ (nested list)"
+SGLANG_LEGACY = "SGLang < 0.5.14 + embed patch (nested list)"
+SGLANG_VERSIONS = {"0.5.14+": SGLANG_NEW, "legacy": SGLANG_LEGACY}
+
+
+def engine_reads(target: TargetInfo, draft: DraftInfo) -> dict[str, tuple[int, ...] | str]:
+    """The taps each engine would capture from this draft config as written (defaults where it reads nothing)."""
+    L = target.num_layers
+    default = engine_default_ids(L)  # every engine's fallback, captured as taps (no shift applied)
+
+    def read(ids, conv):
+        if ids is None:
+            return tuple(default)
+        try:
+            return ids_to_taps(ids, conv, L)
+        except CaptureSpecError as exc:
+            return f"fails: {exc}"
+
+    top, nest = draft.top_ids, draft.nested_ids
+    return {
+        VLLM_V2: read(top, "vllm"),
+        VLLM_V1: read(top if top is not None else nest, "vllm"),
+        SGLANG_NEW: read(nest, "sglang"),
+        SGLANG_LEGACY: read(nest, "sglang-legacy"),
+    }
+
+
+def spec_findings(target: TargetInfo, spec: CaptureSpec, reads: Mapping[str, Any],
+                  sglang_version: str = "0.5.14+") -> list[Finding]:
+    """The spec vs what vLLM (both runners) and ONE SGLang version capture from the config as written."""
+    out = []
+    skip = {v for k, v in SGLANG_VERSIONS.items() if k != sglang_version}
+    for engine, taps in reads.items():
+        if engine in skip:
+            continue
+        if isinstance(taps, str):
+            out.append(Finding("engine-reads", f"{engine} {taps}"))
+        elif sorted(taps) != sorted(spec.taps):
+            out.append(Finding("engine-reads", (
+                f"{engine} would capture taps {taps_label(taps)}, not the spec's {spec.label()}: the draft "
+                "gets the wrong hidden states and acceptance collapses without any error (the incident). Rewrite the "
+                "ids for that engine (`vllm-eagle3 convert`)")))
+    if list(spec.taps) != sorted(spec.taps):
+        out.append(Finding("order", (
+            f"the spec {spec.label()} is not ascending: vLLM and SGLang concatenate in ascending tap order "
+            f"{CaptureSpec(engine_order(spec.taps, 'vllm')).label()}; only the vllm-eagle3 capture keeps the draft's "
+            "order")))
+    if spec.has_embed and target.architecture.startswith(DEEPSEEK_FAMILY):
+        out.append(Finding("embed-crash", (
+            f"tap embed on {target.architecture}: stock vLLM 0.32/0.33 crashes at the first forward "
+            "('Tensor + None', deepseek_v2.py); serve with the vllm-eagle3 plugin, which captures the embedding")))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- the report
+
+@dataclasses.dataclass
+class Report:
+    target: TargetInfo | None = None
+    draft: DraftInfo | None = None
+    resolution: Resolution | None = None
+    spec: CaptureSpec | None = None
+    errors: list[str] = dataclasses.field(default_factory=list)
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    reads: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def codes(self) -> list[str]:
+        return [f.code for f in self.findings]
+
+
+def inspect_pair(target: str | Path, draft: str | Path, spec_path: str | Path | None = None,
+                 convention: str | None = None, sglang_args: str | None = None,
+                 sglang_version: str | None = None) -> Report:
+    """Collect everything: the resolution (or its error) and every warning. Never raises CaptureSpecError.
+
+    ``sglang_version`` ("0.5.14+" or "legacy") picks the SGLang reading checked against the spec; by default
+    "legacy" when the draft ids are declared sglang-legacy (``convention`` or the spec's ``draft_ids_convention``).
+    """
+    rep = Report()
+    try:
+        rep.target = TargetInfo.load(target)
+    except CaptureSpecError as exc:
+        rep.errors.append(f"target: {exc}")
+    try:
+        rep.draft = DraftInfo.load(draft)
+    except CaptureSpecError as exc:
+        rep.errors.append(f"draft: {exc}")
+    if sglang_args:
+        try:
+            rep.findings += sglang_findings(parse_sglang_args(sglang_args), Path(draft))
+        except CaptureSpecError as exc:
+            rep.errors.append(str(exc))
+    if rep.target is None or rep.draft is None:
+        return rep
+    rep.findings = draft_findings(rep.target, rep.draft) + rep.findings
+    rep.reads = engine_reads(rep.target, rep.draft)
+    try:
+        rep.resolution = resolve_capture(target, rep.draft, spec_path=spec_path, convention=convention)
+        rep.spec = rep.resolution.spec
+    except CaptureSpecError as exc:
+        rep.errors.append(f"resolve: {exc}")
+        rep.spec = _fallback_spec(rep, spec_path, convention)
+    if rep.spec is not None:
+        version = sglang_version or _declared_sglang_version(spec_path, convention)
+        rep.findings += spec_findings(rep.target, rep.spec, rep.reads, version)
+    return rep
+
+
+def _declared_sglang_version(spec_path, convention) -> str:
+    from vllm_eagle3.spec import load_spec_file
+
+    declared = convention
+    if declared is None and spec_path is not None:
+        try:
+            declared = load_spec_file(spec_path).draft_ids_convention
+        except CaptureSpecError:
+            declared = None
+    try:
+        legacy = declared is not None and get_convention(declared).name == "sglang-legacy"
+    except CaptureSpecError:
+        legacy = False
+    return "legacy" if legacy else "0.5.14+"
+
+
+def _fallback_spec(rep: Report, spec_path, convention) -> CaptureSpec | None:
+    """When resolution failed: the spec from the YAML, or the one id list present read under the given convention,
+    so the per-engine comparison still runs."""
+    from vllm_eagle3.spec import load_spec_file
+
+    try:
+        if spec_path is not None:
+            return load_spec_file(spec_path).spec
+        ids = rep.draft.top_ids if rep.draft.top_ids is not None else rep.draft.nested_ids
+        if convention is not None and ids is not None:
+            return CaptureSpec(ids_to_taps(ids, convention, rep.target.num_layers),
+                               source=f"draft ids {list(ids)} read as {get_convention(convention).name}")
+    except CaptureSpecError:
+        return None
+    return None
+
+
+def _fmt(v) -> str:
+    return taps_label(v) if isinstance(v, tuple) else str(v)
+
+
+def render(rep: Report) -> str:
+    lines = []
+    if rep.target:
+        t = rep.target
+        lines.append(f"target: {t.architecture}, {t.num_layers} layers, hidden {t.hidden_size}, vocab {t.vocab_size}")
+    if rep.draft:
+        d = rep.draft
+        fc = d.fc_in_features
+        lines.append(f"draft:  {d.path}: top-level ids {list(d.top_ids) if d.top_ids is not None else None}, "
+                     f"eagle_config ids {list(d.nested_ids) if d.nested_ids is not None else None}, fc fan-in {fc}, "
+                     f"d2t {'yes' if d.has('d2t') else 'no'}")
+    if rep.resolution:
+        lines.append("resolved: " + rep.resolution.log_line())
+    if rep.spec is not None and rep.target is not None:
+        lines.append(f"spec {rep.spec.label()} written in each convention:")
+        for conv, ids in ids_for_engines(rep.spec, rep.target.num_layers).items():
+            lines.append(f"  {conv:<14} {list(ids) if isinstance(ids, tuple) else ids}")
+    if rep.draft is not None and rep.target is not None:
+        ids = rep.draft.top_ids if rep.draft.top_ids is not None else rep.draft.nested_ids
+        if ids is not None:
+            lines.append(f"the draft config's ids {list(ids)} read in each convention:")
+            for conv in CONVENTIONS:
+                try:
+                    meaning = taps_label(ids_to_taps(ids, conv, rep.target.num_layers))
+                except CaptureSpecError as exc:
+                    meaning = f"invalid ({exc})"
+                lines.append(f"  {conv:<14} taps {meaning}")
+    if rep.reads:
+        lines.append("what each engine captures from this config as written:")
+        for engine, taps in rep.reads.items():
+            lines.append(f"  {engine:<46} {_fmt(taps)}")
+    for f in rep.findings:
+        lines.append(f"WARNING [{f.code}]: {f.message}")
+    for e in rep.errors:
+        lines.append(f"ERROR: {e}")
+    n_w, n_e = len(rep.findings), len(rep.errors)
+    lines.append(f"{n_e} error(s), {n_w} warning(s)" if n_e or n_w else "no errors, no warnings")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm-eagle3 inspect",
+        description="Resolved capture spec of a target + EAGLE-3 draft, the ids in every engine convention, what "
+                    "each engine would capture, and warnings for every known trap (static: config files and "
+                    "safetensors headers only). Exit status: 1 on errors; with --strict also on warnings.")
+    p.add_argument("--target", required=True, help="target model folder (config.json)")
+    p.add_argument("--draft", required=True, help="EAGLE-3 draft folder (config.json + safetensors)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--capture-spec", default=None, help="capture-spec YAML (taps: [embed, 3, 31])")
+    g.add_argument("--convention", default=None, help=f"convention of the draft config's ids ({', '.join(CONVENTIONS)})")
+    p.add_argument("--sglang-args", default=None,
+                   help="an SGLang launch command line (string, or @FILE) whose speculative flags are checked")
+    p.add_argument("--sglang-version", choices=tuple(SGLANG_VERSIONS), default=None,
+                   help="which SGLang reading of the nested ids to check (default: legacy if the ids are declared "
+                        "sglang-legacy, else 0.5.14+)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rep = inspect_pair(args.target, args.draft, args.capture_spec, args.convention, args.sglang_args,
+                       args.sglang_version)
+    print(render(rep))
+    if rep.errors or (args.strict and rep.findings):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
