@@ -1,0 +1,89 @@
+"""Patches to upstream engine code that this project needs, each small, version-guarded and recorded.
+
+Data flow position: none of the taps flow through here; these patches make the engines *run* the
+target + draft pair at all (e.g. vLLM-CPU refusing a DeepSeek target with a Llama-style draft).
+
+Every patch is a :class:`Patch`: a docstring-carrying function plus the engine it touches, the engine
+versions it was written against and the upstream change that would retire it. :func:`apply` checks the
+installed version (the error names installed vs supported versions), applies a patch at most once per
+process (a second call is a no-op) and records it; :func:`applied_patches` lists what this process applied.
+
+Engine-specific patch modules live next to this file (``vllm_*.py``, ``sglang_*.py``); each exposes a
+module-level ``PATCH`` and is applied by that engine's plugin. Nothing here imports an engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Callable, Sequence
+
+
+class PatchVersionError(RuntimeError):
+    """The installed engine version is not one a patch was written against."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One upstream patch.
+
+    ``name``: short id used in logs and :func:`applied_patches`.
+    ``engine``: the distribution it patches ("vllm", "sglang").
+    ``supported``: version prefixes the patch was written against and checked on (e.g. ``("0.32.", "0.33.")``).
+    ``retire_when``: the upstream issue/PR whose fix makes the patch unnecessary.
+    ``apply_fn``: does the patching; returns a one-line description of what it changed.
+    ``needed_fn``: optional; returns ``(False, reason)`` when this process does not need the patch
+    (e.g. not a CPU platform). The patch is then recorded as skipped, not applied.
+    """
+
+    name: str
+    engine: str
+    supported: tuple[str, ...]
+    retire_when: str
+    apply_fn: Callable[[], str]
+    needed_fn: Callable[[], tuple[bool, str]] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.supported:
+            raise ValueError(f"patch {self.name}: list the engine versions it was written against")
+
+
+_lock = threading.Lock()
+_records: dict[str, str] = {}
+
+
+def check_version(patch: Patch, installed: str) -> None:
+    """Raise :class:`PatchVersionError` unless ``installed`` starts with one of ``patch.supported``."""
+    if not any(installed.startswith(prefix) for prefix in patch.supported):
+        supported = ", ".join(f"{p}x" if p.endswith(".") else p for p in patch.supported)
+        raise PatchVersionError(
+            f"model patch {patch.name!r} was written for {patch.engine} {supported} but {patch.engine} "
+            f"{installed} is installed; install a supported {patch.engine} version, or check whether "
+            f"{patch.retire_when} made the patch unnecessary and update model_patches/"
+        )
+
+
+def apply(patch: Patch, installed_version: str) -> str:
+    """Apply ``patch`` once in this process (re-entrant: later calls return the first record)."""
+    with _lock:
+        if patch.name in _records:
+            return _records[patch.name]
+        check_version(patch, installed_version)
+        if patch.needed_fn is not None:
+            needed, reason = patch.needed_fn()
+            if not needed:
+                _records[patch.name] = f"{patch.name}: skipped ({reason})"
+                return _records[patch.name]
+        what = patch.apply_fn()
+        _records[patch.name] = f"{patch.name}: applied for {patch.engine} {installed_version} ({what})"
+        return _records[patch.name]
+
+
+def apply_all(patches: Sequence[Patch], installed_version: str) -> list[str]:
+    return [apply(p, installed_version) for p in patches]
+
+
+def applied_patches() -> list[str]:
+    """One line per patch this process applied or skipped, in order."""
+    with _lock:
+        return list(_records.values())

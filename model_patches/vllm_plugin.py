@@ -1,0 +1,22 @@
+"""The vLLM patches of this folder, and an entry point that applies only them.
+
+Data flow position: none (the patches make vLLM run the target + draft pair). ``vllm_eagle3.plugin.register``
+applies :data:`VLLM_PATCHES` in every vLLM process. :func:`register` is meant for a second
+``vllm.general_plugins`` entry point (``vllm_eagle3_model_patches = "model_patches.vllm_plugin:register"``):
+with ``VLLM_PLUGINS=vllm_eagle3_model_patches`` vLLM runs *stock* model code plus these patches only, which
+is how tests/e2e/test_stock_vllm.py records what unpatched capture does on CPU.
+"""
+
+from __future__ import annotations
+
+from model_patches import apply_all
+from model_patches import vllm_cpu_block_size, vllm_cpu_rope_3d
+
+VLLM_PATCHES = (vllm_cpu_block_size.PATCH, vllm_cpu_rope_3d.PATCH)
+
+
+def register() -> list[str]:
+    """Apply every vLLM patch once in this process (version-guarded); returns the records."""
+    from vllm import __version__
+
+    return apply_all(VLLM_PATCHES, str(__version__))

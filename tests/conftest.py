@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny checkpoints (built once per session) and a real vLLM engine with its log captured.
+
+Engines are expensive on the 2-core CI box (~30-90 s each even with ``enforce_eager``): test modules
+start each engine once in a module-scoped fixture, one engine at a time, and close it before the next.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Every vLLM process inherits these (the engine core and workers are spawned from the test process).
+for _k, _v in {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    # LLM.apply_model ships test-support functions (vllm_eagle3.testing.taps) to the worker and tensors back.
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}.items():
+    os.environ.setdefault(_k, _v)
+
+TAP_LAYERS = 32  # >= 32 so taps 3 and 31 of the shipped head exist
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def dsv3_dir(tiny_root) -> Path:
+    """A random 32-layer DeepSeek-V3 (MLA + MoE), float32."""
+    from vllm_eagle3.testing.tiny import build_deepseek_v3
+
+    return build_deepseek_v3(tiny_root / "dsv3", num_layers=TAP_LAYERS)
+
+
+@pytest.fixture(scope="session")
+def kimi_dir(tiny_root) -> Path:
+    """A random Kimi K2.5 (32-layer DeepSeek-V3 text model + 1-layer vision tower), float32."""
+    from vllm_eagle3.testing.tiny import build_kimi_k25
+
+    return build_kimi_k25(tiny_root / "kimi", num_layers=TAP_LAYERS)
+
+
+@pytest.fixture(scope="session")
+def make_draft(tiny_root):
+    """``make_draft(target_dir, ids)`` -> a Llama-style EAGLE-3 draft folder whose config carries ``ids``."""
+    from vllm_eagle3.testing.tiny import build_eagle3_draft
+
+    def make(target: Path, ids: list[int], **kw: Any) -> Path:
+        name = f"draft_{Path(target).name}_{'_'.join(str(i) for i in ids)}"
+        folder = tiny_root / name
+        if not (folder / "config.json").exists():
+            build_eagle3_draft(folder, target, ids, **kw)
+        return folder
+
+    return make

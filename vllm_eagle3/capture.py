@@ -1,0 +1,196 @@
+"""Target-side capture of the spec's taps in vLLM's DeepSeek-V2/V3 and Kimi K2.5 models.
+
+Data flow: **target forward -> taps** -> concat in spec order (vLLM's runner) -> draft ``fc`` -> proposer.
+
+A tap k is the hidden state entering decoder layer k (``vllm_eagle3.spec``); tap 0 (``embed``) is the
+embedding output — for Kimi K2.5 the merged ``inputs_embeds`` the wrapper hands its language model.
+
+Stock vLLM 0.32/0.33 cannot capture tap 0 on this path: ``DeepseekV2Model.forward`` computes
+``hidden_states + residual`` before layer 0, where ``residual`` is None (``TypeError: ... 'Tensor' and
+'NoneType'``), and it returns the aux states in ascending layer order whatever order the draft was
+trained on. The subclasses here use vLLM's own hooks instead of copying its forward:
+
+- :class:`CaptureDeepseekV2Model` (installed through the ``model_cls`` class hook) hands the parent only
+  the non-embedding taps, computes (or takes) ``inputs_embeds`` itself when ``embed`` is requested on the
+  first pipeline stage, and rebuilds the aux list in the spec's order with the embedding in its place;
+- :class:`DeepseekV2ForCausalLM` / :class:`DeepseekV3ForCausalLM` resolve the spec when vLLM's runner calls
+  ``set_aux_hidden_state_layers`` (in every worker process, from ``VLLM_EAGLE3_SPEC`` or
+  ``VLLM_EAGLE3_CONVENTION`` plus the draft's config), refuse ids that disagree with it, and log one line;
+- :class:`KimiK25ForConditionalGeneration` keeps vLLM's class name (the EAGLE proposer checks it) and
+  checks that its language model is the capturing class.
+
+``plugin.register()`` registers these classes lazily under vLLM's architecture names.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.distributed import get_pp_group
+from vllm.logger import init_logger
+from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM as _VllmDeepseekV2ForCausalLM
+from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model as _VllmDeepseekV2Model
+from vllm.model_executor.models.deepseek_v2 import DeepseekV3ForCausalLM as _VllmDeepseekV3ForCausalLM
+from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration as _VllmKimiK25
+from vllm.sequence import IntermediateTensors
+
+from vllm_eagle3.resolve import Resolution, resolve_from_env
+from vllm_eagle3.spec import EMBED, CaptureSpecError, tap_label
+
+# Under the ``vllm`` logger tree: vLLM configures handlers only for that tree, so a logger named after this
+# module would print nothing in the worker processes.
+logger = init_logger("vllm.vllm_eagle3")
+
+
+def check_pipeline_stage(taps: Sequence[int], start_layer: int, end_layer: int, is_first: bool,
+                         is_last: bool) -> None:
+    """Refuse taps that this pipeline stage would lose.
+
+    vLLM's DeepSeek forward returns aux states only from the LAST pipeline stage (earlier stages return
+    ``IntermediateTensors``), so a tap computed on an earlier stage would be dropped silently. A stage owns
+    taps ``start_layer <= k < end_layer`` (the last stage also ``k == end_layer``, the final pre-norm state;
+    the first stage owns ``embed``).
+    """
+    if is_first and is_last:
+        return
+    if not is_last:
+        lost = [k for k in taps if start_layer <= k < end_layer or (k == EMBED and is_first)]
+    else:
+        lost = [k for k in taps if k < start_layer]
+    if lost:
+        raise CaptureSpecError(
+            f"taps {[tap_label(k) for k in lost]} are computed on a pipeline stage before the last one "
+            f"(this stage: layers {start_layer}..{end_layer - 1}); vLLM's DeepSeek/Kimi forward drops aux "
+            "hidden states there, so the draft would get fewer taps. Run with pipeline_parallel_size=1 "
+            "(tensor parallelism is fine)"
+        )
+
+
+class CaptureDeepseekV2Model(_VllmDeepseekV2Model):
+    """vLLM's ``DeepseekV2Model`` capturing an ordered list of taps, the embedding included.
+
+    ``aux_hidden_state_layers`` (the parent's attribute, ascending) holds only the non-embedding taps; the
+    parent captures ``hidden_states + residual`` entering each of those layers, i.e. tap k.
+    """
+
+    capture_taps: tuple[int, ...] = ()
+
+    def set_capture_taps(self, taps: Sequence[int]) -> None:
+        taps = tuple(int(k) for k in taps)
+        pp = get_pp_group()
+        check_pipeline_stage(taps, self.start_layer, self.end_layer, pp.is_first_rank, pp.is_last_rank)
+        self.capture_taps = taps
+        self.aux_hidden_state_layers = tuple(sorted(k for k in taps if k != EMBED))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | IntermediateTensors | tuple[torch.Tensor, list[torch.Tensor]]:
+        if not self.capture_taps:
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+        embed = None
+        if EMBED in self.capture_taps and get_pp_group().is_first_rank:
+            if inputs_embeds is None:
+                inputs_embeds = self.embed_input_ids(input_ids)  # [num_tokens, hidden]
+            embed = inputs_embeds  # tap 0; for Kimi the merged multimodal embeddings
+        out = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        if isinstance(out, IntermediateTensors):  # not the last pipeline stage
+            return out
+
+        layer_taps = self.aux_hidden_state_layers  # ascending: the parent's capture order
+        if layer_taps:
+            hidden_states, layer_aux = out
+        else:  # embed only: the parent captured nothing and returned a bare tensor
+            hidden_states, layer_aux = out, []
+        by_tap = dict(zip(layer_taps, layer_aux))
+        if embed is not None:
+            by_tap[EMBED] = embed
+        return hidden_states, [by_tap[k] for k in self.capture_taps]  # spec order, each [num_tokens, hidden]
+
+
+def _target_for_resolution(vllm_config: VllmConfig) -> str | dict[str, Any]:
+    """The target's folder when it is local (resolve reads its config.json), else its config as a dict."""
+    model = vllm_config.model_config.model
+    if model and (Path(model) / "config.json").is_file():
+        return model
+    return vllm_config.model_config.hf_config.to_dict()
+
+
+def resolve_in_worker(vllm_config: VllmConfig) -> Resolution:
+    """The capture spec for this engine, from the env vars and the draft named in the speculative config."""
+    spec_cfg = vllm_config.speculative_config
+    draft = getattr(spec_cfg, "model", None) if spec_cfg is not None else None
+    if not draft:
+        raise CaptureSpecError(
+            "vLLM asked the target for auxiliary hidden states but no EAGLE-3 draft is configured "
+            "(speculative_config.model is empty); pass speculative_config={'method': 'eagle3', 'model': <draft>}"
+        )
+    return resolve_from_env(_target_for_resolution(vllm_config), draft)
+
+
+def _is_log_rank() -> bool:
+    try:
+        from vllm.distributed.parallel_state import get_world_group
+
+        return get_world_group().rank == 0
+    except (AssertionError, RuntimeError):  # no distributed state (e.g. built outside an engine)
+        return True
+
+
+class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
+    """vLLM's DeepSeek-V2 causal LM whose EAGLE-3 aux states are the capture spec's taps, in its order."""
+
+    model_cls = CaptureDeepseekV2Model
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._eagle3_vllm_config = vllm_config
+        self.capture_resolution: Resolution | None = None
+
+    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
+        """Called by vLLM's runner with the draft config's ids; captures the spec's taps instead, if they agree."""
+        resolution = resolve_in_worker(self._eagle3_vllm_config)
+        try:
+            resolution.check_runner_ids(tuple(layers))
+        except CaptureSpecError as exc:
+            raise CaptureSpecError(f"vllm-eagle3: {exc}") from None
+        self.model.set_capture_taps(resolution.spec.taps)
+        self.capture_resolution = resolution
+        if _is_log_rank():
+            logger.info("%s (pid %d)", resolution.log_line(), os.getpid())
+
+    def get_eagle3_aux_hidden_state_layers(self) -> tuple[int, ...]:
+        if self.capture_resolution is not None:
+            return self.capture_resolution.spec.taps
+        return super().get_eagle3_aux_hidden_state_layers()
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM, _VllmDeepseekV3ForCausalLM):
+    """vLLM's DeepSeek-V3 causal LM with spec-driven capture (same code path as V2)."""
+
+
+class KimiK25ForConditionalGeneration(_VllmKimiK25):
+    """vLLM's Kimi K2.5 (name kept: the EAGLE proposer checks it) whose language model captures the spec's taps.
+
+    Kimi builds its language model through vLLM's registry as ``DeepseekV2ForCausalLM`` and hands it the
+    merged ``inputs_embeds``, so tap 0 is the multimodal embedding; this class only checks that the registry
+    resolved to the capturing class (another plugin overriding it would silently lose the embedding tap).
+    """
+
+    def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if not isinstance(self.language_model, DeepseekV2ForCausalLM):
+            raise CaptureSpecError(
+                f"Kimi K2.5's language model was built as {type(self.language_model).__module__}."
+                f"{type(self.language_model).__name__}, not vllm_eagle3.capture.DeepseekV2ForCausalLM; another "
+                "plugin overrides DeepseekV2ForCausalLM. Exclude it with VLLM_PLUGINS"
+            )

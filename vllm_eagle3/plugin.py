@@ -1,0 +1,43 @@
+"""vLLM entry point (``vllm.general_plugins`` -> ``vllm_eagle3.plugin:register``).
+
+Data flow position: runs in every vLLM process (API server, EngineCore, workers) before a model is built.
+It (1) checks the vLLM version (``compat.py``), (2) applies the upstream patches in ``model_patches``
+(recorded; idempotent) and (3) points vLLM's registry at the capture subclasses in ``capture.py``, which
+make the DeepSeek/Kimi target capture the spec's taps. Registration is lazy ("module:Class" strings): no
+model code is imported here. Calling :func:`register` twice is a no-op.
+"""
+
+from __future__ import annotations
+
+CAPTURE_MODULE = "vllm_eagle3.capture"
+
+OVERRIDDEN_ARCHITECTURES = (
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    # The subclass keeps this exact class name: vLLM's EAGLE proposer checks
+    # ``type(target).__name__ == "KimiK25ForConditionalGeneration"`` to read ``media_placeholder_token_id``.
+    "KimiK25ForConditionalGeneration",
+)
+
+_registered = False
+
+
+def register() -> None:
+    """Check the vLLM version, apply the vLLM model patches, override the DeepSeek/Kimi architectures."""
+    global _registered
+    if _registered:
+        return
+    from vllm_eagle3.compat import check_vllm_version
+
+    version = check_vllm_version()
+
+    import model_patches
+    from model_patches.vllm_plugin import VLLM_PATCHES
+
+    model_patches.apply_all(VLLM_PATCHES, version)
+
+    from vllm import ModelRegistry
+
+    for arch in OVERRIDDEN_ARCHITECTURES:
+        ModelRegistry.register_model(arch, f"{CAPTURE_MODULE}:{arch}")
+    _registered = True
