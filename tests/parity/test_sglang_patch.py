@@ -1,0 +1,59 @@
+"""The SGLang patch ``model_patches/sglang_embed_tap.py`` keeps its contract on SGLang's real class.
+
+Guards: a legacy-convention draft ([-1, 2, 30]) served by SGLang 0.5.23 either crashes ("captured 2 of 3 aux hidden
+states") or, with a patch that silently applies to the wrong SGLang version or twice, captures the wrong taps.
+The patch must refuse other SGLang versions (naming installed and supported versions), be a no-op when applied
+twice, record itself, and replace exactly the one method DeepseekV3/KimiK25 inherit. Its effect on
+the captured tensors is checked in ``test_sglang_parity.py`` (legacy ids -> taps 0/3/31, equal to transformers).
+Runs in SGLang's own venv (``.venv-sglang``) through ``sglang_harness/patch_check.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.parity
+
+REPO = Path(__file__).resolve().parents[2]
+SGLANG_PY = Path(os.environ.get("SGLANG_PYTHON", REPO / ".venv-sglang" / "bin" / "python"))
+
+
+@pytest.fixture(scope="module")
+def check() -> dict:
+    if not SGLANG_PY.exists():
+        msg = f"SGLang venv missing ({SGLANG_PY}); create it with `make sglang-env`"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    proc = subprocess.run([str(SGLANG_PY), str(REPO / "tests/parity/sglang_harness/patch_check.py")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, f"patch_check.py failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_patch_refuses_other_sglang_versions_loudly(check):
+    """Applied to SGLang 0.5.22 it must raise, naming both versions, and change nothing."""
+    assert check["applied_before"] == {}
+    err = check["guard_error"]
+    assert err is not None, "the version guard let sglang 0.5.22 through"
+    assert "0.5.22" in err and "0.5.23" in err, err
+    assert check["patched_after_refusal"] is False
+
+
+def test_patch_is_idempotent_and_recorded(check):
+    """Applying twice is one application; the record names the patch, the target method and the SGLang version."""
+    assert check["sglang_version"] == "0.5.23"
+    assert check["replaced_method"] and check["idempotent"]
+    assert check["v3_inherits"], "DeepseekV3ForCausalLM (Kimi K2.5's language model) must see the patched method"
+    assert check["applied"] == ["sglang_embed_tap.legacy_eagle3_ids"]
+    assert check["details"]["target"].endswith("DeepseekV2ForCausalLM.set_eagle3_layers_to_capture")
+    assert check["details"]["sglang_version"] == "0.5.23"
+    assert check["applied_patches"] == [check["record"]]
+    assert "sglang_embed_tap.legacy_eagle3_ids: applied for sglang 0.5.23" in check["record"], check["record"]
