@@ -1,0 +1,95 @@
+"""The miniature's training code runs on CPU at toy scale, learns, and writes checkpoints that reload.
+
+Bugs guarded:
+* a target checkpoint that only our loader reads (transformers' own ``save_pretrained`` writes Kimi K2.5
+  weights under names neither vLLM nor transformers maps back) -> transformers must load the exported
+  folder with no missing/unexpected weights and give the same logits;
+* a draft trained on shifted-by-two tokens or on the wrong taps (the incident's class of bug) -> the
+  exported head must reload and reproduce its training-time step-1 logits through the vLLM-shaped
+  ``forward`` (tokens shifted by ONE, taps in spec order);
+* ``labels`` pre-shifted for transformers' causal-LM loss (trains a skip-one objective) -> loss must fall.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from vllm_eagle3.miniature import export, train_draft, train_target  # noqa: E402
+from vllm_eagle3.miniature.draft import Eagle3Draft  # noqa: E402
+from vllm_eagle3.spec import load_spec_yaml  # noqa: E402
+
+NUM_LAYERS = 2  # toy target: taps embed, 1, 2 play the role of embed, 3, 31
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """Train a toy target and draft once on a small folder of real Python sources."""
+    root = tmp_path_factory.mktemp("mini")
+    src = root / "src"
+    shutil.copytree(Path(sysconfig.get_paths()["stdlib"]) / "json", src)
+    shutil.copytree(Path(sysconfig.get_paths()["stdlib"]) / "email", src / "email")
+    spec = root / "spec.yaml"
+    spec.write_text(f"taps: [embed, 1, 2]\nnum_layers: {NUM_LAYERS}\ndraft_ids_convention: sglang-legacy\n")
+    target, draft = root / "target", root / "draft"
+    common = ["--roots", str(src), "--heldout-fraction", "0.1", "--device", "cpu", "--seq-len", "32", "--warmup", "2"]
+    train_target.main(["--out", str(target), "--num-layers", str(NUM_LAYERS), "--vocab-size", "512", "--max-steps", "30",
+                       "--batch", "8", "--lr", "3e-3", "--max-chars", "400000", "--tokenizer-chars", "400000",
+                       "--eval-every", "1000", "--eval-windows", "4", *common])
+    train_draft.main(["--target", str(target), "--out", str(draft), "--spec", str(spec), "--draft-vocab-size", "256",
+                      "--max-steps", "30", "--batch", "8", "--lr", "3e-3", "--ttt-steps", "3", "--max-chars", "400000",
+                      "--intermediate-size", "64", *common])
+    return target, draft, spec
+
+
+def test_target_loss_falls_and_transformers_reloads(toy):
+    """Loss falls; the Kimi-layout export loads in transformers' Kimi_K25 class with identical logits."""
+    target, _, _ = toy
+    log = json.loads((target / "train_log.json").read_text())
+    assert log["train"][-1]["loss"] < log["train"][0]["loss"] - 0.5
+    cfg = json.loads((target / "config.json").read_text())
+    assert cfg["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert cfg["media_placeholder_token_id"] == cfg["image_token_id"]
+    assert cfg["text_config"]["kv_lora_rank"] + cfg["text_config"]["qk_rope_head_dim"] == 576
+    assert "media_proc_cfg" in json.loads((target / "preprocessor_config.json").read_text())
+    assert export.check_with_transformers(target) < 1e-4
+
+
+def test_draft_loss_falls_and_export_reloads(toy):
+    """Draft loss falls; the SGLang-layout head reloads and its vLLM-shaped forward equals the trained step 1."""
+    target, draft_dir, spec_path = toy
+    log = json.loads((draft_dir / "train_log.json").read_text())
+    assert log["train"][-1]["loss"] < log["train"][0]["loss"]
+    cfg = json.loads((draft_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [-1, 0, 1]  # taps (0, 1, 2) in SGLang-legacy ids
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 0, 1]
+    from safetensors import safe_open
+
+    with safe_open(str(draft_dir / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert f.get_slice("fc.weight").get_shape() == [cfg["hidden_size"], 3 * cfg["target_hidden_size"]]
+        assert f.get_slice("midlayer.self_attn.q_proj.weight").get_shape()[1] == 2 * cfg["hidden_size"]
+    assert {"d2t", "t2d", "norm.weight", "lm_head.weight"} <= names
+    assert not any("embed_tokens" in n for n in names)
+
+    spec = load_spec_yaml(spec_path)
+    model = export.load_text_model(target)
+    draft = Eagle3Draft.from_dir(draft_dir, target_dir=target)
+    ids = torch.randint(20, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        taps, _ = train_draft.target_outputs(model, ids, spec)
+        step1, _ = draft.unroll(taps, train_draft.shifted(ids), steps=1)[0]
+        served = draft(taps[0], input_ids=torch.cat([ids[0, 1:], ids[0, :1]]))  # row i reads token i + 1
+    # Rows 0..T-2 see the same shifted tokens; the last row differs only in its (arbitrary) next token.
+    assert torch.allclose(draft.to_target_logits(step1)[0, :-1], served[:-1], atol=1e-5)
+    outside = ~draft.t2d
+    assert torch.isinf(served[:, outside]).all()

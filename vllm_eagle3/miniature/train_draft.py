@@ -1,0 +1,191 @@
+"""Distil the miniature target into its EAGLE-3 head, from taps ``cat([embed, 3, 31])``.
+
+Where it sits: models/kimi-k25-mini (export.load_text_model) -> per batch, one target forward with
+``output_hidden_states`` gives the taps of the capture spec (tap k = ``hidden_states[k]``, order as in
+the spec) and the target's logits -> ``Eagle3Draft.unroll`` runs EAGLE-3's training-time test
+(``--ttt-steps`` chained steps, each feeding the draft's own pre-norm output back) -> loss: cross
+entropy against the target's next-token distribution restricted to the draft vocabulary (the draft
+learns the TARGET's predictions, not the text), step j weighted ``--step-decay ** (j - 1)``.
+
+The draft vocabulary is the ``--draft-vocab-size`` most frequent tokens of the training stream.
+The config's ids are written in the spec file's ``draft_ids_convention`` (configs/kimi_k25_eagle3.yaml:
+SGLang-legacy, so taps (0, 3, 31) become ``[-1, 2, 30]``).
+
+GPU: ``python -m vllm_eagle3.miniature.train_draft --target models/kimi-k25-mini --out models/kimi-k25-mini-eagle3
+--time-budget-s 170 --evaluate``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from vllm_eagle3.conventions import taps_to_ids
+from vllm_eagle3.spec import CaptureSpec, load_spec_file
+
+from . import data, export, tokenizer
+from .draft import DraftConfig, Eagle3Draft
+from .train_target import lr_at
+
+DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "configs" / "kimi_k25_eagle3.yaml"
+
+
+def target_outputs(model, ids: torch.Tensor, spec: CaptureSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(taps ``cat([hidden_states[t] for t in spec.taps])`` [B, T, n * H], logits [B, T, V]) of the target."""
+    spec.check_num_layers(model.config.num_hidden_layers)
+    out = model(input_ids=ids, output_hidden_states=True)
+    taps = torch.cat([out.hidden_states[t] for t in spec.taps], dim=-1)
+    return taps.float(), out.logits.float()
+
+
+def shifted(ids: torch.Tensor) -> torch.Tensor:
+    """Row i -> token i + 1 (what vLLM feeds the draft); the last row gets 0 (padding)."""
+    return torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+
+
+def choose_draft_vocab(stream: torch.Tensor, vocab_size: int, draft_vocab_size: int) -> tuple[torch.Tensor, float]:
+    """The ``draft_vocab_size`` most frequent ids of ``stream`` and the fraction of tokens they cover."""
+    counts = torch.bincount(stream.long(), minlength=vocab_size)
+    top = counts.topk(draft_vocab_size).indices.sort().values
+    return top, float(counts[top].sum() / counts.sum())
+
+
+def ttt_loss(draft: Eagle3Draft, taps: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, steps: int,
+             step_decay: float) -> tuple[torch.Tensor, list[float], list[float]]:
+    """Weighted loss over ``steps`` unrolled steps; per-step loss and top-1 agreement with the target.
+
+    Step j at row i predicts the token the target predicts at row i + j, so rows i <= T - 1 - j count.
+    """
+    t = ids.shape[1]
+    outs = draft.unroll(taps, shifted(ids), steps)
+    d2t_ids = draft.draft_to_target
+    total = taps.new_zeros(())
+    losses, accs = [], []
+    for j, (dl, _) in enumerate(outs, start=1):
+        if t - j <= 0:
+            break
+        tl = logits[:, j:]  # [B, T-j, V]
+        p = torch.softmax(tl[..., d2t_ids], dim=-1)
+        logp = F.log_softmax(dl[:, : t - j].float(), dim=-1)
+        loss = -(p * logp).sum(-1).mean()
+        total = total + (step_decay ** (j - 1)) * loss
+        acc = (d2t_ids[dl[:, : t - j].argmax(-1)] == tl.argmax(-1)).float().mean()
+        losses.append(float(loss))
+        accs.append(float(acc))
+    return total, losses, accs
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Train the miniature's EAGLE-3 head on the target's own hidden states.")
+    ap.add_argument("--target", type=Path, required=True, help="Kimi-layout target folder (models/kimi-k25-mini)")
+    ap.add_argument("--out", type=Path, required=True, help="output folder (models/kimi-k25-mini-eagle3)")
+    ap.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="capture-spec YAML (taps and the config's id convention)")
+    ap.add_argument("--roots", nargs="*", type=Path, default=None)
+    ap.add_argument("--heldout-fraction", type=float, default=0.02)
+    ap.add_argument("--max-chars", type=int, default=40_000_000)
+    ap.add_argument("--draft-vocab-size", type=int, default=2048)
+    ap.add_argument("--intermediate-size", type=int, default=512)
+    ap.add_argument("--num-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=32)
+    ap.add_argument("--ttt-steps", type=int, default=5)
+    ap.add_argument("--step-decay", type=float, default=0.8)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--time-budget-s", type=float, default=0.0)
+    ap.add_argument("--max-steps", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--evaluate", action="store_true", help="run evaluate.py on the saved head afterwards")
+    ap.add_argument("--eval-prompts", type=int, default=64)
+    ap.add_argument("--eval-windows", type=int, default=128)
+    args = ap.parse_args(argv)
+    if args.time_budget_s <= 0 and args.max_steps <= 0:
+        ap.error("give --time-budget-s or --max-steps")
+
+    t_start = time.time()
+    device = torch.device(args.device)
+    amp = device.type == "cuda"
+    torch.manual_seed(args.seed)
+    spec_file = load_spec_file(args.spec)
+    spec = spec_file.spec
+    target = export.load_text_model(args.target, device=device)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    tcfg = target.config
+    num_layers = tcfg.num_hidden_layers
+    spec.check_num_layers(num_layers)
+    convention = spec_file.draft_ids_convention or "vllm"
+    ids_in_config = taps_to_ids(spec.taps, convention, num_layers)
+
+    tok = tokenizer.load_tokenizer(args.target)
+    eot = tokenizer.special_ids(tok)[tokenizer.EOS]
+    train_files, _ = data.split_files(data.source_files(args.roots or data.default_roots()), args.heldout_fraction)
+    stream = data.encode_texts(tok, data.read_texts(train_files, args.max_chars), eot)
+    vocab_ids, coverage = choose_draft_vocab(stream, tcfg.vocab_size, args.draft_vocab_size)
+    print(f"[data] {stream.numel():,} train tokens; draft vocab {args.draft_vocab_size} covers {coverage:.4f} of them; "
+          f"taps {spec.label()} written as {convention} ids {list(ids_in_config)}; prep {time.time() - t_start:.0f}s", flush=True)
+
+    cfg = DraftConfig(hidden_size=tcfg.hidden_size, target_hidden_size=tcfg.hidden_size, num_aux_hidden_states=spec.num_taps,
+                      vocab_size=tcfg.vocab_size, draft_vocab_size=args.draft_vocab_size, num_attention_heads=args.num_heads,
+                      num_key_value_heads=args.num_heads, head_dim=args.head_dim, intermediate_size=args.intermediate_size,
+                      rms_norm_eps=tcfg.rms_norm_eps, max_position_embeddings=tcfg.max_position_embeddings)
+    draft = Eagle3Draft(cfg)
+    draft.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight.detach().float().cpu())
+    draft.set_draft_vocab(vocab_ids)
+    draft.to(device).train()
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    log: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "draft_vocab_coverage": coverage,
+                 "params": sum(p.numel() for p in params), "train": []}
+    step, t0 = 0, time.time()
+    while True:
+        elapsed = time.time() - t0
+        progress = max(step / args.max_steps if args.max_steps else 0.0,
+                       elapsed / args.time_budget_s if args.time_budget_s else 0.0)
+        if progress >= 1.0:
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(progress, step, args.lr, args.warmup)
+        ids = data.random_windows(stream, args.batch, args.seq_len, gen).to(device)
+        with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            taps, logits = target_outputs(target, ids, spec)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            loss, losses, accs = ttt_loss(draft, taps, ids, logits, args.ttt_steps, args.step_decay)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        if step % 10 == 0 or step == 1:
+            log["train"].append({"step": step, "loss": float(loss), "step_losses": losses, "step_top1": accs,
+                                 "time_s": time.time() - t0})
+            if step % 100 == 0 or step == 1:
+                print(f"[train] step {step} loss {float(loss):.3f} top1/step {[round(a, 3) for a in accs]}", flush=True)
+    log["final"] = {"steps": step, "train_time_s": time.time() - t0, "tokens": step * args.batch * args.seq_len}
+    extra = {"vllm_eagle3": {"taps": spec.label(), "ids_convention": convention, "spec": args.spec.name,
+                             "target": args.target.name, "trained_with": "vllm_eagle3.miniature.train_draft"}}
+    draft.save(args.out, ids_in_config, extra)
+    (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    print(f"[saved] {args.out}: {step} steps in {time.time() - t0:.0f}s", flush=True)
+    if args.evaluate:
+        from . import evaluate
+
+        del target
+        evaluate.main(["--target", str(args.target), "--draft", str(args.out), "--spec", str(args.spec),
+                       "--device", args.device, "--prompts", str(args.eval_prompts), "--windows", str(args.eval_windows),
+                       "--heldout-fraction", str(args.heldout_fraction)]
+                      + (["--roots", *map(str, args.roots)] if args.roots else []))
+
+
+if __name__ == "__main__":
+    main()
