@@ -15,7 +15,8 @@ trained on. The subclasses here use vLLM's own hooks instead of copying its forw
   first pipeline stage, and rebuilds the aux list in the spec's order with the embedding in its place;
 - :class:`DeepseekV2ForCausalLM` / :class:`DeepseekV3ForCausalLM` resolve the spec when vLLM's runner calls
   ``set_aux_hidden_state_layers`` (in every worker process, from ``VLLM_EAGLE3_SPEC`` or
-  ``VLLM_EAGLE3_CONVENTION`` plus the draft's config), refuse ids that disagree with it, and log one line;
+  ``VLLM_EAGLE3_CONVENTION`` plus the draft's config), refuse ids that disagree with it, and log one line
+  on every rank, naming its TP/PP rank;
 - :class:`KimiK25ForConditionalGeneration` keeps vLLM's class name (the EAGLE proposer checks it) and
   checks that its language model is the capturing class.
 
@@ -137,13 +138,15 @@ def resolve_in_worker(vllm_config: VllmConfig) -> Resolution:
     return resolve_from_env(_target_for_resolution(vllm_config), draft)
 
 
-def _is_log_rank() -> bool:
+def rank_label() -> str:
+    """This process's place in the parallel layout, e.g. ``"tp 1/2, pp 0/1"`` (``"tp 0/1, pp 0/1"`` alone)."""
     try:
-        from vllm.distributed.parallel_state import get_world_group
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 
-        return get_world_group().rank == 0
+        tp, pp = get_tp_group(), get_pp_group()
+        return f"tp {tp.rank_in_group}/{tp.world_size}, pp {pp.rank_in_group}/{pp.world_size}"
     except (AssertionError, RuntimeError):  # no distributed state (e.g. built outside an engine)
-        return True
+        return "tp 0/1, pp 0/1"
 
 
 class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
@@ -165,8 +168,8 @@ class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
             raise CaptureSpecError(f"vllm-eagle3: {exc}") from None
         self.model.set_capture_taps(resolution.spec.taps)
         self.capture_resolution = resolution
-        if _is_log_rank():
-            logger.info("%s (pid %d)", resolution.log_line(), os.getpid())
+        # Every rank logs (each holds its own copy of the spec): a rank without this line lacks the plugin.
+        logger.info("%s [%s, pid %d]", resolution.log_line(), rank_label(), os.getpid())
 
     def get_eagle3_aux_hidden_state_layers(self) -> tuple[int, ...]:
         if self.capture_resolution is not None:

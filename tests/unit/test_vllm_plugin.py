@@ -64,3 +64,40 @@ def test_pipeline_stage_refuses_taps_it_would_drop():
         check_pipeline_stage((0, 3, 31), 0, 16, is_first=True, is_last=False)
     with pytest.raises(CaptureSpecError, match=r"pipeline_parallel_size=1"):
         check_pipeline_stage((0, 3, 31), 16, 32, is_first=False, is_last=True)
+
+
+@pytest.mark.parametrize("pp_size, lost", [(2, ["embed", "3"]), (4, ["embed", "3", "31"])])
+def test_pipeline_refusal_on_kimi_61_layer_split(monkeypatch, pp_size, lost):
+    """The shipped Kimi spec [embed, 3, 31] under vLLM's own PP split of 61 layers is refused at start-up: the first
+    and last stages refuse, and together the refusals name every tap a non-last stage holds (PP=2 splits
+    0..30 | 31..60, so embed and 3 live on stage 0; PP=4 puts 31 on stage 2 of 0..14 | 15..29 | 30..45 | 46..60).
+    No stage lets the engine start with fewer taps than the draft was trained on."""
+    import re
+    from pathlib import Path
+
+    from vllm.distributed.utils import get_pp_indices
+
+    from vllm_eagle3.capture import check_pipeline_stage
+    from vllm_eagle3.spec import CaptureSpecError, load_spec_file
+
+    monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)  # vLLM's default split, as served
+    shipped = load_spec_file(Path(__file__).resolve().parents[2] / "configs" / "kimi_k25_eagle3.yaml")
+    spec, num_layers = shipped.spec, shipped.num_layers  # [embed, 3, 31] on Kimi K2.5's 61 layers
+    assert spec.taps == (0, 3, 31) and num_layers == 61
+    stages = [get_pp_indices(num_layers, rank, pp_size) for rank in range(pp_size)]
+    assert stages[0][0] == 0 and stages[-1][1] == num_layers
+    refused: dict[int, str] = {}
+    for rank, (start, end) in enumerate(stages):
+        try:
+            check_pipeline_stage(spec.taps, start, end, is_first=rank == 0, is_last=rank == pp_size - 1)
+        except CaptureSpecError as exc:
+            refused[rank] = str(exc)
+            assert f"layers {start}..{end - 1}" in str(exc) and "pipeline_parallel_size=1" in str(exc)
+    assert 0 in refused and pp_size - 1 in refused, (stages, refused)
+    named = {t for msg in refused.values() for t in re.findall(r"'(embed|\d+)'", msg.split("]")[0])}
+    assert named == set(lost), (stages, refused)
+    # A spec wholly on the last stage (taps of the last stage's layers, or its final pre-norm state 61) is served.
+    last_start, last_end = stages[-1]
+    tail = (last_start, last_end - 2, last_end)
+    for rank, (start, end) in enumerate(stages):
+        check_pipeline_stage(tail, start, end, is_first=rank == 0, is_last=rank == pp_size - 1)
