@@ -42,8 +42,11 @@ def _apply() -> str:
         q2 = _flat(query)
         k2 = None if key is None else _flat(key)
         q2, k2 = original(self, positions, q2, k2)
-        query.copy_(q2.view(query.shape))
-        if key is not None:
+        # _flat returns a view (no copy) where the layout already allows it, e.g. a single token: then the kernel
+        # has already written into ``query``/``key`` and a copy back would overlap itself (torch refuses that).
+        if q2.data_ptr() != query.data_ptr():
+            query.copy_(q2.view(query.shape))
+        if key is not None and k2.data_ptr() != key.data_ptr():
             key.copy_(k2.view(key.shape))
         return query, key
 

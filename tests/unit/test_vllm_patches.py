@@ -24,7 +24,8 @@ def gptj_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -
     return out
 
 
-def test_rope_on_strided_3d_query_matches_reference():
+@pytest.mark.parametrize("tokens", [1, 7])  # 1: a decode step, where the flattened k_pe is a view of key itself
+def test_rope_on_strided_3d_query_matches_reference(tokens):
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
@@ -37,9 +38,9 @@ def test_rope_on_strided_3d_query_matches_reference():
         rope = get_rope(64, max_position=4096, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                         is_neox_style=False)
     torch.manual_seed(0)
-    tokens, heads, nope = 7, 3, 64
+    heads, nope = 3, 64
     q = torch.randn(tokens, heads, nope + 64)  # [num_tokens, heads, nope + rope], as vLLM's MLA holds it
-    k = torch.randn(tokens, 1, 64)
+    k = torch.randn(tokens, 1, nope + 64 + 512)[..., -64:]  # k_pe: a strided slice of kv_a_proj's output, as in vLLM
     positions = torch.arange(tokens) * 5
     q_in, k_in = q.clone(), k.clone()
     q_out, k_out = rope.forward_cpu(positions, q_in[..., nope:], k_in)  # the strided view vLLM passes
