@@ -352,14 +352,19 @@ def config_lines(taps: Sequence[int], num_layers: int) -> list[str]:
     return lines
 
 
+def clearly_below(accuracy: float, best: float, positions: int) -> bool:
+    """``accuracy`` is below ``best`` by the confidence margin and by CONFIDENT_SIGMAS standard errors."""
+    se = math.sqrt(max(best * (1 - best) + accuracy * (1 - accuracy), 1e-12) / max(positions, 1))
+    return best - accuracy >= max(CONFIDENT_MARGIN, CONFIDENT_SIGMAS * se)
+
+
 def make_verdict(scores: list[Score], reads: Mapping[str, Any], positions: int) -> tuple[bool, str]:
     """(confident, text): the winner, then each engine's reading of the config marked ok / WRONG."""
     best = scores[0]
     runner = scores[1] if len(scores) > 1 else None
     ra = runner.accuracy if runner else 0.0
     pb = best.accuracy
-    se = math.sqrt(max(pb * (1 - pb) + ra * (1 - ra), 1e-12) / max(positions, 1))
-    confident = pb - ra >= max(CONFIDENT_MARGIN, CONFIDENT_SIGMAS * se)
+    confident = clearly_below(ra, pb, positions)
     lines = []
     if confident:
         lines.append(f"VERDICT: the draft was trained on taps {best.candidate.label} (top-1 agreement "
@@ -377,7 +382,9 @@ def make_verdict(scores: list[Score], reads: Mapping[str, Any], positions: int) 
         s = by_taps.get(fed)
         got = f"{s.accuracy:.3f}" if s else "not scored"
         shown = f"{engine} captures {taps_label(taps)} (agreement {got})"
-        if not confident:
+        # Each reading is judged against the best on its own: a reading far below the best is wrong even when the
+        # best cannot be told apart from its +-1 neighbours (adjacent layers carry similar states).
+        if not confident and (s is None or not clearly_below(s.accuracy, pb, positions)):
             lines.append(f"  ?      {shown}")
         elif fed == best.candidate.taps:
             lines.append(f"  ok     {shown}")

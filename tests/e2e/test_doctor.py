@@ -197,10 +197,15 @@ def test_doctor_on_the_miniature_with_the_incident_config(tmp_path):
                            "--draft", str(draft), "--json", str(tmp_path / "dx.json")],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
     elapsed = time.perf_counter() - t0
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Exit 0 = the best wiring is separable from the runner-up. On the shipped miniature the +-1 neighbour
+    # [embed, 2, 30] scores close to [embed, 3, 31] (measured 0.546 vs 0.585 at 384 tokens: adjacent layers carry
+    # similar states), so the doctor may answer 3 (best not separable from its neighbour) - but it must still rank
+    # [embed, 3, 31] first and flag the incident's reading as WRONG.
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
     result = json.loads((tmp_path / "dx.json").read_text())
     assert result["best"]["taps"] == [0, 3, 31], proc.stdout
-    assert "trained on taps [embed, 3, 31]" in proc.stdout
+    assert ("trained on taps [embed, 3, 31]" in proc.stdout) or \
+        (proc.returncode == 3 and "inconclusive: best [embed, 3, 31]" in proc.stdout), proc.stdout
     assert "WRONG  SGLang < 0.5.14 + embed patch (nested list) captures [3, 31, 59]" in proc.stdout
     assert "scoring wirings" in proc.stderr  # the progress bar
     assert elapsed < 120, f"doctor took {elapsed:.0f} s on the miniature"
