@@ -13,7 +13,6 @@ static check reads nothing else, so no engine is needed and each case takes abou
 from __future__ import annotations
 
 import json
-import struct
 import subprocess
 import sys
 import time
@@ -21,24 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from vllm_eagle3.testing.files import write_safetensors_zeros
+
 pytestmark = pytest.mark.e2e
 
 H, L, V, DRAFT_V = 128, 61, 4096, 1024
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
-    """A valid safetensors file (F32 zeros) with the given tensor shapes."""
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        n = 4
-        for s in shape:
-            n *= s
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
-
+write_safetensors = write_safetensors_zeros
 
 def make_target(root: Path) -> Path:
     d = root / "target"

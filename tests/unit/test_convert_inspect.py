@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from pathlib import Path
 
 import pytest
+
+from vllm_eagle3.testing.files import write_safetensors_zeros
 
 from vllm_eagle3 import convert, inspect
 from vllm_eagle3.conventions import ids_to_taps
@@ -29,17 +30,7 @@ INCIDENT_SGLANG_ARGS = ("python -m sglang.launch_server --model-path /models/kim
                         "--speculative-eagle-topk 1 --speculative-num-draft-tokens 16")
 
 
-def write_safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        n = 4
-        for s in shape:
-            n *= s
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
-
+write_safetensors = write_safetensors_zeros
 
 @pytest.fixture
 def target(tmp_path):

@@ -6,9 +6,10 @@ eagle_config (vLLM's runner ignores them and uses its defaults), no ids at all (
 """
 
 import json
-import struct
 
 import pytest
+
+from vllm_eagle3.testing.files import write_safetensors_zeros
 
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, resolve_capture, resolve_from_env
 from vllm_eagle3.spec import CaptureSpecError
@@ -17,18 +18,7 @@ pytestmark = pytest.mark.unit
 H, L, V = 128, 61, 4096
 
 
-def write_safetensors_header(path, shapes):
-    """A safetensors file whose header declares ``shapes`` (F32) and whose data section holds zeros."""
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        n = 4
-        for s in shape:
-            n *= s
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
-
+write_safetensors_header = write_safetensors_zeros
 
 @pytest.fixture
 def target(tmp_path):
