@@ -6,6 +6,7 @@ start each engine once in a module-scoped fixture, one engine at a time, and clo
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -59,3 +60,15 @@ def make_draft(tiny_root):
         return folder
 
     return make
+
+
+@pytest.fixture
+def target(tmp_path):
+    """A 61-layer Kimi K2.5 target folder holding only config.json (hidden 128, vocab 4096): enough for the static
+    checks, which read configs and safetensors headers only."""
+    d = tmp_path / "target"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "text_config": {"num_hidden_layers": 61, "hidden_size": 128, "vocab_size": 4096}}))
+    return d

@@ -28,8 +28,6 @@ H, L, V, DRAFT_V = 128, 61, 4096, 1024
 REPO = Path(__file__).resolve().parents[2]
 
 
-write_safetensors = write_safetensors_zeros
-
 def make_target(root: Path) -> Path:
     d = root / "target"
     d.mkdir(exist_ok=True)
@@ -50,7 +48,7 @@ def make_draft(root: Path, name: str, ids=(-1, 2, 30), fan_in=3 * H, d2t=True) -
     shapes = {"fc.weight": [H, fan_in], "lm_head.weight": [DRAFT_V, H]}
     if d2t:
         shapes["d2t"] = [DRAFT_V]
-    write_safetensors(d / "model.safetensors", shapes)
+    write_safetensors_zeros(d / "model.safetensors", shapes)
     return d
 
 

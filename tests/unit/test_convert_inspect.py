@@ -30,18 +30,6 @@ INCIDENT_SGLANG_ARGS = ("python -m sglang.launch_server --model-path /models/kim
                         "--speculative-eagle-topk 1 --speculative-num-draft-tokens 16")
 
 
-write_safetensors = write_safetensors_zeros
-
-@pytest.fixture
-def target(tmp_path):
-    d = tmp_path / "target"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["KimiK25ForConditionalGeneration"],
-        "text_config": {"num_hidden_layers": L, "hidden_size": H, "vocab_size": V}}))
-    return d
-
-
 @pytest.fixture
 def llama_target(tmp_path):
     d = tmp_path / "llama"
@@ -65,7 +53,7 @@ def make_draft(root: Path, top=(-1, 2, 30), nested=(-1, 2, 30), fan_in=3 * H, d2
     shapes = {"fc.weight": [H, fan_in], "lm_head.weight": [DV, H], **(extra_weights or {})}
     if d2t:
         shapes["d2t"] = [DV]
-    write_safetensors(d / "model.safetensors", shapes)
+    write_safetensors_zeros(d / "model.safetensors", shapes)
     return d
 
 

@@ -18,18 +18,6 @@ pytestmark = pytest.mark.unit
 H, L, V = 128, 61, 4096
 
 
-write_safetensors_header = write_safetensors_zeros
-
-@pytest.fixture
-def target(tmp_path):
-    d = tmp_path / "target"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["KimiK25ForConditionalGeneration"],
-        "text_config": {"num_hidden_layers": L, "hidden_size": H, "vocab_size": V}}))
-    return d
-
-
 def make_draft(tmp_path, ids=(-1, 2, 30), nested=True, top=True, fan_in=3 * H, d2t=True, extra=None, name="draft"):
     d = tmp_path / name
     d.mkdir()
@@ -43,7 +31,7 @@ def make_draft(tmp_path, ids=(-1, 2, 30), nested=True, top=True, fan_in=3 * H, d
     shapes = {"fc.weight": [H, fan_in], "lm_head.weight": [1024, H]}
     if d2t:
         shapes["d2t"] = [1024]
-    write_safetensors_header(d / "model.safetensors", shapes)
+    write_safetensors_zeros(d / "model.safetensors", shapes)
     return d
 
 
