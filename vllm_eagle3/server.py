@@ -161,6 +161,22 @@ def intel_openmp_library() -> str | None:
     return str(lib) if lib.is_file() else None
 
 
+OPENMP_RUNTIMES = ("libiomp", "libomp", "libgomp")
+
+
+def with_intel_openmp(ld_preload: str, iomp: str | None) -> str:
+    """``LD_PRELOAD`` for a server process: Intel OpenMP in front, unless an OpenMP runtime is already preloaded.
+
+    vLLM-CPU asserts that at most one OpenMP runtime is preloaded (``OMPProcessManager``: iomp AND gomp ->
+    AssertionError, engine core dead at start-up). A process that has run an in-process vLLM engine (a test
+    session, a notebook) carries vLLM's own ``LD_PRELOAD=...libtcmalloc...:...libgomp...`` in ``os.environ``, so
+    adding iomp on top would kill every server it starts: keep the runtime already chosen.
+    """
+    if not iomp or any(rt in ld_preload for rt in OPENMP_RUNTIMES):
+        return ld_preload
+    return ":".join(p for p in (iomp, ld_preload) if p)
+
+
 STARTUP_PHASES = (
     # (substring of a vLLM 0.32 start-up log line, what it means); the phase whose line appears latest wins.
     ("vllm-eagle3: capturing taps", "capture spec validated; importing vLLM"),
@@ -185,6 +201,28 @@ def startup_phase(log_text: str) -> str:
         if pos > best_pos:
             best, best_pos = meaning, pos
     return best
+
+
+_ERROR_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:ERROR [\d-]+ [\d:]+ \[[^]]*\] )?"
+                         r"(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b(?::.*)?$")
+_WRAPPER_ERRORS = ("Engine core initialization failed", "Engine core proc", "Application startup failed")
+
+
+def root_cause(log_text: str, max_lines: int = 12) -> str:
+    """The exception lines of a failed vLLM start-up (engine core and workers first), without the API server's
+    generic "Engine core initialization failed" wrapper: what went wrong, even when the log tail shows only the
+    API server's traceback. Empty if the log names no exception."""
+    found: list[str] = []
+    previous = ""
+    for line in log_text.splitlines():
+        text = line.strip()
+        if _ERROR_LINE.match(text) and not any(w in text for w in _WRAPPER_ERRORS):
+            if not re.search(r"(?:Error|Exception|Interrupt):", text):  # bare `AssertionError`: show the source line
+                text = f"{text} (at: {previous.split('] ')[-1].strip()})"
+            if text not in found:
+                found.append(text)
+        previous = text
+    return "\n".join(found[-max_lines:])
 
 
 def serve_command(serve_args: Sequence[str]) -> list[str]:
@@ -213,9 +251,9 @@ class VllmServer:
         self.env.setdefault("VLLM_NO_USAGE_STATS", "1")
         self.env.setdefault("DO_NOT_TRACK", "1")
         self.env.setdefault("PYTHONUNBUFFERED", "1")
-        iomp = intel_openmp_library()
-        if iomp and iomp not in self.env.get("LD_PRELOAD", ""):
-            self.env["LD_PRELOAD"] = ":".join(p for p in (iomp, self.env.get("LD_PRELOAD", "")) if p)
+        preload = with_intel_openmp(self.env.get("LD_PRELOAD", ""), intel_openmp_library())
+        if preload:
+            self.env["LD_PRELOAD"] = preload
         self._own_log = log_path is None
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-eagle3-serve-",
                                                                               suffix=".log")[1])
@@ -264,6 +302,11 @@ class VllmServer:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
+    def failure_digest(self) -> str:
+        """Where start-up got to and the exceptions the log names (put last in errors: CI shows the end)."""
+        cause = root_cause(self.log_text()) or "(the log names no exception)"
+        return f"start-up phase reached: {startup_phase(self.log_text())}\nexceptions in the log:\n{cause}"
+
     def wait_ready(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None,
                    progress_every: float = 10.0) -> float:
         """Block until ``/health`` is 200; return the seconds since :meth:`start`.
@@ -277,7 +320,7 @@ class VllmServer:
         while True:
             if self.proc.poll() is not None:
                 raise ServerStartError(f"the server exited with code {self.proc.returncode} before it was ready; "
-                                       f"log {self.log_path}:\n{self.log_tail()}")
+                                       f"log {self.log_path}:\n{self.log_tail()}\n{self.failure_digest()}")
             if self.healthy(timeout=2.0):
                 self.ready_after_s = time.monotonic() - self.started_at
                 return self.ready_after_s
@@ -285,7 +328,7 @@ class VllmServer:
             if now > deadline:
                 self.stop()
                 raise ServerStartError(f"the server was not healthy after {timeout:.0f} s; log {self.log_path}:\n"
-                                       f"{self.log_tail()}")
+                                       f"{self.log_tail()}\n{self.failure_digest()}")
             if progress and now >= next_report:
                 progress(f"  ... {now - self.started_at:5.0f} s: {startup_phase(self.log_text())}")
                 next_report = now + progress_every
