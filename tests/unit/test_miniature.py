@@ -7,7 +7,9 @@ Bugs guarded:
 * a draft trained on shifted-by-two tokens or on the wrong taps (the incident's class of bug) -> the
   exported head must reload and reproduce its training-time step-1 logits through the vLLM-shaped
   ``forward`` (tokens shifted by ONE, taps in spec order);
-* ``labels`` pre-shifted for transformers' causal-LM loss (trains a skip-one objective) -> loss must fall.
+* ``labels`` pre-shifted for transformers' causal-LM loss (trains a skip-one objective) -> loss must fall;
+* self-distillation data from a KV-cached greedy decoder that drifts from the target's real greedy tokens (a
+  cache/position bug) -> the cached decoder must give exactly the tokens of full re-computation.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def toy(tmp_path_factory):
                        "--eval-every", "1000", "--eval-windows", "4", *common])
     train_draft.main(["--target", str(target), "--out", str(draft), "--spec", str(spec), "--draft-vocab-size", "256",
                       "--max-steps", "30", "--batch", "8", "--lr", "3e-3", "--ttt-steps", "3", "--max-chars", "400000",
-                      "--intermediate-size", "64", *common])
+                      "--intermediate-size", "64", "--greedy-prompts", "8", "--greedy-prompt-len", "8",
+                      "--greedy-batch", "4", *common])
     return target, draft, spec
 
 
@@ -68,6 +71,7 @@ def test_draft_loss_falls_and_export_reloads(toy):
     target, draft_dir, spec_path = toy
     log = json.loads((draft_dir / "train_log.json").read_text())
     assert log["train"][-1]["loss"] < log["train"][0]["loss"]
+    assert log["greedy_sequences"] == 8  # half of every batch came from the target's own greedy continuations
     cfg = json.loads((draft_dir / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [-1, 0, 1]  # taps (0, 1, 2) in SGLang-legacy ids
@@ -93,3 +97,17 @@ def test_draft_loss_falls_and_export_reloads(toy):
     assert torch.allclose(draft.to_target_logits(step1)[0, :-1], served[:-1], atol=1e-5)
     outside = ~draft.t2d
     assert torch.isinf(served[:, outside]).all()
+
+
+def test_cached_greedy_decoding_equals_full_recomputation(toy):
+    """The self-distillation data (KV-cached greedy decoding) is token-for-token the target's greedy output."""
+    from vllm_eagle3.miniature.evaluate import greedy_continue
+
+    target, _, _ = toy
+    model = export.load_text_model(target)
+    prompts = torch.randint(20, model.config.vocab_size, (3, 6), generator=torch.Generator().manual_seed(1))
+    cached = greedy_continue(model, prompts, 10, batch=2, use_cache=True)
+    full = greedy_continue(model, prompts, 10, batch=2, use_cache=False)
+    assert cached.shape == (3, 16)
+    assert torch.equal(cached[:, :6], prompts)
+    assert torch.equal(cached, full)

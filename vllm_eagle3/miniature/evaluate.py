@@ -40,15 +40,34 @@ MAX_K = 5
 
 
 @torch.no_grad()
-def greedy_continue(model, prompts: torch.Tensor, new_tokens: int, batch: int) -> torch.Tensor:
-    """[N, P + new_tokens]: prompts followed by the target's argmax tokens (no EOS stop, no cache)."""
+def greedy_continue(model, prompts: torch.Tensor, new_tokens: int, batch: int, use_cache: bool = True,
+                    progress: str | None = None) -> torch.Tensor:
+    """[N, P + new_tokens]: prompts followed by the target's argmax tokens (no EOS stop).
+
+    ``use_cache`` decodes one token per forward over transformers' KV cache (the fast path, used for training
+    data); ``False`` re-runs the whole sequence per token (the reference the cached path is tested against).
+    ``progress`` (a label) prints one line per batch.
+    """
     outs = []
+    t0 = time.time()
     for i in range(0, prompts.shape[0], batch):
         seq = prompts[i : i + batch]
-        for _ in range(new_tokens):
-            nxt = model(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)
-            seq = torch.cat([seq, nxt], dim=1)
+        if use_cache:
+            out = model(input_ids=seq, use_cache=True)
+            tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+            for _ in range(new_tokens - 1):
+                out = model(input_ids=tokens[-1], past_key_values=out.past_key_values, use_cache=True)
+                tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+            seq = torch.cat([seq, *tokens[:new_tokens]], dim=1)
+        else:
+            for _ in range(new_tokens):
+                nxt = model(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)
+                seq = torch.cat([seq, nxt], dim=1)
         outs.append(seq)
+        if progress:
+            done = min(i + batch, prompts.shape[0])
+            print(f"[{progress}] {done}/{prompts.shape[0]} prompts continued by {new_tokens} greedy tokens "
+                  f"({time.time() - t0:.0f}s)", flush=True)
     return torch.cat(outs)
 
 
@@ -152,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     avail = (held.numel() - start) // plen
     src = held[start : start + min(args.prompts, avail) * plen] if avail >= 1 else held[: args.prompts * plen]
     prompts = src.view(-1, plen).long().to(device)
-    seqs = greedy_continue(target, prompts, args.new_tokens, args.batch)
+    seqs = greedy_continue(target, prompts, args.new_tokens, args.batch, progress="eval")
     greedy_stats, greedy_top1 = chain_eval(target, draft, seqs, spec, plen - 1, args.batch)
     gold = seqs[:, plen:]
     in_vocab = float(draft.t2d[gold].float().mean())

@@ -7,6 +7,11 @@ the spec) and the target's logits -> ``Eagle3Draft.unroll`` runs EAGLE-3's train
 entropy against the target's next-token distribution restricted to the draft vocabulary (the draft
 learns the TARGET's predictions, not the text), step j weighted ``--step-decay ** (j - 1)``.
 
+Self-distillation (``--greedy-prompts N``): N prompts from the TRAINING split are continued greedily by the
+target, and ``--greedy-fraction`` of every batch is drawn from those sequences. That is the distribution the
+served draft meets (it drafts after the target's own greedy tokens, not after human text), and it is EAGLE's
+"regenerate the data with the target" step. Held-out files are never used.
+
 The draft vocabulary is the ``--draft-vocab-size`` most frequent tokens of the training stream.
 The config's ids are written in the spec file's ``draft_ids_convention`` (configs/kimi_k25_eagle3.yaml:
 SGLang-legacy, so taps (0, 3, 31) become ``[-1, 2, 30]``).
@@ -77,7 +82,7 @@ def ttt_loss(draft: Eagle3Draft, taps: torch.Tensor, ids: torch.Tensor, logits: 
         loss = -(p * logp).sum(-1).mean()
         total = total + (step_decay ** (j - 1)) * loss
         acc = (d2t_ids[dl[:, : t - j].argmax(-1)] == tl.argmax(-1)).float().mean()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         accs.append(float(acc))
     return total, losses, accs
 
@@ -96,6 +101,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--head-dim", type=int, default=32)
     ap.add_argument("--ttt-steps", type=int, default=5)
     ap.add_argument("--step-decay", type=float, default=0.8)
+    ap.add_argument("--greedy-prompts", type=int, default=0,
+                    help="training prompts continued greedily by the target for self-distillation (0: text only)")
+    ap.add_argument("--greedy-prompt-len", type=int, default=64)
+    ap.add_argument("--greedy-fraction", type=float, default=0.5,
+                    help="share of every batch drawn from the target's greedy continuations")
+    ap.add_argument("--greedy-batch", type=int, default=512, help="prompts per generation forward")
+    ap.add_argument("--greedy-time-budget-s", type=float, default=0.0,
+                    help="stop generating after this many seconds (the batches done so far are used; 0: no limit)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -110,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.time_budget_s <= 0 and args.max_steps <= 0:
         ap.error("give --time-budget-s or --max-steps")
+    if args.greedy_prompts and not 0 < args.greedy_prompt_len < args.seq_len:
+        ap.error(f"--greedy-prompt-len must lie in 1..{args.seq_len - 1} (--seq-len {args.seq_len})")
+    if not 0.0 <= args.greedy_fraction <= 1.0:
+        ap.error("--greedy-fraction must lie in [0, 1]")
 
     t_start = time.time()
     device = torch.device(args.device)
@@ -134,6 +151,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"[data] {stream.numel():,} train tokens; draft vocab {args.draft_vocab_size} covers {coverage:.4f} of them; "
           f"taps {spec.label()} written as {convention} ids {list(ids_in_config)}; prep {time.time() - t_start:.0f}s", flush=True)
 
+    greedy = None
+    n_greedy = 0
+    if args.greedy_prompts:
+        from .evaluate import greedy_continue
+
+        pgen = torch.Generator().manual_seed(args.seed + 2)
+        prompts = data.random_windows(stream, args.greedy_prompts, args.greedy_prompt_len, pgen).to(device)
+        t_gen = time.time()
+        chunks = []
+        for i in range(0, prompts.shape[0], args.greedy_batch):
+            if args.greedy_time_budget_s and time.time() - t_gen > args.greedy_time_budget_s:
+                print(f"[self-distill] time budget {args.greedy_time_budget_s:.0f}s reached after "
+                      f"{i} of {prompts.shape[0]} prompts", flush=True)
+                break
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+                chunks.append(greedy_continue(target, prompts[i : i + args.greedy_batch],
+                                              args.seq_len - args.greedy_prompt_len, args.greedy_batch).cpu())
+            print(f"[self-distill] {min(i + args.greedy_batch, prompts.shape[0])}/{prompts.shape[0]} prompts continued "
+                  f"to {args.seq_len} tokens ({time.time() - t_gen:.0f}s)", flush=True)
+        greedy = torch.cat(chunks)
+        n_greedy = round(args.batch * args.greedy_fraction)
+        print(f"[data] {greedy.shape[0]:,} greedy sequences of {greedy.shape[1]} tokens in {time.time() - t_gen:.0f}s; "
+              f"{n_greedy} of every {args.batch} training rows come from them", flush=True)
+
     cfg = DraftConfig(hidden_size=tcfg.hidden_size, target_hidden_size=tcfg.hidden_size, num_aux_hidden_states=spec.num_taps,
                       vocab_size=tcfg.vocab_size, draft_vocab_size=args.draft_vocab_size, num_attention_heads=args.num_heads,
                       num_key_value_heads=args.num_heads, head_dim=args.head_dim, intermediate_size=args.intermediate_size,
@@ -146,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(args.seed + 1)
     log: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "draft_vocab_coverage": coverage,
+                 "greedy_sequences": 0 if greedy is None else int(greedy.shape[0]),
                  "params": sum(p.numel() for p in params), "train": []}
     step, t0 = 0, time.time()
     while True:
@@ -156,7 +198,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             break
         for g in opt.param_groups:
             g["lr"] = lr_at(progress, step, args.lr, args.warmup)
-        ids = data.random_windows(stream, args.batch, args.seq_len, gen).to(device)
+        ids = data.random_windows(stream, args.batch - n_greedy, args.seq_len, gen)
+        if n_greedy:
+            ids = torch.cat([ids, greedy[torch.randint(0, greedy.shape[0], (n_greedy,), generator=gen)]])
+        ids = ids.to(device)
         with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             taps, logits = target_outputs(target, ids, spec)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):

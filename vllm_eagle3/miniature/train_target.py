@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         step += 1
         tokens_seen += ids.numel()
         if step % 10 == 0 or step == 1:
-            lv = float(loss)
+            lv = float(loss.detach())
             log["train"].append({"step": step, "loss": lv, "tokens": tokens_seen, "time_s": time.time() - t0})
             if step % 50 == 0 or step == 1:
                 print(f"[train] step {step} loss {lv:.3f} tok/s {tokens_seen / (time.time() - t0):,.0f}", flush=True)
