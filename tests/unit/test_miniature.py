@@ -111,3 +111,19 @@ def test_cached_greedy_decoding_equals_full_recomputation(toy):
     assert cached.shape == (3, 16)
     assert torch.equal(cached[:, :6], prompts)
     assert torch.equal(cached, full)
+
+
+def test_served_walk_visits_anchors_like_a_server():
+    """The served-walk simulation advances by accepted + 1 tokens per draft, as vLLM's verify step does."""
+    from vllm_eagle3.miniature.draft import served_walk, walk_summary
+
+    t, f = True, False
+    match = torch.tensor([[t, t, f], [f, f, f], [f, f, f], [t, f, f], [t, t, t], [t, t, t]])
+    # anchor 0: accepts 2 -> next anchor 3; anchor 3: accepts 1 -> next anchor 5; anchor 5: accepts 3 -> end
+    assert served_walk(match, 3) == (3, 6)
+    # k = 1: anchor 0 (1) -> 2 (0) -> 3 (1) -> 5 (1) -> end
+    assert served_walk(match, 1) == (4, 3)
+    summary = walk_summary(torch.stack([match, ~match]), [3])["3"]
+    # second sequence (~match): anchor 0: 0 -> 1: accepts 3 -> 5: 0 -> end
+    assert summary["per_sequence"] == [[3, 6], [3, 3]]
+    assert summary["acceptance_length"] == 1 + 9 / 6

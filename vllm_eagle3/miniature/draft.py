@@ -437,5 +437,37 @@ class ChainStats:
                 "acceptance_length": {str(k): self.acceptance_length(k) for k in range(1, len(pp) + 1)}}
 
 
+def served_walk(match: torch.Tensor, k: int) -> tuple[int, int]:
+    """(drafts, accepted drafts) of ONE sequence served greedily with ``k`` draft tokens, as vLLM does it.
+
+    ``match`` [A, >= k] bool: row i = the chain drafted at the i-th anchor after the prompt (anchor 0 = the
+    proposal right after prefill), column j = its (j+1)-th draft equals the target's greedy token. vLLM drafts
+    at anchor 0, accepts the leading matches ``a``, emits ``a + 1`` tokens (the bonus token is the target's),
+    and drafts next at anchor ``i + a + 1``. Unlike the every-anchor average (:class:`ChainStats`), this visits
+    the anchors a server visits: hard stretches (short advances) get more drafts, so it is what served
+    ``/metrics`` counters estimate. Anchors whose chain runs past the known continuation end the walk.
+    """
+    drafts = accepted = 0
+    i = 0
+    while i < match.shape[0]:
+        a = int(match[i, :k].long().cumprod(0).sum())
+        drafts += 1
+        accepted += a
+        i += a + 1
+    return drafts, accepted
+
+
+def walk_summary(matches: torch.Tensor, ks: Sequence[int]) -> dict[str, Any]:
+    """:func:`served_walk` for every sequence of ``matches`` [N, A, K] and every k: per-sequence (drafts,
+    accepted) and the pooled acceptance length 1 + accepted / drafts (what vLLM's counters give)."""
+    out: dict[str, Any] = {}
+    for k in ks:
+        per = [served_walk(m, k) for m in matches]
+        d, a = sum(x for x, _ in per), sum(y for _, y in per)
+        out[str(k)] = {"drafts": d, "accepted": a, "acceptance_length": 1.0 + a / max(1, d),
+                       "per_sequence": [list(x) for x in per]}
+    return out
+
+
 def config_dict(c: DraftConfig) -> dict[str, Any]:
     return asdict(c)

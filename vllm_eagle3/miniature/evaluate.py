@@ -12,6 +12,10 @@ Measured:
   attention over the step-1 cache plus the chain); a draft is accepted while it equals the target's
   greedy token. Per-position acceptance = fraction of anchors whose first j drafts were all accepted;
   acceptance length(k) = 1 + sum of the first k. Also "text": the same chain on held-out text.
+* "served_walk": the same greedy chains visited the way a server visits them (draft at the anchor after
+  prefill, accept the leading matches a, next anchor a + 1 tokens later): per prompt (drafts, accepted) and
+  1 + accepted / drafts, which is what vLLM's ``/metrics`` counters measure. It is lower than the every-anchor
+  average when acceptance is uneven: a server drafts more often where drafts fail (short advances).
 
 The prompts and the target's greedy continuations are saved to ``eval_prompts.json`` so serving
 tests can replay them (use ``prompt_token_ids``, ``ignore_eos``, temperature 0, float32).
@@ -33,7 +37,7 @@ import torch
 from vllm_eagle3.spec import load_spec_yaml
 
 from . import data, export, tokenizer
-from .draft import ChainStats, Eagle3Draft
+from .draft import ChainStats, Eagle3Draft, walk_summary
 from .train_draft import DEFAULT_SPEC, shifted, target_outputs
 
 MAX_K = 5
@@ -73,10 +77,12 @@ def greedy_continue(model, prompts: torch.Tensor, new_tokens: int, batch: int, u
 
 @torch.no_grad()
 def chain_eval(target, draft: Eagle3Draft, seqs: torch.Tensor, spec, first_anchor: int, batch: int):
-    """(ChainStats over anchors first_anchor..T-1-MAX_K, per-step top-1 agreement over all valid rows)."""
+    """(ChainStats over anchors first_anchor..T-1-MAX_K, per-step top-1 agreement over all valid rows,
+    per-sequence matches [N, anchors, MAX_K] bool for :func:`served_walk`)."""
     stats = ChainStats()
     agree = [0] * MAX_K
     count = [0] * MAX_K
+    matches = []
     d2t_ids = draft.draft_to_target
     for i in range(0, seqs.shape[0], batch):
         ids = seqs[i : i + batch]
@@ -93,7 +99,8 @@ def chain_eval(target, draft: Eagle3Draft, seqs: torch.Tensor, spec, first_ancho
         match = torch.stack([preds[j - 1][:, first_anchor:last] == greedy[:, first_anchor + j : last + j]
                              for j in range(1, MAX_K + 1)], dim=-1)  # [B, anchors, K]
         stats.add(match.reshape(-1, MAX_K))
-    return stats, [a / max(1, c) for a, c in zip(agree, count)]
+        matches.append(match.cpu())
+    return stats, [a / max(1, c) for a, c in zip(agree, count)], torch.cat(matches)
 
 
 def plot_curves(target_log: dict, draft_log: dict, path: Path) -> bool:
@@ -123,6 +130,30 @@ def plot_curves(target_log: dict, draft_log: dict, path: Path) -> bool:
     return True
 
 
+def update_served_walk(args) -> None:
+    """``--walk-only``: served-walk simulation on the saved prompts + greedy continuations; eval.json updated."""
+    t0 = time.time()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    device = torch.device(args.device)
+    spec = load_spec_yaml(args.spec)
+    target = export.load_text_model(args.target, dtype=torch.float32, device=device)
+    draft = Eagle3Draft.from_dir(args.draft, target_dir=args.target).to(device)
+    items = json.loads((args.draft / "eval_prompts.json").read_text())["items"]
+    plen = {len(it["prompt_token_ids"]) for it in items}
+    if len(plen) != 1:
+        raise SystemExit(f"eval_prompts.json: prompts of different lengths {sorted(plen)}; re-run the full evaluation")
+    seqs = torch.tensor([it["prompt_token_ids"] + it["continuation_token_ids"] for it in items], device=device)
+    _, _, match = chain_eval(target, draft, seqs, spec, plen.pop() - 1, args.batch)
+    out = args.out or (args.draft / "eval.json")
+    result = json.loads(out.read_text())
+    result["simulated_acceptance"]["served_walk"] = walk_summary(match, range(1, MAX_K + 1))
+    result["setup"]["served_walk_device"] = str(device)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    walk = result["simulated_acceptance"]["served_walk"]
+    print(f"[walk] {len(items)} prompts; served-walk acceptance length k=1..{MAX_K} "
+          f"{[round(walk[str(k)]['acceptance_length'], 3) for k in range(1, MAX_K + 1)]}; {time.time() - t0:.0f}s")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Evaluate the miniature target and its EAGLE-3 head on held-out text; write eval.json.")
     ap.add_argument("--target", type=Path, required=True)
@@ -138,7 +169,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, default=None, help="eval.json path (default: DRAFT/eval.json)")
+    ap.add_argument("--walk-only", action="store_true",
+                    help="only (re)compute simulated_acceptance.served_walk from DRAFT/eval_prompts.json (no text "
+                         "evaluation, no generation: CPU-friendly) and update eval.json in place")
     args = ap.parse_args(argv)
+    if args.walk_only:
+        return update_served_walk(args)
 
     t0 = time.time()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -164,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             n += ids[:, 1:].numel()
     target_metrics = {"heldout_loss": nll / n, "perplexity": math.exp(nll / n), "top1": correct / n, "tokens": n}
 
-    text_stats, text_top1 = chain_eval(target, draft, windows, spec, 0, args.batch)
+    text_stats, text_top1, _ = chain_eval(target, draft, windows, spec, 0, args.batch)
     # Greedy continuations of held-out prompts (taken from the held-out stream after the windows).
     start = windows.numel()
     plen = args.prompt_len
@@ -172,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     src = held[start : start + min(args.prompts, avail) * plen] if avail >= 1 else held[: args.prompts * plen]
     prompts = src.view(-1, plen).long().to(device)
     seqs = greedy_continue(target, prompts, args.new_tokens, args.batch, progress="eval")
-    greedy_stats, greedy_top1 = chain_eval(target, draft, seqs, spec, plen - 1, args.batch)
+    greedy_stats, greedy_top1, greedy_match = chain_eval(target, draft, seqs, spec, plen - 1, args.batch)
     gold = seqs[:, plen:]
     in_vocab = float(draft.t2d[gold].float().mean())
 
@@ -184,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "teacher_forced_top1": text_top1[0],
             "greedy_tokens_in_draft_vocab": in_vocab,
         },
-        "simulated_acceptance": {"greedy": greedy_stats.summary(), "text": text_stats.summary()},
+        "simulated_acceptance": {"greedy": greedy_stats.summary(), "text": text_stats.summary(),
+                                 "served_walk": walk_summary(greedy_match, range(1, MAX_K + 1))},
         "setup": {
             "taps": spec.label(), "dtype": "float32 (bf16 weights)", "device": str(device),
             "windows": int(windows.shape[0]), "seq_len": args.seq_len, "prompts": int(prompts.shape[0]),
