@@ -153,6 +153,30 @@ def _image_inputs(model, ids, mm_spec: dict):
     return model.pad_input_ids(ids, mm_inputs), mm_inputs
 
 
+def init_sglang_process(server_args):
+    """What SGLang's scheduler process does before it builds model workers (``sglang.benchmark.one_batch`` does
+    the same): env and torch config, ports, the published runtime context, process-global configs, the parallel
+    and layer runtimes. Returns ``(port_args, model_config)`` of the target."""
+    from sglang.benchmark.one_batch import _init_process_global_configs
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed import bootstrap
+    from sglang.srt.entrypoints.engine import _set_envs_and_config
+    from sglang.srt.runtime_context import SpawnRanks, get_device, publish, spawn_world_rank
+    from sglang.srt.server_args import PortArgs
+
+    _set_envs_and_config(server_args)
+    port_args = PortArgs.init_new(server_args)
+    publish(server_args, role="scheduler",
+            ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), gpu_id=0))
+    _init_process_global_configs()
+
+    model_config = ModelConfig.from_server_args(server_args)
+    bootstrap.init_parallel_runtime(server_args=server_args, device=get_device().device,
+                                    dist_port=port_args.nccl_port)
+    bootstrap.init_layer_runtime(model_config=model_config)
+    return port_args, model_config
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     cases = [_parse_case(c) for c in args.case]
@@ -177,20 +201,18 @@ def main(argv=None) -> int:
     import sglang
     from array import array
 
-    from sglang.benchmark.one_batch import TreeCacheNamespace, _init_process_global_configs
+    from sglang.benchmark.one_batch import TreeCacheNamespace
     from sglang.srt.arg_groups.overrides import declare_resolution
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed import bootstrap
-    from sglang.srt.entrypoints.engine import _set_envs_and_config
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
         configure_aux_hidden_state_capture,
     )
-    from sglang.srt.runtime_context import SpawnRanks, get_device, get_schedule, publish, spawn_world_rank
+    from sglang.srt.runtime_context import get_schedule
     from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.server_args import PortArgs, ServerArgs
+    from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     shims.route_torch_native_to_mla()
@@ -217,16 +239,7 @@ def main(argv=None) -> int:
     )
     declare_resolution(server_args, "vllm_eagle3.parity", cuda_graph_config={})
     server_args.resolve_once()
-    _set_envs_and_config(server_args)
-    port_args = PortArgs.init_new(server_args)
-    publish(server_args, role="scheduler",
-            ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), gpu_id=0))
-    _init_process_global_configs()
-
-    model_config = ModelConfig.from_server_args(server_args)
-    bootstrap.init_parallel_runtime(server_args=server_args, device=get_device().device,
-                                    dist_port=port_args.nccl_port)
-    bootstrap.init_layer_runtime(model_config=model_config)
+    port_args, model_config = init_sglang_process(server_args)
     runner = ModelRunner(model_config=model_config, mem_fraction_static=MEM_FRACTION, gpu_id=0,
                          nccl_port=port_args.nccl_port, server_args=server_args)
     runner.alloc_memory_pool()

@@ -1,0 +1,184 @@
+"""Draft-side parity: given the SAME aux input, vLLM's EAGLE-3 head, SGLang's ``llama_eagle3`` and the training
+pipeline's head produce the same logits and the same top-k tokens.
+
+The capture tests prove the three engines hand the draft the same taps; this module proves they then do the same
+thing with them, on the shipped miniature pair (trained head, so top-k is meaningful, not a random near-tie):
+
+1. vLLM (the plugin, spec ``[embed, 3, 31]``, float32) serves one held-out prompt; a probe in the worker
+   (:mod:`vllm_eagle3.testing.draft_probe`) keeps the first draft step of the first proposal: the aux rows
+   BEFORE ``fc`` (``cat`` of the taps), the token ids the draft read (the prompt shifted by one plus the sampled
+   token), positions, and vLLM's own ``compute_logits`` at every row (target vocabulary, ``d2t``-mapped, -inf
+   outside the draft vocabulary).
+2. The training pipeline's head (:class:`vllm_eagle3.miniature.draft.Eagle3Draft`, the code the head was
+   trained with) on exactly those inputs.
+3. SGLang 0.5.23's own ``LlamaForCausalLMEagle3`` in its own venv (``sglang_harness/draft_runner.py``: a real
+   draft ``ModelRunner``, one draft-extend forward with ``spec_info.hidden_states`` = the same aux rows).
+
+Tolerance (float32 everywhere, the same bf16-stored weights upcast): ``atol = rtol = 1e-4`` on the finite logits
+(:data:`ATOL`). One decoder layer separates ``fc`` from ``lm_head``; the engines differ only in float32
+re-association (fused qkv / gate-up matmuls, SDPA vs explicit softmax, RMSNorm kernels), which moves logits of
+magnitude ~10 by ~1e-5 (measured: 9.1e-6 training code vs vLLM, 8.6e-6 SGLang vs vLLM, logits in -11.7..8.0,
+64 rows). The same -inf pattern is required exactly (same
+draft vocabulary, same ``d2t``), the top-1 token at every row, and the top-5 set wherever the 5th and 6th logits
+are further apart than the tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.parity
+
+REPO = Path(__file__).resolve().parents[2]
+HARNESS = Path(__file__).resolve().parent / "sglang_harness"
+SGLANG_PY = Path(os.environ.get("SGLANG_PYTHON", REPO / ".venv-sglang" / "bin" / "python"))
+TARGET = REPO / "models" / "kimi-k25-mini"
+DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
+SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
+ATOL = RTOL = 1e-4
+# vLLM's taps vs transformers', relative to the tap's largest value: the trained miniature's residual stream grows to
+# ~600 by layer 31 (a random tiny model stays ~1-10), so float32 re-association (MLA absorbed vs naive, MoE kernels)
+# leaves ~1.5e-5 of max |value| (measured: 0.0093 at values ~600); neighbouring taps are > 1e-2 away (asserted).
+TAP_REL = 1e-4
+TOP_K = 5
+
+
+def max_abs_finite(a: torch.Tensor, b: torch.Tensor) -> float:
+    finite = torch.isfinite(a)
+    return (a[finite] - b[finite]).abs().max().item()
+
+
+def assert_same_logits(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    """``got`` (engine ``name``) equals vLLM's logits ``want`` [T, V]: -inf pattern, values, top-1, top-k."""
+    assert got.shape == want.shape, f"{name}: logits {tuple(got.shape)} vs vLLM {tuple(want.shape)}"
+    finite_got, finite_want = torch.isfinite(got), torch.isfinite(want)
+    assert torch.equal(finite_got, finite_want), (
+        f"{name}: {int((finite_got != finite_want).sum())} logits finite in one engine and -inf in the other "
+        "(a different draft vocabulary or d2t mapping)")
+    diff = max_abs_finite(got, want)
+    print(f"{name} vs vLLM draft logits {tuple(got.shape)}: max abs diff {diff:.3g} "
+          f"(logit range {want[finite_want].min().item():.1f}..{want[finite_want].max().item():.1f})")
+    assert torch.allclose(got[finite_want], want[finite_want], atol=ATOL, rtol=RTOL), (
+        f"{name} vs vLLM draft logits {tuple(got.shape)}: max abs diff {diff:.3g} > atol {ATOL} / rtol {RTOL}")
+    top1_got, top1_want = got.argmax(-1), want.argmax(-1)
+    rows = (top1_got != top1_want).nonzero().flatten().tolist()
+    assert not rows, f"{name}: top-1 draft token differs from vLLM's at rows {rows}"
+    vals, idx_want = want.topk(TOP_K + 1, dim=-1)
+    idx_got = got.topk(TOP_K, dim=-1).indices
+    separable = (vals[:, TOP_K - 1] - vals[:, TOP_K]) > 2 * ATOL
+    for r in separable.nonzero().flatten().tolist():
+        assert set(idx_got[r].tolist()) == set(idx_want[r, :TOP_K].tolist()), \
+            f"{name}: top-{TOP_K} draft tokens at row {r} differ from vLLM's"
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"]
+    return [int(t) for t in items[0]["prompt_token_ids"]]
+
+
+@pytest.fixture(scope="module")
+def vllm_call(prompt) -> dict:
+    """The first draft step of vLLM's first proposal for ``prompt`` (the prefill proposal: one row per token)."""
+    from vllm import SamplingParams
+
+    from vllm_eagle3.testing.draft_probe import install_draft_recorder, recorded_draft_calls
+    from vllm_eagle3.testing.engine import start_engine, stop_engine
+
+    engine = start_engine(TARGET, DRAFT, env={"VLLM_EAGLE3_SPEC": str(SPEC)}, max_model_len=512)
+    try:
+        names = engine.llm.collective_rpc(install_draft_recorder)
+        out = engine.llm.generate([{"prompt_token_ids": prompt}],
+                                  SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        calls = engine.llm.collective_rpc(recorded_draft_calls)[0]
+    finally:
+        stop_engine(engine)
+    assert names == ["Eagle3LlamaForCausalLM"], f"vLLM's draft model class: {names}"
+    assert calls, "no draft proposal was recorded: did speculation run?"
+    first = calls[0]
+    assert first["aux"].shape[0] == len(prompt), \
+        f"first proposal has {first['aux'].shape[0]} rows, expected the {len(prompt)}-token prefill"
+    return {**first, "sampled": list(out[0].outputs[0].token_ids)}
+
+
+def test_vllm_draft_reads_the_trained_wiring(vllm_call, prompt):
+    """What vLLM feeds its draft is the training wiring: aux = cat(transformers hidden_states[0], [3], [31]) and the
+    tokens shifted by one (row i reads token i + 1; the last row reads the token the target just sampled)."""
+    from vllm_eagle3.miniature import export
+    from vllm_eagle3.spec import load_spec_yaml
+
+    spec = load_spec_yaml(SPEC)
+    model = export.load_text_model(TARGET)
+    with torch.no_grad():
+        states = model(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    hidden = states[0].shape[-1]
+    got_taps = vllm_call["aux"].split(hidden, dim=-1)
+    assert len(got_taps) == spec.num_taps, f"vLLM's draft input has {len(got_taps)} slices of {hidden}, spec {spec.label()}"
+    for tap, got in zip(spec.taps, got_taps):
+        want = states[tap][0]
+        assert got.shape == want.shape, f"tap {tap}: vLLM {tuple(got.shape)} vs transformers {tuple(want.shape)}"
+        rel = (got - want).abs().max().item() / want.abs().max().item()
+        print(f"vLLM draft input, tap {tap} slice {tuple(got.shape)}: max abs diff / max |value| = {rel:.3g} "
+              f"(values up to {want.abs().max().item():.0f})")
+        if tap == 0:
+            assert torch.equal(got, want), f"vLLM's draft input, embed slice: not transformers' hidden_states[0]"
+            continue
+        assert rel <= TAP_REL, f"vLLM's draft input, tap {tap} slice: relative difference {rel:.3g} > {TAP_REL}"
+        for other in (tap - 1, tap + 1):
+            far = (got - states[other][0]).abs().max().item() / want.abs().max().item()
+            assert far > 100 * TAP_REL, f"tap {tap} is within {far:.3g} of hidden_states[{other}]: cannot tell apart"
+    assert vllm_call["input_ids"].tolist() == prompt[1:] + [vllm_call["sampled"][0]]
+    assert vllm_call["positions"].tolist() == list(range(len(prompt)))
+
+
+def test_training_head_equals_vllm_head(vllm_call):
+    """The code the head was trained with computes, on vLLM's inputs, vLLM's logits."""
+    from vllm_eagle3.miniature.draft import Eagle3Draft
+
+    draft = Eagle3Draft.from_dir(DRAFT, target_dir=TARGET).eval()
+    with torch.no_grad():
+        logits = draft(vllm_call["aux"], input_ids=vllm_call["input_ids"], positions=vllm_call["positions"])
+    assert_same_logits("training pipeline (Eagle3Draft)", logits, vllm_call["logits"])
+
+
+def test_sglang_llama_eagle3_equals_vllm_head(vllm_call, tmp_path):
+    """SGLang's own LlamaForCausalLMEagle3 (draft ModelRunner, draft-extend forward) on vLLM's inputs gives vLLM's
+    logits, mapped to the target vocabulary through the d2t table SGLang loaded."""
+    if not SGLANG_PY.exists():
+        msg = f"SGLang venv missing ({SGLANG_PY}); create it with `make sglang-env` (scripts/setup_sglang_env.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    inputs, out = tmp_path / "draft_inputs.pt", tmp_path / "sglang_draft.pt"
+    torch.save({k: vllm_call[k] for k in ("input_ids", "positions", "aux")}, inputs)
+    cmd = [str(SGLANG_PY), str(HARNESS / "draft_runner.py"), "--draft", str(DRAFT), "--target", str(TARGET),
+           "--inputs", str(inputs), "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHONPATH"))}
+    env.update(SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0 and out.exists(), (f"SGLang draft runner failed (exit {proc.returncode}): "
+                                                   f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    record = torch.load(out, weights_only=False)
+    assert record["error"] is None, record["error"]
+    assert record["sglang_version"] == "0.5.23" and record["model_class"] == "LlamaForCausalLMEagle3", record
+    assert not record["stub_calls"], f"a stubbed sgl_kernel function was called: {record['stub_calls']}"
+    draft_logits = record["logits"]  # [T, draft_vocab], SGLang's lm_head output
+    from safetensors.torch import load_file
+
+    d2t = load_file(str(DRAFT / "model.safetensors"))["d2t"].long()
+    assert torch.equal(record["d2t"].long().cpu(), d2t), "SGLang loaded another d2t than the checkpoint's"
+    assert record["draft_input_ids"].tolist() == vllm_call["input_ids"].tolist(), \
+        "SGLang's draft read other token ids than vLLM's"
+    mapped = torch.full_like(vllm_call["logits"], float("-inf"))
+    mapped[:, torch.arange(d2t.numel()) + d2t] = draft_logits.float()
+    assert_same_logits("SGLang llama_eagle3", mapped, vllm_call["logits"])
+    last = record.get("last_token_logits_sglang")
+    if last is not None:  # SGLang's own LogitsProcessor output for the last row equals the hook-computed row
+        assert torch.allclose(last.float().reshape(-1)[: draft_logits.shape[1]], draft_logits[-1].float(),
+                              atol=ATOL, rtol=RTOL)
