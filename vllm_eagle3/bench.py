@@ -851,7 +851,7 @@ def plot(summary: Mapping[str, Any], plan: Plan, path: Path) -> None:
     try:
         ev = json.loads((REPO / "models/kimi-k25-mini-eagle3/eval.json").read_text())
         off = ev["simulated_acceptance"]["greedy"]["per_position_acceptance"]
-        ax.plot(range(1, len(off) + 1), off, "k--", label="offline (model card, greedy)")
+        ax.plot(range(1, len(off) + 1), off, "k--", label="offline, every anchor (model card; servers visit harder anchors)")
     except (OSError, KeyError, ValueError):
         pass
     ax.set_xlabel("draft position")
