@@ -33,11 +33,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_sglang_parity import SGLANG_PY, require_sglang_env
+
 pytestmark = pytest.mark.parity
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parent / "sglang_harness"
-SGLANG_PY = Path(os.environ.get("SGLANG_PYTHON", REPO / ".venv-sglang" / "bin" / "python"))
 TARGET = REPO / "models" / "kimi-k25-mini"
 DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
 SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
@@ -150,11 +151,7 @@ def test_training_head_equals_vllm_head(vllm_call):
 def test_sglang_llama_eagle3_equals_vllm_head(vllm_call, tmp_path):
     """SGLang's own LlamaForCausalLMEagle3 (draft ModelRunner, draft-extend forward) on vLLM's inputs gives vLLM's
     logits, mapped to the target vocabulary through the d2t table SGLang loaded."""
-    if not SGLANG_PY.exists():
-        msg = f"SGLang venv missing ({SGLANG_PY}); create it with `make sglang-env` (scripts/setup_sglang_env.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_sglang_env()
     inputs, out = tmp_path / "draft_inputs.pt", tmp_path / "sglang_draft.pt"
     torch.save({k: vllm_call[k] for k in ("input_ids", "positions", "aux")}, inputs)
     cmd = [str(SGLANG_PY), str(HARNESS / "draft_runner.py"), "--draft", str(DRAFT), "--target", str(TARGET),

@@ -49,7 +49,8 @@ sys.path.insert(0, str(HARNESS))
 import kimi_layout  # noqa: E402  (harness module; torch + safetensors only)
 
 
-def _require_sglang_env() -> None:
+def require_sglang_env() -> None:
+    """Skip (locally) or fail (in CI) when SGLang's isolated venv is missing; every SGLang test module calls it."""
     if not SGLANG_PY.exists():
         msg = f"SGLang venv missing ({SGLANG_PY}); create it with `make sglang-env` (scripts/setup_sglang_env.sh)"
         if os.environ.get("CI"):
@@ -60,7 +61,7 @@ def _require_sglang_env() -> None:
 def run_sglang(target: Path, cases: dict[str, tuple[Path, bool]], input_ids: list[int], out: Path,
                extra: list[str] = ()) -> dict:
     """Run SGLang's own model on ``target`` for each case (name -> (draft dir, legacy patch?)); return its record."""
-    _require_sglang_env()
+    require_sglang_env()
     cmd = [str(SGLANG_PY), str(HARNESS / "runner.py"), "--target", str(target),
            "--input-ids", ",".join(map(str, input_ids)), "--out", str(out), *extra]
     for name, (draft, legacy) in cases.items():

@@ -17,19 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from test_sglang_parity import SGLANG_PY, require_sglang_env  # the one SGLang-venv check
+
 pytestmark = pytest.mark.parity
 
 REPO = Path(__file__).resolve().parents[2]
-SGLANG_PY = Path(os.environ.get("SGLANG_PYTHON", REPO / ".venv-sglang" / "bin" / "python"))
 
 
 @pytest.fixture(scope="module")
 def check() -> dict:
-    if not SGLANG_PY.exists():
-        msg = f"SGLang venv missing ({SGLANG_PY}); create it with `make sglang-env`"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_sglang_env()
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     proc = subprocess.run([str(SGLANG_PY), str(REPO / "tests/parity/sglang_harness/patch_check.py")],

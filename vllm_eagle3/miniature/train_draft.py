@@ -37,7 +37,7 @@ from vllm_eagle3.spec import CaptureSpec, load_spec_file
 
 from . import data, export, tokenizer
 from .draft import DraftConfig, Eagle3Draft
-from .train_target import lr_at
+from .train_target import lr_at, run_progress, set_lr
 
 DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "configs" / "kimi_k25_eagle3.yaml"
 
@@ -191,13 +191,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                  "params": sum(p.numel() for p in params), "train": []}
     step, t0 = 0, time.time()
     while True:
-        elapsed = time.time() - t0
-        progress = max(step / args.max_steps if args.max_steps else 0.0,
-                       elapsed / args.time_budget_s if args.time_budget_s else 0.0)
+        progress = run_progress(step, time.time() - t0, args.max_steps, args.time_budget_s)
         if progress >= 1.0:
             break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(progress, step, args.lr, args.warmup)
+        set_lr(opt, lr_at(progress, step, args.lr, args.warmup))
         ids = data.random_windows(stream, args.batch - n_greedy, args.seq_len, gen)
         if n_greedy:
             ids = torch.cat([ids, greedy[torch.randint(0, greedy.shape[0], (n_greedy,), generator=gen)]])

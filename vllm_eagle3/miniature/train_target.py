@@ -47,6 +47,17 @@ def heldout_metrics(model, windows: torch.Tensor, device, batch: int, amp: bool)
     return {"loss": loss, "ppl": math.exp(loss), "top1": tot_correct / tot_n, "eval_tokens": tot_n}
 
 
+def run_progress(step: int, elapsed_s: float, max_steps: int, time_budget_s: float) -> float:
+    """Fraction of a training run done: the larger of steps / ``--max-steps`` and seconds / ``--time-budget-s``
+    (either may be 0 = not limiting). The run ends at 1.0."""
+    return max(step / max_steps if max_steps else 0.0, elapsed_s / time_budget_s if time_budget_s else 0.0)
+
+
+def set_lr(opt, lr: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = lr
+
+
 def lr_at(progress: float, step: int, lr: float, warmup: int, min_ratio: float = 0.1) -> float:
     """Linear warm-up for ``warmup`` steps, then cosine from ``lr`` to ``min_ratio * lr`` as progress -> 1."""
     if step < warmup:
@@ -111,13 +122,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     step, tokens_seen = 0, 0
     t0 = time.time()
     while True:
-        elapsed = time.time() - t0
-        progress = max(step / args.max_steps if args.max_steps else 0.0,
-                       elapsed / args.time_budget_s if args.time_budget_s else 0.0)
+        progress = run_progress(step, time.time() - t0, args.max_steps, args.time_budget_s)
         if progress >= 1.0:
             break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(progress, step, args.lr, args.warmup)
+        set_lr(opt, lr_at(progress, step, args.lr, args.warmup))
         ids = data.random_windows(train_stream, args.batch, args.seq_len, gen).to(device, non_blocking=True)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             loss = model(input_ids=ids, labels=ids).loss
