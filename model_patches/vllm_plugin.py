@@ -9,14 +9,22 @@ is how tests/e2e/test_stock_vllm.py records what unpatched capture does on CPU.
 
 from __future__ import annotations
 
-from model_patches import apply_all
-from model_patches import vllm_cpu_block_size, vllm_cpu_rope_3d
+from model_patches import Patch, apply_all
+from model_patches import vllm_cpu_block_size, vllm_cpu_mla_verify_decode, vllm_cpu_rope_3d
 
 VLLM_PATCHES = (vllm_cpu_block_size.PATCH, vllm_cpu_rope_3d.PATCH)
+
+
+def vllm_patches(environ=None) -> tuple[Patch, ...]:
+    """:data:`VLLM_PATCHES`, plus the opt-in ones their environment variable asks for
+    (``VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=1``: :mod:`model_patches.vllm_cpu_mla_verify_decode`). An opt-in patch
+    that is not asked for is not even version-checked."""
+    extra = (vllm_cpu_mla_verify_decode.PATCH,) if vllm_cpu_mla_verify_decode.opted_in(environ) else ()
+    return VLLM_PATCHES + extra
 
 
 def register() -> list[str]:
     """Apply every vLLM patch once in this process (version-guarded); returns the records."""
     from vllm import __version__
 
-    return apply_all(VLLM_PATCHES, str(__version__))
+    return apply_all(vllm_patches(), str(__version__))

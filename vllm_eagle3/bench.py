@@ -154,21 +154,6 @@ def step_split(records: Sequence[Sequence[Any]], decode_tokens: int) -> StepSpli
                      statistics.median(gaps) * ms if gaps else NAN)
 
 
-def expand_decode_rows(block_table, seq_lens, q_len: int):
-    """For the CPU-MLA experiment (``bench/mla_uniform_decode.py``): one decode row per query token.
-
-    A request of total length S verifying ``q_len`` tokens becomes ``q_len`` single-query rows sharing its block
-    table; row j attends to the first S - (q_len - 1 - j) cached tokens, i.e. causal attention. Torch tensors in
-    (``[num_reqs, max_blocks]``, ``[num_reqs]``), torch tensors out (``[num_reqs * q_len, ...]``).
-    """
-    import torch
-
-    bt = block_table.repeat_interleave(q_len, dim=0)  # [num_reqs * q_len, max_blocks]
-    offsets = torch.arange(q_len - 1, -1, -1, dtype=seq_lens.dtype, device=seq_lens.device)
-    sl = (seq_lens.view(-1, 1) - offsets.view(1, -1)).reshape(-1)  # [num_reqs * q_len]
-    return bt, sl
-
-
 class StepTimers:
     """vLLM worker extension (``--worker-extension-cls vllm_eagle3.bench.StepTimers``): per-step wall-clock timers.
 

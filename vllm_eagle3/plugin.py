@@ -32,9 +32,9 @@ def register() -> None:
     version = check_vllm_version()
 
     import model_patches
-    from model_patches.vllm_plugin import VLLM_PATCHES
+    from model_patches.vllm_plugin import vllm_patches
 
-    model_patches.apply_all(VLLM_PATCHES, version)
+    model_patches.apply_all(vllm_patches(), version)
 
     from vllm import ModelRegistry
 

@@ -18,7 +18,6 @@ from vllm_eagle3.bench import (
     RequestTiming,
     Variant,
     cost_ratio,
-    expand_decode_rows,
     ideal_speedup,
     make_native_draft,
     native_taps,
@@ -135,17 +134,3 @@ def test_write_markdown_keeps_hand_written_text(tmp_path):
     write_markdown(md, f"{MD_BEGIN}\nnew\n{MD_END}")
     text = md.read_text()
     assert "method text" in text and "findings text" in text and "new" in text and "old" not in text
-
-
-def test_expand_decode_rows_is_causal_over_the_cache():
-    """The MLA verify-as-decode experiment must give query token j of a request exactly the cache prefix a causal
-    attention would (S - (q_len - 1 - j) tokens); one token too many lets a draft token see its own future."""
-    import torch
-
-    bt = torch.tensor([[7, 8], [3, 4]], dtype=torch.int32)
-    sl = torch.tensor([20, 33], dtype=torch.int32)
-    rows, lens = expand_decode_rows(bt, sl, 4)
-    assert rows.tolist() == [[7, 8]] * 4 + [[3, 4]] * 4
-    assert lens.tolist() == [17, 18, 19, 20, 30, 31, 32, 33]
-    rows1, lens1 = expand_decode_rows(bt, sl, 1)  # plain decode: unchanged
-    assert rows1.tolist() == bt.tolist() and lens1.tolist() == sl.tolist()

@@ -51,3 +51,29 @@ def test_rope_on_strided_3d_query_matches_reference(tokens):
     torch.testing.assert_close(q_out, want_q, rtol=0, atol=1e-5)
     torch.testing.assert_close(k_out, want_k, rtol=0, atol=1e-5)
     assert torch.equal(q_in[..., :nope], q[..., :nope]), "the patch must not touch the nope half of q"
+
+
+def test_expand_decode_rows_is_causal_over_the_cache():
+    """The MLA verify-as-decode patch must give query token j of a request exactly the cache prefix a causal
+    attention would (S - (q_len - 1 - j) tokens); one token too many lets a draft token see its own future."""
+    from model_patches.vllm_cpu_mla_verify_decode import expand_decode_rows
+
+    bt = torch.tensor([[7, 8], [3, 4]], dtype=torch.int32)
+    sl = torch.tensor([20, 33], dtype=torch.int32)
+    rows, lens = expand_decode_rows(bt, sl, 4)
+    assert rows.tolist() == [[7, 8]] * 4 + [[3, 4]] * 4
+    assert lens.tolist() == [17, 18, 19, 20, 30, 31, 32, 33]
+    rows1, lens1 = expand_decode_rows(bt, sl, 1)  # plain decode: unchanged
+    assert rows1.tolist() == bt.tolist() and lens1.tolist() == sl.tolist()
+
+
+def test_mla_verify_decode_is_opt_in_and_rejects_unclear_values():
+    """Off unless VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=1 (then it joins the plugin's patches); a value like "yes"
+    is an error naming the variable and the accepted values, never a silent default."""
+    from model_patches.vllm_cpu_mla_verify_decode import ENV, PATCH
+    from model_patches.vllm_plugin import VLLM_PATCHES, vllm_patches
+
+    assert vllm_patches({}) == VLLM_PATCHES and vllm_patches({ENV: "0"}) == VLLM_PATCHES
+    assert vllm_patches({ENV: "1"}) == VLLM_PATCHES + (PATCH,)
+    with pytest.raises(ValueError, match=f"{ENV}='yes': use 1 to verify"):
+        vllm_patches({ENV: "yes"})

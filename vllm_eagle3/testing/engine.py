@@ -115,3 +115,10 @@ PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 
 def prompt_ids(text: str = PROMPT) -> list[int]:
     return list(text.encode())
+
+
+def worker_applied_patches(worker: Any) -> list[str]:
+    """``LLM.collective_rpc`` target: the model patches this worker process applied or skipped (one line each)."""
+    from model_patches import applied_patches
+
+    return applied_patches()
