@@ -18,4 +18,4 @@ class StepTimersMlaDecode(StepTimers):
     """The benchmark's step timers, in a worker whose CPU MLA backend verifies speculative tokens as decodes."""
 
 
-apply_now()
+apply_now(force=True)

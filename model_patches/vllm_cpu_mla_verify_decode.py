@@ -15,7 +15,9 @@ latents (vLLM writes the KV cache before attention). No new kernel. Measured (BE
 1.74 / 1.51 / 1.22x at concurrency 1 / 4 / 16 instead of 1.11 / 0.82 / 0.51, greedy text unchanged.
 
 Opt-in: set ``VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=1`` (every vLLM process reads it; workers inherit it). It changes
-which attention path runs, so it is off unless asked for; tests/e2e/test_mla_verify_decode.py checks greedy output
+which attention path runs, so it is off unless asked for. What the plugin installs is a switch read at every use
+(:func:`enabled`), not at install time: a process that started an opted-in engine and later forks engines without
+the variable must give those vLLM's own path; tests/e2e/test_mla_verify_decode.py checks greedy output
 with it equals the target's greedy output. A batch whose decode requests have different query lengths cannot be
 expanded: that raises, it is never computed approximately.
 
@@ -62,22 +64,44 @@ def _needed() -> tuple[bool, str]:
     return True, ""
 
 
-def apply_now() -> str:
-    """Install the UNIFORM builder and the row-expanding ``forward_mqa`` on ``CPUMLAImpl`` (idempotent)."""
+#: Forward calls through the patched path in this process: "expanded" verified several tokens per request on the
+#: decode kernel, "decode" were plain 1-token decodes. Tests read it from the worker.
+CALLS = {"expanded": 0, "decode": 0}
+_FORCED = False
+
+
+def enabled() -> bool:
+    """Checked at every use, not once at install: a process that installed the switch (e.g. the test process that
+    started an opted-in engine) may later fork engines without the variable, and those must run vLLM's own path."""
+    return _FORCED or opted_in()
+
+
+def apply_now(force: bool = False) -> str:
+    """Install the switch on ``CPUMLABackend.get_builder_cls`` and ``CPUMLAImpl.forward_mqa`` (idempotent): while
+    :func:`enabled`, a UNIFORM builder and the row-expanding decode; otherwise vLLM's own builder and forward.
+    ``force`` enables it in this process whatever the environment says (the benchmark's worker extension)."""
+    global _FORCED
     import torch
     from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadataBuilder, QueryLenSupport
     from vllm.v1.attention.backends.mla import cpu_mla
 
-    impl = cpu_mla.CPUMLAImpl
+    _FORCED = _FORCED or force
+    impl, backend = cpu_mla.CPUMLAImpl, cpu_mla.CPUMLABackend
     if getattr(impl.forward_mqa, _MARK, False):
-        return "already verifying on the decode kernel"
+        return "already installed"
+    original_forward, original_builder = impl.forward_mqa, backend.get_builder_cls
 
     class CPUMLAUniformDecodeBuilder(MLACommonMetadataBuilder):
         """Classifies uniform multi-token queries (speculative verification) as decodes."""
 
         query_len_support = QueryLenSupport.UNIFORM
 
+    def get_builder_cls():
+        return CPUMLAUniformDecodeBuilder if enabled() else original_builder()
+
     def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
+        if not enabled():
+            return original_forward(self, q, kv_c_and_k_pe_cache, attn_metadata, layer)
         assert attn_metadata.decode is not None
         if isinstance(q, tuple):
             q = torch.cat(q, dim=-1)
@@ -91,14 +115,18 @@ def apply_now() -> str:
                 raise RuntimeError(f"{_MARK}: non-uniform decode query lengths ({n_tok} tokens for {n_req} "
                                    f"requests); unset {ENV} to use vLLM's own path")
             block_table, seq_lens = expand_decode_rows(block_table, seq_lens, n_tok // n_req)
+            CALLS["expanded"] += 1
+        else:
+            CALLS["decode"] += 1
         out = torch.zeros(n_tok, num_heads, self.kv_lora_rank, dtype=q.dtype, device=q.device)
         cpu_mla.ops.mla_decode_kvcache_cpu(out, q, kv_c_and_k_pe_cache, self.scale, block_table, seq_lens)
         return out, None
 
     setattr(forward_mqa, _MARK, True)
     impl.forward_mqa = forward_mqa
-    cpu_mla.CPUMLABackend.get_builder_cls = staticmethod(lambda: CPUMLAUniformDecodeBuilder)
-    return "CPU MLA: UNIFORM query lengths; speculative verification on mla_decode_kvcache_cpu, one row per token"
+    backend.get_builder_cls = staticmethod(get_builder_cls)
+    return ("switch installed: while enabled, CPU MLA declares UNIFORM query lengths and verifies speculative "
+            "tokens on mla_decode_kvcache_cpu, one row per token")
 
 
 PATCH = Patch(

@@ -33,7 +33,8 @@ MAX_TOKENS = 32
 def run() -> dict:
     from vllm import SamplingParams
 
-    from vllm_eagle3.testing.engine import start_engine, stop_engine, worker_applied_patches
+    from vllm_eagle3.testing.engine import (start_engine, stop_engine, worker_applied_patches,
+                                            worker_mla_verify_calls)
 
     items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"][:NUM_PROMPTS]
     engine = start_engine(TARGET, DRAFT, env={"VLLM_EAGLE3_SPEC": str(SPEC), ENV: "1"}, max_model_len=512,
@@ -43,20 +44,24 @@ def run() -> dict:
         outs = engine.llm.generate([{"prompt_token_ids": it["prompt_token_ids"]} for it in items],
                                    SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
                                    use_tqdm=False)
+        calls = engine.llm.collective_rpc(worker_mla_verify_calls)
         metrics = {}
         for m in engine.llm.get_metrics():
             if isinstance(getattr(m, "value", None), (int, float)):
                 metrics[m.name.removesuffix("_total")] = metrics.get(m.name.removesuffix("_total"), 0) + m.value
     finally:
         stop_engine(engine)
-    return {"patches": patches, "greedy": [list(o.outputs[0].token_ids) for o in outs],
+    return {"patches": patches, "calls": calls, "greedy": [list(o.outputs[0].token_ids) for o in outs],
             "want": [it["continuation_token_ids"][:MAX_TOKENS] for it in items], "metrics": metrics}
 
 
 def test_worker_verifies_on_the_decode_kernel(run):
-    """The patch really ran in the worker (not only in the test process): its record says applied."""
-    for lines in run["patches"]:
+    """The patch really ran in the worker (not only in the test process): installed there, and its multi-token
+    (verification) path was taken."""
+    for lines, calls in zip(run["patches"], run["calls"]):
         assert any(line.startswith("vllm_cpu_mla_verify_decode: applied") for line in lines), lines
+        print(f"worker: {calls}")
+        assert calls["expanded"] > 0, f"no verification step went through the decode kernel: {calls}"
 
 
 def test_greedy_tokens_equal_the_target_greedy_continuation(run):

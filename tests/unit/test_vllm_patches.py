@@ -77,3 +77,22 @@ def test_mla_verify_decode_is_opt_in_and_rejects_unclear_values():
     assert vllm_patches({ENV: "1"}) == VLLM_PATCHES + (PATCH,)
     with pytest.raises(ValueError, match=f"{ENV}='yes': use 1 to verify"):
         vllm_patches({ENV: "yes"})
+
+
+def test_mla_verify_decode_switch_follows_the_environment(monkeypatch):
+    """Installed once per process, but consulted at every use: an engine forked later without the variable runs
+    vLLM's own builder (the test process that started an opted-in engine must not leak the patch into others)."""
+    from vllm.v1.attention.backends.mla import cpu_mla
+
+    from model_patches import vllm_cpu_mla_verify_decode as mla
+
+    monkeypatch.setenv(mla.ENV, "0")
+    original = cpu_mla.CPUMLABackend.get_builder_cls()
+    assert original.query_len_support.name != "UNIFORM"  # vLLM 0.32's CPU MLA: single-token decodes only
+    mla.apply_now()
+    assert cpu_mla.CPUMLABackend.get_builder_cls() is original
+    monkeypatch.setenv(mla.ENV, "1")
+    assert cpu_mla.CPUMLABackend.get_builder_cls().query_len_support.name == "UNIFORM"
+    monkeypatch.setenv(mla.ENV, "0")
+    assert cpu_mla.CPUMLABackend.get_builder_cls() is original
+    assert mla.apply_now() == "already installed"

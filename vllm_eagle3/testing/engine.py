@@ -122,3 +122,10 @@ def worker_applied_patches(worker: Any) -> list[str]:
     from model_patches import applied_patches
 
     return applied_patches()
+
+
+def worker_mla_verify_calls(worker: Any) -> dict[str, int]:
+    """``LLM.collective_rpc`` target: how often this worker ran model_patches/vllm_cpu_mla_verify_decode.py's path."""
+    from model_patches.vllm_cpu_mla_verify_decode import CALLS
+
+    return dict(CALLS)
