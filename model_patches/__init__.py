@@ -87,3 +87,12 @@ def applied_patches() -> list[str]:
     """One line per patch this process applied or skipped, in order."""
     with _lock:
         return list(_records.values())
+
+
+def vllm_cpu_only() -> tuple[bool, str]:
+    """``needed_fn`` of the vLLM-CPU patches: needed on vLLM's CPU platform only (GPU backends are untouched)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False, f"platform is {current_platform.device_type}, not cpu"
+    return True, ""

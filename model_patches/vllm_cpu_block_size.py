@@ -16,17 +16,9 @@ Only applied on the CPU platform: GPU backends are untouched.
 
 from __future__ import annotations
 
-from model_patches import Patch
+from model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_block_size_16"
-
-
-def _needed() -> tuple[bool, str]:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return False, f"platform is {current_platform.device_type}, not cpu"
-    return True, ""
 
 
 def _apply() -> str:
@@ -52,5 +44,5 @@ PATCH = Patch(
     supported=("0.32.", "0.33."),
     retire_when="vLLM's CPU_ATTN declaring 16-token kernel blocks (v1/attention/backends/cpu_attn.py)",
     apply_fn=_apply,
-    needed_fn=_needed,
+    needed_fn=vllm_cpu_only,
 )

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 
-from model_patches import Patch
+from model_patches import Patch, vllm_cpu_only
 
 ENV = "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"
 _MARK = "_vllm_eagle3_mla_verify_decode"
@@ -54,14 +54,6 @@ def expand_decode_rows(block_table, seq_lens, q_len: int):
     offsets = torch.arange(q_len - 1, -1, -1, dtype=seq_lens.dtype, device=seq_lens.device)
     sl = (seq_lens.view(-1, 1) - offsets.view(1, -1)).reshape(-1)
     return bt, sl
-
-
-def _needed() -> tuple[bool, str]:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return False, f"platform is {current_platform.device_type}, not cpu"
-    return True, ""
 
 
 #: Forward calls through the patched path in this process: "expanded" verified several tokens per request on the
@@ -135,5 +127,5 @@ PATCH = Patch(
     supported=("0.32.",),
     retire_when="vLLM's CPU MLA backend verifying multi-token queries on its decode kernel (cpu_mla.py)",
     apply_fn=apply_now,
-    needed_fn=_needed,
+    needed_fn=vllm_cpu_only,
 )

@@ -19,8 +19,7 @@ Retire when: the CPU ``rotary_embedding`` kernel honours the query's head stride
 
 from __future__ import annotations
 
-from model_patches import Patch
-from model_patches.vllm_cpu_block_size import _needed
+from model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_rope_3d"
 
@@ -61,5 +60,5 @@ PATCH = Patch(
     supported=("0.32.", "0.33."),
     retire_when="vLLM's CPU rotary_embedding kernel handling 3-D strided queries (csrc/cpu/pos_encoding.cpp)",
     apply_fn=_apply,
-    needed_fn=_needed,
+    needed_fn=vllm_cpu_only,
 )

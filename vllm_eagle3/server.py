@@ -304,8 +304,9 @@ class VllmServer:
 
     def failure_digest(self) -> str:
         """Where start-up got to and the exceptions the log names (put last in errors: CI shows the end)."""
-        cause = root_cause(self.log_text()) or "(the log names no exception)"
-        return f"start-up phase reached: {startup_phase(self.log_text())}\nexceptions in the log:\n{cause}"
+        text = self.log_text()
+        cause = root_cause(text) or "(the log names no exception)"
+        return f"start-up phase reached: {startup_phase(text)}\nexceptions in the log:\n{cause}"
 
     def wait_ready(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None,
                    progress_every: float = 10.0) -> float:

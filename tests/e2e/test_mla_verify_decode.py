@@ -33,7 +33,7 @@ MAX_TOKENS = 32
 def run() -> dict:
     from vllm import SamplingParams
 
-    from vllm_eagle3.testing.engine import (start_engine, stop_engine, worker_applied_patches,
+    from vllm_eagle3.testing.engine import (counter_totals, start_engine, stop_engine, worker_applied_patches,
                                             worker_mla_verify_calls)
 
     items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"][:NUM_PROMPTS]
@@ -45,10 +45,7 @@ def run() -> dict:
                                    SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
                                    use_tqdm=False)
         calls = engine.llm.collective_rpc(worker_mla_verify_calls)
-        metrics = {}
-        for m in engine.llm.get_metrics():
-            if isinstance(getattr(m, "value", None), (int, float)):
-                metrics[m.name.removesuffix("_total")] = metrics.get(m.name.removesuffix("_total"), 0) + m.value
+        metrics = counter_totals(engine.llm)
     finally:
         stop_engine(engine)
     return {"patches": patches, "calls": calls, "greedy": [list(o.outputs[0].token_ids) for o in outs],

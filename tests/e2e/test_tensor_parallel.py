@@ -38,7 +38,7 @@ import re
 import pytest
 import torch
 
-from vllm_eagle3.testing.engine import prompt_ids, start_engine, stop_engine
+from vllm_eagle3.testing.engine import counter_totals, prompt_ids, start_engine, stop_engine
 from vllm_eagle3.testing.taps import install_recorder, recorded_taps
 from vllm_eagle3.testing.tiny import write_spec_yaml
 
@@ -108,11 +108,7 @@ def tp2(dsv3_dir, make_draft, reference, tmp_path_factory):
         outs = engine.llm.generate([{"prompt_token_ids": prompt_ids(p)} for p in GEN_PROMPTS], params,
                                    use_tqdm=False)
         greedy = [list(o.outputs[0].token_ids) for o in outs]
-        metrics = {}
-        for m in engine.llm.get_metrics():  # counters, summed over label sets
-            if isinstance(getattr(m, "value", None), (int, float)):
-                name = m.name.removesuffix("_total")
-                metrics[name] = metrics.get(name, 0) + m.value
+        metrics = counter_totals(engine.llm)
         log = engine.log()
     finally:
         stop_engine(engine)

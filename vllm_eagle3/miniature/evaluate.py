@@ -45,16 +45,21 @@ MAX_K = 5
 
 @torch.no_grad()
 def greedy_continue(model, prompts: torch.Tensor, new_tokens: int, batch: int, use_cache: bool = True,
-                    progress: str | None = None) -> torch.Tensor:
+                    progress: str | None = None, time_budget_s: float = 0.0) -> torch.Tensor:
     """[N, P + new_tokens]: prompts followed by the target's argmax tokens (no EOS stop).
 
     ``use_cache`` decodes one token per forward over transformers' KV cache (the fast path, used for training
     data); ``False`` re-runs the whole sequence per token (the reference the cached path is tested against).
-    ``progress`` (a label) prints one line per batch.
+    ``progress`` (a label) prints one line per batch. ``time_budget_s`` (> 0) starts no new batch after that many
+    seconds: N is then the prompts of the batches done.
     """
     outs = []
     t0 = time.time()
     for i in range(0, prompts.shape[0], batch):
+        if time_budget_s and time.time() - t0 > time_budget_s:
+            print(f"[{progress or 'greedy'}] time budget {time_budget_s:.0f}s reached after {i} of "
+                  f"{prompts.shape[0]} prompts", flush=True)
+            break
         seq = prompts[i : i + batch]
         if use_cache:
             out = model(input_ids=seq, use_cache=True)

@@ -159,18 +159,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         pgen = torch.Generator().manual_seed(args.seed + 2)
         prompts = data.random_windows(stream, args.greedy_prompts, args.greedy_prompt_len, pgen).to(device)
         t_gen = time.time()
-        chunks = []
-        for i in range(0, prompts.shape[0], args.greedy_batch):
-            if args.greedy_time_budget_s and time.time() - t_gen > args.greedy_time_budget_s:
-                print(f"[self-distill] time budget {args.greedy_time_budget_s:.0f}s reached after "
-                      f"{i} of {prompts.shape[0]} prompts", flush=True)
-                break
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-                chunks.append(greedy_continue(target, prompts[i : i + args.greedy_batch],
-                                              args.seq_len - args.greedy_prompt_len, args.greedy_batch).cpu())
-            print(f"[self-distill] {min(i + args.greedy_batch, prompts.shape[0])}/{prompts.shape[0]} prompts continued "
-                  f"to {args.seq_len} tokens ({time.time() - t_gen:.0f}s)", flush=True)
-        greedy = torch.cat(chunks)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            greedy = greedy_continue(target, prompts, args.seq_len - args.greedy_prompt_len, args.greedy_batch,
+                                     progress="self-distill", time_budget_s=args.greedy_time_budget_s).cpu()
         n_greedy = round(args.batch * args.greedy_fraction)
         print(f"[data] {greedy.shape[0]:,} greedy sequences of {greedy.shape[1]} tokens in {time.time() - t_gen:.0f}s; "
               f"{n_greedy} of every {args.batch} training rows come from them", flush=True)

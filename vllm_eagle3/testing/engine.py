@@ -129,3 +129,14 @@ def worker_mla_verify_calls(worker: Any) -> dict[str, int]:
     from model_patches.vllm_cpu_mla_verify_decode import CALLS
 
     return dict(CALLS)
+
+
+def counter_totals(llm: Any) -> dict[str, float]:
+    """The engine's numeric metrics (``LLM.get_metrics``, ``disable_log_stats=False``), summed over label sets, by
+    name without ``_total`` (e.g. ``vllm:spec_decode_num_drafts``)."""
+    totals: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if isinstance(getattr(m, "value", None), (int, float)):
+            name = m.name.removesuffix("_total")
+            totals[name] = totals.get(name, 0) + m.value
+    return totals
