@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from model_patches.vllm_cpu_mla_verify_decode import apply_now
 
-from vllm_eagle3.bench import StepTimers
+from vllm_eagle3.tools.bench import StepTimers
 
 
 class StepTimersMlaDecode(StepTimers):

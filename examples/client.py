@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_eagle3.demo import CHAT_MESSAGES, COMPLETION_PROMPTS, STREAM_MESSAGES, run_queries
+from vllm_eagle3.tools.demo import CHAT_MESSAGES, COMPLETION_PROMPTS, STREAM_MESSAGES, run_queries
 
 
 def main(argv: list[str] | None = None) -> int:

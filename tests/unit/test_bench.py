@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from vllm_eagle3.bench import (
+from vllm_eagle3.tools.bench import (
     EMBED_TAP,
     NATIVE,
     NO_SPEC,
@@ -25,7 +25,7 @@ from vllm_eagle3.bench import (
     step_split,
     write_markdown,
 )
-from vllm_eagle3.server import SpecDecodeCounters
+from vllm_eagle3.tools.metrics import SpecDecodeCounters
 
 pytestmark = pytest.mark.unit
 

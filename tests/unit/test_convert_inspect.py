@@ -18,7 +18,7 @@ import pytest
 
 from vllm_eagle3.testing.files import write_safetensors_zeros
 
-from vllm_eagle3 import convert, inspect
+from vllm_eagle3.tools import convert, inspect
 from vllm_eagle3.conventions import ids_to_taps
 from vllm_eagle3.spec import CaptureSpecError
 

@@ -27,7 +27,7 @@ pytest.importorskip("tokenizers")
 
 from vllm_eagle3.miniature import export, train_draft, train_target  # noqa: E402
 from vllm_eagle3.miniature.draft import Eagle3Draft  # noqa: E402
-from vllm_eagle3.spec import load_spec_yaml  # noqa: E402
+from vllm_eagle3.resolve import load_spec_yaml  # noqa: E402
 
 NUM_LAYERS = 2  # toy target: taps embed, 1, 2 play the role of embed, 3, 31
 

@@ -8,7 +8,8 @@ import pytest
 
 from vllm_eagle3.conventions import (CONVENTIONS, convert_ids, engine_default_ids, engine_order, get_convention,
                                      ids_to_taps, taps_to_ids)
-from vllm_eagle3.spec import EMBED, CaptureSpec, CaptureSpecError, load_spec_file, load_spec_yaml
+from vllm_eagle3.resolve import load_spec_file, load_spec_yaml
+from vllm_eagle3.spec import EMBED, CaptureSpec, CaptureSpecError
 
 pytestmark = pytest.mark.unit
 L = 61  # Kimi K2.5

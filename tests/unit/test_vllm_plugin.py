@@ -78,7 +78,8 @@ def test_pipeline_refusal_on_kimi_61_layer_split(monkeypatch, pp_size, lost):
     from vllm.distributed.utils import get_pp_indices
 
     from vllm_eagle3.capture import check_pipeline_stage
-    from vllm_eagle3.spec import CaptureSpecError, load_spec_file
+    from vllm_eagle3.resolve import load_spec_file
+    from vllm_eagle3.spec import CaptureSpecError
 
     monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)  # vLLM's default split, as served
     shipped = load_spec_file(Path(__file__).resolve().parents[2] / "configs" / "kimi_k25_eagle3.yaml")

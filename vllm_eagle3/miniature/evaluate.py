@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch
 
-from vllm_eagle3.spec import load_spec_yaml
+from vllm_eagle3.resolve import load_spec_yaml
 
 from . import data, export, tokenizer
 from .draft import ChainStats, Eagle3Draft, walk_summary

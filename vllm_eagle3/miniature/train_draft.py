@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from vllm_eagle3.conventions import taps_to_ids
-from vllm_eagle3.spec import CaptureSpec, load_spec_file
+from vllm_eagle3.resolve import load_spec_file
+from vllm_eagle3.spec import CaptureSpec
 
 from . import data, export, tokenizer
 from .draft import DraftConfig, Eagle3Draft

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, ids_to_taps
-from vllm_eagle3.inspect import taps_label
+from vllm_eagle3.tools.inspect import taps_label
 from vllm_eagle3.resolve import DraftInfo, TargetInfo, ids_for_engines, read_json
 from vllm_eagle3.spec import EMBED, CaptureSpec, CaptureSpecError
 
@@ -401,7 +401,7 @@ def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max
              head: HeadFn | None = None, extra: Mapping[str, Sequence[int]] | None = None,
              exhaustive: bool | None = None, progress: bool = True) -> Diagnosis:
     """Run the whole measurement; raises :class:`CaptureSpecError` with the fix on bad input."""
-    from vllm_eagle3.inspect import engine_reads
+    from vllm_eagle3.tools.inspect import engine_reads
 
     t0 = time.perf_counter()
     target, draft = Path(target), Path(draft)
@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(render(dx, args.top))
     if args.json:
-        from vllm_eagle3.convert import write_json_atomic
+        from vllm_eagle3.tools.convert import write_json_atomic
 
         write_json_atomic(Path(args.json), dx.to_json())
     return 0 if dx.confident else 3

@@ -1,15 +1,13 @@
-"""A running ``vllm-eagle3 serve`` process and what it reports: the pieces tests, the demo and the benchmark share.
+"""A running ``vllm-eagle3 serve`` process: start it, wait for it, read its log when it fails, stop it.
 
 Data flow position: this sits *outside* the engine. It starts the OpenAI-compatible server (``vllm-eagle3 serve``,
 i.e. static capture-spec validation, then vLLM's own ``vllm serve`` with the plugin), waits until ``/health``
-answers, reads the speculative-decoding counters from ``/metrics`` and shuts the server down cleanly.
+answers, and shuts the server down cleanly; ``metrics.py`` reads what it reports on ``/metrics``.
 
 - :func:`free_port` - a free TCP port on loopback.
 - :class:`VllmServer` - start / readiness wait / stop of one server process (its own session, so the API server
   and the engine core it spawns go down together); a context manager.
-- :class:`SpecDecodeCounters` - vLLM's Prometheus counters ``vllm:spec_decode_num_drafts_total``,
-  ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``, ``..._num_accepted_tokens_per_pos_total``;
-  subtract two snapshots to measure one workload; derive acceptance length and per-position acceptance.
+- :func:`startup_phase`, :func:`root_cause` - what a failed start-up reached and the engine core's exception.
 
 Only the standard library is used here (no ``vllm`` import), so a client or a test can use it cheaply.
 """
@@ -32,11 +30,6 @@ from typing import Callable, Mapping, Sequence
 
 LOOPBACK = "127.0.0.1"
 
-METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
-METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-METRIC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-
 
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time; the message carries the end of its log."""
@@ -56,97 +49,6 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
-
-
-# ------------------------------------------------------------------------------------------------- metrics
-
-_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
-_LABEL = re.compile(r'(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)="(?P<val>(?:[^"\\]|\\.)*)"')
-
-
-def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Prometheus text exposition -> ``{metric name: [(labels, value), ...]}`` (comments skipped)."""
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        labels = {lm.group("key"): lm.group("val") for lm in _LABEL.finditer(m.group("labels") or "")}
-        try:
-            value = float(m.group("value"))
-        except ValueError:
-            continue
-        out.setdefault(m.group("name"), []).append((labels, value))
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecDecodeCounters:
-    """vLLM's cumulative speculative-decoding counters (summed over engines), or the difference of two snapshots.
-
-    One *draft* = one proposal of up to ``num_speculative_tokens`` tokens for one request at one step.
-    ``accepted_per_pos[i]`` counts drafts whose token at position i was accepted (so it is non-increasing in i).
-    """
-
-    drafts: float
-    draft_tokens: float
-    accepted: float
-    accepted_per_pos: tuple[float, ...]
-
-    @classmethod
-    def from_metrics(cls, text: str) -> "SpecDecodeCounters":
-        """Parse a ``/metrics`` body. Raises ``LookupError`` when the server has no spec-decode counters."""
-        samples = parse_prometheus(text)
-        if METRIC_DRAFTS not in samples:
-            raise LookupError(f"{METRIC_DRAFTS} is not in /metrics: was the server started with a "
-                              "--speculative-config?")
-
-        def total(name: str) -> float:
-            return sum(v for _, v in samples.get(name, []))
-
-        per_pos: dict[int, float] = {}
-        for labels, value in samples.get(METRIC_ACCEPTED_PER_POS, []):
-            pos = int(labels.get("position", "0"))
-            per_pos[pos] = per_pos.get(pos, 0.0) + value
-        ordered = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
-        return cls(total(METRIC_DRAFTS), total(METRIC_DRAFT_TOKENS), total(METRIC_ACCEPTED), ordered)
-
-    @classmethod
-    def fetch(cls, base_url: str) -> "SpecDecodeCounters":
-        status, body = http_get(base_url.rstrip("/") + "/metrics")
-        if status != 200:
-            raise LookupError(f"GET {base_url}/metrics answered {status}")
-        return cls.from_metrics(body)
-
-    def __sub__(self, earlier: "SpecDecodeCounters") -> "SpecDecodeCounters":
-        n = max(len(self.accepted_per_pos), len(earlier.accepted_per_pos))
-        a = self.accepted_per_pos + (0.0,) * (n - len(self.accepted_per_pos))
-        b = earlier.accepted_per_pos + (0.0,) * (n - len(earlier.accepted_per_pos))
-        return SpecDecodeCounters(self.drafts - earlier.drafts, self.draft_tokens - earlier.draft_tokens,
-                                  self.accepted - earlier.accepted, tuple(x - y for x, y in zip(a, b)))
-
-    @property
-    def acceptance_length(self) -> float:
-        """Mean tokens emitted per target verification step: 1 (the target's own token) + accepted per draft."""
-        return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted draft tokens / proposed draft tokens."""
-        return self.accepted / self.draft_tokens if self.draft_tokens else float("nan")
-
-    @property
-    def per_position(self) -> tuple[float, ...]:
-        """Fraction of drafts whose token at position i was accepted (position 0 = first drafted token)."""
-        return tuple(x / self.drafts if self.drafts else float("nan") for x in self.accepted_per_pos)
-
-    def summary(self) -> str:
-        pos = ", ".join(f"{p:.3f}" for p in self.per_position)
-        return (f"acceptance length {self.acceptance_length:.3f} (1 + {self.accepted:.0f} accepted / "
-                f"{self.drafts:.0f} drafts); draft-token acceptance {self.acceptance_rate:.3f}; "
-                f"per position [{pos}]")
 
 
 # ------------------------------------------------------------------------------------------------- server
@@ -227,7 +129,7 @@ def root_cause(log_text: str, max_lines: int = 12) -> str:
 
 def serve_command(serve_args: Sequence[str]) -> list[str]:
     """The argv that runs ``vllm-eagle3 serve <serve_args>`` with this interpreter (no PATH lookup)."""
-    return [sys.executable, "-m", "vllm_eagle3.cli", "serve", *serve_args]
+    return [sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", *serve_args]
 
 
 class VllmServer:

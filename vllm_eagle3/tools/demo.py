@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from vllm_eagle3.server import LOOPBACK, ServerStartError, SpecDecodeCounters, VllmServer, served_model_name
+from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools.metrics import SpecDecodeCounters
+from vllm_eagle3.tools.process import LOOPBACK, ServerStartError, VllmServer, served_model_name
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
 DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
 MINIATURE = ("models/kimi-k25-mini", "models/kimi-k25-mini-eagle3")

@@ -10,14 +10,14 @@ import sys
 
 SUBCOMMANDS = {
     # name: (module, one-line help)
-    "serve": ("vllm_eagle3.serve", "validate the capture spec, then run vLLM's own `vllm serve` with the plugin"),
-    "demo": ("vllm_eagle3.demo", "serve the bundled miniature Kimi K2.5 + EAGLE-3 head and query it (the main job)"),
-    "resolve": ("vllm_eagle3.cli", "print the taps a target + draft + spec resolve to (static, no engine)"),
-    "conventions": ("vllm_eagle3.cli", "list the engine id conventions and what an id list means in each"),
-    "inspect": ("vllm_eagle3.inspect", "resolved spec of a target + draft, and warnings for known traps"),
-    "convert": ("vllm_eagle3.convert", "translate a draft config's ids from one engine convention to another"),
-    "doctor": ("vllm_eagle3.doctor", "measure which taps a draft was trained on (ranked wirings + config lines)"),
-    "bench": ("vllm_eagle3.bench", "benchmark: with vs without EAGLE-3, plugin capture vs native, one run"),
+    "serve": ("vllm_eagle3.tools.serve", "validate the capture spec, then run vLLM's own `vllm serve` with the plugin"),
+    "demo": ("vllm_eagle3.tools.demo", "serve the bundled miniature Kimi K2.5 + EAGLE-3 head and query it (the main job)"),
+    "resolve": ("vllm_eagle3.tools.cli", "print the taps a target + draft + spec resolve to (static, no engine)"),
+    "conventions": ("vllm_eagle3.tools.cli", "list the engine id conventions and what an id list means in each"),
+    "inspect": ("vllm_eagle3.tools.inspect", "resolved spec of a target + draft, and warnings for known traps"),
+    "convert": ("vllm_eagle3.tools.convert", "translate a draft config's ids from one engine convention to another"),
+    "doctor": ("vllm_eagle3.tools.doctor", "measure which taps a draft was trained on (ranked wirings + config lines)"),
+    "bench": ("vllm_eagle3.tools.bench", "benchmark: with vs without EAGLE-3, plugin capture vs native, one run"),
 }
 
 

@@ -40,9 +40,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from vllm_eagle3.server import ServerStartError, SpecDecodeCounters, VllmServer, served_model_name
+from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools.metrics import SpecDecodeCounters
+from vllm_eagle3.tools.process import ServerStartError, VllmServer, served_model_name
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
 DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
 DEFAULT_PROMPTS = "models/kimi-k25-mini-eagle3/eval_prompts.json"
@@ -155,7 +156,7 @@ def step_split(records: Sequence[Sequence[Any]], decode_tokens: int) -> StepSpli
 
 
 class StepTimers:
-    """vLLM worker extension (``--worker-extension-cls vllm_eagle3.bench.StepTimers``): per-step wall-clock timers.
+    """vLLM worker extension (``--worker-extension-cls vllm_eagle3.tools.bench.StepTimers``): per-step wall-clock timers.
 
     vLLM mixes this class into its worker class and exposes its methods to ``collective_rpc`` (the server's
     ``POST /collective_rpc`` with ``VLLM_SERVER_DEV_MODE=1``). :meth:`bench_timers_start` wraps, on this worker's
@@ -858,7 +859,7 @@ def build_plan(args: argparse.Namespace, num_layers: int) -> Plan:
 
     spec_label = "[embed, 3, 31]"
     try:
-        from vllm_eagle3.spec import load_spec_yaml
+        from vllm_eagle3.resolve import load_spec_yaml
 
         spec_label = load_spec_yaml(_repo(args.capture_spec)).label()
     except Exception:  # noqa: BLE001 - label only

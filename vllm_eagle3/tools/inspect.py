@@ -370,7 +370,7 @@ def inspect_pair(target: str | Path, draft: str | Path, spec_path: str | Path | 
 
 
 def _declared_sglang_version(spec_path, convention) -> str:
-    from vllm_eagle3.spec import load_spec_file
+    from vllm_eagle3.resolve import load_spec_file
 
     declared = convention
     if declared is None and spec_path is not None:
@@ -388,7 +388,7 @@ def _declared_sglang_version(spec_path, convention) -> str:
 def _fallback_spec(rep: Report, spec_path, convention) -> CaptureSpec | None:
     """When resolution failed: the spec from the YAML, or the one id list present read under the given convention,
     so the per-engine comparison still runs."""
-    from vllm_eagle3.spec import load_spec_file
+    from vllm_eagle3.resolve import load_spec_file
 
     try:
         if spec_path is not None:
