@@ -14,18 +14,17 @@ Neither -> error: a draft config's ids are never read under a guessed convention
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import struct
 from pathlib import Path
 from typing import Any, Mapping
 
+from vllm_eagle3.checkpoint import (IDS_KEY, TAP_CAPTURE_ARCHITECTURES, DraftInfo, TargetInfo,  # noqa: F401
+                                    read_json)
 from vllm_eagle3.conventions import engine_default_ids, get_convention, ids_to_taps, taps_to_ids
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
 ENV_SPEC = "VLLM_EAGLE3_SPEC"
 ENV_CONVENTION = "VLLM_EAGLE3_CONVENTION"
-IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
 # ----------------------------------------------------------------------------------------------- file readers
@@ -88,120 +87,6 @@ def load_spec_yaml(path: str | Path) -> CaptureSpec:
 
 
 
-def read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise CaptureSpecError(f"{what} {path} does not exist; check the path")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CaptureSpecError(f"{what} {path} is not valid JSON ({exc}); restore it from the checkpoint") from None
-    if not isinstance(data, dict):
-        raise CaptureSpecError(f"{what} {path} must hold a JSON object, got {type(data).__name__}")
-    return data
-
-
-def safetensors_shapes(folder: Path) -> dict[str, list[int]]:
-    """Tensor name -> shape from every ``*.safetensors`` header in ``folder`` (8-byte length + JSON header)."""
-    shapes: dict[str, list[int]] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) != 8:
-                raise CaptureSpecError(f"{f} is truncated (no safetensors header)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > 100_000_000:
-                raise CaptureSpecError(f"{f} is not a safetensors file (header length {n})")
-            try:
-                header = json.loads(fh.read(n))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise CaptureSpecError(f"{f} has a corrupt safetensors header") from None
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            if not isinstance(info, dict) or not isinstance(info.get("shape"), list):
-                raise CaptureSpecError(f"{f}: tensor {name!r} has no shape in the safetensors header (corrupt file)")
-            shapes[name] = list(info["shape"])
-    return shapes
-
-
-def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language-model part of a target config (Kimi K2.5 nests it under ``text_config``)."""
-    return cfg.get("text_config") or cfg
-
-
-@dataclasses.dataclass(frozen=True)
-class TargetInfo:
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
-    architecture: str
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "TargetInfo":
-        tc = text_config(cfg)
-        try:
-            return cls(int(tc["num_hidden_layers"]), int(tc["hidden_size"]), int(tc["vocab_size"]),
-                       (cfg.get("architectures") or ["?"])[0])
-        except KeyError as exc:
-            raise CaptureSpecError(f"target config lacks {exc}; is this a DeepSeek/Kimi config.json?") from None
-
-    @classmethod
-    def load(cls, target: str | Path | Mapping[str, Any]) -> "TargetInfo":
-        if isinstance(target, Mapping):
-            return cls.from_config(target)
-        return cls.from_config(read_json(Path(target) / "config.json", "target config"))
-
-
-@dataclasses.dataclass(frozen=True)
-class DraftInfo:
-    path: Path | None
-    config: Mapping[str, Any]
-    top_ids: tuple[int, ...] | None
-    nested_ids: tuple[int, ...] | None
-    shapes: Mapping[str, list[int]]
-
-    @classmethod
-    def load(cls, draft: str | Path) -> "DraftInfo":
-        path = Path(draft)
-        if not path.is_dir():
-            raise CaptureSpecError(f"draft {path} does not exist or is not a folder; pass the EAGLE-3 draft's folder")
-        cfg = read_json(path / "config.json", "draft config")
-        return cls.from_config(cfg, path=path, shapes=safetensors_shapes(path))
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], path: Path | None = None,
-                    shapes: Mapping[str, list[int]] | None = None) -> "DraftInfo":
-        nested = cfg.get("eagle_config") or {}
-        if not isinstance(nested, Mapping):
-            raise CaptureSpecError(f"draft config: eagle_config must be an object, got {nested!r}")
-        return cls(path, cfg, _ids_or_none(cfg.get(IDS_KEY), IDS_KEY),
-                   _ids_or_none(nested.get(IDS_KEY), f"eagle_config.{IDS_KEY}"), shapes or {})
-
-    @property
-    def fc_in_features(self) -> int | None:
-        shape = self.shapes.get("fc.weight") or self.shapes.get("model.fc.weight")
-        return shape[1] if shape else None
-
-    def has(self, name: str) -> bool:
-        return name in self.shapes or f"model.{name}" in self.shapes
-
-
-def _ids_or_none(value: Any, where: str) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise CaptureSpecError(f"draft config {where} must be a list of ints, got {value!r}")
-    for v in value:
-        if isinstance(v, list):
-            raise CaptureSpecError(
-                f"draft config {where} = {value} is a nested list; vLLM and SGLang read a flat list of ints, "
-                "e.g. [-1, 2, 30]: flatten it"
-            )
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise CaptureSpecError(f"draft config {where} = {value} holds {v!r}, which is not an integer")
-    return tuple(value)
-
-
 # ----------------------------------------------------------------------------------------------- resolution
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +122,13 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
     info = TargetInfo.load(target)
     d = draft if isinstance(draft, DraftInfo) else DraftInfo.load(draft)
     L = info.num_layers
+    if d.target_hidden_size is not None and d.target_hidden_size != info.hidden_size:
+        raise CaptureSpecError(
+            f"the draft was built for a target hidden size of {d.target_hidden_size} (config target_hidden_size, "
+            f"else hidden_size) but the target's hidden size is {info.hidden_size}: vLLM would build an fc of "
+            f"{d.target_hidden_size} x taps and fail to load the weights. Use the draft trained for this target, or "
+            "fix target_hidden_size in the draft config"
+        )
 
     # The id lists each engine reads.
     if d.top_ids is None and d.nested_ids is None:
@@ -312,8 +204,27 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
             "tensor; without it vLLM maps draft token i to target token i (wrong tokens, silent near-zero "
             "acceptance). Export d2t with the draft"
         )
+    if not info.plugin_captures:
+        _check_native_capture(info, ids, spec)
     return Resolution(spec=spec, target=info, draft_ids=tuple(ids), draft_convention=conv,
                       runner_ids=_runner_ids(ids))
+
+
+def _check_native_capture(info: TargetInfo, ids: tuple[int, ...], spec: CaptureSpec) -> None:
+    """On a target whose capture the plugin does not replace, vLLM captures ``sorted(set(ids))`` read as its own
+    taps (``EagleModelMixin``): a spec that means anything else would be silently ignored, so it is refused."""
+    try:
+        native = tuple(sorted(set(ids_to_taps(ids, "vllm", info.num_layers))))
+    except CaptureSpecError:
+        native = None
+    if native != spec.taps:
+        got = CaptureSpec(native).label() if native else f"nothing valid (ids {list(ids)})"
+        raise CaptureSpecError(
+            f"target architecture {info.architecture} keeps vLLM's own capture (vllm-eagle3 replaces it only for "
+            f"{', '.join(TAP_CAPTURE_ARCHITECTURES)}), which captures {got}, not the spec's {spec.label()}; the "
+            "capture spec would be silently ignored. Write the draft config's ids in vLLM's convention, ascending "
+            "(`vllm-eagle3 convert --to vllm`), or serve a DeepSeek/Kimi target"
+        )
 
 
 def _runner_ids(ids: tuple[int, ...]) -> tuple[int, ...]:

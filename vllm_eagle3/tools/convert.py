@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_eagle3.conventions import CONVENTIONS, convert_ids, get_convention, ids_to_taps
-from vllm_eagle3.resolve import IDS_KEY, DraftInfo, TargetInfo, read_json
+from vllm_eagle3.checkpoint import IDS_KEY, DraftInfo, TargetInfo, read_json
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
 

@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, ids_to_taps
 from vllm_eagle3.tools.inspect import taps_label
-from vllm_eagle3.resolve import DraftInfo, TargetInfo, ids_for_engines, read_json
+from vllm_eagle3.checkpoint import DraftInfo, TargetInfo, read_json
+from vllm_eagle3.resolve import ids_for_engines
 from vllm_eagle3.spec import EMBED, CaptureSpec, CaptureSpecError
 
 MIN_TOKENS = 32

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, engine_order, get_convention, ids_to_taps
-from vllm_eagle3.resolve import IDS_KEY, DraftInfo, Resolution, TargetInfo, ids_for_engines, resolve_capture
+from vllm_eagle3.checkpoint import IDS_KEY, DraftInfo, TargetInfo
+from vllm_eagle3.resolve import Resolution, ids_for_engines, resolve_capture
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, tap_label
 
 DEEPSEEK_FAMILY = ("Deepseek", "KimiK25", "Kimi_K25")

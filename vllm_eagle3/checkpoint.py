@@ -1,0 +1,199 @@
+"""What a target and an EAGLE-3 draft folder say, read statically: configs and safetensors headers, no weights.
+
+Data flow position: before the engine. ``resolve.py`` decides the taps from what this module reads (the target's
+layer count and hidden size, the draft config's id lists, the draft ``fc`` fan-in from its safetensors header), and
+refuses here, in one line, the drafts vLLM would only reject 10-80 s into start-up with a traceback: pickle-only or
+missing weights, truncated safetensors, a draft built for another hidden size. Standard library only: the CLI and
+every vLLM process read it cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from pathlib import Path
+from typing import Any, Mapping
+
+from vllm_eagle3.spec import CaptureSpecError
+
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+"""The draft config key vLLM and SGLang read the capture ids from (top level in vLLM, ``eagle_config`` in SGLang)."""
+
+TAP_CAPTURE_ARCHITECTURES = (
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "KimiK25ForConditionalGeneration",
+)
+"""Target architectures whose capture the plugin replaces (``capture.py``; registered by ``plugin.py``). vLLM 0.32
+captures ``hidden_states + residual`` for them, so tap 0 (the embedding) crashes stock vLLM. Any other target would
+run vLLM's own capture and ignore a capture spec: ``resolve.py`` refuses that combination."""
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise CaptureSpecError(f"{what} {path} does not exist; check the path")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CaptureSpecError(f"{what} {path} is not valid JSON ({exc}); restore it from the checkpoint") from None
+    if not isinstance(data, dict):
+        raise CaptureSpecError(f"{what} {path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def safetensors_header(f: Path) -> dict[str, Any]:
+    """The JSON header of one safetensors file, checked against the file's size (a truncated download is an error
+    here, not a vLLM traceback at weight loading)."""
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) != 8:
+            raise CaptureSpecError(f"{f} is truncated (no safetensors header); download it again")
+        (n,) = struct.unpack("<Q", raw)
+        if n > 100_000_000:
+            raise CaptureSpecError(f"{f} is not a safetensors file (header length {n})")
+        try:
+            header = json.loads(fh.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CaptureSpecError(f"{f} has a corrupt safetensors header; download it again") from None
+    if not isinstance(header, dict):
+        raise CaptureSpecError(f"{f} has a corrupt safetensors header; download it again")
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict) or not isinstance(info.get("shape"), list):
+            raise CaptureSpecError(f"{f}: tensor {name!r} has no shape in the safetensors header (corrupt file)")
+        offsets = info.get("data_offsets")
+        if isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets):
+            end = max(end, offsets[1])
+    if size < 8 + n + end:
+        raise CaptureSpecError(f"{f} is truncated: its header describes {8 + n + end} bytes but the file has {size}; "
+                               "download it again")
+    return header
+
+
+def weight_files(folder: Path, what: str) -> list[Path]:
+    """The safetensors files of a model folder. Pickle-only folders, folders without weights and an index naming a
+    missing shard are refused: vLLM would fail later, and pickle files can run code when loaded."""
+    files = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index, f"{what} weight index").get("weight_map") or {}
+        missing = sorted({str(v) for v in weight_map.values()} - {f.name for f in files})
+        if missing:
+            raise CaptureSpecError(f"{what} {folder}: {index.name} names shard(s) {missing} that are not in the folder; "
+                                   "download them")
+    if files:
+        return files
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CaptureSpecError(
+            f"{what} {folder} holds only pickle weights ({', '.join(pickles)}); vllm-eagle3 loads safetensors only "
+            "(pickle can run code when loaded). Convert: python -c \"import torch, safetensors.torch as s; "
+            f"s.save_file(torch.load('{pickles[0]}', weights_only=True), 'model.safetensors')\" in that folder"
+        )
+    raise CaptureSpecError(f"{what} {folder} has no weight files (*.safetensors); is this the right folder?")
+
+
+def safetensors_shapes(folder: Path, what: str = "draft") -> dict[str, list[int]]:
+    """Tensor name -> shape from every safetensors header of ``folder`` (see :func:`weight_files`)."""
+    shapes: dict[str, list[int]] = {}
+    for f in weight_files(folder, what):
+        for name, info in safetensors_header(f).items():
+            if name != "__metadata__":
+                shapes[name] = list(info["shape"])
+    return shapes
+
+
+def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language-model part of a target config (Kimi K2.5 nests it under ``text_config``)."""
+    return cfg.get("text_config") or cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetInfo:
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    architecture: str
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "TargetInfo":
+        tc = text_config(cfg)
+        try:
+            return cls(int(tc["num_hidden_layers"]), int(tc["hidden_size"]), int(tc["vocab_size"]),
+                       (cfg.get("architectures") or ["?"])[0])
+        except KeyError as exc:
+            raise CaptureSpecError(f"target config lacks {exc}; is this a DeepSeek/Kimi config.json?") from None
+
+    @classmethod
+    def load(cls, target: str | Path | Mapping[str, Any]) -> "TargetInfo":
+        if isinstance(target, Mapping):
+            return cls.from_config(target)
+        return cls.from_config(read_json(Path(target) / "config.json", "target config"))
+
+    @property
+    def plugin_captures(self) -> bool:
+        """Whether the plugin's capture (and so a capture spec) applies to this architecture."""
+        return self.architecture in TAP_CAPTURE_ARCHITECTURES
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftInfo:
+    path: Path | None
+    config: Mapping[str, Any]
+    top_ids: tuple[int, ...] | None
+    nested_ids: tuple[int, ...] | None
+    shapes: Mapping[str, list[int]]
+
+    @classmethod
+    def load(cls, draft: str | Path) -> "DraftInfo":
+        path = Path(draft)
+        if not path.is_dir():
+            raise CaptureSpecError(f"draft {path} does not exist or is not a folder; pass the EAGLE-3 draft's folder")
+        cfg = read_json(path / "config.json", "draft config")
+        return cls.from_config(cfg, path=path, shapes=safetensors_shapes(path))
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], path: Path | None = None,
+                    shapes: Mapping[str, list[int]] | None = None) -> "DraftInfo":
+        nested = cfg.get("eagle_config") or {}
+        if not isinstance(nested, Mapping):
+            raise CaptureSpecError(f"draft config: eagle_config must be an object, got {nested!r}")
+        return cls(path, cfg, _ids_or_none(cfg.get(IDS_KEY), IDS_KEY),
+                   _ids_or_none(nested.get(IDS_KEY), f"eagle_config.{IDS_KEY}"), shapes or {})
+
+    @property
+    def fc_in_features(self) -> int | None:
+        shape = self.shapes.get("fc.weight") or self.shapes.get("model.fc.weight")
+        return shape[1] if shape else None
+
+    @property
+    def target_hidden_size(self) -> int | None:
+        """The target hidden size vLLM builds the draft's ``fc`` for: ``target_hidden_size``, else the draft's own
+        ``hidden_size`` (vLLM 0.32 ``llama_eagle3.py`` / ``deepseek_eagle3.py``)."""
+        value = self.config.get("target_hidden_size", self.config.get("hidden_size"))
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def has(self, name: str) -> bool:
+        return name in self.shapes or f"model.{name}" in self.shapes
+
+
+def _ids_or_none(value: Any, where: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise CaptureSpecError(f"draft config {where} must be a list of ints, got {value!r}")
+    for v in value:
+        if isinstance(v, list):
+            raise CaptureSpecError(
+                f"draft config {where} = {value} is a nested list; vLLM and SGLang read a flat list of ints, "
+                "e.g. [-1, 2, 30]: flatten it"
+            )
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise CaptureSpecError(f"draft config {where} = {value} holds {v!r}, which is not an integer")
+    return tuple(value)
