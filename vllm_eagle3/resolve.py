@@ -36,6 +36,7 @@ class SpecFile:
     spec: CaptureSpec
     num_layers: int | None = None
     draft_ids_convention: str | None = None
+    watch: Any = None  # vllm_eagle3.watch.WatchConfig when the YAML has a `watch:` mapping
 
 
 SPEC_FILE_KEYS = {
@@ -43,6 +44,8 @@ SPEC_FILE_KEYS = {
     "num_layers": "optional int: the target's decoder layer count, checked at start-up",
     "draft_ids_convention": "optional: convention of the draft config's ids, for the cross-check",
     "description": "optional free text",
+    "watch": "optional mapping: the runtime wiring watch (vllm_eagle3.watch.WATCH_KEYS: enabled, window, min_drafts, "
+             "floor, warn_interval_s)",
 }
 
 
@@ -78,7 +81,12 @@ def load_spec_file(path: str | Path) -> SpecFile:
     spec = CaptureSpec(taps=tuple(taps), source=str(path))
     if num_layers is not None:
         spec.check_num_layers(num_layers)
-    return SpecFile(spec=spec, num_layers=num_layers, draft_ids_convention=convention)
+    watch = None
+    if "watch" in data:
+        from vllm_eagle3.watch import WatchConfig
+
+        watch = WatchConfig.from_mapping(data["watch"], where=f"capture spec {path}: `watch`")
+    return SpecFile(spec=spec, num_layers=num_layers, draft_ids_convention=convention, watch=watch)
 
 
 def load_spec_yaml(path: str | Path) -> CaptureSpec:

@@ -1,0 +1,454 @@
+"""Runtime wiring watch: served EAGLE-3 acceptance against what the draft should reach.
+
+Data flow position: at the very end. target forward -> taps -> concat -> draft ``fc`` -> proposer -> verify ->
+vLLM's scheduler counts drafts and accepted tokens per position (``SpecDecodingStats``, already computed every step
+for ``/metrics``) -> **this watch** (in the API-server process, fed by the stat-logger plugin in
+:mod:`vllm_eagle3.watch_vllm`) -> one WARNING line, ``GET /v1/eagle3/wiring``, ``vllm_eagle3_wiring_*`` gauges.
+
+Why: static validation (:mod:`vllm_eagle3.resolve`) catches a spec that disagrees with the draft config, but a
+config that is consistently wrong (the incident: the head trained on taps [embed, 3, 31] served with taps
+[3, 31, 59]) passes every static check, serves, and accepts ~nothing. Only served acceptance shows it.
+
+What is judged, and why position 0: vLLM's per-position counter ``accepted_per_pos[j]`` counts drafts whose first
+j + 1 tokens were all accepted, so ``p0 = accepted_per_pos[0] / drafts`` is the first draft token's acceptance. The
+taps feed the draft's first step directly; later positions compound p0 with the draft's own recurrence and depend
+on k and on the serving walk, so p0 is the cleanest wiring signal (the field reports are p0: ~0.10 instead of ~0.45
+for vLLM #43671, 0.00-0.07 instead of 0.7-0.86 for the incident on the miniature, BENCHMARKS.md). Per-position
+rates and the acceptance length are reported next to their expectations, not judged.
+
+Expectation ``E`` for p0:
+- the draft folder's ``eval.json`` when it has one (``vllm_eagle3.miniature.evaluate``):
+  ``simulated_acceptance.served_walk["1"]`` = accepted / drafts of the head's greedy chains visited the way a server
+  visits them; else its every-anchor ``simulated_acceptance.greedy.per_position_acceptance[0]``. The expected
+  acceptance length at the served k comes from ``served_walk[str(k)]`` the same way. The numbers are read at
+  start-up, never copied: a retrained head brings its own;
+- otherwise no expectation, only the documented ``floor`` (default 0.15): working heads serve p0 0.45-0.86
+  (published Kimi heads 0.63-0.65, the miniature 0.64-0.86), wrong wirings 0.00-0.10, so 0.15 separates them.
+
+Thresholds: ``collapse_below = COLLAPSE_RATIO * E`` (0.25 E) and ``suspicious_below = SUSPICIOUS_RATIO * E``
+(0.5 E); without ``E``: ``floor`` and ``2 * floor``. Real traffic legitimately serves below an offline greedy
+evaluation (sampling, other text: the miniature's teacher-forced p0 on plain text is 0.59 of its 0.86 greedy), so
+only a fall to a quarter of the expectation is a collapse and to a half is suspicious.
+
+Verdicts, on a sliding window of the last ``window`` drafts (default 512) with the Wilson score bounds of p0 at
+``Z = 3.29`` (one-sided 99.95%):
+- ``pending``: fewer than ``min_drafts`` drafts seen (default 64); nothing is judged;
+- ``collapsed``: the UPPER bound < ``collapse_below`` (confidently collapsed) -> one WARNING;
+- ``suspicious``: the upper bound < ``suspicious_below`` -> one INFO line;
+- ``ok``: otherwise.
+The bound, not a magic count, decides when there is enough evidence: with zero accepted drafts and a 0.21 cut it
+takes 40 drafts, with the incident's ~3% about 50; a p0 of 0.10 against the 0.15 floor needs ~560, more than the
+default window, so it stays ``suspicious``. ``min_drafts`` guards what the bound assumes: drafts of one sequence are
+correlated (one hard prompt), so a window must span a few requests' worth. The strict Z covers that
+the watch looks after every step. Hysteresis: a bad state is left only when the LOWER bound clears its threshold,
+so a window hovering at a threshold does not flap. Leaving a bad state is silent (state and gauges change, no log).
+Rate limit: at most one line per ``warn_interval_s`` (default 600 s), and one per episode.
+
+Cost: one ``observe`` per scheduler step in the API-server process, O(k) integer additions on counts vLLM computed
+anyway (measured in tests/unit/test_watch.py: microseconds against a ~100+ ms step). Configured in the capture spec
+YAML (``watch:`` mapping, :data:`WATCH_KEYS`). Not covered: a bug that spares position 0 and breaks only the draft's
+later steps (its acceptance length is reported against the expectation, but not judged).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from vllm_eagle3.spec import CaptureSpecError
+
+# Under the ``vllm`` logger tree: vLLM configures a handler only for that tree (ENV.md), so this line appears in the
+# server's log; a logger named after this module would print nothing there.
+logger = logging.getLogger("vllm.vllm_eagle3.watch")
+
+PENDING, OK, SUSPICIOUS, COLLAPSED = "pending", "ok", "suspicious", "collapsed"
+VERDICT_LEVEL = {PENDING: -1, OK: 0, SUSPICIOUS: 1, COLLAPSED: 2}
+Z = 3.29  # one-sided 99.95% normal quantile for the Wilson score bounds
+COLLAPSE_RATIO = 0.25
+SUSPICIOUS_RATIO = 0.5
+EVAL_FILE = "eval.json"
+
+WATCH_KEYS = {
+    "enabled": "bool (default true): run the watch in the API server",
+    "window": "int >= 16 (default 512): drafts in the sliding window",
+    "min_drafts": "int >= 1, <= window (default 64): drafts before anything is judged",
+    "floor": "number in (0, 0.5) (default 0.15): position-0 acceptance below which acceptance is collapsed when "
+             "the draft has no eval.json",
+    "warn_interval_s": "number >= 0 (default 600): at least this long between two log lines",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchConfig:
+    """The ``watch:`` mapping of a capture spec, validated (see :data:`WATCH_KEYS`)."""
+
+    enabled: bool = True
+    window: int = 512
+    min_drafts: int = 64
+    floor: float = 0.15
+    warn_interval_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        def bad(key: str, value: Any) -> CaptureSpecError:
+            return CaptureSpecError(f"watch.{key} = {value!r} is invalid: {WATCH_KEYS[key]}")
+
+        if not isinstance(self.enabled, bool):
+            raise bad("enabled", self.enabled)
+        for key in ("window", "min_drafts"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise bad(key, v)
+        if self.window < 16:
+            raise bad("window", self.window)
+        if not 1 <= self.min_drafts <= self.window:
+            raise bad("min_drafts", self.min_drafts)
+        for key in ("floor", "warn_interval_s"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(key, v)
+        if not 0 < self.floor < 0.5:
+            raise bad("floor", self.floor)
+        if self.warn_interval_s < 0:
+            raise bad("warn_interval_s", self.warn_interval_s)
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str = "watch") -> "WatchConfig":
+        """``watch:`` YAML value -> config; unknown keys and bad values raise :class:`CaptureSpecError`."""
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise CaptureSpecError(f"{where} must be a mapping such as {{enabled: true, window: 512}}, got {data!r}")
+        unknown = sorted(set(map(str, data)) - set(WATCH_KEYS))
+        if unknown:
+            raise CaptureSpecError(f"{where}: unknown key(s) {unknown}; known keys: {', '.join(WATCH_KEYS)}")
+        try:
+            return cls(**{str(k): v for k, v in data.items()})
+        except CaptureSpecError as exc:
+            raise CaptureSpecError(f"{where}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------------------- expectation
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+    """What served position-0 acceptance should be, where that was read, and the two cut-offs derived from it."""
+
+    position0: float | None  # None: no recorded evaluation, the floor alone decides
+    acceptance_length: float | None  # at the served k
+    source: str
+    collapse_below: float
+    suspicious_below: float
+    per_position: tuple[float, ...] = ()  # every-anchor greedy rates (over-count easy anchors): a reference only
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"position0": _r(self.position0), "acceptance_length": _r(self.acceptance_length),
+                "per_position_every_anchor": [_r(x) for x in self.per_position], "source": self.source,
+                "collapse_below": _r(self.collapse_below), "suspicious_below": _r(self.suspicious_below)}
+
+
+def _walk_rate(entry: Any) -> tuple[float, int] | None:
+    if not isinstance(entry, Mapping):
+        return None
+    d, a = entry.get("drafts"), entry.get("accepted")
+    if isinstance(d, (int, float)) and isinstance(a, (int, float)) and d > 0 and 0 <= a:
+        return a / d, int(d)
+    return None
+
+
+def expectation_for(draft: str | Path | None, num_spec_tokens: int, cfg: WatchConfig) -> Expectation:
+    """The expectation for a draft folder served with ``num_spec_tokens`` drafts (module docstring).
+
+    A missing or unreadable ``eval.json`` is not an error: the floor applies and ``source`` says why.
+    """
+    floor_exp = lambda why: Expectation(None, None, f"{why}; documented floor {cfg.floor}", cfg.floor,  # noqa: E731
+                                        min(2 * cfg.floor, 0.99))
+    if draft is None:
+        return floor_exp("no draft folder")
+    path = Path(draft) / EVAL_FILE
+    if not path.is_file():
+        return floor_exp(f"no {EVAL_FILE} in the draft folder {draft}")
+    try:
+        sim = json.loads(path.read_text()).get("simulated_acceptance") or {}
+    except (OSError, ValueError, AttributeError) as exc:
+        return floor_exp(f"{path} unreadable ({type(exc).__name__})")
+    walk = sim.get("served_walk") if isinstance(sim, Mapping) else None
+    walk = walk if isinstance(walk, Mapping) else {}
+    pp = ((sim.get("greedy") or {}).get("per_position_acceptance") if isinstance(sim, Mapping) else None) or []
+    pp = [float(x) for x in pp if isinstance(x, (int, float))] if isinstance(pp, list) else []
+    first, at_k = _walk_rate(walk.get("1")), _walk_rate(walk.get(str(num_spec_tokens)))
+    if first is not None:
+        p0, source = first[0], f"{path}: simulated_acceptance.served_walk k=1 ({first[1]} drafts)"
+    elif pp:
+        p0, source = pp[0], f"{path}: simulated_acceptance.greedy.per_position_acceptance[0] (every-anchor)"
+    else:
+        return floor_exp(f"{path} has no simulated_acceptance.served_walk or greedy.per_position_acceptance")
+    if at_k is not None:
+        length = 1.0 + at_k[0]
+        source += f"; acceptance length from served_walk k={num_spec_tokens}"
+    elif len(pp) >= num_spec_tokens:
+        length = 1.0 + sum(pp[:num_spec_tokens])
+    else:
+        length = None
+    if not 0 < p0 <= 1:
+        return floor_exp(f"{path}: recorded position-0 acceptance {p0!r} is not in (0, 1]")
+    return Expectation(p0, length, source, COLLAPSE_RATIO * p0, SUSPICIOUS_RATIO * p0,
+                       tuple(pp[:num_spec_tokens]))
+
+
+# ----------------------------------------------------------------------------------------------- window
+
+def wilson_bounds(successes: float, n: float, z: float = Z) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (``(0, 1)`` for n = 0)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+class AcceptanceWindow:
+    """Sums of vLLM's per-step spec-decode counts over the most recent ``size`` drafts (whole steps)."""
+
+    def __init__(self, size: int, num_positions: int) -> None:
+        self.size = size
+        self.steps: collections.deque[tuple[int, tuple[int, ...]]] = collections.deque()
+        self.drafts = 0
+        self.accepted = [0] * num_positions
+        self.total_drafts = 0  # since start, for the report
+
+    def add(self, drafts: int, accepted_per_pos: Sequence[int]) -> None:
+        if drafts <= 0:
+            return
+        per = tuple(int(x) for x in accepted_per_pos)
+        if len(per) > len(self.accepted):  # the engine reports more positions than configured: widen
+            self.accepted.extend([0] * (len(per) - len(self.accepted)))
+        self.steps.append((drafts, per))
+        self.drafts += drafts
+        self.total_drafts += drafts
+        for i, x in enumerate(per):
+            self.accepted[i] += x
+        while self.steps and self.drafts - self.steps[0][0] >= self.size:
+            old_d, old_per = self.steps.popleft()
+            self.drafts -= old_d
+            for i, x in enumerate(old_per):
+                self.accepted[i] -= x
+
+    def rates(self) -> list[float]:
+        return [a / self.drafts for a in self.accepted] if self.drafts else []
+
+    def acceptance_length(self) -> float | None:
+        return 1.0 + sum(self.accepted) / self.drafts if self.drafts else None
+
+
+# ----------------------------------------------------------------------------------------------- the watch
+
+class WiringWatch:
+    """Judges one engine's window after every step; logs on entering a bad state; reports a JSON-able snapshot.
+
+    ``wiring``: what the API-server process resolved (:func:`wiring_info`). ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, cfg: WatchConfig, expectation: Expectation, wiring: Mapping[str, Any], num_spec_tokens: int,
+                 doctor_command: str, engine_index: int = 0, clock: Callable[[], float] = time.monotonic,
+                 log: logging.Logger = logger) -> None:
+        self.cfg, self.expectation, self.wiring = cfg, expectation, dict(wiring)
+        self.num_spec_tokens, self.doctor_command, self.engine_index = num_spec_tokens, doctor_command, engine_index
+        self.window = AcceptanceWindow(cfg.window, num_spec_tokens)
+        self.verdict = PENDING
+        self.bounds = (0.0, 1.0)
+        self.clock, self.log = clock, log
+        self._last_line_at: dict[str, float] = {}  # per verdict: an INFO line never holds back a WARNING
+        self.lines_logged = 0
+        self.lines_suppressed = 0
+        self.last_warning: str | None = None
+        self.episodes = collections.Counter()
+
+    def observe(self, num_drafts: int, accepted_per_pos: Sequence[int]) -> str:
+        """One scheduler step's spec-decode counts (``SpecDecodingStats``); returns the verdict."""
+        self.window.add(num_drafts, accepted_per_pos)
+        new = self._judge()
+        if new != self.verdict:
+            worse = VERDICT_LEVEL[new] > VERDICT_LEVEL[self.verdict]
+            self.verdict = new
+            if worse and new in (SUSPICIOUS, COLLAPSED):
+                self.episodes[new] += 1
+                self._announce(new)
+        return self.verdict
+
+    def _judge(self) -> str:
+        w = self.window
+        if w.drafts < self.cfg.min_drafts:
+            return self.verdict if self.verdict != PENDING else PENDING
+        lo, hi = self.bounds = wilson_bounds(w.accepted[0] if w.accepted else 0, w.drafts)
+        e = self.expectation
+        new = COLLAPSED if hi < e.collapse_below else SUSPICIOUS if hi < e.suspicious_below else OK
+        # Hysteresis: leave a bad state only once the lower bound clears its threshold.
+        if self.verdict == COLLAPSED and new != COLLAPSED and lo < e.collapse_below:
+            new = COLLAPSED
+        if self.verdict in (SUSPICIOUS, COLLAPSED) and new == OK and lo < e.suspicious_below:
+            new = SUSPICIOUS
+        return new
+
+    def _announce(self, verdict: str) -> None:
+        now = self.clock()
+        last = self._last_line_at.get(verdict)
+        if last is not None and now - last < self.cfg.warn_interval_s:
+            self.lines_suppressed += 1
+            return
+        self._last_line_at[verdict] = now
+        self.lines_logged += 1
+        line = self.message(verdict)
+        if verdict == COLLAPSED:
+            self.last_warning = line
+            self.log.warning("%s", line)
+        else:
+            self.log.info("%s", line)
+
+    def message(self, verdict: str) -> str:
+        w, e = self.window, self.expectation
+        p0 = w.rates()[0] if w.drafts else float("nan")
+        length = w.acceptance_length()
+        expected = (f"{e.position0:.3f} expected ({e.source})" if e.position0 is not None else f"no recorded "
+                    f"expectation ({e.source})")
+        exp_len = f" vs {e.acceptance_length:.2f} expected" if e.acceptance_length is not None else ""
+        head = ("EAGLE-3 acceptance COLLAPSED" if verdict == COLLAPSED else "EAGLE-3 acceptance is suspiciously low")
+        cut = e.collapse_below if verdict == COLLAPSED else e.suspicious_below
+        return (f"vllm-eagle3 wiring watch [engine {self.engine_index}]: {head}: position-0 acceptance {p0:.3f} over "
+                f"the last {w.drafts} drafts (99.95% upper bound {self.bounds[1]:.3f} < {verdict} threshold "
+                f"{cut:.3f}) vs {expected}; acceptance length {length:.2f}{exp_len} at k={self.num_spec_tokens}. "
+                f"Serving taps {self.wiring.get('taps')} from "
+                f"{self.wiring.get('source')}. The draft is probably fed other hidden states than it was trained "
+                f"on: run `{self.doctor_command}`")
+
+    def snapshot(self) -> dict[str, Any]:
+        w = self.window
+        return {
+            "engine": self.engine_index,
+            "verdict": self.verdict,
+            "wiring": self.wiring,
+            "window": {"drafts": w.drafts, "size": w.size, "drafts_since_start": w.total_drafts,
+                       "position0": _r(w.rates()[0]) if w.drafts else None,
+                       "position0_bounds": [_r(b) for b in self.bounds] if w.drafts >= self.cfg.min_drafts else None,
+                       "per_position": [_r(x) for x in w.rates()],
+                       "acceptance_length": _r(w.acceptance_length())},
+            "expected": {**self.expectation.as_dict(), "num_spec_tokens": self.num_spec_tokens},
+            "config": dataclasses.asdict(self.cfg),
+            "doctor": self.doctor_command,
+            "lines_logged": self.lines_logged,
+            "lines_suppressed": self.lines_suppressed,
+            "last_warning": self.last_warning,
+        }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 4)
+
+
+# ----------------------------------------------------------------------------------------------- process registry
+
+_WATCHES: dict[int, WiringWatch] = {}
+
+
+def register_watch(watch: WiringWatch) -> None:
+    _WATCHES[watch.engine_index] = watch
+
+
+def unregister_watch(watch: WiringWatch) -> None:
+    if _WATCHES.get(watch.engine_index) is watch:
+        del _WATCHES[watch.engine_index]
+
+
+def active_watches() -> list[WiringWatch]:
+    return [_WATCHES[i] for i in sorted(_WATCHES)]
+
+
+def report() -> dict[str, Any]:
+    """The JSON body of ``GET /v1/eagle3/wiring``: the worst verdict and one entry per engine."""
+    engines = [w.snapshot() for w in active_watches()]
+    worst = max((e["verdict"] for e in engines), key=VERDICT_LEVEL.__getitem__, default=None)
+    return {"watch": "vllm-eagle3 wiring watch", "active": bool(engines),
+            "verdict": worst if engines else "inactive",
+            "verdicts": {v: VERDICT_LEVEL[v] for v in VERDICT_LEVEL}, "engines": engines}
+
+
+# ----------------------------------------------------------------------------------------------- set-up from files
+
+def wiring_info(target: Any, draft: str | Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The taps this process resolves (as the plugin does in every worker), or why they could not be resolved."""
+    from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, resolve_from_env
+
+    import os
+
+    env = os.environ if environ is None else environ
+    info: dict[str, Any] = {"resolved_in": "api-server process (each TP/PP rank logs its own "
+                                           "'vllm-eagle3: capturing taps' line at start-up)",
+                            "spec_file": env.get(ENV_SPEC) or None, "convention": env.get(ENV_CONVENTION) or None}
+    try:
+        res = resolve_from_env(target, draft, environ=env)
+    except CaptureSpecError as exc:
+        return {**info, "taps": "unresolved", "source": f"not resolved by vllm-eagle3 ({exc})", "error": str(exc)}
+    spec_source = "spec file" if env.get(ENV_SPEC) else "convention"
+    return {**info, "taps": res.spec.label(), "source": f"{spec_source} {res.spec.source}",
+            "draft_ids": list(res.draft_ids), "draft_convention": res.draft_convention,
+            "runner_ids": list(res.runner_ids), "log_line": res.log_line()}
+
+
+def watch_config_from_env(environ: Mapping[str, str] | None = None) -> WatchConfig:
+    """The ``watch:`` mapping of the capture spec named by ``VLLM_EAGLE3_SPEC``, or the defaults."""
+    import os
+
+    from vllm_eagle3.resolve import ENV_SPEC, load_spec_file
+
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_SPEC)
+    if not path:
+        return WatchConfig()
+    try:
+        return getattr(load_spec_file(path), "watch", None) or WatchConfig()
+    except CaptureSpecError as exc:  # the plugin refuses this spec in the workers; say it here too, keep defaults
+        logger.warning("vllm-eagle3 wiring watch: %s; using the default watch settings", exc)
+        return WatchConfig()
+
+
+def build_watch(target: Any, draft: str | Path, num_spec_tokens: int, engine_index: int = 0,
+                environ: Mapping[str, str] | None = None, target_label: str | None = None) -> WiringWatch | None:
+    """A watch for one engine serving ``target`` + EAGLE-3 ``draft``, or None when the spec disables it."""
+    cfg = watch_config_from_env(environ)
+    if not cfg.enabled:
+        return None
+    doctor = f"vllm-eagle3 doctor --target {target_label or target} --draft {draft}"
+    return WiringWatch(cfg, expectation_for(draft, num_spec_tokens, cfg), wiring_info(target, draft, environ),
+                       num_spec_tokens, doctor, engine_index=engine_index)
+
+
+# ----------------------------------------------------------------------------------------------- the endpoint switch
+
+ENDPOINT_PLUGIN = "vllm_eagle3_wiring"
+
+
+def plugins_allowlist_with_endpoint(environ: Mapping[str, str] | None = None) -> str | None:
+    """A ``VLLM_PLUGINS`` value that loads what vLLM loads by default PLUS the wiring endpoint, or None to leave it.
+
+    vLLM loads every general / platform / stat-logger plugin when ``VLLM_PLUGINS`` is unset, but an endpoint plugin
+    only when ``VLLM_PLUGINS`` names it (HTTP routes are opt-in, ``vllm/plugins/__init__.py``). Naming every
+    installed plugin of the other groups keeps the default behaviour. An allowlist the user set is left alone (None).
+    """
+    import os
+    from importlib.metadata import entry_points
+
+    env = os.environ if environ is None else environ
+    if env.get("VLLM_PLUGINS") is not None:
+        return None
+    names = []
+    for group in ("vllm.general_plugins", "vllm.platform_plugins", "vllm.stat_logger_plugins",
+                  "vllm.io_processor_plugins"):
+        names += [ep.name for ep in entry_points(group=group)]
+    return ",".join(dict.fromkeys([*names, ENDPOINT_PLUGIN]))

@@ -1,0 +1,172 @@
+"""vLLM side of the wiring watch: a stat-logger plugin that feeds it, an endpoint plugin that shows it, gauges.
+
+Data flow position: vLLM's scheduler -> ``SchedulerStats.spec_decoding_stats`` (every step, computed anyway for
+``/metrics``) -> AsyncLLM's output handler in the API-server process -> :class:`WiringWatchStatLogger.record`
+-> :class:`vllm_eagle3.watch.WiringWatch` -> ``GET /v1/eagle3/wiring`` (:class:`WiringEndpoint`, same process) and
+``vllm_eagle3_wiring_*`` Prometheus gauges (default registry, served by vLLM's ``/metrics``).
+
+Entry points (pyproject.toml): ``vllm.stat_logger_plugins`` -> ``vllm_eagle3_watch`` (loaded by vLLM's async
+engine in the API server whenever ``VLLM_PLUGINS`` is unset or names it) and ``vllm.endpoint_plugins`` ->
+``vllm_eagle3_wiring`` (vLLM loads endpoint plugins only when ``VLLM_PLUGINS`` names them:
+:func:`vllm_eagle3.watch.plugins_allowlist_with_endpoint` builds that value). Offline ``vllm.LLM`` does not load
+stat-logger plugins. This module imports vLLM: only vLLM loads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from vllm_eagle3 import watch as _watch
+
+ROUTE = "/v1/eagle3/wiring"
+
+
+# ----------------------------------------------------------------------------------------------- gauges
+
+class WiringCollector:
+    """Prometheus collector of the ``vllm_eagle3_wiring_*`` gauges, read from the watches when ``/metrics`` is
+    scraped: nothing is set per step. Names stay outside ``vllm:`` (vLLM's ``unregister_vllm_metrics`` drops those).
+    Registered once per process in the default registry, which vLLM's ``/metrics`` serves with one API server (with
+    ``--api-server-count`` > 1 vLLM serves a multiprocess registry and these gauges are not exported)."""
+
+    model_names: dict[int, str] = {}
+    _registered = False
+
+    @classmethod
+    def ensure_registered(cls) -> None:
+        if not cls._registered:
+            from prometheus_client import REGISTRY
+
+            REGISTRY.register(cls())
+            cls._registered = True
+
+    def describe(self) -> list:
+        return []  # no collect() at registration time
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["model_name", "engine"]
+
+        def fam(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"vllm_eagle3_wiring_{name}", doc, labels=[*labels, *extra])
+
+        verdict = fam("verdict", "vllm-eagle3 wiring watch verdict: -1 pending, 0 ok, 1 suspicious, 2 collapsed")
+        drafts = fam("window_drafts", "drafts in the wiring watch's sliding window")
+        rate = fam("acceptance", "served acceptance per draft position over the window (drafts whose first "
+                                 "position+1 tokens were all accepted / drafts)", ("position",))
+        length = fam("acceptance_length", "served acceptance length over the window (1 + accepted / drafts)")
+        expected = fam("expected_position0", "position-0 acceptance the draft should reach (its eval.json; NaN when "
+                                             "only the floor applies)")
+        cut = fam("collapse_threshold", "collapsed when the 99.95% upper bound of position-0 acceptance is below this")
+        info = fam("info", "resolved taps and their source (value 1)", ("taps", "source"))
+        for w in _watch.active_watches():
+            lb = [self.model_names.get(w.engine_index, ""), str(w.engine_index)]
+            verdict.add_metric(lb, _watch.VERDICT_LEVEL[w.verdict])
+            drafts.add_metric(lb, w.window.drafts)
+            for i, r in enumerate(w.window.rates()):
+                rate.add_metric([*lb, str(i)], r)
+            if w.window.drafts:
+                length.add_metric(lb, w.window.acceptance_length())
+            e = w.expectation
+            expected.add_metric(lb, e.position0 if e.position0 is not None else float("nan"))
+            cut.add_metric(lb, e.collapse_below)
+            info.add_metric([*lb, str(w.wiring.get("taps")), str(w.wiring.get("source"))[:200]], 1)
+        yield from (verdict, drafts, rate, length, expected, cut, info)
+
+
+# ----------------------------------------------------------------------------------------------- stat logger
+
+def _target_for_resolution(vllm_config: Any) -> str | dict:
+    """The target's folder when local (resolve reads its config.json), else its HF config as a dict."""
+    model = vllm_config.model_config.model
+    if model and (Path(model) / "config.json").is_file():
+        return model
+    return vllm_config.model_config.hf_config.to_dict()
+
+
+class WiringWatchStatLogger(StatLoggerBase):
+    """A per-engine stat logger: hands each step's spec-decode counts to a :class:`~vllm_eagle3.watch.WiringWatch`.
+
+    Inactive (records nothing) without an EAGLE-3 speculative config or when the spec says ``watch: {enabled:
+    false}``.
+    """
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        self.engine_index = engine_index
+        self.watch: _watch.WiringWatch | None = None
+        try:
+            self._start(vllm_config)
+        except Exception:  # noqa: BLE001 - a broken watch must never stop a server; say so once and stand down
+            _watch.logger.exception("vllm-eagle3 wiring watch [engine %d]: could not start; serving without it",
+                                    engine_index)
+            self.watch = None
+
+    def _start(self, vllm_config: Any) -> None:
+        engine_index = self.engine_index
+        spec = vllm_config.speculative_config
+        if spec is None or getattr(spec, "method", None) != "eagle3" or not getattr(spec, "model", None):
+            return
+        mc = vllm_config.model_config
+        self.watch = _watch.build_watch(_target_for_resolution(vllm_config), spec.model,
+                                        int(spec.num_speculative_tokens), engine_index=engine_index,
+                                        target_label=mc.model)
+        if self.watch is None:
+            return
+        _watch.register_watch(self.watch)
+        name = mc.served_model_name
+        WiringCollector.model_names[engine_index] = str((name[0] if isinstance(name, (list, tuple)) else name)
+                                                        or mc.model)
+        WiringCollector.ensure_registered()
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:
+        if self.watch is None or scheduler_stats is None:
+            return
+        sd = scheduler_stats.spec_decoding_stats
+        if sd is None or not sd.num_drafts:
+            return
+        try:
+            self.watch.observe(sd.num_drafts, sd.num_accepted_tokens_per_pos)
+        except Exception:  # noqa: BLE001 - never break vLLM's output loop; stand down after saying why
+            _watch.logger.exception("vllm-eagle3 wiring watch [engine %d]: failed; stopped", self.engine_index)
+            _watch.unregister_watch(self.watch)
+            self.watch = None
+
+    def log_engine_initialized(self) -> None:
+        if self.watch is not None:
+            e, c = self.watch.expectation, self.watch.cfg
+            _watch.logger.info(
+                "vllm-eagle3 wiring watch [engine %d]: on; taps %s from %s; expected position-0 acceptance %s (%s); "
+                "collapsed below %.3f, window %d drafts, judged from %d; JSON at %s when VLLM_PLUGINS names %s",
+                self.engine_index, self.watch.wiring.get("taps"), self.watch.wiring.get("source"),
+                "n/a" if e.position0 is None else f"{e.position0:.3f}", e.source, e.collapse_below, c.window,
+                c.min_drafts, ROUTE, _watch.ENDPOINT_PLUGIN)
+
+
+# ----------------------------------------------------------------------------------------------- endpoint
+
+class WiringEndpoint:
+    """``GET /v1/eagle3/wiring``: :func:`vllm_eagle3.watch.report` as JSON (read in-process, nothing sent to the
+    engine)."""
+
+    name = _watch.ENDPOINT_PLUGIN
+    required_tasks = None
+
+    def attach_router(self, app: Any) -> None:
+        from fastapi import APIRouter
+        from fastapi.responses import JSONResponse
+
+        router = APIRouter()
+
+        @router.get(ROUTE)
+        async def eagle3_wiring() -> JSONResponse:
+            return JSONResponse(_watch.report())
+
+        app.include_router(router)
+
+    async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+        return None
