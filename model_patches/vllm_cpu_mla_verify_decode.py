@@ -1,28 +1,44 @@
-"""vLLM-CPU (opt-in): verify speculative tokens on the CPU MLA *decode* kernel instead of its prefill path.
+"""vLLM-CPU (default on): verify speculative tokens on the CPU MLA *decode* kernel instead of its prefill path.
+
+Data flow position: the target's attention inside **target forward** (the verification step of EAGLE-3); the taps
+and the draft are untouched.
 
 Why: ``vllm/v1/attention/backends/mla/cpu_mla.py`` (vLLM 0.32) keeps the MLA metadata builder's default
 ``query_len_support = SINGLE_ONLY``, so an EAGLE-3 verification step (k+1 query tokens per request) is classified as a
 *prefill with context*: per layer and request, the cached latent KV is gathered and up-projected (``kv_b_proj``)
 and attention runs as non-absorbed MHA (SDPA) + LSE merge. A plain decode step runs one ``mla_decode_kvcache_cpu``
 call over the latent cache instead. `vllm-eagle3 bench` measured the verification forward at 2.2-5x a decode
-forward, the largest cost of EAGLE-3 on this backend (BENCHMARKS.md, finding 3).
+forward: served as shipped, EAGLE-3 k=3 was 0.65x of no speculation at concurrency 4 (slower than not speculating).
 
-What this does: a metadata builder with ``query_len_support = UNIFORM`` (vLLM then sets the decode threshold to
-1 + k, as its GPU MLA backends do) and a ``forward_mqa`` that runs the existing CPU decode kernel on one row per
-*query token* (:func:`expand_decode_rows`): row j of a request of total length S attends to its first
-S - (q_len - 1 - j) cached tokens, i.e. causal attention over the cache, which already holds the new tokens'
-latents (vLLM writes the KV cache before attention). No new kernel. Measured (BENCHMARKS.md, k=3): EAGLE-3 speedup
-1.74 / 1.51 / 1.22x at concurrency 1 / 4 / 16 instead of 1.11 / 0.82 / 0.51, greedy text unchanged.
+What this does: a metadata builder with ``query_len_support = VARLEN`` (vLLM then raises the decode threshold to
+1 + k, as its GPU MLA backends do, and classifies every request of the batch's reordered decode prefix with query
+length <= 1 + k as a decode — verifications with k or fewer drafts, short prompts, resumed preempted requests,
+padding rows of length 0) and, once per step at metadata-build time, :func:`expand_decode_rows`: one decode-kernel
+row per *query token*, each with its own request's block table and its own causal length (token j of a request with
+q tokens and total length S attends to the first S - (q - 1 - j) cached tokens; the cache already holds the new
+tokens' latents because vLLM writes the KV cache before attention). Every layer's ``forward_mqa`` then runs the
+existing kernel on those rows. No new kernel, no approximation: each row is exactly the causal attention the prefill
+path computes, in the weight-absorbed form. Requests longer than 1 + k (prompts, recomputed preempted requests)
+stay on vLLM's own prefill path in the same step (mixed batches); there is no batch shape the fast path refuses.
+Chunked prefill never reaches this backend: vLLM-CPU disables it for MLA (``platforms/cpu.py``), and a short chunk
+with context would be one more row set of the same form.
 
-Opt-in: set ``VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=1`` (every vLLM process reads it; workers inherit it). It changes
-which attention path runs, so it is off unless asked for. What the plugin installs is a switch read at every use
-(:func:`enabled`), not at install time: a process that started an opted-in engine and later forks engines without
-the variable must give those vLLM's own path; tests/e2e/test_mla_verify_decode.py checks greedy output
-with it equals the target's greedy output. A batch whose decode requests have different query lengths cannot be
-expanded: that raises, it is never computed approximately.
+Measured (k=3, the shipped miniature, float32, 2 shared CPU cores): issue 12 numbers are in the commit that made
+this the default (EAGLE-3 vs no speculation, concurrency 1 and 4); with the earlier opt-in, uniform-only version:
+2.18x / 2.07x at concurrency 1 / 4 instead of ~1.1x / 0.65x, greedy text unchanged
+(tests/e2e/test_mla_verify_decode.py: greedy == the target's float32 transformers greedy continuation).
 
-Retire when: vLLM's CPU MLA backend declares UNIFORM (or VARLEN) query lengths and verifies on its decode kernel
-upstream; re-check on every supported vLLM version.
+Default on, opt-out: ``VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0`` runs vLLM's own path (unset, "" or "1": this path;
+anything else is a clear error). The switch is read when a backend hands out its builder (:func:`enabled`), not at
+install time: a process that installed it and later forks an engine with ``=0`` gives that engine vLLM's builder.
+``forward_mqa`` dispatches on the metadata it is given (rows present: this path; otherwise vLLM's own), so a step is
+always computed by the path its metadata was built for. :data:`CALLS` counts what each worker did (tests read it).
+
+Retire when: vLLM's CPU MLA backend declares VARLEN (or UNIFORM plus a fallback) query lengths and verifies
+multi-token queries on its decode kernel upstream (``cpu_mla.py`` still SINGLE_ONLY in 0.33 and on main as of
+2026-12). Written against vLLM 0.32; 0.33's ``cpu_mla.py``, ``MLACommonMetadataBuilder.build/_build_decode``,
+``split_decodes_and_prefills`` and the ``forward_mqa`` call site were compared with 0.32's source (identical on
+everything this patch touches) but not run here.
 """
 
 from __future__ import annotations
@@ -35,46 +51,79 @@ ENV = "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"
 _MARK = "_vllm_eagle3_mla_verify_decode"
 
 
-def opted_in(environ=None) -> bool:
-    """Whether :data:`ENV` asks for the patch ("1"); "", "0" or unset: no. Anything else is a clear error."""
+def opted_out(environ=None) -> bool:
+    """Whether :data:`ENV` asks for vLLM's own path ("0"); unset, "" or "1": no (the default). Anything else is a
+    clear error."""
     value = (os.environ if environ is None else environ).get(ENV, "").strip()
     if value not in ("", "0", "1"):
-        raise ValueError(f"{ENV}={value!r}: use 1 to verify speculative tokens on vLLM-CPU's MLA decode kernel, "
-                         "0 or unset for vLLM's own path")
-    return value == "1"
+        raise ValueError(f"{ENV}={value!r}: use 0 to verify speculative tokens on vLLM-CPU's own MLA prefill path, "
+                         "1 or unset for its MLA decode kernel (the default)")
+    return value == "0"
 
 
-def expand_decode_rows(block_table, seq_lens, q_len: int):
-    """One decode row per query token: a request of total length S verifying ``q_len`` tokens becomes ``q_len``
-    single-query rows sharing its block table; row j attends to the first S - (q_len - 1 - j) cached tokens
-    (causal). ``[num_reqs, max_blocks]``, ``[num_reqs]`` in; ``[num_reqs * q_len, ...]`` out."""
+def expand_decode_rows(block_table, seq_lens, query_start_loc):
+    """One decode-kernel row per query token, for requests of any query lengths (0 included).
+
+    ``block_table [num_reqs, max_blocks]``, ``seq_lens [num_reqs]`` (total length incl. this step's tokens),
+    ``query_start_loc [num_reqs + 1]`` (CPU, starting at 0) in; ``[num_tokens, max_blocks]``, ``[num_tokens]`` out,
+    token-major in the order of the query tensor. Token j of request i (q_i tokens) gets request i's block table and
+    length ``seq_lens[i] - (q_i - 1 - j)``: causal attention over the cache. A batch of single-token decodes comes
+    back unchanged (same tensors)."""
     import torch
 
-    bt = block_table.repeat_interleave(q_len, dim=0)
-    offsets = torch.arange(q_len - 1, -1, -1, dtype=seq_lens.dtype, device=seq_lens.device)
-    sl = (seq_lens.view(-1, 1) - offsets.view(1, -1)).reshape(-1)
-    return bt, sl
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # [num_reqs]
+    num_reqs = q_lens.shape[0]
+    if bool((q_lens == 1).all()):
+        return block_table, seq_lens
+    num_tokens = int(query_start_loc[-1])
+    req = torch.repeat_interleave(torch.arange(num_reqs), q_lens.long(), output_size=num_tokens)  # [num_tokens]
+    tokens_after = query_start_loc[1:].long()[req] - 1 - torch.arange(num_tokens)  # later tokens of the same request
+    rows_seq_lens = (seq_lens.long()[req] - tokens_after).to(seq_lens.dtype)
+    return block_table.index_select(0, req.to(block_table.device)), rows_seq_lens
 
 
-#: Forward calls through the patched path in this process: "expanded" verified several tokens per request on the
-#: decode kernel, "decode" were plain 1-token decodes. Tests read it from the worker.
-CALLS = {"expanded": 0, "decode": 0}
+#: What the patched path did in this process. Per metadata build (one per step and KV-cache group that uses CPU
+#: MLA): "steps" with decode-kernel requests, of which "verify" had a request with > 1 query token, "varlen" had
+#: requests of different query lengths (fewer drafts, short prompts, padding rows), "prompt" held a request with no
+#: cached context (a short prompt or a resumed preempted request), "mixed" also had requests on vLLM's prefill path;
+#: "prefill_only" steps had none on the decode kernel. Per layer call: "forward" decode-kernel calls. Tests read it
+#: from the worker (vllm_eagle3/testing/engine.py worker_mla_verify_calls).
+CALLS = {"steps": 0, "verify": 0, "varlen": 0, "prompt": 0, "mixed": 0, "prefill_only": 0, "forward": 0}
 _FORCED = False
 
 
 def enabled() -> bool:
-    """Checked at every use, not once at install: a process that installed the switch (e.g. the test process that
-    started an opted-in engine) may later fork engines without the variable, and those must run vLLM's own path."""
-    return _FORCED or opted_in()
+    """Checked each time a backend hands out its builder, not once at install: a process that installed the switch
+    may later start engines with ``=0``, and those must run vLLM's own path."""
+    return _FORCED or not opted_out()
+
+
+def _count(metadata, common) -> None:
+    """Update :data:`CALLS` for one built step (CPU tensors: reading them costs no device sync here)."""
+    n_dec = metadata.num_decodes
+    if n_dec == 0:
+        CALLS["prefill_only"] += 1
+        return
+    qsl = common.query_start_loc_cpu[: n_dec + 1]
+    q_lens = qsl[1:] - qsl[:-1]
+    CALLS["steps"] += 1
+    CALLS["verify"] += int(bool((q_lens > 1).any()))
+    CALLS["varlen"] += int(bool((q_lens != q_lens[0]).any()))
+    seq_lens = common.seq_lens[:n_dec].cpu()
+    CALLS["prompt"] += int(bool(((seq_lens == q_lens) & (q_lens > 0)).any()))
+    CALLS["mixed"] += int(metadata.num_prefills > 0)
 
 
 def apply_now(force: bool = False) -> str:
     """Install the switch on ``CPUMLABackend.get_builder_cls`` and ``CPUMLAImpl.forward_mqa`` (idempotent): while
-    :func:`enabled`, a UNIFORM builder and the row-expanding decode; otherwise vLLM's own builder and forward.
-    ``force`` enables it in this process whatever the environment says (the benchmark's worker extension)."""
+    :func:`enabled`, the VARLEN row-expanding builder; otherwise vLLM's own builder. ``force`` enables it in this
+    process whatever the environment says (the benchmark's worker extension)."""
     global _FORCED
+    import dataclasses
+
     import torch
-    from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadataBuilder, QueryLenSupport
+    from vllm.model_executor.layers.attention.mla_attention import (MLACommonDecodeMetadata,
+                                                                    MLACommonMetadataBuilder, QueryLenSupport)
     from vllm.v1.attention.backends.mla import cpu_mla
 
     _FORCED = _FORCED or force
@@ -83,48 +132,61 @@ def apply_now(force: bool = False) -> str:
         return "already installed"
     original_forward, original_builder = impl.forward_mqa, backend.get_builder_cls
 
-    class CPUMLAUniformDecodeBuilder(MLACommonMetadataBuilder):
-        """Classifies uniform multi-token queries (speculative verification) as decodes."""
+    @dataclasses.dataclass
+    class CPUMLARowsDecodeMetadata(MLACommonDecodeMetadata):
+        """vLLM's decode metadata plus one kernel row per decode query token (:func:`expand_decode_rows`)."""
 
-        query_len_support = QueryLenSupport.UNIFORM
+        row_block_table: torch.Tensor = None  # [num_decode_tokens, max_blocks] int32
+        row_seq_lens: torch.Tensor = None  # [num_decode_tokens] int32
+
+    class CPUMLAVarlenDecodeBuilder(MLACommonMetadataBuilder):
+        """Classifies every request with <= 1 + k query tokens as a decode and expands it into kernel rows."""
+
+        query_len_support = QueryLenSupport.VARLEN
+
+        def _build_decode(self, block_table_tensor, seq_lens_device, max_seq_len, query_start_loc_cpu,
+                          query_start_loc_device, num_decode_tokens, max_query_len, dcp_tot_seq_lens_device):
+            bt, sl = expand_decode_rows(block_table_tensor.to(torch.int32), seq_lens_device.to(torch.int32),
+                                        query_start_loc_cpu)
+            if bt.shape[0] != num_decode_tokens:
+                raise RuntimeError(f"{_MARK}: {bt.shape[0]} kernel rows for {num_decode_tokens} decode tokens; "
+                                   f"report this batch, and set {ENV}=0 to use vLLM's own path meanwhile")
+            return CPUMLARowsDecodeMetadata(block_table=block_table_tensor, seq_lens=seq_lens_device,
+                                            dcp_tot_seq_lens=dcp_tot_seq_lens_device, row_block_table=bt,
+                                            row_seq_lens=sl)
+
+        def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+            metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+            _count(metadata, common_attn_metadata)
+            return metadata
 
     def get_builder_cls():
-        return CPUMLAUniformDecodeBuilder if enabled() else original_builder()
+        return CPUMLAVarlenDecodeBuilder if enabled() else original_builder()
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
-        if not enabled():
+        decode = attn_metadata.decode
+        if not isinstance(decode, CPUMLARowsDecodeMetadata):  # built by vLLM's own builder
             return original_forward(self, q, kv_c_and_k_pe_cache, attn_metadata, layer)
-        assert attn_metadata.decode is not None
         if isinstance(q, tuple):
             q = torch.cat(q, dim=-1)
         q = q.contiguous()  # [num_decode_tokens, num_heads, kv_lora_rank + rope]
-        n_tok, num_heads, _ = q.shape
-        block_table = attn_metadata.decode.block_table.to(torch.int32)
-        seq_lens = attn_metadata.decode.seq_lens.to(torch.int32)
-        n_req = seq_lens.shape[0]
-        if n_tok != n_req:
-            if n_tok % n_req:
-                raise RuntimeError(f"{_MARK}: non-uniform decode query lengths ({n_tok} tokens for {n_req} "
-                                   f"requests); unset {ENV} to use vLLM's own path")
-            block_table, seq_lens = expand_decode_rows(block_table, seq_lens, n_tok // n_req)
-            CALLS["expanded"] += 1
-        else:
-            CALLS["decode"] += 1
-        out = torch.zeros(n_tok, num_heads, self.kv_lora_rank, dtype=q.dtype, device=q.device)
-        cpu_mla.ops.mla_decode_kvcache_cpu(out, q, kv_c_and_k_pe_cache, self.scale, block_table, seq_lens)
+        out = torch.zeros(q.shape[0], q.shape[1], self.kv_lora_rank, dtype=q.dtype, device=q.device)
+        cpu_mla.ops.mla_decode_kvcache_cpu(out, q, kv_c_and_k_pe_cache, self.scale, decode.row_block_table,
+                                           decode.row_seq_lens)
+        CALLS["forward"] += 1
         return out, None
 
     setattr(forward_mqa, _MARK, True)
     impl.forward_mqa = forward_mqa
     backend.get_builder_cls = staticmethod(get_builder_cls)
-    return ("switch installed: while enabled, CPU MLA declares UNIFORM query lengths and verifies speculative "
-            "tokens on mla_decode_kvcache_cpu, one row per token")
+    return ("switch installed: unless VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0, CPU MLA declares VARLEN query lengths "
+            "and runs every request of <= 1 + k tokens on mla_decode_kvcache_cpu, one causal row per token")
 
 
 PATCH = Patch(
     name="vllm_cpu_mla_verify_decode",
     engine="vllm",
-    supported=("0.32.",),
+    supported=("0.32.", "0.33."),
     retire_when="vLLM's CPU MLA backend verifying multi-token queries on its decode kernel (cpu_mla.py)",
     apply_fn=apply_now,
     needed_fn=vllm_cpu_only,

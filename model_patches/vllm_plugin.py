@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from model_patches import Patch, apply_all
 from model_patches import vllm_cpu_block_size, vllm_cpu_mla_verify_decode, vllm_cpu_rope_3d
+from model_patches import vllm_cpu_spec_expand, vllm_cpu_top_k_empty
 
-VLLM_PATCHES = (vllm_cpu_block_size.PATCH, vllm_cpu_rope_3d.PATCH)
+VLLM_PATCHES = (vllm_cpu_block_size.PATCH, vllm_cpu_rope_3d.PATCH, vllm_cpu_mla_verify_decode.PATCH,
+                vllm_cpu_spec_expand.PATCH, vllm_cpu_top_k_empty.PATCH)
 
 
 def vllm_patches(environ=None) -> tuple[Patch, ...]:
-    """:data:`VLLM_PATCHES`, plus the opt-in ones their environment variable asks for
-    (``VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=1``: :mod:`model_patches.vllm_cpu_mla_verify_decode`). An opt-in patch
-    that is not asked for is not even version-checked."""
-    extra = (vllm_cpu_mla_verify_decode.PATCH,) if vllm_cpu_mla_verify_decode.opted_in(environ) else ()
-    return VLLM_PATCHES + extra
+    """:data:`VLLM_PATCHES`, less the ones their environment variable opts out of
+    (``VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0``: :mod:`model_patches.vllm_cpu_mla_verify_decode`, vLLM's own MLA
+    verification path). A value other than 0/1 raises, naming the variable."""
+    if vllm_cpu_mla_verify_decode.opted_out(environ):
+        return tuple(p for p in VLLM_PATCHES if p is not vllm_cpu_mla_verify_decode.PATCH)
+    return VLLM_PATCHES
 
 
 def register() -> list[str]:
