@@ -1,7 +1,8 @@
-"""The pure math of ``vllm-eagle3 bench``: statistics, ideal speedup, cost ratio, trace step split, client timing.
+"""``vllm-eagle3 bench`` without an engine: statistics, step split, plan, timers' install/remove, analysis and report.
 
-No engine runs here (the benchmark itself is never part of the test suite). Each test names the reporting bug it
-guards: a wrong number in BENCHMARKS.md looks exactly as credible as a right one.
+No engine runs here (the benchmark itself is never part of the test suite; ``vllm-eagle3 bench --smoke`` proves
+the end-to-end path). Each test names the reporting bug it guards: a wrong number in BENCHMARKS.md looks exactly as
+credible as a right one.
 """
 
 import json
@@ -9,56 +10,75 @@ import math
 
 import pytest
 
-from vllm_eagle3.tools.bench import (
-    EMBED_TAP,
-    NATIVE,
-    NO_SPEC,
-    MD_BEGIN,
-    MD_END,
-    RequestTiming,
-    Variant,
-    cost_ratio,
-    ideal_speedup,
-    make_native_draft,
-    native_taps,
-    stat,
-    step_split,
-    write_markdown,
-)
+from vllm_eagle3.tools.bench import StepTimers, main
+from vllm_eagle3.tools.bench import analysis, plan as plans, report
+from vllm_eagle3.tools.bench.client import RequestRecord
+from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_OFF, NATIVE, NO_SPEC, Cell, Plan, Variant
+from vllm_eagle3.tools.bench.run import make_native_draft, native_taps
+from vllm_eagle3.tools.bench.stats import (Estimate, bootstrap, break_even, cost_ratio, ideal_speedup, paired_ratio,
+                                           stratified_ratio)
+from vllm_eagle3.tools.bench.timers import step_split
 from vllm_eagle3.tools.metrics import SpecDecodeCounters
 
 pytestmark = pytest.mark.unit
 
 
-def test_stat_median_and_spread_ignore_nan():
-    """A failed round (NaN tok/s) must not turn the median of the others into NaN, nor count as a repeat."""
-    s = stat([3.0, float("nan"), 1.0, 2.0, None])
-    assert (s.median, s.lo, s.hi, s.n) == (2.0, 1.0, 3.0, 3)
-    assert s.fmt(1) == "2.0 [1.0-3.0]"
-    empty = stat([float("nan")])
-    assert empty.n == 0 and math.isnan(empty.median) and empty.fmt() == "n/a"
+# ------------------------------------------------------------------------------------------------ statistics
+
+def test_paired_ratio_cancels_prompt_to_prompt_variation():
+    """Prompts differ a lot in speed; if every prompt is exactly 2x faster with speculation the speedup is 2 with
+    a zero-width interval. An unpaired bootstrap would report a wide interval and hide real effects."""
+    without = {i: (128.0, 1.0 + i) for i in range(16)}  # seconds vary 1..16 across prompts
+    with_ = {i: (128.0, (1.0 + i) / 2) for i in range(16)}
+    est = paired_ratio(with_, without, "t")
+    assert est.value == pytest.approx(2.0) and est.lo == pytest.approx(2.0) and est.hi == pytest.approx(2.0)
+    assert est.n == 16 and est.excludes(1.0)
 
 
-def test_ideal_speedup_is_tau_over_one_plus_kc():
-    """The ideal next to each achieved speedup is tau / (1 + k c); the verify-aware model divides by v + k c."""
+def test_paired_ratio_interval_includes_one_when_the_effect_is_noise():
+    """A speedup that is only noise must be reported with an interval that includes 1 (the old report called a
+    0.93 'noise' while its ranges did not overlap; the interval is what decides)."""
+    without = {i: (100.0, 10.0) for i in range(16)}
+    with_ = {i: (100.0, 10.0 * (1.2 if i % 2 else 0.8)) for i in range(16)}
+    est = paired_ratio(with_, without, "noise")
+    assert est.lo < 1.0 < est.hi
+
+
+def test_bootstrap_is_deterministic_and_brackets_the_value():
+    """Re-rendering BENCHMARKS.md from the same results must give the same text (seeded resampling)."""
+    xs = [1.0, 2.0, 3.0, 4.0, 10.0]
+    a = bootstrap(xs, lambda s: sum(s) / len(s), "seed")
+    b = bootstrap(xs, lambda s: sum(s) / len(s), "seed")
+    assert a == b and a.lo <= a.value <= a.hi
+    assert Estimate(1.234, 1.1, 1.3, 5).fmt() == "1.23 [1.10-1.30]"
+    assert Estimate(float("nan")).fmt() == "n/a" and Estimate(2.0).fmt(1) == "2.0"
+    assert math.isnan(bootstrap([5.0], lambda s: s[0], "one").lo)  # one item: no interval, not a fake one
+
+
+def test_stratified_ratio_is_the_ratio_of_server_means():
+    """Two servers per side: each server's mean counts once, whatever its number of steps."""
+    est = stratified_ratio([[10.0] * 10, [12.0] * 2], [[20.0, 20.0], [24.0] * 5], "s")
+    assert est.value == pytest.approx(11.0 / 22.0)
+
+
+def test_step_models():
+    """The ideal next to each achieved speedup is tau / (1 + k c); c is ONE draft forward over one target forward;
+    break-even acceptance = speculative step / plain step (the incident's 56.8 vs 90 tok/s is tau below it)."""
     assert ideal_speedup(2.0, 3, 0.1) == pytest.approx(2.0 / 1.3)
-    assert ideal_speedup(1.0, 0, 0.5) == 1.0  # no speculation, no gain, no loss
     assert ideal_speedup(2.0, 3, 0.1, verify_factor=2.0) == pytest.approx(2.0 / 2.3)
     with pytest.raises(ValueError, match="k >= 0"):
         ideal_speedup(2.0, -1, 0.1)
-
-
-def test_cost_ratio_is_per_draft_forward():
-    """c is ONE draft forward over one target forward: the step's draft time is split over its k forwards."""
     assert cost_ratio(30.0, 3, 50.0) == pytest.approx(0.2)
     assert math.isnan(cost_ratio(30.0, 0, 50.0))
-    assert math.isnan(cost_ratio(30.0, 3, float("nan")))
+    assert break_even(150.0, 100.0) == pytest.approx(1.5)
+    assert math.isnan(break_even(150.0, 0.0))
 
+
+# ------------------------------------------------------------------------------------------------ timers
 
 def test_step_split_counts_pure_decode_steps_and_attributes_the_draft():
     """Prefill steps must not inflate the verify time, nor the shorter last steps; the draft runs after the
     target forward (in ``sample_tokens``) and belongs to the step before it."""
-    k, conc = 3, 1
     rec = [
         ("F", 0.000, 0.080, 64), ("D", 0.085, 0.010, 0),  # prefill of a 64-token prompt (+ first draft)
         ("F", 0.100, 0.040, 4), ("D", 0.145, 0.020, 0),  # pure decode: 1 request x (k + 1) tokens
@@ -66,47 +86,77 @@ def test_step_split_counts_pure_decode_steps_and_attributes_the_draft():
         ("F", 0.260, 0.050, 4), ("D", 0.315, 0.000, 0),
         ("F", 0.340, 0.030, 2),  # the last step verifies fewer tokens (max_tokens reached): left out
     ]
-    s = step_split(rec, conc * (k + 1))
+    s = step_split(rec, 4)
     assert s.steps == 3
-    assert s.forward_ms == pytest.approx(50.0)  # (40 + 60 + 50) / 3
-    assert s.draft_ms == pytest.approx(10.0)  # (20 + 10 + 0) / 3
-    assert s.step_ms == pytest.approx(80.0)  # decode-to-decode starts: 80, 80 ms (the gap to the short step is out)
-    assert s.other_ms == pytest.approx(20.0)
+    assert s.forward_ms == pytest.approx((40.0, 60.0, 50.0))
+    assert s.draft_ms == pytest.approx((20.0, 10.0, 0.0))
+    assert s.step_ms == pytest.approx((80.0, 80.0))  # the gap to the short step is out
+    assert step_split([("F", 0.0, 0.1, 64)], 4).steps == 0 and step_split([], 1).steps == 0
 
 
-def test_step_split_without_decode_steps_is_empty_not_an_error():
-    """A round whose timers recorded no pure decode step reports n/a instead of crashing the whole run."""
-    s = step_split([("F", 0.0, 0.1, 64)], 4)
-    assert s.steps == 0 and math.isnan(s.forward_ms)
-    assert step_split([], 1).steps == 0
+class _Runner:
+    """Stands in for the model runner's two methods (the timers' own logic only; no engine behaviour)."""
+
+    def _model_forward(self, input_ids=None, positions=None):
+        return "out"
+
+    def propose_draft_token_ids(self, *a):
+        return [1]
 
 
-def test_request_timing_itl_excludes_the_first_token():
-    """ITL is measured after the first token (TTFT separate); chunks of several tokens (accepted drafts) count
-    each token."""
-    t = RequestTiming.from_arrivals([(0.5, 1), (0.6, 3), (0.9, 5)])
-    assert (t.tokens, t.ttft, t.latency) == (5, 0.5, 0.9)
-    assert t.itl == pytest.approx(0.1)
-    assert math.isnan(RequestTiming.from_arrivals([(0.2, 1)]).itl)
+class _Worker(StepTimers):
+    def __init__(self):
+        self.model_runner = _Runner()
 
 
-def test_counter_deltas_give_round_acceptance():
-    """Acceptance of one round is the difference of two /metrics snapshots, not the server's lifetime total."""
-    before = SpecDecodeCounters(10, 30, 12, (6.0, 4.0, 2.0))
-    after = SpecDecodeCounters(20, 60, 27, (13.0, 9.0, 5.0))
-    d = after - before
-    assert d.acceptance_length == pytest.approx(2.5)
-    assert d.per_position == pytest.approx((0.7, 0.5, 0.3))
+def test_step_timers_are_removed_after_a_timed_cell():
+    """Throughput cells must run the model runner untouched: stop removes the wrappers (the old harness timed
+    every cell of every variant)."""
+    w = _Worker()
+    assert w.bench_timers_start()["draft_timed"] is True
+    assert "_model_forward" in vars(w.model_runner)
+    import types
+
+    w.model_runner._model_forward(None, positions=types.SimpleNamespace(shape=(4,)))
+    w.model_runner.propose_draft_token_ids()
+    recs = w.bench_timers_stop()
+    assert [r[0] for r in recs] == ["F", "D"] and recs[0][3] == 4
+    assert "_model_forward" not in vars(w.model_runner) and "propose_draft_token_ids" not in vars(w.model_runner)
+    assert w.bench_timers_stop() == []
 
 
-def test_variant_rejects_inconsistent_k_and_capture():
+# ------------------------------------------------------------------------------------------------ plan
+
+def test_default_plan_has_the_headline_cells_with_enough_prompts():
+    """Issue 12: >= 16 prompts per cell, 128 tokens, k=3 vs none at 1/4/16 eager AND compiled, the opt-out, the
+    capture A/B on two servers each (alternating) and a duration that fits ~25-35 min on 2 cores."""
+    p = plans.PLANS["default"]()
+    assert p.prompts >= 16 and p.max_tokens >= 128
+    keys = [v.key for v in p.variants]
+    for key in ("nospec", "embed-k3", "nospec+compiled", "embed-k3+compiled", "embed-k3+mla-off", "native-k3",
+                "embed-k3#2", "native-k3#2"):
+        assert key in keys
+    for v in p.variants:
+        if v.key in ("nospec", "embed-k3", "nospec+compiled", "embed-k3+compiled"):
+            assert v.cell_list("throughput") == [1, 4, 16]
+    assert keys.index("native-k3") < keys.index("embed-k3#2") < keys.index("native-k3#2")
+    assert plans.estimate_seconds(p, compile_cache_warm=True) < 35 * 60
+
+
+def test_variant_validation_and_labels():
     """k=0 with a capture mode (or k>0 without) would mislabel a baseline row as speculative."""
     assert Variant(0, NO_SPEC).key == "nospec"
-    assert Variant(3, NATIVE, "[3, 31, 59]").key == "native-k3"
+    assert Variant(3, NATIVE, replica=2).key == "native-k3#2"
+    assert Variant(3, EMBED_TAP, MLA_OFF, compiled=True).key == "embed-k3+mla-off+compiled"
+    assert "opted out" in Variant(3, EMBED_TAP, MLA_OFF).label
     with pytest.raises(ValueError, match="k=0 means no speculation"):
         Variant(0, EMBED_TAP)
     with pytest.raises(ValueError, match="capture must be one of"):
         Variant(3, "sglang")
+    with pytest.raises(ValueError, match="replica=2"):
+        Plan("x", (Variant(0, NO_SPEC), Variant(0, NO_SPEC)))
+    v = Variant(3, cells=(Cell("throughput", 4),))
+    assert Variant.from_dict(json.loads(json.dumps(v.as_dict()))) == v
 
 
 def test_native_taps_are_the_incident_default_and_written_in_vllm_ids(tmp_path):
@@ -127,10 +177,94 @@ def test_native_taps_are_the_incident_default_and_written_in_vllm_ids(tmp_path):
     assert (out / "model.safetensors").resolve() == (draft / "model.safetensors").resolve()
 
 
-def test_write_markdown_keeps_hand_written_text(tmp_path):
-    """Re-running the benchmark replaces only the results block, never the method and findings around it."""
-    md = tmp_path / "B.md"
-    md.write_text(f"# B\n\nmethod text\n\n{MD_BEGIN}\nold\n{MD_END}\n\nfindings text\n")
-    write_markdown(md, f"{MD_BEGIN}\nnew\n{MD_END}")
-    text = md.read_text()
-    assert "method text" in text and "findings text" in text and "new" in text and "old" not in text
+def test_request_record_and_counter_deltas():
+    """ITL is measured after the first token; acceptance of one request is the difference of two /metrics
+    snapshots around it, not the server's lifetime total."""
+    r = RequestRecord(0, 5, 0.9, "", ttft_s=0.5)
+    assert r.itl_s == pytest.approx(0.1)
+    assert math.isnan(RequestRecord(0, 5, 0.9).itl_s)
+    d = SpecDecodeCounters(20, 60, 27, (13.0, 9.0, 5.0)) - SpecDecodeCounters(10, 30, 12, (6.0, 4.0, 2.0))
+    assert d.acceptance_length == pytest.approx(2.5)
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+
+def synthetic_results(spec_speed: float = 2.0, native_slow: float = 1.0) -> dict:
+    """A schema-2 results file from the smoke plan with made-up, deterministic timings: plain decode 10 ms per
+    token per prompt (varying by prompt), speculation ``spec_speed`` x faster, tau 3, the incident tau 1."""
+    p = plans.PLANS["smoke"]()
+    variants = []
+    for v in p.variants:
+        speed = 1.0 if v.k == 0 else 0.5 if v.capture == NATIVE else spec_speed
+        cells = []
+        for cell in v.cells:
+            n = {"throughput": p.prompts, "stream": p.stream_prompts}.get(cell.kind, p.split_requests(cell.concurrency))
+            toks = p.max_tokens if cell.kind in ("throughput", "stream") else p.split_tokens
+            reqs = []
+            for i in range(n):
+                lat = toks * 0.01 * (1 + 0.1 * i) / speed
+                acc = 0 if v.capture == NATIVE else 2 * (toks // 3)
+                counters = [toks // 3, v.k * (toks // 3), acc, [acc / 2, acc / 2, 0.0]] if v.k else None
+                reqs.append({"prompt": i, "tokens": toks, "latency_s": lat, "text": f"t{i}",
+                             "ttft_s": 0.05 if cell.kind == "stream" else float("nan"),
+                             "counters": counters if cell.concurrency == 1 and cell.kind == "throughput" else None})
+            cell_counters = ([n * x for x in counters[:3]] + [[n * y for y in counters[3]]]) if v.k else None
+            split = None
+            if cell.kind == "split":
+                fwd = (10.0 if v.k == 0 else 14.0) * (native_slow if v.capture == NATIVE else 1.0)
+                split = {"forward_ms": [fwd + 0.1 * (i % 3) for i in range(30)],
+                         "draft_ms": [0.0 if v.k == 0 else 3.0] * 30, "step_ms": [fwd + 5.0] * 29}
+            cells.append({"kind": cell.kind, "concurrency": cell.concurrency, "round": 0, "split": split,
+                          "wall_s": sum(r["latency_s"] for r in reqs) / cell.concurrency, "requests": reqs,
+                          "counters": cell_counters, "draft_timed": v.k > 0})
+        variants.append({"key": v.key, "variant": v.as_dict(), "label": v.label, "ready_s": 30.0, "error": None,
+                         "capture_line": "x" if v.k else "", "mla_calls": {"expanded": 5} if v.k else {},
+                         "cells": cells})
+    meta = {"date": "2026-12-01 12:00 UTC", "command": "vllm-eagle3 bench --smoke", "duration_min": 5.0,
+            "load_before": "0.10 0.10 0.10", "load_after": "1.00 0.50 0.20",
+            "machine": {"cpu": "CPU", "nproc": "2", "memory": "23 GiB", "flags": "avx2", "python": "3.11",
+                        "torch": "2", "vllm": "0.32", "openai": "1", "commit": "abc1234", "dirty": "no"}}
+    return {"schema": 2, "meta": meta, "plan": p.as_dict(), "variants": variants}
+
+
+def test_analysis_speedup_tau_break_even_and_advice():
+    """The headline numbers follow from the requests: 2x faster per prompt -> speedup 2 [2-2]; tau from the
+    per-request counters; break-even = step ratio; the advice picks the faster k and flags the incident."""
+    s = analysis.summarize(synthetic_results())
+    emb = next(v for v in s["variants"] if v["key"] == "embed-k3")
+    row = emb["by_concurrency"]["1"]
+    assert row["speedup"]["value"] == pytest.approx(2.0) and row["speedup"]["lo"] == pytest.approx(2.0)
+    assert emb["acceptance"]["tau"]["value"] == pytest.approx(3.0)
+    assert row["break_even"]["value"] == pytest.approx((14.1 + 5.0) / (10.1 + 5.0), rel=1e-2)
+    assert row["same_text"] == [4, 4]
+    adv = [a for a in s["advice"] if a["mode"] == "eager" and a["concurrency"] == 1][0]
+    assert adv["best_k"] == 3
+    inc = [a for a in s["advice"] if a["mode"] == "incident"]
+    assert inc and all(a["tau"]["value"] == pytest.approx(1.0) for a in inc)
+
+
+def test_capture_verdict_uses_the_interval_and_the_same_config_servers():
+    """A gap between embed and native that is no larger than between two identical servers is not called a real
+    difference, and an identical pair is 'within noise'."""
+    same = analysis.summarize(synthetic_results(native_slow=1.0))["capture_ab"]
+    assert same and all("within noise" in o["verdict"] for o in same)
+    slow = analysis.summarize(synthetic_results(native_slow=1.5))["capture_ab"]
+    assert all(o["ratio"]["hi"] < 1.0 for o in slow)
+
+
+def test_report_renders_every_slot_and_the_no_run_page(tmp_path):
+    """BENCHMARKS.md is the template with every slot filled (a forgotten slot would print '{{name}}')."""
+    text = report.render(synthetic_results())
+    assert "{{" not in text and "**2.00 [2.00-2.00]**" in text and "abc1234" in text
+    empty = report.render(None)
+    assert "{{" not in empty and report.NO_RUN in empty
+
+
+def test_from_json_writes_the_documents(tmp_path, capsys):
+    """One command regenerates BENCHMARKS.md and the plot from a results file, without any engine."""
+    res = tmp_path / "results.json"
+    res.write_text(json.dumps(synthetic_results()))
+    assert main(["--from-json", str(res), "--out-dir", str(tmp_path)]) == 0
+    assert (tmp_path / "BENCHMARKS.md").read_text() == report.render(json.loads(res.read_text()), "bench.png")
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    assert "advice" in capsys.readouterr().out

@@ -1,0 +1,269 @@
+"""Results file -> summary: every number the report prints, each with its 95 % interval where one exists.
+
+Data flow position: after ``run.py`` (which writes the raw results file) and before ``report.py`` (which only
+formats). Re-run on every render, so ``BENCHMARKS.md`` always follows from the results file and the current code.
+
+Pairing: every variant runs the same prompts in the same cells, so a speedup resamples *prompts* and keeps each
+prompt's two measurements together (:func:`~.stats.paired_ratio`). At concurrency 1 the seconds are the requests'
+own latencies; at concurrency C > 1 the point value is the cell's wall-clock throughput and its interval is that of
+the per-request latencies, scaled to it (C requests share the server, so per-request latency x C / tokens is the
+cell's time per token). Acceptance length: at concurrency 1 each request's own spec-decode counters (bootstrap over
+requests); elsewhere the cell's counters (no interval; greedy acceptance does not depend on concurrency).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from vllm_eagle3.tools.bench.client import RequestRecord
+from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_DEFAULT, NATIVE, NO_SPEC, Variant
+from vllm_eagle3.tools.bench.stats import (NAN, NONE, Estimate, bootstrap, cost_ratio, finite,
+                                           ideal_speedup, mean_ci, median, paired_ratio, stratified_ratio)
+from vllm_eagle3.tools.bench.timers import StepSplit
+
+
+class Results:
+    """Read access to one results file (schema 2)."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        if data.get("schema") != 2:
+            raise ValueError(f"results file schema {data.get('schema')!r} is not 2: it was written by an older "
+                             "`vllm-eagle3 bench`; re-run the benchmark (make bench) to get one this code reads")
+        self.data = data
+        self.variants = [(Variant.from_dict(v["variant"]), v) for v in data["variants"]]
+
+    def find(self, **want) -> list[tuple[Variant, dict]]:
+        return [(v, raw) for v, raw in self.variants if all(getattr(v, k) == x for k, x in want.items())]
+
+    def base(self, v: Variant) -> dict | None:
+        b = self.find(k=0, compiled=v.compiled, replica=1, mla_verify=MLA_DEFAULT)
+        return b[0][1] if b else None
+
+
+def cells(raw: Mapping, kind: str, c: int) -> list[dict]:
+    return [x for x in raw.get("cells", []) if x["kind"] == kind and x["concurrency"] == c]
+
+
+def requests(cs: Sequence[Mapping]) -> list[RequestRecord]:
+    return [RequestRecord.from_dict(r) for x in cs for r in x["requests"]]
+
+
+def per_prompt(cs: Sequence[Mapping]) -> dict[int, tuple[float, float]]:
+    """prompt -> (tokens, seconds) summed over the cells' rounds."""
+    out: dict[int, tuple[float, float]] = {}
+    for r in requests(cs):
+        t, s = out.get(r.prompt, (0.0, 0.0))
+        out[r.prompt] = (t + r.tokens, s + r.latency_s)
+    return out
+
+
+def wall_tok_s(cs: Sequence[Mapping]) -> float:
+    """Tokens / seconds of the cells: the requests' own latencies at concurrency 1 (the client reads /metrics
+    between them), the wall clock otherwise."""
+    if not cs:
+        return NAN
+    toks = sum(r.tokens for r in requests(cs))
+    secs = (sum(r.latency_s for r in requests(cs)) if cs[0]["concurrency"] == 1 else sum(x["wall_s"] for x in cs))
+    return toks / secs if secs else NAN
+
+
+def _scaled(point: float, est: Estimate) -> Estimate:
+    if not (finite(point) and finite(est.value) and est.value):
+        return Estimate(point, NAN, NAN, est.n, est.method)
+    f = point / est.value
+    return Estimate(point, est.lo * f, est.hi * f, est.n, est.method)
+
+
+def throughput(cs: Sequence[Mapping], seed: str) -> Estimate:
+    pp = per_prompt(cs)
+    items = sorted(pp.values())
+    lat = bootstrap(items, lambda s: sum(t for t, _ in s) / sum(x for _, x in s) if s else NAN, seed,
+                    method="bootstrap over prompts")
+    return _scaled(wall_tok_s(cs), lat)
+
+
+def speedup(cs: Sequence[Mapping], base_cs: Sequence[Mapping], seed: str) -> Estimate:
+    """tok/s of ``cs`` / tok/s of ``base_cs`` (same prompts), paired bootstrap over prompts."""
+    if not cs or not base_cs:
+        return NONE
+    est = paired_ratio(per_prompt(cs), per_prompt(base_cs), seed)
+    b = wall_tok_s(base_cs)
+    return _scaled(wall_tok_s(cs) / b if b else NAN, est)
+
+
+def acceptance(raw: Mapping, seed: str) -> dict[str, Any]:
+    """tau with an interval over requests (concurrency-1 cells with per-request counters) and per-position
+    acceptance; else pooled over every cell's counters, without an interval."""
+    per_req = [r.counters for r in requests([x for x in raw.get("cells", []) if x["kind"] == "throughput"])
+               if r.counters and r.counters[0] > 0]
+    if per_req:
+        tau = bootstrap(per_req, lambda s: 1 + sum(x[2] for x in s) / sum(x[0] for x in s), seed,
+                        method="bootstrap over requests")
+        pool = per_req
+    else:
+        pool = [x["counters"] for x in raw.get("cells", []) if x.get("counters") and x["counters"][0] > 0]
+        tau = Estimate(1 + sum(x[2] for x in pool) / sum(x[0] for x in pool), method="pooled") if pool else NONE
+    drafts = sum(x[0] for x in pool)
+    npos = max((len(x[3]) for x in pool), default=0)
+    pos = [sum(x[3][i] for x in pool if len(x[3]) > i) / drafts for i in range(npos)] if drafts else []
+    return {"tau": tau.as_dict(), "per_position": pos, "drafts": drafts}
+
+
+def split_summary(raw: Mapping, c: int, seed: str) -> dict[str, Any] | None:
+    cs = [x for x in cells(raw, "split", c) if x.get("split")]
+    if not cs:
+        return None
+    sp = StepSplit.from_dict(cs[0]["split"])
+    if not sp.steps:
+        return {"steps": 0}
+    fwd, drf, stp = (mean_ci(sp.forward_ms, seed + "/fwd"), mean_ci(sp.draft_ms, seed + "/draft"),
+                     mean_ci(sp.step_ms, seed + "/step"))
+    rest = stp.value - fwd.value - drf.value if finite(stp.value) else NAN
+    return {"steps": sp.steps, "forward_ms": fwd.as_dict(), "draft_ms": drf.as_dict(), "step_ms": stp.as_dict(),
+            "rest_ms": max(rest, 0.0) if finite(rest) else NAN, "draft_timed": cs[0].get("draft_timed", False)}
+
+
+def step_models(v: Variant, sp: Mapping | None, base_sp: Mapping | None, tau: float, raw: Mapping,
+                base_raw: Mapping, c: int, seed: str) -> dict[str, Any]:
+    """c, v, ideal tau/(1+kc), verify-aware tau/(v+kc) and the break-even acceptance length (with its interval:
+    the two servers' steps resampled independently)."""
+    if not (sp and base_sp and sp.get("steps") and base_sp.get("steps")):
+        return {}
+    f0 = base_sp["forward_ms"]["value"]
+    cc = cost_ratio(sp["draft_ms"]["value"], v.k, f0)
+    vf = sp["forward_ms"]["value"] / f0 if f0 else NAN
+    spk = StepSplit.from_dict(cells(raw, "split", c)[0]["split"])
+    sp0 = StepSplit.from_dict(cells(base_raw, "split", c)[0]["split"])
+    be = stratified_ratio([spk.step_ms], [sp0.step_ms], seed + "/break-even")
+    return {"c": cc, "v": vf, "ideal": ideal_speedup(tau, v.k, cc) if finite(cc) and finite(tau) else NAN,
+            "model_verify": ideal_speedup(tau, v.k, cc, vf) if finite(cc) and finite(vf) and finite(tau) else NAN,
+            # = stats.break_even(mean step with spec, mean step without), with its interval
+            "break_even": Estimate(be.value, be.lo, be.hi, be.n,
+                                   "ratio of mean decode-step times, bootstrap over steps").as_dict()}
+
+
+def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
+    res = Results(data)
+    concs = sorted({cell[1] for v in data["plan"]["variants"] for cell in v["cells"]})
+    out: dict[str, Any] = {"variants": [], "concurrencies": concs}
+    for v, raw in res.variants:
+        key = v.key
+        base = res.base(v)
+        acc = acceptance(raw, f"{key}/tau") if v.k else None
+        tau = acc["tau"]["value"] if acc else NAN
+        rows: dict[str, Any] = {}
+        for c in concs:
+            row: dict[str, Any] = {}
+            thr = cells(raw, "throughput", c)
+            if thr:
+                row["tok_s"] = throughput(thr, f"{key}/{c}/tok_s").as_dict()
+                reqs = requests(thr)
+                row["latency_ms"] = median([r.latency_s * 1e3 for r in reqs])
+                row["ms_per_token"] = median([r.latency_s * 1e3 / r.tokens for r in reqs if r.tokens])
+                row["tokens"] = sum(r.tokens for r in reqs)
+                row["prompts"] = len({r.prompt for r in reqs})
+            sp = split_summary(raw, c, f"{key}/{c}/split")
+            if sp:
+                row["split"] = sp
+            if cells(raw, "untimed", c) and cells(raw, "split", c):
+                row["timer_cost"] = speedup(cells(raw, "split", c), cells(raw, "untimed", c),
+                                            f"{key}/{c}/timers").as_dict()
+            if base is not None and v.k:
+                if thr and cells(base, "throughput", c):
+                    row["speedup"] = speedup(thr, cells(base, "throughput", c), f"{key}/{c}/speedup").as_dict()
+                    same = {r.prompt: r.text for r in requests(cells(base, "throughput", c))}
+                    row["same_text"] = [sum(same.get(r.prompt) == r.text for r in reqs), len(reqs)]
+                if cells(raw, "split", c) and cells(base, "split", c):
+                    row["speedup_timed"] = speedup(cells(raw, "split", c), cells(base, "split", c),
+                                                   f"{key}/{c}/speedup_timed").as_dict()
+                bsp = split_summary(base, c, f"base/{v.mode}/{c}/split")
+                row.update(step_models(v, sp, bsp, tau, raw, base, c, f"{key}/{c}"))
+            if row:
+                rows[str(c)] = row
+        entry = {"key": key, "label": v.label, "variant": v.as_dict(), "ready_s": raw.get("ready_s"),
+                 "error": raw.get("error"), "capture_line": raw.get("capture_line", ""),
+                 "mla_verify_on_decode_kernel": bool((raw.get("mla_calls") or {}).get("expanded")),
+                 "acceptance": acc, "by_concurrency": rows}
+        st = cells(raw, "stream", 1)
+        if st:
+            sreq = requests(st)
+            entry["stream"] = {"ttft_ms": median([r.ttft_s * 1e3 for r in sreq]),
+                               "itl_ms": median([r.itl_s * 1e3 for r in sreq]),
+                               "cost": speedup(st, cells(raw, "throughput", 1), f"{key}/stream").as_dict()}
+        out["variants"].append(entry)
+    out["capture_ab"] = capture_ab(res, concs)
+    out["advice"] = advice(out)
+    return out
+
+
+def capture_ab(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
+    """Embed-tap vs native capture: target-forward time, servers of each alternating; the verdict compares the
+    gap with its interval AND with the gap between two servers of the same configuration."""
+    out = []
+    for nat_v, _ in res.find(capture=NATIVE, replica=1):
+        emb = res.find(capture=EMBED_TAP, k=nat_v.k, compiled=nat_v.compiled, mla_verify=nat_v.mla_verify)
+        nat = res.find(capture=NATIVE, k=nat_v.k, compiled=nat_v.compiled, mla_verify=nat_v.mla_verify)
+        for c in concs:
+            def fw(raws):
+                got = []
+                for _, raw in raws:
+                    cs = [x for x in cells(raw, "split", c) if x.get("split")]
+                    if cs and cs[0]["split"]["forward_ms"]:
+                        got.append(cs[0]["split"]["forward_ms"])
+                return got
+
+            e, n = fw(emb), fw(nat)
+            if not e or not n:
+                continue
+            seed = f"ab/{nat_v.k}/{c}"
+            ratio = stratified_ratio(e, n, seed)
+            same = [stratified_ratio([g[0]], [g[1]], f"{seed}/same/{i}") for i, g in enumerate((e, n)) if len(g) > 1]
+            gap = abs(math.log(ratio.value)) if finite(ratio.value) and ratio.value > 0 else NAN
+            noise = max((abs(math.log(s.value)) for s in same if finite(s.value) and s.value > 0), default=NAN)
+            if not ratio.excludes(1.0):
+                verdict = "within noise: the interval includes 1"
+            elif finite(noise) and gap <= noise:
+                verdict = ("within server-to-server noise: the interval excludes 1, but two servers of the same "
+                           "configuration differ by as much or more")
+            elif finite(noise):
+                verdict = "a real difference: outside the interval and larger than between two identical servers"
+            else:
+                verdict = "outside the interval (one server per side: server-to-server noise not measured)"
+            out.append({"k": nat_v.k, "concurrency": c, "servers": [len(e), len(n)],
+                        "embed_forward_ms": [sum(g) / len(g) for g in e],
+                        "native_forward_ms": [sum(g) / len(g) for g in n],
+                        "ratio": ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in same],
+                        "verdict": verdict})
+    return out
+
+
+def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per mode and concurrency: the k with the highest measured throughput (shipped wiring and MLA path), its
+    acceptance length, break-even acceptance length, ideal and achieved speedup."""
+    out = []
+    pool = [v for v in summary["variants"] if v["variant"]["capture"] in (NO_SPEC, EMBED_TAP)
+            and v["variant"]["mla_verify"] == MLA_DEFAULT and v["variant"]["replica"] == 1]
+    for mode in ("eager", "compiled"):
+        vs = [v for v in pool if v["variant"]["compiled"] == (mode == "compiled")]
+        for c in summary["concurrencies"]:
+            cand = [(v["by_concurrency"][str(c)]["tok_s"]["value"], v) for v in vs
+                    if "tok_s" in v["by_concurrency"].get(str(c), {})]
+            cand = [(t, v) for t, v in cand if finite(t)]
+            if not cand:
+                continue
+            best_t, best = max(cand, key=lambda tv: tv[0])
+            row = best["by_concurrency"][str(c)]
+            out.append({"mode": mode, "concurrency": c, "best_k": best["variant"]["k"], "best_tok_s": best_t,
+                        "measured_k": sorted(v["variant"]["k"] for _, v in cand),
+                        "tau": (best["acceptance"] or {}).get("tau"),
+                        "break_even": row.get("break_even"), "ideal": row.get("ideal", NAN),
+                        "model_verify": row.get("model_verify", NAN), "speedup": row.get("speedup")})
+    for v in summary["variants"]:  # the incident wiring, measured against its break-even
+        if v["variant"]["capture"] == NATIVE and v["variant"]["replica"] == 1:
+            for c, row in v["by_concurrency"].items():
+                out.append({"mode": "incident", "concurrency": int(c), "best_k": None, "key": v["key"],
+                            "tau": (v["acceptance"] or {}).get("tau"), "break_even": row.get("break_even"),
+                            "speedup": row.get("speedup") or row.get("speedup_timed"),
+                            "speedup_source": "throughput" if row.get("speedup") else "timed"})
+    return out

@@ -1,0 +1,180 @@
+"""The command line of ``vllm-eagle3 bench`` (``make bench``): pick a plan, run it, write the documents.
+
+Data flow position: the entry point. ``vllm_eagle3.tools.cli`` maps ``bench`` to this package's :func:`main`.
+Builds a :class:`~.plan.Plan` from ``--plan`` and the flags that grow or shrink it, runs each variant
+(``run.py``), writes the results file, then ``BENCHMARKS.md`` and the plot from it (``report.py``) and prints
+the advice. ``--from-json`` only re-renders; ``--dry-run`` only prints the plan and its estimated duration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools.bench import plan as plans
+
+DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
+DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
+DEFAULT_PROMPTS = "models/kimi-k25-mini-eagle3/eval_prompts.json"
+DOCS = {"md": "BENCHMARKS.md", "png": "docs/bench.png", "json": "bench/results.json"}
+SCRATCH = ".cache/bench-{plan}"  # where plans other than default/full write (gitignored)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm-eagle3 bench",
+        description="Benchmark the shipped miniature Kimi K2.5 on vLLM's OpenAI server: EAGLE-3 (k=3) vs no "
+                    "speculation at concurrency 1/4/16, eager and compiled, with 95% intervals; the MLA "
+                    "verify-as-decode opt-out; the plugin's embedding tap vs vLLM's native capture (alternating "
+                    "servers); the incident wiring; the draft/verify split from worker timers; advice (best k, "
+                    "break-even acceptance length). Default plan ~25-30 min on a quiet 2-core box (--dry-run "
+                    "prints the estimate). Run it alone on the machine: flock /tmp/vllm-engine.lock make bench.")
+    p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
+                   help="smoke: a few minutes, every code path, numbers meaningless; quick: eager only, c=1/4, "
+                        "8 prompts x 64 tokens; default: the headline cells (~25-30 min); full: + k sweep 1..5 at "
+                        "c=1/4, incident and opt-out at every concurrency, 2 rounds (~1.5 h)")
+    p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
+    g = p.add_argument_group("grow or shrink the plan")
+    g.add_argument("--k", type=int, default=None, help="speculative tokens of the headline variants (default 3)")
+    g.add_argument("--concurrency", type=int, nargs="+", default=None, help="default 1 4 16")
+    g.add_argument("--prompts-per-cell", type=int, default=None, help="different prompts per throughput cell (16)")
+    g.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (128)")
+    g.add_argument("--rounds", type=int, default=None, help="repeats of each throughput cell (1)")
+    g.add_argument("--sweep", type=int, nargs="*", default=None, metavar="K",
+                   help="also k = these at concurrency 1 and 4 (e.g. --sweep 1 2 4 5: ~+12 min)")
+    g.add_argument("--no-compiled", action="store_true", help="skip the compiled (torch.compile) variants")
+    g.add_argument("--no-opt-out", action="store_true", help="skip the MLA verify-as-decode opt-out variant")
+    g.add_argument("--no-capture-ab", action="store_true",
+                   help="skip the embed-tap vs native-capture servers (and with them the incident wiring)")
+    g = p.add_argument_group("inputs and outputs")
+    g.add_argument("--config", default=DEFAULT_SERVE_CONFIG, help=f"base serve YAML ({DEFAULT_SERVE_CONFIG})")
+    g.add_argument("--capture-spec", default=DEFAULT_CAPTURE_SPEC, help=f"({DEFAULT_CAPTURE_SPEC})")
+    g.add_argument("--prompts", default=DEFAULT_PROMPTS, help=f"prompt token ids ({DEFAULT_PROMPTS})")
+    g.add_argument("--out-dir", default=None,
+                   help="write results.json, BENCHMARKS.md and bench.png here (default: the repository's "
+                        f"{DOCS['json']}, {DOCS['md']}, {DOCS['png']} for --plan default/full, else "
+                        f"{SCRATCH.format(plan='<plan>')})")
+    g.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder, printed)")
+    g.add_argument("--from-json", default=None, metavar="RESULTS",
+                   help="run nothing: write BENCHMARKS.md and the plot again from a results file")
+    return p
+
+
+def build_plan(args: argparse.Namespace) -> plans.Plan:
+    if args.plan == "smoke" or all(x is None for x in (args.k, args.concurrency, args.sweep)) and not (
+            args.no_compiled or args.no_opt_out or args.no_capture_ab):
+        plan = plans.PLANS[args.plan]()
+    else:
+        base = plans.PLANS[args.plan]()
+        kw = dict(k=args.k or 3, compiled=not args.no_compiled and args.plan in ("default", "full"),
+                  opt_out=not args.no_opt_out, capture_ab=not args.no_capture_ab, sweep=tuple(args.sweep or ()))
+        if args.concurrency:
+            kw.update(concurrencies=tuple(sorted(set(args.concurrency))),
+                      incident_throughput=(max(args.concurrency),), opt_out_throughput=(max(args.concurrency),))
+        plan = plans.headline_plan(args.plan, **kw, prompts=base.prompts, max_tokens=base.max_tokens,
+                                   split_tokens=base.split_tokens, stream_prompts=base.stream_prompts,
+                                   rounds=base.rounds)
+    sizes = {"prompts": args.prompts_per_cell, "max_tokens": args.max_tokens, "rounds": args.rounds}
+    return dataclasses.replace(plan, **{k: v for k, v in sizes.items() if v is not None})
+
+
+def describe(plan: plans.Plan) -> str:
+    lines = [f"plan {plan.name}: {len(plan.variants)} servers; {plan.prompts} prompts x {plan.max_tokens} tokens "
+             f"per throughput cell, {plan.rounds} round(s)"]
+    for v in plan.variants:
+        cells = ", ".join(f"{c.kind} c={c.concurrency}" for c in v.cells)
+        lines.append(f"  {v.key:<24} {cells}")
+    warm, cold = plans.estimate_seconds(plan, True) / 60, plans.estimate_seconds(plan) / 60
+    compiled = any(v.compiled for v in plan.variants)
+    lines.append(f"estimated duration on a quiet 2-core box: ~{warm:.0f} min"
+                 + (f" with vLLM's compile cache warm (.cache/vllm), ~{cold:.0f} min cold" if compiled else ""))
+    return "\n".join(lines)
+
+
+def outputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    if args.out_dir or args.plan not in ("default", "full"):
+        d = Path(args.out_dir) if args.out_dir else REPO / SCRATCH.format(plan=args.plan)
+        d = d if d.is_absolute() else REPO / d
+        return d / "results.json", d / "BENCHMARKS.md", d / "bench.png"
+    return REPO / DOCS["json"], REPO / DOCS["md"], REPO / DOCS["png"]
+
+
+def write_docs(data: dict, md: Path, png: Path) -> None:
+    from vllm_eagle3.tools.bench import report
+
+    report.plot(data, png)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(report.render(data, os.path.relpath(png, md.parent)))
+    print(report.printed_advice(data))
+    print(f"[bench] wrote {md} and {png}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    results, md, png = outputs(args)
+    if args.from_json:
+        from vllm_eagle3.tools.bench import report
+
+        write_docs(report.load(Path(args.from_json)), md, png)
+        return 0
+    try:
+        plan = build_plan(args)
+    except ValueError as exc:
+        parser().error(str(exc))
+    print(describe(plan), flush=True)
+    if args.dry_run:
+        return 0
+    return execute(plan, args, argv, results, md, png)
+
+
+def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, results: Path, md: Path,
+            png: Path) -> int:
+    import yaml
+
+    from vllm_eagle3.resolve import TargetInfo
+    from vllm_eagle3.tools.bench import run
+
+    base_cfg = {str(k).lstrip("-").replace("_", "-"): v
+                for k, v in (yaml.safe_load(run.repo_path(args.config).read_text()) or {}).items()}
+    target = run.repo_path(str(base_cfg["model"]))
+    draft = run.repo_path(str((base_cfg.get("speculative-config") or {}).get("model",
+                                                                              "models/kimi-k25-mini-eagle3")))
+    num_layers = TargetInfo.load(target).num_layers
+    prompts = run.load_prompts(run.repo_path(args.prompts))
+    need = max([plan.prompts, plan.stream_prompts] + [plan.split_requests(c.concurrency) for v in plan.variants
+                                                      for c in v.cells])
+    if len(prompts) < need:
+        raise SystemExit(f"vllm-eagle3 bench: {args.prompts} has {len(prompts)} prompts, the plan needs {need}; "
+                         "lower --prompts-per-cell or give a longer prompt file")
+    work = Path(tempfile.mkdtemp(prefix="vllm-eagle3-bench-"))
+    log_dir = Path(args.log_dir) if args.log_dir else work
+    log_dir.mkdir(parents=True, exist_ok=True)
+    native = (run.make_native_draft(draft, work / "native-draft", run.native_taps(num_layers), num_layers)
+              if any(v.capture == plans.NATIVE for v in plan.variants) else None)
+    load_before = run.loadavg()
+    if load_before != "?" and float(load_before.split()[0]) > 1.0:
+        print(f"[bench] warning: load average {load_before}: the machine is busy, timings will be noisy", flush=True)
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        print(f"[bench {time.monotonic() - t0:6.0f} s] {msg}", flush=True)
+
+    raws = [run.run_variant(v, plan, base_cfg, draft, native, run.repo_path(args.capture_spec), prompts, work,
+                            log_dir, say) for v in plan.variants]
+    command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    meta = {"date": run.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
+            "load_before": load_before, "load_after": run.loadavg(), "machine": run.machine_info()}
+    run.write_results(results, meta, plan, raws)
+    print(f"[bench] raw results: {results}; server logs: {log_dir}")
+    from vllm_eagle3.tools.bench import report
+
+    write_docs(report.load(results), md, png)
+    return 1 if any(r["error"] for r in raws) else 0

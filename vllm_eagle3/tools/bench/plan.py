@@ -1,0 +1,218 @@
+"""What one ``vllm-eagle3 bench`` run measures: variants (one server each), their cells, and the named plans.
+
+Data flow position: the first thing the CLI builds (``cli.py``) and the contract between ``run.py`` (which starts
+one server per :class:`Variant` and measures its :class:`Cell` s in order) and ``analysis.py`` (which pairs cells
+of different variants by prompt). Pure dataclasses, validated at construction; no engine import.
+
+Cell kinds (what each costs the server is stated in the report):
+
+- ``throughput``: plain non-streaming ``/v1/completions`` of ``plan.prompts`` different prompts, closed loop at
+  ``concurrency`` requests in flight, tokens from the response's ``usage``. Nothing else runs in the server. At
+  concurrency 1 the client reads ``/metrics`` between two requests (server idle), for per-request acceptance.
+- ``split``: the worker timers (:mod:`.timers`) around ``max(concurrency, 4)`` requests of ``plan.split_tokens``
+  tokens (the same prompts in every variant, so their wall times give a shorter paired speedup too, timers on both
+  sides);
+- ``untimed``: the requests of the ``split`` cell at the same concurrency without the timers, run just before it:
+  what the timers cost.
+- ``stream``: ``plan.stream_prompts`` streamed requests at concurrency 1 (usage only in the last chunk): time to
+  first token and inter-token latency, and what streaming costs next to the plain client on the same prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+NO_SPEC, EMBED_TAP, NATIVE = "none", "embed", "native"
+CAPTURES = (NO_SPEC, EMBED_TAP, NATIVE)
+MLA_DEFAULT, MLA_OFF, MLA_ON = "default", "off", "on"
+CELL_KINDS = ("throughput", "untimed", "split", "stream")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    kind: str
+    concurrency: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in CELL_KINDS:
+            raise ValueError(f"cell kind {self.kind!r} is not one of {CELL_KINDS}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.kind == "stream" and self.concurrency != 1:
+            raise ValueError("stream cells run at concurrency 1 (they measure a single request's latency)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One server: ``k`` speculative tokens (0 = none), how the taps are captured, the CPU MLA verify path,
+    eager or compiled, and a replica number (2 = the same server started again, to measure server-to-server
+    noise)."""
+
+    k: int
+    capture: str = EMBED_TAP
+    mla_verify: str = MLA_DEFAULT  # default: what the installed plugin does; off/on: VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0/1
+    compiled: bool = False
+    replica: int = 1
+    cells: tuple[Cell, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.capture not in CAPTURES:
+            raise ValueError(f"capture must be one of {CAPTURES}, got {self.capture!r}")
+        if (self.k == 0) != (self.capture == NO_SPEC):
+            raise ValueError(f"k=0 means no speculation and needs capture={NO_SPEC!r} (got k={self.k}, "
+                             f"capture={self.capture!r})")
+        if self.mla_verify not in (MLA_DEFAULT, MLA_OFF, MLA_ON):
+            raise ValueError(f"mla_verify must be default, off or on, got {self.mla_verify!r}")
+        if self.replica < 1:
+            raise ValueError(f"replica must be >= 1, got {self.replica}")
+
+    @property
+    def config_key(self) -> str:
+        """Same for two replicas of one configuration."""
+        base = "nospec" if self.k == 0 else f"{self.capture}-k{self.k}"
+        mla = "" if self.mla_verify == MLA_DEFAULT else f"+mla-{self.mla_verify}"
+        return base + mla + ("+compiled" if self.compiled else "")
+
+    @property
+    def key(self) -> str:
+        return self.config_key + (f"#{self.replica}" if self.replica > 1 else "")
+
+    @property
+    def mode(self) -> str:
+        return "compiled" if self.compiled else "eager"
+
+    @property
+    def label(self) -> str:
+        if self.k == 0:
+            s = "no speculation"
+        elif self.capture == NATIVE:
+            s = f"EAGLE-3 k={self.k}, taps 3/31/59 by vLLM's native capture (the incident wiring)"
+        else:
+            s = f"EAGLE-3 k={self.k}, taps [embed, 3, 31]"
+        if self.mla_verify == MLA_OFF:
+            s += ", MLA verify-as-decode opted out (vLLM's own verify path)"
+        elif self.mla_verify == MLA_ON:
+            s += ", MLA verify-as-decode forced on"
+        s += f", {self.mode}"
+        return s + (f" (server #{self.replica})" if self.replica > 1 else "")
+
+    def cell_list(self, kind: str) -> list[int]:
+        return [c.concurrency for c in self.cells if c.kind == kind]
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["cells"] = [[c.kind, c.concurrency] for c in self.cells]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Variant":
+        return cls(**{**d, "cells": tuple(Cell(k, c) for k, c in d["cells"])})
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    name: str
+    variants: tuple[Variant, ...]
+    prompts: int = 16  # different prompts per throughput cell (the same ones in every variant)
+    max_tokens: int = 128  # output tokens per request (ignore_eos, greedy)
+    split_tokens: int = 48
+    stream_prompts: int = 4
+    rounds: int = 1  # repeats of each throughput cell (same prompts)
+
+    def __post_init__(self) -> None:
+        if self.prompts < 2 or self.max_tokens < 2 or self.rounds < 1:
+            raise ValueError(f"a plan needs prompts >= 2 (an interval needs two), max_tokens >= 2 and rounds >= 1; "
+                             f"got prompts={self.prompts}, max_tokens={self.max_tokens}, rounds={self.rounds}")
+        keys = [v.key for v in self.variants]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"two variants with the same key in the plan: {keys}; give the second replica=2")
+
+    def as_dict(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "variants"},
+                "variants": [v.as_dict() for v in self.variants]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        return cls(**{**d, "variants": tuple(Variant.from_dict(v) for v in d["variants"])})
+
+    def split_requests(self, concurrency: int) -> int:
+        return max(concurrency, 4)
+
+
+def _cells(kind: str, concs) -> tuple[Cell, ...]:
+    return tuple(Cell(kind, c) for c in concs)
+
+
+def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3, compiled: bool = True,
+                  opt_out: bool = True, capture_ab: bool = True, sweep: tuple[int, ...] = (),
+                  sweep_concurrencies=(1, 4), incident_throughput=(16,), opt_out_throughput=(16,), **sizes) -> Plan:
+    """The default run: k vs no speculation at each concurrency (eager, and compiled unless ``compiled=False``),
+    the MLA opt-out, the embed-tap vs native-capture A/B (two servers each, alternating) whose first native server
+    is also the incident wiring, and an optional k sweep."""
+    cs = tuple(concurrencies)
+    full = _cells("throughput", cs) + _cells("split", cs)
+    head = _cells("throughput", cs) + (Cell("untimed", cs[0]),) + _cells("split", cs) + (Cell("stream", 1),)
+    vs = [Variant(0, NO_SPEC, cells=head), Variant(k, EMBED_TAP, cells=head)]
+    if capture_ab:
+        vs.append(Variant(k, NATIVE, cells=_cells("throughput", [c for c in incident_throughput if c in cs])
+                          + _cells("split", cs)))
+    if opt_out:
+        vs.append(Variant(k, EMBED_TAP, MLA_OFF, cells=_cells("throughput", [c for c in opt_out_throughput if c in cs])
+                          + _cells("split", cs)))
+    if capture_ab:
+        vs += [Variant(k, EMBED_TAP, replica=2, cells=_cells("split", cs)),
+               Variant(k, NATIVE, replica=2, cells=_cells("split", cs))]
+    sc = tuple(c for c in sweep_concurrencies if c in cs) or cs[:1]
+    vs += [Variant(kk, EMBED_TAP, cells=_cells("throughput", sc) + _cells("split", sc)) for kk in sweep if kk != k]
+    if compiled:
+        vs += [Variant(0, NO_SPEC, compiled=True, cells=full), Variant(k, EMBED_TAP, compiled=True, cells=full)]
+    return Plan(name, tuple(vs), **sizes)
+
+
+def smoke_plan() -> Plan:
+    """A few minutes: proves every code path end to end (eager only), numbers meaningless."""
+    return headline_plan("smoke", concurrencies=(1, 2), compiled=False, incident_throughput=(2,),
+                         opt_out_throughput=(1,), prompts=4,
+                         max_tokens=16, split_tokens=12, stream_prompts=2)
+
+
+PLANS = {
+    "smoke": smoke_plan,
+    "quick": lambda: headline_plan("quick", concurrencies=(1, 4), compiled=False, capture_ab=False,
+                                   opt_out_throughput=(1, 4), prompts=8, max_tokens=64, split_tokens=32),
+    "default": lambda: headline_plan("default"),
+    "full": lambda: headline_plan("full", sweep=(1, 2, 4, 5), incident_throughput=(1, 4, 16),
+                                  opt_out_throughput=(1, 4, 16), rounds=2),
+}
+
+# ------------------------------------------------------------------------------------------------ duration
+
+# Assumed speeds on a quiet 2-core box, for the estimate printed before a run (not used in any result):
+# plain decode tok/s of the eager miniature at each concurrency; EAGLE-3 with MLA verify-as-decode ~1.6x of it,
+# without ~1.0x; the incident wiring ~0.5x; compiled ~1.5x of eager. Server start: eager ~45 s, compiled ~120 s
+# with vLLM's compile cache warm, ~300 s cold.
+_PLAIN_TOK_S = {1: 15.0, 2: 22.0, 4: 35.0, 8: 55.0, 16: 80.0}
+START_S = {"eager": 45.0, "compiled-warm": 120.0, "compiled-cold": 300.0}
+
+
+def _tok_s(v: Variant, c: int) -> float:
+    base = _PLAIN_TOK_S.get(c) or 15.0 * c ** 0.6
+    f = 1.0 if v.k == 0 else 0.5 if v.capture == NATIVE else 1.0 if v.mla_verify == MLA_OFF else 1.6
+    return base * f * (1.5 if v.compiled else 1.0)
+
+
+def estimate_seconds(plan: Plan, compile_cache_warm: bool = False) -> float:
+    """Rough duration of ``plan`` (see the assumptions above): server starts + tokens / assumed speed."""
+    total = 0.0
+    for v in plan.variants:
+        total += START_S["eager" if not v.compiled else "compiled-warm" if compile_cache_warm else "compiled-cold"]
+        total += 10.0  # warm-up
+        for cell in v.cells:
+            c = cell.concurrency
+            if cell.kind in ("split", "untimed"):
+                total += plan.split_requests(c) * plan.split_tokens / _tok_s(v, c)
+            elif cell.kind == "throughput":
+                total += plan.rounds * plan.prompts * plan.max_tokens / _tok_s(v, c)
+            else:
+                total += plan.stream_prompts * plan.max_tokens / _tok_s(v, 1) * 1.2
+    return total

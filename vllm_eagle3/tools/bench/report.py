@@ -1,0 +1,231 @@
+"""``BENCHMARKS.md``, ``docs/bench.png`` and the printed advice, from the results file.
+
+Data flow position: last. ``BENCHMARKS.md`` is ``template.md`` (the method, in prose, with no measured number)
+with its ``{{...}}`` slots filled from :func:`~.analysis.summarize` of the results file, so one command
+(``vllm-eagle3 bench --from-json bench/results.json``) regenerates it and ``tests/unit/test_docs_numbers.py``
+checks that the committed file is exactly that rendering. Formatting only: no statistic is computed here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from vllm_eagle3.tools.bench.stats import Estimate, finite
+
+TEMPLATE = Path(__file__).with_name("template.md")
+SLOT = re.compile(r"\{\{(\w+)\}\}")
+NO_RUN = "_No run of this benchmark yet: run `make bench` (see above)._"
+
+
+def e(d: Mapping | None, digits: int = 2) -> str:
+    return Estimate.from_dict(d).fmt(digits) if d else "n/a"
+
+
+def f(x: Any, digits: int = 2) -> str:
+    return f"{x:.{digits}f}" if isinstance(x, (int, float)) and finite(x) else "n/a"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def run_block(meta: Mapping, plan: Mapping) -> str:
+    m = meta["machine"]
+    return (f"**Run of {meta['date']}**: `{meta['command']}`, plan `{plan['name']}`, {meta['duration_min']:.1f} min; "
+            f"load average {meta['load_before']} before, {meta['load_after']} after. Machine: {m['cpu']}, "
+            f"{m['nproc']} cores, {m['memory']} ({m['flags']}); Python {m['python']}, torch {m['torch']}, vLLM "
+            f"{m['vllm']}, openai {m['openai']}; commit {m['commit']}"
+            f"{' with uncommitted changes' if m.get('dirty') == 'yes' else ''}. Cells: {plan['prompts']} different "
+            f"prompts x {plan['max_tokens']} output tokens per throughput cell ({plan['rounds']} round(s)); timed "
+            f"cells max(C, 4) requests x {plan['split_tokens']} tokens; streaming cell {plan['stream_prompts']} "
+            "requests. Values: estimate [95 % interval].")
+
+
+def _v(summary: Mapping, **want) -> list[dict]:
+    return [v for v in summary["variants"] if all(v["variant"].get(k) == x for k, x in want.items())]
+
+
+def headline(summary: Mapping) -> str:
+    rows = []
+    for mode in (False, True):
+        base = _v(summary, k=0, compiled=mode, replica=1, mla_verify="default")
+        for v in _v(summary, capture="embed", compiled=mode, replica=1, mla_verify="default"):
+            if not base:
+                continue
+            for c, row in v["by_concurrency"].items():
+                if "speedup" not in row:
+                    continue
+                b = base[0]["by_concurrency"].get(c, {})
+                rows.append([("compiled" if mode else "eager"), c, str(v["variant"]["k"]), e(b.get("tok_s"), 1),
+                             e(row.get("tok_s"), 1), f"**{e(row['speedup'])}**", e(v["acceptance"]["tau"]),
+                             e(row.get("break_even")), f(row.get("ideal")), f(row.get("model_verify")),
+                             "%d/%d" % tuple(row["same_text"]) if "same_text" in row else "-"])
+    return table(["mode", "conc.", "k", "tok/s no spec", "tok/s EAGLE-3", "speedup", "acceptance length tau",
+                  "break-even tau", "ideal tau/(1+kc)", "tau/(v+kc)", "greedy text = no spec"], rows)
+
+
+def advice_block(summary: Mapping) -> str:
+    lines = []
+    for a in summary["advice"]:
+        tau, be = Estimate.from_dict(a.get("tau")), Estimate.from_dict(a.get("break_even"))
+        sp = e(a.get("speedup"))
+        if a["mode"] == "incident":
+            lines.append(f"- incident wiring (`{a['key']}`), concurrency {a['concurrency']}: acceptance length "
+                         f"{tau.fmt()} against a break-even of {be.fmt()}: speedup {sp} "
+                         f"({'throughput cells' if a['speedup_source'] == 'throughput' else 'timed cells'}); "
+                         + ("speculation loses, as in the incident's 56.8 vs 90 tok/s." if finite(tau.value)
+                            and finite(be.value) and tau.value < be.value else "see the tables."))
+            continue
+        ks = ", ".join(map(str, a["measured_k"]))
+        if a["best_k"] == 0:
+            what = f"**do not speculate** (no speculation was fastest among k = {ks})"
+        else:
+            what = f"**k = {a['best_k']}** (fastest among k = {ks}: {f(a['best_tok_s'], 1)} tok/s)"
+        lines.append(f"- {a['mode']}, concurrency {a['concurrency']}: {what}; acceptance length {tau.fmt()}, "
+                     f"break-even {be.fmt()} (speculation loses below it); ideal speedup {f(a.get('ideal'))}, "
+                     f"verify-aware {f(a.get('model_verify'))}, achieved {sp}.")
+    return "\n".join(lines) or "_no advice: the run has no throughput cells with and without speculation_"
+
+
+def all_cells(summary: Mapping) -> str:
+    rows = []
+    for v in summary["variants"]:
+        for c, row in v["by_concurrency"].items():
+            if "tok_s" not in row and "speedup_timed" not in row:
+                continue
+            acc = v.get("acceptance") or {}
+            pp = ", ".join(f"{p:.2f}" for p in acc.get("per_position", [])) or "-"
+            rows.append([v["label"] + (f" (ERROR: {v['error']})" if v["error"] else ""), c, e(row.get("tok_s"), 1),
+                         f(row.get("latency_ms"), 0), f(row.get("ms_per_token"), 1), e(row.get("speedup")),
+                         e(row.get("speedup_timed")), e(acc.get("tau")) if v["variant"]["k"] else "-", pp,
+                         "decode kernel" if v["mla_verify_on_decode_kernel"] else "vLLM's own"
+                         if v["variant"]["k"] else "-"])
+    return table(["variant", "conc.", "tok/s", "latency ms (median)", "ms per token (median)", "speedup",
+                  "speedup, timed cells", "tau", "per-position acceptance", "MLA verify ran on"], rows)
+
+
+def split_block(summary: Mapping) -> str:
+    rows = []
+    for v in summary["variants"]:
+        for c, row in v["by_concurrency"].items():
+            s = row.get("split")
+            if not s or not s.get("steps"):
+                continue
+            rows.append([v["label"], c, str(s["steps"]), e(s["forward_ms"], 1), e(s["draft_ms"], 1),
+                         f(s["rest_ms"], 1), e(s["step_ms"], 1), f(row.get("c"), 3), f(row.get("v"))])
+    return table(["variant", "conc.", "decode steps", "target forward (verify) ms", "draft ms", "rest ms",
+                  "step ms", "c", "v"], rows)
+
+
+def capture_block(summary: Mapping) -> str:
+    rows = []
+    for o in summary["capture_ab"]:
+        rows.append([str(o["k"]), str(o["concurrency"]), " / ".join(f(x, 1) for x in o["embed_forward_ms"]),
+                     " / ".join(f(x, 1) for x in o["native_forward_ms"]), f"**{e(o['ratio'], 3)}**",
+                     " ; ".join(e(s, 3) for s in o["same_config_ratios"]) or "-", o["verdict"]])
+    if not rows:
+        return "_not measured in this run_"
+    return table(["k", "conc.", "target forward ms, embed tap (per server)", "native (per server)",
+                  "embed / native", "same configuration: server 1 / server 2 (embed ; native)", "verdict"], rows)
+
+
+def costs_block(summary: Mapping) -> str:
+    rows = []
+    for v in summary["variants"]:
+        for c, row in v["by_concurrency"].items():
+            if "timer_cost" in row:
+                rows.append([v["label"], f"worker timers, concurrency {c}", f"tok/s timed / untimed = "
+                             f"{e(row['timer_cost'], 3)}"])
+        if v.get("stream"):
+            s = v["stream"]
+            rows.append([v["label"], "streaming client, concurrency 1", f"tok/s streamed / plain = "
+                         f"{e(s['cost'], 3)}; TTFT {f(s['ttft_ms'], 0)} ms, ITL {f(s['itl_ms'], 1)} ms (median)"])
+    return table(["variant", "measurement", "cost (same requests)"], rows) if rows else "_not measured_"
+
+
+def capture_lines(summary: Mapping) -> str:
+    return "\n".join(f"- {v['key']}: `{v['capture_line']}`" for v in summary["variants"] if v["capture_line"]) \
+        or "_none_"
+
+
+def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path = TEMPLATE) -> str:
+    """The whole ``BENCHMARKS.md``: the template with its slots filled from the results (or the no-run note)."""
+    text = template.read_text()
+    if data is None:
+        slots = {name: NO_RUN if name == "run" else "" for name in set(SLOT.findall(text))}
+    else:
+        from vllm_eagle3.tools.bench.analysis import summarize
+
+        s = summarize(data)
+        slots = {"run": run_block(data["meta"], data["plan"]), "headline": headline(s), "advice": advice_block(s),
+                 "cells": all_cells(s), "split": split_block(s), "capture": capture_block(s),
+                 "costs": costs_block(s), "capture_lines": capture_lines(s),
+                 "plot": f"![benchmark plot]({png_rel})"}
+    missing = set(SLOT.findall(text)) - set(slots)
+    if missing:
+        raise KeyError(f"template {template} has slots the report does not fill: {sorted(missing)}")
+    out = SLOT.sub(lambda m: slots[m.group(1)], text)
+    return re.sub(r"\n{3,}", "\n\n", out)
+
+
+def printed_advice(data: Mapping) -> str:
+    from vllm_eagle3.tools.bench.analysis import summarize
+
+    s = summarize(data)
+    return "\n".join(["", "=== vllm-eagle3 bench: advice ===", advice_block(s), "", "=== headline ===", headline(s),
+                      "", "=== embed tap vs native capture ===", capture_block(s), ""])
+
+
+def plot(data: Mapping, path: Path) -> None:
+    """Speedup with intervals per concurrency (eager, compiled, opt-out, incident) and the per-step split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vllm_eagle3.tools.bench.analysis import summarize
+
+    s = summarize(data)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    for i, v in enumerate(x for x in s["variants"] if x["variant"]["k"] and x["variant"]["replica"] == 1):
+        pts = [(int(c), r.get("speedup") or r.get("speedup_timed")) for c, r in v["by_concurrency"].items()]
+        pts = [(c, Estimate.from_dict(d)) for c, d in pts if d]
+        if not pts:
+            continue
+        xs = [c * (1 + 0.04 * i) for c, _ in pts]
+        ys = [p.value for _, p in pts]
+        err = [[max(p.value - p.lo, 0) if finite(p.lo) else 0 for _, p in pts],
+               [max(p.hi - p.value, 0) if finite(p.hi) else 0 for _, p in pts]]
+        ax1.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=v["key"])
+    ax1.axhline(1.0, color="grey", lw=0.8)
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("concurrency")
+    ax1.set_ylabel("speedup over no speculation (95 % interval)")
+    ax1.legend(fontsize=7)
+    bars = [(f"{v['key']}\nc={c}", r["split"]) for v in s["variants"] for c, r in v["by_concurrency"].items()
+            if r.get("split", {}).get("steps") and v["variant"]["replica"] == 1]
+    if bars:
+        xs = range(len(bars))
+        fw = [b["forward_ms"]["value"] for _, b in bars]
+        dr = [b["draft_ms"]["value"] for _, b in bars]
+        rs = [b["rest_ms"] if finite(b["rest_ms"]) else 0 for _, b in bars]
+        ax2.bar(xs, fw, label="target forward (verify)")
+        ax2.bar(xs, dr, bottom=fw, label="draft")
+        ax2.bar(xs, rs, bottom=[a + b for a, b in zip(fw, dr)], label="rest of step")
+        ax2.set_xticks(list(xs))
+        ax2.set_xticklabels([b[0] for b in bars], fontsize=5, rotation=90)
+        ax2.set_ylabel("ms per decode step (timed cells)")
+        ax2.legend(fontsize=7)
+    fig.suptitle(f"vllm-eagle3 bench, {data['meta']['date']}, commit {data['meta']['machine']['commit']}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())

