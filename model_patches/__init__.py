@@ -8,6 +8,10 @@ versions it was written against and the upstream change that would retire it. :f
 installed version (the error names installed vs supported versions), applies a patch at most once per
 process (a second call is a no-op) and records it; :func:`applied_patches` lists what this process applied.
 
+``VLLM_EAGLE3_SKIP_PATCHES=name[,name...]`` (environment, read at :func:`apply`) leaves the named patches out in
+this process; they are recorded as skipped. It exists so a test can run the engine as stock vLLM would, minus one
+patch, and show that the patch is what fixes it (tests/e2e/test_sampling_options.py). Never set it in production.
+
 Engine-specific patch modules live next to this file (``vllm_*.py``, ``sglang_*.py``); each exposes a
 module-level ``PATCH`` and is applied by that engine's plugin. Nothing here imports an engine.
 """
@@ -15,6 +19,7 @@ module-level ``PATCH`` and is applied by that engine's plugin. Nothing here impo
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from typing import Callable, Sequence
 
@@ -51,6 +56,14 @@ class Patch:
 _lock = threading.Lock()
 _records: dict[str, str] = {}
 
+SKIP_ENV = "VLLM_EAGLE3_SKIP_PATCHES"
+
+
+def skipped_by_env(environ=None) -> frozenset[str]:
+    """Patch names listed in ``VLLM_EAGLE3_SKIP_PATCHES`` (comma-separated; blanks ignored)."""
+    value = (os.environ if environ is None else environ).get(SKIP_ENV, "")
+    return frozenset(name.strip() for name in value.split(",") if name.strip())
+
 
 def check_version(patch: Patch, installed: str) -> None:
     """Raise :class:`PatchVersionError` unless ``installed`` starts with one of ``patch.supported``."""
@@ -69,6 +82,9 @@ def apply(patch: Patch, installed_version: str) -> str:
         if patch.name in _records:
             return _records[patch.name]
         check_version(patch, installed_version)
+        if patch.name in skipped_by_env():
+            _records[patch.name] = f"{patch.name}: skipped ({SKIP_ENV} names it)"
+            return _records[patch.name]
         if patch.needed_fn is not None:
             needed, reason = patch.needed_fn()
             if not needed:
