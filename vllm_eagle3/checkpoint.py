@@ -15,10 +15,14 @@ import struct
 from pathlib import Path
 from typing import Any, Mapping
 
-from vllm_eagle3.spec import CaptureSpecError
+from vllm_eagle3.spec import CaptureSpecError, parse_tap
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 """The draft config key vLLM and SGLang read the capture ids from (top level in vLLM, ``eagle_config`` in SGLang)."""
+
+TRAINED_KEY = "vllm_eagle3"
+"""Draft config block in which this project's trainer records the taps the head was trained on (engines ignore it;
+``resolve.py`` checks the resolved spec against it)."""
 
 TAP_CAPTURE_ARCHITECTURES = (
     "DeepseekV2ForCausalLM",
@@ -178,6 +182,19 @@ class DraftInfo:
         ``hidden_size`` (vLLM 0.32 ``llama_eagle3.py`` / ``deepseek_eagle3.py``)."""
         value = self.config.get("target_hidden_size", self.config.get("hidden_size"))
         return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def trained_taps(self) -> tuple[int, ...] | None:
+        """The taps the draft's trainer recorded in the config's ``vllm_eagle3`` block (``"taps": "[embed, 3, 31]"``,
+        written by ``vllm_eagle3.miniature.train_draft``), or None when the draft carries no such record."""
+        block = self.config.get(TRAINED_KEY)
+        if block is None:
+            return None
+        taps = block.get("taps") if isinstance(block, Mapping) else None
+        if not isinstance(taps, str) or not (taps.startswith("[") and taps.endswith("]")):
+            raise CaptureSpecError(f"draft config {TRAINED_KEY}.taps must be a label such as \"[embed, 3, 31]\", got "
+                                   f"{taps!r}; fix or remove the {TRAINED_KEY} block")
+        return tuple(parse_tap(t) for t in taps[1:-1].split(",") if t.strip())
 
     def has(self, name: str) -> bool:
         return name in self.shapes or f"model.{name}" in self.shapes

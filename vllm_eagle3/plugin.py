@@ -11,14 +11,6 @@ from __future__ import annotations
 
 CAPTURE_MODULE = "vllm_eagle3.capture"
 
-OVERRIDDEN_ARCHITECTURES = (
-    "DeepseekV2ForCausalLM",
-    "DeepseekV3ForCausalLM",
-    # The subclass keeps this exact class name: vLLM's EAGLE proposer checks
-    # ``type(target).__name__ == "KimiK25ForConditionalGeneration"`` to read ``media_placeholder_token_id``.
-    "KimiK25ForConditionalGeneration",
-)
-
 _registered = False
 
 
@@ -38,6 +30,10 @@ def register() -> None:
 
     from vllm import ModelRegistry
 
-    for arch in OVERRIDDEN_ARCHITECTURES:
+    from vllm_eagle3.checkpoint import TAP_CAPTURE_ARCHITECTURES
+
+    # The Kimi subclass keeps vLLM's class name: the EAGLE proposer checks
+    # ``type(target).__name__ == "KimiK25ForConditionalGeneration"`` to read ``media_placeholder_token_id``.
+    for arch in TAP_CAPTURE_ARCHITECTURES:
         ModelRegistry.register_model(arch, f"{CAPTURE_MODULE}:{arch}")
     _registered = True

@@ -18,8 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from vllm_eagle3.checkpoint import (IDS_KEY, TAP_CAPTURE_ARCHITECTURES, DraftInfo, TargetInfo,  # noqa: F401
-                                    read_json)
+from vllm_eagle3.checkpoint import IDS_KEY, TAP_CAPTURE_ARCHITECTURES, TRAINED_KEY, DraftInfo, TargetInfo
 from vllm_eagle3.conventions import engine_default_ids, get_convention, ids_to_taps, taps_to_ids
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
@@ -196,6 +195,14 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
             f"are taps {CaptureSpec(draft_taps).label()}; fix whichever is wrong (`vllm-eagle3 doctor` measures "
             "which wiring the draft was trained on)"
         )
+    trained = d.trained_taps
+    if trained is not None and trained != spec.taps:
+        raise CaptureSpecError(
+            f"the draft records that it was trained on taps {CaptureSpec(trained).label()} (draft config "
+            f"{TRAINED_KEY}.taps, written by its trainer) but the spec resolves to {spec.label()} ({spec.source}); "
+            "the head would get other hidden states than it learned on. Fix the spec, or the config if the record "
+            "is wrong"
+        )
     n_aux = d.config.get("num_aux_hidden_states")
     if n_aux is not None and n_aux != spec.num_taps:
         raise CaptureSpecError(
@@ -260,3 +267,40 @@ def ids_for_engines(spec: CaptureSpec, num_layers: int) -> dict[str, tuple[int, 
         except CaptureSpecError as exc:
             out[name] = f"not expressible: {exc}"
     return out
+
+
+def pipeline_partition(num_layers: int, pp_size: int, partition: str | None = None) -> list[int]:
+    """Decoder layers per pipeline stage, as vLLM 0.32 splits them (``distributed/utils.py`` ``get_pp_indices``:
+    ``VLLM_PP_LAYER_PARTITION`` when set, else an even split whose remainder goes to the stages before the last)."""
+    if partition:
+        try:
+            parts = [int(x) for x in partition.split(",")]
+        except ValueError:
+            raise CaptureSpecError(f"VLLM_PP_LAYER_PARTITION={partition!r} is not a comma-separated list of ints") \
+                from None
+        if len(parts) != pp_size or sum(parts) != num_layers:
+            raise CaptureSpecError(f"VLLM_PP_LAYER_PARTITION={partition!r} must list {pp_size} stages summing to "
+                                   f"{num_layers} layers")
+        return parts
+    parts = [num_layers // pp_size] * pp_size
+    for i in range(2, num_layers % pp_size + 2):
+        parts[-i] += 1
+    return parts
+
+
+def check_pipeline_parallel(spec: CaptureSpec, num_layers: int, pp_size: int, partition: str | None = None) -> None:
+    """Refuse, before start-up, taps that a non-last pipeline stage computes: vLLM's DeepSeek/Kimi forward returns
+    aux hidden states only from the last stage (``capture.check_pipeline_stage`` refuses the same per rank, but
+    only once the workers run)."""
+    if pp_size <= 1:
+        return
+    parts = pipeline_partition(num_layers, pp_size, partition)
+    last_start = num_layers - parts[-1]
+    lost = [k for k in spec.taps if k < last_start]
+    if lost:
+        raise CaptureSpecError(
+            f"with pipeline_parallel_size={pp_size} the last stage holds layers {last_start}..{num_layers - 1} "
+            f"(split {parts}); taps {CaptureSpec(tuple(lost)).label()} are computed on earlier stages, whose aux "
+            "hidden states vLLM's DeepSeek/Kimi forward drops. Use pipeline_parallel_size=1 (tensor parallelism is "
+            "fine)"
+        )

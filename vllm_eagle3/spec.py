@@ -59,6 +59,12 @@ def tap_label(tap: int) -> str:
     return "embed" if tap == EMBED else str(tap)
 
 
+def taps_label(taps: Iterable[int]) -> str:
+    """``[embed, 3, 31]`` for any taps, also a list that is not a valid spec (an engine default on a tiny model can
+    repeat a tap: (2, L//2, L-3) = (2, 3, 3) for L = 6)."""
+    return "[" + ", ".join(tap_label(t) for t in taps) + "]"
+
+
 @dataclasses.dataclass(frozen=True)
 class CaptureSpec:
     """An ordered, duplicate-free list of taps and where it came from.
@@ -102,7 +108,7 @@ class CaptureSpec:
 
     def label(self) -> str:
         """``[embed, 3, 31]``."""
-        return "[" + ", ".join(tap_label(t) for t in self.taps) + "]"
+        return taps_label(self.taps)
 
     def check_num_layers(self, num_layers: int) -> None:
         """Every tap must exist in a ``num_layers``-layer model: 0..num_layers."""

@@ -71,7 +71,24 @@ def files(tmp_path_factory):
         "good_spec": spec_yaml(root, "good", "[embed, 3, 31]"),
         "out_of_range_spec": spec_yaml(root, "oor", "[embed, 3, 62]"),
         "duplicate_spec": spec_yaml(root, "dup", "[embed, 3, 3]"),
+        **bad_weight_drafts(root),
     }
+
+
+def bad_weight_drafts(root: Path) -> dict[str, Path]:
+    """Drafts that passed static validation on main and died 10-80 s later inside the engine (issue 13)."""
+    pickle_only = make_draft(root, "pickle_draft")
+    (pickle_only / "model.safetensors").unlink()
+    (pickle_only / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
+    weightless = make_draft(root, "weightless_draft")
+    (weightless / "model.safetensors").unlink()
+    truncated = make_draft(root, "truncated_draft")
+    (truncated / "model.safetensors").write_bytes((truncated / "model.safetensors").read_bytes()[:-64])
+    wide = make_draft(root, "wide_draft")
+    cfg = json.loads((wide / "config.json").read_text())
+    (wide / "config.json").write_text(json.dumps({**cfg, "target_hidden_size": 2 * H}))
+    return {"pickle_draft": pickle_only, "weightless_draft": weightless, "truncated_draft": truncated,
+            "wide_draft": wide}
 
 
 def serve(*args: str) -> tuple[int, str, str, float]:
@@ -127,6 +144,23 @@ CASES = {
                                              "--capture-spec", str(f["root"] / "nope.yaml")], ["nope.yaml"]),
     "speculative config not JSON": (lambda f: [str(f["target"]), "--speculative-config", "{method: eagle3",
                                                "--convention", "sglang-legacy"], ["not valid JSON"]),
+    "pickle-only draft": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["pickle_draft"]),
+                                     "--capture-spec", str(f["good_spec"])], ["only pickle weights", "safetensors"]),
+    "draft without weights": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["weightless_draft"]),
+                                         "--capture-spec", str(f["good_spec"])], ["no weight files"]),
+    "truncated draft weights": (lambda f: [str(f["target"]), "--speculative-config",
+                                           spec_config(f["truncated_draft"]), "--capture-spec", str(f["good_spec"])],
+                                ["is truncated", "download it again"]),
+    "draft for another hidden size": (lambda f: [str(f["target"]), "--speculative-config",
+                                                 spec_config(f["wide_draft"]), "--capture-spec", str(f["good_spec"])],
+                                      ["target hidden size of 256", "target's hidden size is 128"]),
+    "capture spec with method eagle": (
+        lambda f: [str(f["target"]), "--speculative-config",
+                   json.dumps({"method": "eagle", "model": str(f["good_draft"]), "num_speculative_tokens": 3}),
+                   "--capture-spec", str(f["good_spec"])], ["EAGLE-3 drafts only", "'eagle'"]),
+    "pipeline parallel drops a tap": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"]),
+                                                 "--capture-spec", str(f["good_spec"]), "-pp", "2"],
+                                      ["pipeline_parallel_size=2", "[embed, 3]", "earlier stages"]),
 }
 
 

@@ -7,6 +7,7 @@ capture takes, used to be served with the spec silently ignored (issue 11).
 """
 
 import json
+import re
 
 import pytest
 
@@ -80,3 +81,22 @@ def test_spec_on_a_target_the_plugin_does_not_capture_is_refused(tmp_path, llama
 def test_spec_that_vllm_captures_natively_is_accepted_on_any_target(tmp_path, llama_target):
     r = resolve_capture(llama_target, make_draft(tmp_path, ids=(0, 3, 31)), convention="vllm")
     assert r.spec.taps == (0, 3, 31)
+
+
+@pytest.mark.parametrize("record, ok", [("[embed, 3, 31]", True), ("[3, 31, embed]", False), ("[embed, 4, 31]", False)])
+def test_the_trainers_record_of_taps_is_checked(tmp_path, target, record, ok):
+    """Guards issue 11: the trainer writes `vllm_eagle3.taps` into the draft config and nothing read it; a config
+    whose ids are consistently wrong (or a spec in another order) passed every other check."""
+    d = make_draft(tmp_path, extra={"vllm_eagle3": {"taps": record, "ids_convention": "sglang-legacy"}})
+    if ok:
+        assert resolve_capture(target, d, convention="sglang-legacy").spec.taps == (0, 3, 31)
+    else:
+        with pytest.raises(CaptureSpecError, match=rf"trained on taps {re.escape(record)} .* resolves to "
+                                                   r"\[embed, 3, 31\]"):
+            resolve_capture(target, d, convention="sglang-legacy")
+
+
+def test_a_malformed_record_is_an_error(tmp_path, target):
+    d = make_draft(tmp_path, extra={"vllm_eagle3": {"taps": [0, 3, 31]}})
+    with pytest.raises(CaptureSpecError, match=r"vllm_eagle3.taps must be a label"):
+        resolve_capture(target, d, convention="sglang-legacy")

@@ -315,3 +315,12 @@ def test_inspect_cli_strict_and_codes(tmp_path, llama_target, capsys):
     rc = inspect.main(["--target", str(llama_target), "--draft", str(d), "--convention", "vllm", "--strict"])
     out = capsys.readouterr().out
     assert rc == 1 and "WARNING [nested-only]" in out and "ERROR: resolve:" in out
+
+
+def test_doctor_without_a_tokenizer_is_an_error_not_bytes(tmp_path):
+    """Guards issue 11: the doctor silently scored wirings on UTF-8 bytes when the target's tokenizer failed."""
+    from vllm_eagle3.tools import doctor
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CaptureSpecError, match=r"cannot load the tokenizer of .* put tokenizer.json"):
+        doctor.encode(tmp_path, "def f(x):\n    return x\n", 64)

@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, ids_to_taps
-from vllm_eagle3.tools.inspect import taps_label
 from vllm_eagle3.checkpoint import DraftInfo, TargetInfo, read_json
 from vllm_eagle3.resolve import ids_for_engines
-from vllm_eagle3.spec import EMBED, CaptureSpec, CaptureSpecError
+from vllm_eagle3.spec import EMBED, CaptureSpec, CaptureSpecError, taps_label
 
 MIN_TOKENS = 32
 """Fewer scored positions than this cannot separate wirings; refuse rather than guess."""
@@ -135,15 +134,20 @@ def default_text() -> str:
 
 
 def encode(target_dir: Path, text: str, max_tokens: int) -> tuple[list[int], str]:
-    """Token ids of ``text`` with the target's tokenizer (its folder), else UTF-8 bytes."""
-    try:
-        from transformers import AutoTokenizer
+    """Token ids of ``text`` with the target's tokenizer (its folder). A target without a loadable tokenizer is an
+    error: any other token stream (e.g. raw bytes) would score wirings on text the target never reads."""
+    from transformers import AutoTokenizer
 
+    try:
         tok = AutoTokenizer.from_pretrained(str(target_dir))
-        ids = tok(text, add_special_tokens=False)["input_ids"][:max_tokens]
-        return list(ids), f"tokenizer of {target_dir}"
-    except Exception as exc:  # no tokenizer shipped: bytes are a valid token stream for any vocab >= 256
-        return list(text.encode("utf-8")[:max_tokens]), f"UTF-8 bytes (no tokenizer: {type(exc).__name__})"
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types here; all mean "no usable tokenizer"
+        raise CaptureSpecError(
+            f"cannot load the tokenizer of {target_dir} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+            "the doctor scores wirings on the target's own tokens: put tokenizer.json / tokenizer_config.json in "
+            "the target folder"
+        ) from None
+    ids = tok(text, add_special_tokens=False)["input_ids"][:max_tokens]
+    return list(ids), f"tokenizer of {target_dir}"
 
 
 def load_target(target_dir: Path):

@@ -14,7 +14,6 @@ Only the standard library is used here (no ``vllm`` import), so a client or a te
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import signal
@@ -142,12 +141,15 @@ class VllmServer:
 
     def __init__(self, serve_args: Sequence[str], *, host: str = LOOPBACK, port: int | None = None,
                  env: Mapping[str, str] | None = None, log_path: str | Path | None = None,
-                 cwd: str | Path | None = None) -> None:
+                 cwd: str | Path | None = None, kv_cache_gib: int | None = 1) -> None:
         self.serve_args = list(serve_args)
         self.host = host
         self.port = port or free_port(host)
         self.env = dict(os.environ if env is None else env)
-        self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if kv_cache_gib is None:  # let `vllm-eagle3 serve` choose, as for a user who sets nothing
+            self.env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        else:  # tests and benchmarks run many servers: a small, fixed KV cache unless the caller's env says otherwise
+            self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         self.env.setdefault("HF_HUB_OFFLINE", "1")
         self.env.setdefault("TRANSFORMERS_OFFLINE", "1")
         self.env.setdefault("VLLM_NO_USAGE_STATS", "1")

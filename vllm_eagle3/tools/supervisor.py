@@ -1,0 +1,150 @@
+"""Stop signals that end ``vllm-eagle3 serve`` and everything it started, at any phase, within a bound.
+
+Data flow position: outside the engine, around it. ``vllm-eagle3 serve`` validates, then runs vLLM's server in a
+child process and stays as its supervisor (a few MB, no vLLM import). Why: vLLM 0.32's API server turns a
+SIGTERM that arrives during engine start-up into a ``KeyboardInterrupt`` whose clean-up can wait forever on an
+engine core that already died (seen: API server alive 10+ minutes, engine core defunct); once serving, vLLM exits
+on SIGTERM in under a second. Orchestrators, ``timeout`` and Ctrl-C send these signals at any phase.
+
+The supervisor is a child subreaper: vLLM's API server, engine core and workers (which vLLM moves to process groups
+of their own) stay below it in the process tree even when orphaned. On SIGTERM / SIGINT / SIGHUP it forwards SIGTERM
+to vLLM's API server (vLLM's own graceful shutdown), waits up to :data:`STOP_GRACE_S`, then SIGKILLs every process
+still below it, and exits
+``128 + signal number`` with one line saying what happened. A second signal skips the wait. If the supervisor itself
+is killed, the kernel kills vLLM's API server (``PR_SET_PDEATHSIG``). Without a signal, the supervisor exits with
+vLLM's exit code (after killing any engine process that outlived the API server).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+STOP_GRACE_S = 20.0
+"""Seconds vLLM gets to shut down after a stop signal before its process group is killed (the whole stop stays
+well inside the 30 s an orchestrator typically allows before its own SIGKILL)."""
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+
+
+def _child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """A process group of its own (a terminal's Ctrl-C reaches the supervisor, which forwards it), and a SIGKILL
+    from the kernel when the supervisor dies."""
+    os.setpgid(0, 0)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
+    except OSError:
+        pass
+
+
+def descendants(root: int) -> list[int]:
+    """PIDs below ``root`` in the process tree (from /proc/<pid>/stat), deepest last."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def kill_descendants() -> int:
+    """SIGKILL every process below this one and reap them; how many were signalled. This process is a child
+    subreaper (set in :func:`supervise`), so engine processes orphaned by a dead API server are still below it."""
+    victims = descendants(os.getpid())
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.05)
+    return len(victims)
+
+
+def exit_on_stop_signals() -> None:
+    """Before anything is started: a stop signal exits with ``128 + signum`` and one line (no traceback)."""
+
+    def on_signal(signum, _frame) -> None:
+        _say(f"{signal.Signals(signum).name} before vLLM started: stopped")
+        raise SystemExit(128 + signum)
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, on_signal)
+
+
+def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP_GRACE_S) -> int:
+    """Run ``argv`` as a child (own process group, this process its subreaper) and return its exit code, or
+    ``128 + signum`` after a stop signal (see the module docstring)."""
+    got: list[int] = []
+
+    def on_signal(signum, _frame) -> None:
+        got.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    try:
+        child = subprocess.Popen(list(argv), env=dict(env), preexec_fn=_child_setup)
+        deadline = None
+        forwarded = 0
+        while True:
+            try:
+                code = child.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if got and deadline is None:
+                deadline = time.monotonic() + (0.0 if len(got) > 1 else grace_s)
+            if got and forwarded < len(got):
+                forwarded = len(got)
+                try:
+                    child.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            if deadline is not None and (len(got) > 1 or time.monotonic() >= deadline):
+                killed = kill_descendants()
+                _say(f"{signal.Signals(got[0]).name}: vLLM did not stop within {grace_s:.0f} s; killed its "
+                     f"{killed} remaining process(es)")
+                return 128 + got[0]
+        leftovers = kill_descendants()  # engine processes that outlived the API server
+        if got:
+            extra = f"; killed {leftovers} leftover process(es)" if leftovers else ""
+            _say(f"{signal.Signals(got[0]).name}: vLLM stopped (exit code {code}){extra}")
+            return 128 + got[0]
+        return code
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _say(text: str) -> None:
+    print(f"vllm-eagle3: {text}", file=sys.stderr, flush=True)

