@@ -23,7 +23,7 @@ Expectation ``E`` for p0:
   acceptance length at the served k comes from ``served_walk[str(k)]`` the same way. The numbers are read at
   start-up, never copied: a retrained head brings its own;
 - otherwise no expectation, only the documented ``floor`` (default 0.15): working heads serve p0 0.45-0.86
-  (published Kimi heads 0.63-0.65, the miniature 0.64-0.86), wrong wirings 0.00-0.10, so 0.15 separates them.
+  (a Kimi K2.6 head 0.63-0.65, the miniature 0.64-0.86), wrong wirings 0.00-0.10, so 0.15 separates them.
 
 Thresholds: ``collapse_below = COLLAPSE_RATIO * E`` (0.25 E) and ``suspicious_below = SUSPICIOUS_RATIO * E``
 (0.5 E); without ``E``: ``floor`` and ``2 * floor``. Real traffic legitimately serves below an offline greedy
@@ -34,7 +34,8 @@ Verdicts, on a sliding window of the last ``window`` drafts (default 512) with t
 ``Z = 3.29`` (one-sided 99.95%):
 - ``pending``: fewer than ``min_drafts`` drafts seen (default 64); nothing is judged;
 - ``collapsed``: the UPPER bound < ``collapse_below`` (confidently collapsed) -> one WARNING;
-- ``suspicious``: the upper bound < ``suspicious_below`` -> one INFO line;
+- ``suspicious``: the upper bound < ``suspicious_below`` -> one INFO line, once the lower bound rules a collapse out
+  (a collapse in progress gives its WARNING alone);
 - ``ok``: otherwise.
 The bound, not a magic count, decides when there is enough evidence: with zero accepted drafts and a 0.21 cut it
 takes 40 drafts, with the incident's ~3% about 50; a p0 of 0.10 against the 0.15 floor needs ~560, more than the
@@ -42,7 +43,8 @@ default window, so it stays ``suspicious``. ``min_drafts`` guards what the bound
 correlated (one hard prompt), so a window must span a few requests' worth. The strict Z covers that
 the watch looks after every step. Hysteresis: a bad state is left only when the LOWER bound clears its threshold,
 so a window hovering at a threshold does not flap. Leaving a bad state is silent (state and gauges change, no log).
-Rate limit: at most one line per ``warn_interval_s`` (default 600 s), and one per episode.
+Rate limit: at most one WARNING and one INFO line per episode (bad verdicts between two ``ok``), and at most one
+line of each kind per ``warn_interval_s`` (default 600 s) across episodes.
 
 Cost: one ``observe`` per scheduler step in the API-server process, O(k) integer additions on counts vLLM computed
 anyway (measured in tests/unit/test_watch.py: microseconds against a ~100+ ms step). Configured in the capture spec
@@ -145,6 +147,11 @@ class Expectation:
     collapse_below: float
     suspicious_below: float
     per_position: tuple[float, ...] = ()  # every-anchor greedy rates (over-count easy anchors): a reference only
+    label: str = ""  # short form of ``source`` for the log line
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.source)
 
     def as_dict(self) -> dict[str, Any]:
         return {"position0": _r(self.position0), "acceptance_length": _r(self.acceptance_length),
@@ -174,18 +181,19 @@ def expectation_for(draft: str | Path | None, num_spec_tokens: int, cfg: WatchCo
     if not path.is_file():
         return floor_exp(f"no {EVAL_FILE} in the draft folder {draft}")
     try:
-        sim = json.loads(path.read_text()).get("simulated_acceptance") or {}
-    except (OSError, ValueError, AttributeError) as exc:
+        sim = _get(json.loads(path.read_text()), "simulated_acceptance") or {}
+    except (OSError, ValueError) as exc:
         return floor_exp(f"{path} unreadable ({type(exc).__name__})")
-    walk = sim.get("served_walk") if isinstance(sim, Mapping) else None
-    walk = walk if isinstance(walk, Mapping) else {}
-    pp = ((sim.get("greedy") or {}).get("per_position_acceptance") if isinstance(sim, Mapping) else None) or []
+    walk = _get(sim, "served_walk") or {}
+    pp = _get(sim, "greedy", "per_position_acceptance")
     pp = [float(x) for x in pp if isinstance(x, (int, float))] if isinstance(pp, list) else []
-    first, at_k = _walk_rate(walk.get("1")), _walk_rate(walk.get(str(num_spec_tokens)))
+    first, at_k = _walk_rate(_get(walk, "1")), _walk_rate(_get(walk, str(num_spec_tokens)))
     if first is not None:
         p0, source = first[0], f"{path}: simulated_acceptance.served_walk k=1 ({first[1]} drafts)"
+        label = "the draft's eval.json, served walk k=1"
     elif pp:
         p0, source = pp[0], f"{path}: simulated_acceptance.greedy.per_position_acceptance[0] (every-anchor)"
+        label = "the draft's eval.json, every-anchor greedy"
     else:
         return floor_exp(f"{path} has no simulated_acceptance.served_walk or greedy.per_position_acceptance")
     if at_k is not None:
@@ -198,7 +206,16 @@ def expectation_for(draft: str | Path | None, num_spec_tokens: int, cfg: WatchCo
     if not 0 < p0 <= 1:
         return floor_exp(f"{path}: recorded position-0 acceptance {p0!r} is not in (0, 1]")
     return Expectation(p0, length, source, COLLAPSE_RATIO * p0, SUSPICIOUS_RATIO * p0,
-                       tuple(pp[:num_spec_tokens]))
+                       tuple(pp[:num_spec_tokens]), label)
+
+
+def _get(data: Any, *keys: str) -> Any:
+    """``data[k1][k2]...`` or None when any level is missing or not a mapping."""
+    for k in keys:
+        if not isinstance(data, Mapping):
+            return None
+        data = data.get(k)
+    return data
 
 
 # ----------------------------------------------------------------------------------------------- window
@@ -253,7 +270,8 @@ class AcceptanceWindow:
 class WiringWatch:
     """Judges one engine's window after every step; logs on entering a bad state; reports a JSON-able snapshot.
 
-    ``wiring``: what the API-server process resolved (:func:`wiring_info`). ``clock`` is injectable for tests.
+    ``wiring``: what the API-server process resolved (:func:`vllm_eagle3.watch_vllm.wiring_info`); ``clock`` and
+    ``log`` are injectable for tests.
     """
 
     def __init__(self, cfg: WatchConfig, expectation: Expectation, wiring: Mapping[str, Any], num_spec_tokens: int,
@@ -269,18 +287,24 @@ class WiringWatch:
         self.lines_logged = 0
         self.lines_suppressed = 0
         self.last_warning: str | None = None
-        self.episodes = collections.Counter()
+        self._announced: set[str] = set()  # lines of the current bad episode (ok -> ... -> ok)
 
     def observe(self, num_drafts: int, accepted_per_pos: Sequence[int]) -> str:
-        """One scheduler step's spec-decode counts (``SpecDecodingStats``); returns the verdict."""
+        """One scheduler step's spec-decode counts (``SpecDecodingStats``); returns the verdict.
+
+        At most one WARNING (collapsed) and one INFO line (suspicious) per bad episode, an episode ending when the
+        verdict is ok again; the suspicious line waits until the lower bound rules a collapse out, so a collapse
+        in progress gives its WARNING alone; nothing is logged once a collapse was announced, nor on recovery.
+        """
         self.window.add(num_drafts, accepted_per_pos)
-        new = self._judge()
-        if new != self.verdict:
-            worse = VERDICT_LEVEL[new] > VERDICT_LEVEL[self.verdict]
-            self.verdict = new
-            if worse and new in (SUSPICIOUS, COLLAPSED):
-                self.episodes[new] += 1
-                self._announce(new)
+        self.verdict = self._judge()
+        if self.verdict == OK:
+            self._announced.clear()
+        elif self.verdict == COLLAPSED and COLLAPSED not in self._announced:
+            self._announce(COLLAPSED)
+        elif self.verdict == SUSPICIOUS and not self._announced and \
+                self.bounds[0] >= self.expectation.collapse_below:
+            self._announce(SUSPICIOUS)
         return self.verdict
 
     def _judge(self) -> str:
@@ -298,6 +322,7 @@ class WiringWatch:
         return new
 
     def _announce(self, verdict: str) -> None:
+        self._announced.add(verdict)
         now = self.clock()
         last = self._last_line_at.get(verdict)
         if last is not None and now - last < self.cfg.warn_interval_s:
@@ -316,8 +341,8 @@ class WiringWatch:
         w, e = self.window, self.expectation
         p0 = w.rates()[0] if w.drafts else float("nan")
         length = w.acceptance_length()
-        expected = (f"{e.position0:.3f} expected ({e.source})" if e.position0 is not None else f"no recorded "
-                    f"expectation ({e.source})")
+        expected = (f"{e.position0:.3f} expected ({e.label})" if e.position0 is not None else
+                    f"no recorded expectation ({e.label})")
         exp_len = f" vs {e.acceptance_length:.2f} expected" if e.acceptance_length is not None else ""
         head = ("EAGLE-3 acceptance COLLAPSED" if verdict == COLLAPSED else "EAGLE-3 acceptance is suspiciously low")
         cut = e.collapse_below if verdict == COLLAPSED else e.suspicious_below
@@ -377,56 +402,6 @@ def report() -> dict[str, Any]:
     return {"watch": "vllm-eagle3 wiring watch", "active": bool(engines),
             "verdict": worst if engines else "inactive",
             "verdicts": {v: VERDICT_LEVEL[v] for v in VERDICT_LEVEL}, "engines": engines}
-
-
-# ----------------------------------------------------------------------------------------------- set-up from files
-
-def wiring_info(target: Any, draft: str | Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The taps this process resolves (as the plugin does in every worker), or why they could not be resolved."""
-    from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, resolve_from_env
-
-    import os
-
-    env = os.environ if environ is None else environ
-    info: dict[str, Any] = {"resolved_in": "api-server process (each TP/PP rank logs its own "
-                                           "'vllm-eagle3: capturing taps' line at start-up)",
-                            "spec_file": env.get(ENV_SPEC) or None, "convention": env.get(ENV_CONVENTION) or None}
-    try:
-        res = resolve_from_env(target, draft, environ=env)
-    except CaptureSpecError as exc:
-        return {**info, "taps": "unresolved", "source": f"not resolved by vllm-eagle3 ({exc})", "error": str(exc)}
-    spec_source = "spec file" if env.get(ENV_SPEC) else "convention"
-    return {**info, "taps": res.spec.label(), "source": f"{spec_source} {res.spec.source}",
-            "draft_ids": list(res.draft_ids), "draft_convention": res.draft_convention,
-            "runner_ids": list(res.runner_ids), "log_line": res.log_line()}
-
-
-def watch_config_from_env(environ: Mapping[str, str] | None = None) -> WatchConfig:
-    """The ``watch:`` mapping of the capture spec named by ``VLLM_EAGLE3_SPEC``, or the defaults."""
-    import os
-
-    from vllm_eagle3.resolve import ENV_SPEC, load_spec_file
-
-    env = os.environ if environ is None else environ
-    path = env.get(ENV_SPEC)
-    if not path:
-        return WatchConfig()
-    try:
-        return getattr(load_spec_file(path), "watch", None) or WatchConfig()
-    except CaptureSpecError as exc:  # the plugin refuses this spec in the workers; say it here too, keep defaults
-        logger.warning("vllm-eagle3 wiring watch: %s; using the default watch settings", exc)
-        return WatchConfig()
-
-
-def build_watch(target: Any, draft: str | Path, num_spec_tokens: int, engine_index: int = 0,
-                environ: Mapping[str, str] | None = None, target_label: str | None = None) -> WiringWatch | None:
-    """A watch for one engine serving ``target`` + EAGLE-3 ``draft``, or None when the spec disables it."""
-    cfg = watch_config_from_env(environ)
-    if not cfg.enabled:
-        return None
-    doctor = f"vllm-eagle3 doctor --target {target_label or target} --draft {draft}"
-    return WiringWatch(cfg, expectation_for(draft, num_spec_tokens, cfg), wiring_info(target, draft, environ),
-                       num_spec_tokens, doctor, engine_index=engine_index)
 
 
 # ----------------------------------------------------------------------------------------------- the endpoint switch

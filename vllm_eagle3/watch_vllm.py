@@ -3,7 +3,9 @@
 Data flow position: vLLM's scheduler -> ``SchedulerStats.spec_decoding_stats`` (every step, computed anyway for
 ``/metrics``) -> AsyncLLM's output handler in the API-server process -> :class:`WiringWatchStatLogger.record`
 -> :class:`vllm_eagle3.watch.WiringWatch` -> ``GET /v1/eagle3/wiring`` (:class:`WiringEndpoint`, same process) and
-``vllm_eagle3_wiring_*`` Prometheus gauges (default registry, served by vLLM's ``/metrics``).
+``vllm_eagle3_wiring_*`` Prometheus gauges (default registry, served by vLLM's ``/metrics``). The watch is built from
+what the API-server process knows: vLLM's config (target, draft, k), the capture spec's ``watch:`` keys and the taps
+:func:`vllm_eagle3.resolve.resolve_from_env` resolves from ``VLLM_EAGLE3_SPEC`` / ``VLLM_EAGLE3_CONVENTION``.
 
 Entry points (pyproject.toml): ``vllm.stat_logger_plugins`` -> ``vllm_eagle3_watch`` (loaded by vLLM's async
 engine in the API server whenever ``VLLM_PLUGINS`` is unset or names it) and ``vllm.endpoint_plugins`` ->
@@ -14,14 +16,60 @@ stat-logger plugins. This module imports vLLM: only vLLM loads it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from vllm_eagle3 import watch as _watch
+from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, load_spec_file, resolve_from_env
+from vllm_eagle3.spec import CaptureSpecError
 
 ROUTE = "/v1/eagle3/wiring"
+
+
+# ----------------------------------------------------------------------------------------------- set-up from files
+
+
+def wiring_info(target: Any, draft: str | Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The taps this process resolves (as the plugin does in every worker), or why they could not be resolved."""
+    env = os.environ if environ is None else environ
+    info: dict[str, Any] = {"resolved_in": "api-server process (each TP/PP rank logs its own "
+                                           "'vllm-eagle3: capturing taps' line at start-up)",
+                            "spec_file": env.get(ENV_SPEC) or None, "convention": env.get(ENV_CONVENTION) or None}
+    try:
+        res = resolve_from_env(target, draft, environ=env)
+    except CaptureSpecError as exc:
+        return {**info, "taps": "unresolved", "source": f"not resolved by vllm-eagle3 ({exc})", "error": str(exc)}
+    spec_source = "spec file" if env.get(ENV_SPEC) else "convention"
+    return {**info, "taps": res.spec.label(), "source": f"{spec_source} {res.spec.source}",
+            "draft_ids": list(res.draft_ids), "draft_convention": res.draft_convention,
+            "runner_ids": list(res.runner_ids), "log_line": res.log_line()}
+
+
+def watch_config_from_env(environ: Mapping[str, str] | None = None) -> _watch.WatchConfig:
+    """The ``watch:`` mapping of the capture spec named by ``VLLM_EAGLE3_SPEC``, or the defaults."""
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_SPEC)
+    if not path:
+        return _watch.WatchConfig()
+    try:
+        return getattr(load_spec_file(path), "watch", None) or _watch.WatchConfig()
+    except CaptureSpecError as exc:  # the plugin refuses this spec in the workers; say it here too, keep defaults
+        _watch.logger.warning("vllm-eagle3 wiring watch: %s; using the default watch settings", exc)
+        return _watch.WatchConfig()
+
+
+def build_watch(target: Any, draft: str | Path, num_spec_tokens: int, engine_index: int = 0,
+                environ: Mapping[str, str] | None = None, target_label: str | None = None) -> _watch.WiringWatch | None:
+    """A watch for one engine serving ``target`` + EAGLE-3 ``draft``, or None when the spec disables it."""
+    cfg = watch_config_from_env(environ)
+    if not cfg.enabled:
+        return None
+    doctor = f"vllm-eagle3 doctor --target {target_label or target} --draft {draft}"
+    return _watch.WiringWatch(cfg, _watch.expectation_for(draft, num_spec_tokens, cfg), wiring_info(target, draft, environ),
+                       num_spec_tokens, doctor, engine_index=engine_index)
 
 
 # ----------------------------------------------------------------------------------------------- gauges
@@ -111,7 +159,7 @@ class WiringWatchStatLogger(StatLoggerBase):
         if spec is None or getattr(spec, "method", None) != "eagle3" or not getattr(spec, "model", None):
             return
         mc = vllm_config.model_config
-        self.watch = _watch.build_watch(_target_for_resolution(vllm_config), spec.model,
+        self.watch = build_watch(_target_for_resolution(vllm_config), spec.model,
                                         int(spec.num_speculative_tokens), engine_index=engine_index,
                                         target_label=mc.model)
         if self.watch is None:

@@ -131,6 +131,7 @@ def test_incident_collapses_with_one_warning(make_watch):
     assert feed(w, 0.03, 4000, seed=1) == W.COLLAPSED
     warnings = rec.at(logging.WARNING)
     assert len(warnings) == 1, warnings
+    assert rec.at(logging.INFO) == [], "a collapse in progress must give its WARNING alone, not a suspicious line first"
     line = warnings[0]
     for part in ("COLLAPSED", "taps [3, 31, 59]", "spec file /tmp/incident_spec.yaml", "0.800 expected",
                  "`vllm-eagle3 doctor --target T --draft D`", "position-0 acceptance 0.0"):
@@ -160,6 +161,7 @@ def test_recovery_is_silent_and_rate_limit_holds(make_watch):
     w, rec, clock = make_watch(W.WatchConfig(window=256, warn_interval_s=600))
     assert feed(w, 0.02, 1000) == W.COLLAPSED
     n_lines = len(rec.records)
+    assert feed(w, 0.3, 600, seed=7) == W.SUSPICIOUS  # on the way back: no INFO line after the WARNING
     assert feed(w, 0.8, 2000, seed=2) == W.OK
     assert len(rec.records) == n_lines, [r.getMessage() for r in rec.records[n_lines:]]
     clock.t += 60
@@ -206,6 +208,8 @@ def test_expectation_fallbacks(tmp_path):
     assert e.position0 is None and e.collapse_below == 0.12 and e.suspicious_below == 0.24 and "no eval.json" in e.source
     (tmp_path / "eval.json").write_text("{not json")
     assert W.expectation_for(tmp_path, K, cfg).position0 is None
+    (tmp_path / "eval.json").write_text(json.dumps({"simulated_acceptance": {"greedy": [0.5], "served_walk": 3}}))
+    assert W.expectation_for(tmp_path, K, cfg).position0 is None
     (tmp_path / "eval.json").write_text(json.dumps({"simulated_acceptance": {"greedy": {
         "per_position_acceptance": [0.6, 0.4, 0.3, 0.2]}}}))
     e = W.expectation_for(tmp_path, K, cfg)
@@ -227,9 +231,11 @@ def test_spec_yaml_watch_keys(tmp_path):
                                             "warn_interval_s: 60}\n"))
     assert sf.watch == W.WatchConfig(True, 256, 32, 0.1, 60)
     assert load_spec_file(spec_with(tmp_path, "")).watch is None
+    from vllm_eagle3.watch_vllm import build_watch, watch_config_from_env  # imports vLLM (no engine)
+
     p = spec_with(tmp_path, "watch: {enabled: false}\n")
-    assert W.watch_config_from_env({"VLLM_EAGLE3_SPEC": str(p)}).enabled is False
-    assert W.build_watch("unused", "unused", K, environ={"VLLM_EAGLE3_SPEC": str(p)}) is None
+    assert watch_config_from_env({"VLLM_EAGLE3_SPEC": str(p)}).enabled is False
+    assert build_watch("unused", "unused", K, environ={"VLLM_EAGLE3_SPEC": str(p)}) is None
 
 
 @pytest.mark.parametrize("bad, key", [

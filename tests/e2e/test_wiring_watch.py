@@ -1,0 +1,198 @@
+"""The runtime wiring watch on a real `vllm-eagle3 serve` server: the incident is caught while serving, the right
+wiring is left alone. Two server start-ups, one at a time (a 2-core CI box), both eager and float32:
+
+- ``incident``: the shipped head served with taps [3, 31, 59] (a draft-folder copy whose config ids [2, 30, 58] are
+  read sglang-legacy, and a capture spec ``taps: [3, 31, 59]`` in a tmp dir - what tests/e2e/test_serving.py calls
+  the incident). Every static check passes; only served acceptance shows it. The watch must log ONE warning
+  within 16 requests and ``GET /v1/eagle3/wiring`` must say ``collapsed``.
+- ``right``: the shipped head with configs/kimi_k25_eagle3.yaml ([embed, 3, 31]) for 64 requests: no warning, the
+  endpoint says ``ok``.
+
+The route is an endpoint plugin, which vLLM loads only when ``VLLM_PLUGINS`` names it: the servers get
+:func:`vllm_eagle3.watch.plugins_allowlist_with_endpoint` (every installed plugin + ``vllm_eagle3_wiring``).
+With ``VLLM_EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt`` the test writes the warning line and the
+endpoint bodies it saw there (how docs/wiring_watch_example.txt was made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from vllm_eagle3 import watch
+from vllm_eagle3.tools.process import VllmServer, http_get
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = REPO / "models" / "kimi-k25-mini"
+DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
+SERVE_CONFIG = REPO / "configs" / "serve_kimi_k25_mini.yaml"
+RIGHT_SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
+MODEL_NAME = "kimi-k25-mini"
+START_TIMEOUT_S = 900
+MAX_TOKENS = 32
+IN_FLIGHT = 8
+WARNING_MARK = "vllm-eagle3 wiring watch [engine 0]: EAGLE-3 acceptance COLLAPSED"
+EXAMPLE_ENV = "VLLM_EAGLE3_WATCH_EXAMPLE"
+
+pytestmark = [pytest.mark.e2e]
+if not (TARGET / "config.json").is_file() or not (DRAFT / "config.json").is_file():
+    pytestmark.append(pytest.mark.skip(reason=f"the trained miniature is not built ({TARGET}, {DRAFT})"))
+
+
+def say(line: str) -> None:
+    print(f"[e2e] {line}", flush=True)
+
+
+def prompts(n: int) -> list[list[int]]:
+    """Held-out prompts as token ids (eval_prompts.json, the ones the head's eval.json was measured on), cycled."""
+    items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"]
+    return [list(map(int, items[i % len(items)]["prompt_token_ids"])) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def incident_files(tmp_path_factory) -> dict[str, Path]:
+    """The shipped head's weights (and eval.json) with the incident's config: ids [2, 30, 58] read sglang-legacy =
+    taps 3, 31, 59, and the spec saying so."""
+    root = tmp_path_factory.mktemp("incident")
+    draft = root / "kimi-k25-mini-eagle3-incident"
+    draft.mkdir()
+    for f in DRAFT.iterdir():
+        if f.name != "config.json" and f.is_file():
+            (draft / f.name).symlink_to(f.resolve())
+    cfg = json.loads((DRAFT / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
+    if isinstance(cfg.get("eagle_config"), dict):
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
+    (draft / "config.json").write_text(json.dumps(cfg, indent=2))
+    spec = root / "incident_spec.yaml"
+    spec.write_text("description: the incident's wiring (SGLang's default capture, no embedding)\n"
+                    "taps: [3, 31, 59]\nnum_layers: 61\ndraft_ids_convention: sglang-legacy\n")
+    return {"draft": draft, "spec": spec}
+
+
+def serve(draft: Path, spec: Path) -> VllmServer:
+    eagle3 = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    env["VLLM_PLUGINS"] = watch.plugins_allowlist_with_endpoint(env)
+    server = VllmServer([str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3,
+                         "--capture-spec", str(spec)], cwd=REPO, env=env)
+    say(f"starting {' '.join(server.serve_args)} (log {server.log_path}; VLLM_PLUGINS={env['VLLM_PLUGINS']})")
+    server.start()
+    try:
+        say(f"ready after {server.wait_ready(timeout=START_TIMEOUT_S, progress=say, progress_every=30):.1f} s")
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def complete(server: VllmServer, batch: list[list[int]]) -> float:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=300)
+
+    def one(p):
+        client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=MAX_TOKENS, temperature=0.0,
+                                  extra_body={"ignore_eos": True})
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(IN_FLIGHT) as ex:
+        list(ex.map(one, batch))
+    return time.monotonic() - t0
+
+
+def wiring(server: VllmServer) -> tuple[dict, str]:
+    status, body = http_get(server.base_url + "/v1/eagle3/wiring")
+    assert status == 200, f"GET /v1/eagle3/wiring -> {status}: {body[:500]}"
+    return json.loads(body), body
+
+
+def gauges(server: VllmServer) -> dict[str, float]:
+    text = http_get(server.base_url + "/metrics")[1]
+    return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("vllm_eagle3_wiring_") and "position=" not in line and "_info{" not in line}
+
+
+@pytest.fixture(scope="module")
+def example() -> dict:
+    """What the runs saw, written to $VLLM_EAGLE3_WATCH_EXAMPLE at the end (when set)."""
+    seen: dict = {}
+    yield seen
+    out = os.environ.get(EXAMPLE_ENV)
+    if out and seen:
+        path = (REPO / out) if not os.path.isabs(out) else Path(out)
+        parts = ["# Copied by tests/e2e/test_wiring_watch.py from its servers' logs and endpoint (not typed).",
+                 f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; shipped miniature, eager, float32, k=3.", ""]
+        if "warning" in seen:
+            parts += ["## The warning line (incident wiring: the shipped head served with taps [3, 31, 59])", "",
+                      seen["warning"], ""]
+        for name in ("incident", "right"):
+            if name in seen:
+                parts += [f"## GET /v1/eagle3/wiring ({seen[name]['what']})", "", seen[name]["body"], ""]
+        path.write_text("\n".join(parts))
+        say(f"wrote {path}")
+
+
+def test_incident_wiring_is_caught_while_serving(incident_files, example, record_property):
+    """Guards: the incident served silently. The shipped head with taps [3, 31, 59] passes every static check and
+    serves at ~1.0 tokens per step; the watch must log exactly ONE warning within 16 requests naming the taps, their
+    source, measured vs expected acceptance and the doctor command, and the endpoint and gauges must say collapsed.
+    """
+    server = serve(incident_files["draft"], incident_files["spec"])
+    try:
+        log = server.log_text()
+        assert "vllm-eagle3 wiring watch [engine 0]: on; taps [3, 31, 59]" in log, \
+            "the watch's start-up line is missing from the server log (stat-logger plugin not loaded?)"
+        dt = complete(server, prompts(16))
+        body, raw = wiring(server)
+        say(f"16 requests in {dt:.1f} s; verdict {body['verdict']}; window {body['engines'][0]['window']}")
+        time.sleep(1.0)  # the log file is written by the server process
+        lines = [line for line in server.log_text().splitlines() if WARNING_MARK in line]
+        metrics = gauges(server)
+    finally:
+        code = server.stop()
+        say(f"server stopped (exit code {code})")
+    record_property("incident_window_position0", body["engines"][0]["window"]["position0"])
+    assert len(lines) == 1, f"expected one wiring warning in the server log, got {len(lines)}: {lines}"
+    line = lines[0]
+    assert "WARNING" in line, line
+    for part in ("taps [3, 31, 59]", f"spec file {incident_files['spec']}", "expected (",
+                 f"vllm-eagle3 doctor --target {TARGET} --draft {incident_files['draft']}"):
+        assert part in line, (part, line)
+    engine = body["engines"][0]
+    assert body["verdict"] == "collapsed" and engine["verdict"] == "collapsed", raw
+    assert engine["wiring"]["taps"] == "[3, 31, 59]" and engine["lines_logged"] >= 1
+    assert engine["window"]["position0"] < engine["expected"]["collapse_below"]
+    assert metrics.get("vllm_eagle3_wiring_verdict") == 2, metrics
+    example["warning"] = line
+    example["incident"] = {"what": "incident wiring, after 16 requests", "body": json.dumps(body, indent=1)}
+
+
+def test_right_wiring_is_left_alone(example, record_property):
+    """Guards: false alarms. The shipped head with its own spec [embed, 3, 31] serves 64 requests: no wiring
+    line in the log, verdict ok, the window's position-0 acceptance above the suspicious threshold."""
+    server = serve(DRAFT, RIGHT_SPEC)
+    try:
+        dt = complete(server, prompts(64))
+        body, raw = wiring(server)
+        time.sleep(1.0)
+        log = server.log_text()
+        metrics = gauges(server)
+    finally:
+        code = server.stop()
+        say(f"server stopped (exit code {code})")
+    engine = body["engines"][0]
+    say(f"64 requests in {dt:.1f} s; verdict {body['verdict']}; window {engine['window']}")
+    record_property("right_window_position0", engine["window"]["position0"])
+    assert "vllm-eagle3 wiring watch [engine 0]: on; taps [embed, 3, 31]" in log
+    assert "EAGLE-3 acceptance" not in log, [line for line in log.splitlines() if "EAGLE-3 acceptance" in line]
+    assert body["verdict"] == "ok" and engine["verdict"] == "ok", raw
+    assert engine["window"]["drafts"] >= engine["config"]["min_drafts"]
+    assert engine["window"]["position0"] > engine["expected"]["suspicious_below"]
+    assert engine["lines_logged"] == 0 and metrics.get("vllm_eagle3_wiring_verdict") == 0, metrics
+    example["right"] = {"what": "right wiring [embed, 3, 31], after 64 requests", "body": json.dumps(body, indent=1)}
