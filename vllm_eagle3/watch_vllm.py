@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from vllm_eagle3 import watch as _watch
-from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, load_spec_file, resolve_from_env
+from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, resolve_from_env
 from vllm_eagle3.spec import CaptureSpecError
 
 ROUTE = "/v1/eagle3/wiring"
@@ -48,23 +48,10 @@ def wiring_info(target: Any, draft: str | Path, environ: Mapping[str, str] | Non
             "runner_ids": list(res.runner_ids), "log_line": res.log_line()}
 
 
-def watch_config_from_env(environ: Mapping[str, str] | None = None) -> _watch.WatchConfig:
-    """The ``watch:`` mapping of the capture spec named by ``VLLM_EAGLE3_SPEC``, or the defaults."""
-    env = os.environ if environ is None else environ
-    path = env.get(ENV_SPEC)
-    if not path:
-        return _watch.WatchConfig()
-    try:
-        return getattr(load_spec_file(path), "watch", None) or _watch.WatchConfig()
-    except CaptureSpecError as exc:  # the plugin refuses this spec in the workers; say it here too, keep defaults
-        _watch.logger.warning("vllm-eagle3 wiring watch: %s; using the default watch settings", exc)
-        return _watch.WatchConfig()
-
-
 def build_watch(target: Any, draft: str | Path, num_spec_tokens: int, engine_index: int = 0,
                 environ: Mapping[str, str] | None = None, target_label: str | None = None) -> _watch.WiringWatch | None:
     """A watch for one engine serving ``target`` + EAGLE-3 ``draft``, or None when the spec disables it."""
-    cfg = watch_config_from_env(environ)
+    cfg = _watch.watch_config_from_env(environ)
     if not cfg.enabled:
         return None
     doctor = f"vllm-eagle3 doctor --target {target_label or target} --draft {draft}"

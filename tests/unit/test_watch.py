@@ -226,16 +226,15 @@ def spec_with(tmp_path, watch_yaml: str) -> Path:
 
 def test_spec_yaml_watch_keys(tmp_path):
     """Guards: the watch being configurable only by code. ``watch:`` in the capture spec loads into WatchConfig;
-    absent -> None (defaults apply); disabled -> no watch is built."""
+    absent -> None (defaults apply); the API server reads it through VLLM_EAGLE3_SPEC (watch_vllm.build_watch builds
+    no watch when it says ``enabled: false``)."""
     sf = load_spec_file(spec_with(tmp_path, "watch: {enabled: true, window: 256, min_drafts: 32, floor: 0.1, "
                                             "warn_interval_s: 60}\n"))
     assert sf.watch == W.WatchConfig(True, 256, 32, 0.1, 60)
     assert load_spec_file(spec_with(tmp_path, "")).watch is None
-    from vllm_eagle3.watch_vllm import build_watch, watch_config_from_env  # imports vLLM (no engine)
-
     p = spec_with(tmp_path, "watch: {enabled: false}\n")
-    assert watch_config_from_env({"VLLM_EAGLE3_SPEC": str(p)}).enabled is False
-    assert build_watch("unused", "unused", K, environ={"VLLM_EAGLE3_SPEC": str(p)}) is None
+    assert W.watch_config_from_env({"VLLM_EAGLE3_SPEC": str(p)}).enabled is False
+    assert W.watch_config_from_env({}) == W.WatchConfig()
 
 
 @pytest.mark.parametrize("bad, key", [
