@@ -5,7 +5,6 @@ PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.vllm-eagle3-installed
-export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export VLLM_USAGE_SOURCE := vllm-eagle3

@@ -26,7 +26,8 @@ def register() -> None:
     import model_patches
     from model_patches.vllm_plugin import vllm_patches
 
-    model_patches.apply_all(vllm_patches(), version)
+    records = model_patches.apply_all(vllm_patches(), version)
+    _log_patches(records)
 
     from vllm import ModelRegistry
 
@@ -37,3 +38,14 @@ def register() -> None:
     for arch in TAP_CAPTURE_ARCHITECTURES:
         ModelRegistry.register_model(arch, f"{CAPTURE_MODULE}:{arch}")
     _registered = True
+
+
+def _log_patches(records: list[str]) -> None:
+    """One line per process naming the engine patches in force: they change vLLM-CPU code paths for every model
+    this process serves, so an operator must be able to see them (and leave one out)."""
+    from vllm.logger import init_logger
+
+    names = [r.split(":", 1)[0] + (" (skipped)" if ": skipped" in r else "") for r in records]
+    init_logger("vllm.vllm_eagle3").info(
+        "vllm-eagle3: engine patches in this process: %s (details: model_patches.applied_patches(); "
+        "VLLM_EAGLE3_SKIP_PATCHES=name,... leaves patches out)", ", ".join(names) or "none")

@@ -34,6 +34,7 @@ Tolerances (float32 everywhere, every prompt position), as in the TP=1 parity te
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,3 +201,12 @@ def test_every_rank_logs_its_taps(tp2):
         assert "vLLM runner ids [0, 3, 31]" in mine[0]
     pids = {re.search(r"pid (\d+)\]", line).group(1) for line in lines}
     assert len(pids) == TP, f"the lines must come from {TP} worker processes: {lines}"
+    # docs/DEPLOYMENT.md section 5 quotes rank 1's line: it must be this run's line, not an edited one (issue 11).
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "DEPLOYMENT.md").read_text()
+    block = docs.split("## 5. Confirm the taps on every rank", 1)[1].split("```", 2)[1]
+    mine = next(line for line in lines if f"[tp 1/{TP}, " in line)
+    normalised = re.sub(r"pid[= ]\d+", lambda m: m.group(0)[:4] + "<pid>", mine)
+    normalised = re.sub(r"INFO \d\d-\d\d \d\d:\d\d:\d\d", "INFO <time>", normalised)
+    normalised = re.sub(r"\[capture\.py:\d+\]", "[capture.py:<line>]", normalised)
+    normalised = re.sub(r"from \S+\.yaml;", "from <spec>;", normalised)
+    assert " ".join(block.split()) == " ".join(normalised.split()), (block, normalised)

@@ -166,8 +166,9 @@ def _repo_path(path: str) -> Path:
 
 
 def model_card_line(serve_config: Path, counters: SpecDecodeCounters | None) -> str | None:
-    """The draft's offline acceptance (its ``eval.json``, written by ``vllm_eagle3.miniature.evaluate``) next to
-    what was just served, or None when either is unknown."""
+    """The draft's recorded served-walk acceptance (its ``eval.json``, written by ``vllm_eagle3.miniature.evaluate``:
+    the chains a server visits, on the card's held-out prompts) next to what was just served, or None when either is
+    unknown. Not the every-anchor average, which over-states what a server measures (the model card explains)."""
     import json
 
     import yaml
@@ -175,17 +176,62 @@ def model_card_line(serve_config: Path, counters: SpecDecodeCounters | None) -> 
     try:
         cfg = yaml.safe_load(serve_config.read_text()) or {}
         draft = _repo_path(str((cfg.get("speculative-config") or cfg.get("speculative_config") or {})["model"]))
-        greedy = json.loads((draft / "eval.json").read_text())["simulated_acceptance"]["greedy"]
+        walk = json.loads((draft / "eval.json").read_text())["simulated_acceptance"]["served_walk"]
     except (OSError, KeyError, TypeError, ValueError):
         return None
     if counters is None or not counters.accepted_per_pos:
         return None
     k = len(counters.accepted_per_pos)
-    offline = greedy["acceptance_length"].get(str(k))
+    offline = (walk.get(str(k)) or {}).get("acceptance_length")
     if offline is None:
         return None
-    return (f"model card (offline, held-out Python, k={k}): acceptance length {offline:.3f}; served here: "
-            f"{counters.acceptance_length:.3f} over {counters.drafts:.0f} drafts (few requests: expect noise)")
+    return (f"model card (served walk, k={k}, its held-out prompts): acceptance length {offline:.3f}; served here "
+            f"on the demo's prompts: {counters.acceptance_length:.3f} over {counters.drafts:.0f} drafts")
+
+
+@dataclasses.dataclass(frozen=True)
+class Speed:
+    """Greedy completions of the same prompts, one at a time: the texts and the decode rate."""
+
+    texts: tuple[str, ...]
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else float("nan")
+
+
+def measure_speed(base_url: str, prompts: Sequence[str], max_tokens: int) -> Speed:
+    """Each prompt once, greedy, non-streaming, concurrency 1 (one warm-up request first, not counted)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY")
+    model = served_model_name(base_url)
+    complete(client, model, prompts[0], 8)
+    answers = [complete(client, model, p, max_tokens) for p in prompts]
+    return Speed(tuple(a.text for a in answers), sum(a.completion_tokens for a in answers),
+                 sum(a.seconds for a in answers))
+
+
+def start(serve_args: list[str], port: int | None, log: str | None, timeout: float, say) -> VllmServer | None:
+    server = VllmServer(serve_args, port=port, log_path=log, cwd=REPO, kv_cache_gib=None)
+    say(f"starting `vllm-eagle3 serve {' '.join(serve_args)}` on {LOOPBACK}:{server.port}; log: {server.log_path}")
+    server.start()
+    try:
+        ready = server.wait_ready(timeout=timeout, progress=say)
+    except ServerStartError as exc:
+        say(f"the server did not start:\n{exc}")
+        server.stop()
+        return None
+    say(f"server ready after {ready:.1f} s")
+    return server
+
+
+def stop(server: VllmServer, say) -> None:
+    t0 = time.monotonic()
+    code = server.stop()
+    say(f"server stopped in {time.monotonic() - t0:.1f} s (exit code {code})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,16 +239,21 @@ def main(argv: list[str] | None = None) -> int:
         prog="vllm-eagle3 demo",
         description="Serve the shipped miniature Kimi K2.5 + EAGLE-3 head on 127.0.0.1 with the plugin (vLLM's own "
                     "`vllm serve`), send completions / chat / streaming requests with the openai client, print "
-                    "answers, tokens/s, acceptance length and per-position acceptance, then shut down.")
+                    "answers, acceptance and per-position acceptance; then serve the same model without "
+                    "speculation and print the speed of both on the same prompts (and whether the texts match).")
     p.add_argument("--config", default=DEFAULT_SERVE_CONFIG,
                    help=f"vLLM serve config YAML (default {DEFAULT_SERVE_CONFIG})")
     p.add_argument("--capture-spec", default=DEFAULT_CAPTURE_SPEC,
                    help=f"capture-spec YAML (default {DEFAULT_CAPTURE_SPEC}: taps [embed, 3, 31])")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
+    p.add_argument("--speed-tokens", type=int, default=128,
+                   help="tokens per request in the with/without-speculation speed comparison (default 128)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the second server without speculation (no speed comparison)")
     p.add_argument("--compile", action="store_true",
                    help="use torch.compile instead of eager mode (faster decoding, ~4 min cold start-up on CPU)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds to wait for the server (default 900)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds to wait for each server (default 900)")
     p.add_argument("--log", default=None, help="server log file (default: a temporary file, path printed)")
     args = p.parse_args(argv)
 
@@ -212,21 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vllm-eagle3: error: the shipped miniature is missing ({', '.join(missing)}); it is built by "
               "`python -m vllm_eagle3.miniature.train_target` / `train_draft` (see README)", file=sys.stderr)
         return 2
-    serve_args = ["--config", str(config), "--capture-spec", str(spec)]
-    if args.compile:
-        serve_args.append("--no-enforce-eager")
-    server = VllmServer(serve_args, port=args.port or None, log_path=args.log, cwd=REPO)
+    base_args = ["--config", str(config)] + (["--no-enforce-eager"] if args.compile else [])
     say = lambda line: print(f"[demo] {line}", flush=True)  # noqa: E731
-    say(f"starting `vllm-eagle3 serve --config {args.config} --capture-spec {args.capture_spec}` on "
-        f"{LOOPBACK}:{server.port} ({'torch.compile' if args.compile else 'eager'}); server log: {server.log_path}")
-    server.start()
+
+    server = start([*base_args, "--capture-spec", str(spec)], args.port or None, args.log, args.timeout, say)
+    if server is None:
+        return 1
     try:
-        try:
-            ready = server.wait_ready(timeout=args.timeout, progress=say)
-        except ServerStartError as exc:
-            say(f"the server did not start:\n{exc}")
-            return 1
-        say(f"server ready after {ready:.1f} s")
         # The last such line comes from the worker (capture.py), i.e. the taps really set up in the engine.
         taps = [ln for ln in server.log_text().splitlines() if "vllm-eagle3: capturing taps" in ln]
         if taps:
@@ -237,11 +280,25 @@ def main(argv: list[str] | None = None) -> int:
         card = model_card_line(config, counters)
         if card:
             say(card)
-        return 0
+        with_spec = measure_speed(server.base_url, COMPLETION_PROMPTS, args.speed_tokens)
     finally:
-        t0 = time.monotonic()
-        code = server.stop()
-        say(f"server stopped in {time.monotonic() - t0:.1f} s (exit code {code})")
+        stop(server, say)
+    if args.no_baseline:
+        say(f"EAGLE-3: {with_spec.tokens_per_s:.1f} tok/s (no baseline: --no-baseline)")
+        return 0
+    server = start([*base_args, "--speculative-config", "None"], args.port or None, None, args.timeout, say)
+    if server is None:
+        return 1
+    try:
+        without = measure_speed(server.base_url, COMPLETION_PROMPTS, args.speed_tokens)
+    finally:
+        stop(server, say)
+    same = sum(a == b for a, b in zip(with_spec.texts, without.texts))
+    say(f"speed, {len(COMPLETION_PROMPTS)} greedy completions x {args.speed_tokens} tokens, one at a time: EAGLE-3 "
+        f"{with_spec.tokens_per_s:.1f} tok/s vs no speculation {without.tokens_per_s:.1f} tok/s = "
+        f"{with_spec.tokens_per_s / without.tokens_per_s:.2f}x; identical text {same}/{len(COMPLETION_PROMPTS)} "
+        "(one run of a few requests: BENCHMARKS.md has the measured ratios with 95% intervals)")
+    return 0 if same == len(COMPLETION_PROMPTS) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover
