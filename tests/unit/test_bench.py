@@ -218,7 +218,7 @@ def synthetic_results(spec_speed: float = 2.0, native_slow: float = 1.0) -> dict
                           "wall_s": sum(r["latency_s"] for r in reqs) / cell.concurrency, "requests": reqs,
                           "counters": cell_counters, "draft_timed": v.k > 0})
         variants.append({"key": v.key, "variant": v.as_dict(), "label": v.label, "ready_s": 30.0, "error": None,
-                         "capture_line": "x" if v.k else "", "mla_calls": {"expanded": 5} if v.k else {},
+                         "capture_line": "x" if v.k else "", "mla_calls": {"verify": 5} if v.k else {},
                          "cells": cells})
     meta = {"date": "2026-12-01 12:00 UTC", "command": "vllm-eagle3 bench --smoke", "duration_min": 5.0,
             "load_before": "0.10 0.10 0.10", "load_after": "1.00 0.50 0.20",
@@ -237,6 +237,7 @@ def test_analysis_speedup_tau_break_even_and_advice():
     assert emb["acceptance"]["tau"]["value"] == pytest.approx(3.0)
     assert row["break_even"]["value"] == pytest.approx((14.1 + 5.0) / (10.1 + 5.0), rel=1e-2)
     assert row["same_text"] == [4, 4]
+    assert emb["mla_verify_on_decode_kernel"] and not analysis.mla_verify_patched({"verify": 0, "steps": 9})
     adv = [a for a in s["advice"] if a["mode"] == "eager" and a["concurrency"] == 1][0]
     assert adv["best_k"] == 3
     inc = [a for a in s["advice"] if a["mode"] == "incident"]

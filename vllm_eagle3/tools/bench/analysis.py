@@ -143,6 +143,13 @@ def step_models(v: Variant, sp: Mapping | None, base_sp: Mapping | None, tau: fl
                                    "ratio of mean decode-step times, bootstrap over steps").as_dict()}
 
 
+def mla_verify_patched(calls: Mapping[str, int]) -> bool:
+    """Whether the worker verified speculative tokens through model_patches/vllm_cpu_mla_verify_decode.py, from
+    its ``CALLS`` counters (``verify``: steps with multi-token queries on the patched path; ``expanded`` in the
+    patch's first, opt-in version). All zero: vLLM's own verify path ran."""
+    return bool(calls.get("verify") or calls.get("expanded"))
+
+
 def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
     res = Results(data)
     concs = sorted({cell[1] for v in data["plan"]["variants"] for cell in v["cells"]})
@@ -183,7 +190,7 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
                 rows[str(c)] = row
         entry = {"key": key, "label": v.label, "variant": v.as_dict(), "ready_s": raw.get("ready_s"),
                  "error": raw.get("error"), "capture_line": raw.get("capture_line", ""),
-                 "mla_verify_on_decode_kernel": bool((raw.get("mla_calls") or {}).get("expanded")),
+                 "mla_verify_on_decode_kernel": mla_verify_patched(raw.get("mla_calls") or {}),
                  "acceptance": acc, "by_concurrency": rows}
         st = cells(raw, "stream", 1)
         if st:

@@ -50,10 +50,14 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--rounds", type=int, default=None, help="repeats of each throughput cell (1)")
     g.add_argument("--sweep", type=int, nargs="*", default=None, metavar="K",
                    help="also k = these at concurrency 1 and 4 (e.g. --sweep 1 2 4 5: ~+12 min)")
-    g.add_argument("--no-compiled", action="store_true", help="skip the compiled (torch.compile) variants")
+    g.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=None,
+                   help="add (--compiled) or skip (--no-compiled, saves ~9 min) the compiled (torch.compile) "
+                        "variants; default: the plan's (default and full: yes)")
     g.add_argument("--no-opt-out", action="store_true", help="skip the MLA verify-as-decode opt-out variant")
     g.add_argument("--no-capture-ab", action="store_true",
                    help="skip the embed-tap vs native-capture servers (and with them the incident wiring)")
+    g.add_argument("--only", nargs="+", metavar="KEY", default=None,
+                   help="run only these variants of the plan (keys as --dry-run lists them, e.g. nospec+compiled)")
     g = p.add_argument_group("inputs and outputs")
     g.add_argument("--config", default=DEFAULT_SERVE_CONFIG, help=f"base serve YAML ({DEFAULT_SERVE_CONFIG})")
     g.add_argument("--capture-spec", default=DEFAULT_CAPTURE_SPEC, help=f"({DEFAULT_CAPTURE_SPEC})")
@@ -69,21 +73,34 @@ def parser() -> argparse.ArgumentParser:
 
 
 def build_plan(args: argparse.Namespace) -> plans.Plan:
-    if args.plan == "smoke" or all(x is None for x in (args.k, args.concurrency, args.sweep)) and not (
-            args.no_compiled or args.no_opt_out or args.no_capture_ab):
-        plan = plans.PLANS[args.plan]()
-    else:
-        base = plans.PLANS[args.plan]()
-        kw = dict(k=args.k or 3, compiled=not args.no_compiled and args.plan in ("default", "full"),
-                  opt_out=not args.no_opt_out, capture_ab=not args.no_capture_ab, sweep=tuple(args.sweep or ()))
-        if args.concurrency:
-            kw.update(concurrencies=tuple(sorted(set(args.concurrency))),
-                      incident_throughput=(max(args.concurrency),), opt_out_throughput=(max(args.concurrency),))
-        plan = plans.headline_plan(args.plan, **kw, prompts=base.prompts, max_tokens=base.max_tokens,
-                                   split_tokens=base.split_tokens, stream_prompts=base.stream_prompts,
-                                   rounds=base.rounds)
+    """The named plan with the command line's changes (k, concurrencies, sizes, variants left out or kept)."""
+    kw = dict(plans.PLAN_ARGS[args.plan])
+    if args.k is not None:
+        kw["k"] = args.k
+    if args.concurrency:
+        cs = tuple(sorted(set(args.concurrency)))
+        kw["concurrencies"] = cs
+        for key in ("incident_throughput", "opt_out_throughput"):  # keep those that remain, else the highest
+            kept = tuple(c for c in kw.get(key, (16,)) if c in cs)
+            kw[key] = kept or (cs[-1],)
+    if args.compiled is not None:
+        kw["compiled"] = args.compiled
+    if args.no_opt_out:
+        kw["opt_out"] = False
+    if args.no_capture_ab:
+        kw["capture_ab"] = False
+    if args.sweep is not None:
+        kw["sweep"] = tuple(args.sweep)
     sizes = {"prompts": args.prompts_per_cell, "max_tokens": args.max_tokens, "rounds": args.rounds}
-    return dataclasses.replace(plan, **{k: v for k, v in sizes.items() if v is not None})
+    kw.update({k: v for k, v in sizes.items() if v is not None})
+    plan = plans.headline_plan(args.plan, **kw)
+    if args.only:
+        keys = [v.key for v in plan.variants]
+        unknown = sorted(set(args.only) - set(keys))
+        if unknown:
+            raise ValueError(f"--only {' '.join(unknown)}: not in this plan; its variants are {keys}")
+        plan = dataclasses.replace(plan, variants=tuple(v for v in plan.variants if v.key in args.only))
+    return plan
 
 
 def describe(plan: plans.Plan) -> str:

@@ -169,21 +169,17 @@ def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3
     return Plan(name, tuple(vs), **sizes)
 
 
-def smoke_plan() -> Plan:
-    """A few minutes: proves every code path end to end (eager only), numbers meaningless."""
-    return headline_plan("smoke", concurrencies=(1, 2), compiled=False, incident_throughput=(2,),
-                         opt_out_throughput=(1,), prompts=4,
-                         max_tokens=16, split_tokens=12, stream_prompts=2)
-
-
-PLANS = {
-    "smoke": smoke_plan,
-    "quick": lambda: headline_plan("quick", concurrencies=(1, 4), compiled=False, capture_ab=False,
-                                   opt_out_throughput=(1, 4), prompts=8, max_tokens=64, split_tokens=32),
-    "default": lambda: headline_plan("default"),
-    "full": lambda: headline_plan("full", sweep=(1, 2, 4, 5), incident_throughput=(1, 4, 16),
-                                  opt_out_throughput=(1, 4, 16), rounds=2),
+PLAN_ARGS = {
+    # smoke: a few minutes, proves every code path end to end (eager only), numbers meaningless
+    "smoke": dict(concurrencies=(1, 2), compiled=False, incident_throughput=(2,), opt_out_throughput=(1,), prompts=4,
+                  max_tokens=16, split_tokens=12, stream_prompts=2),
+    "quick": dict(concurrencies=(1, 4), compiled=False, capture_ab=False, opt_out_throughput=(1, 4), prompts=8,
+                  max_tokens=64, split_tokens=32),
+    "default": dict(),
+    "full": dict(sweep=(1, 2, 4, 5), incident_throughput=(1, 4, 16), opt_out_throughput=(1, 4, 16), rounds=2),
 }
+PLANS = {name: (lambda name=name: headline_plan(name, **PLAN_ARGS[name])) for name in PLAN_ARGS}
+
 
 # ------------------------------------------------------------------------------------------------ duration
 

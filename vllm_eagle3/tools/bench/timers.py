@@ -77,9 +77,9 @@ class StepTimers:
         return [list(r) for r in state["records"]]
 
     def bench_mla_calls(self) -> dict:
-        """How this worker's CPU MLA attention ran (``model_patches.vllm_cpu_mla_verify_decode.CALLS``): counts of
-        verification forwards expanded onto the decode kernel and of plain decodes through the patched path; all
-        zero when vLLM's own path ran (patch not installed or switched off)."""
+        """How this worker's CPU MLA attention ran: ``model_patches.vllm_cpu_mla_verify_decode.CALLS`` (the patch's
+        own counters of steps and verifications through its path; all zero when vLLM's own path ran: patch not
+        installed or switched off). ``analysis.mla_verify_patched`` reads them."""
         try:
             from model_patches.vllm_cpu_mla_verify_decode import CALLS
         except ImportError:
