@@ -131,6 +131,13 @@ def worker_mla_verify_calls(worker: Any) -> dict[str, int]:
     return dict(CALLS)
 
 
+def worker_attention_builders(worker: Any) -> dict[str, str]:
+    """``LLM.collective_rpc`` target: attention backend name -> metadata builder class this worker's runner uses
+    (e.g. ``CPU_MLA`` -> ``CPUMLAVarlenDecodeBuilder`` with the MLA verify-as-decode patch, vLLM's own otherwise)."""
+    return {g.backend.get_name(): type(g.get_metadata_builder()).__name__
+            for groups in worker.model_runner.attn_groups for g in groups}
+
+
 def counter_totals(llm: Any) -> dict[str, float]:
     """The engine's numeric metrics (``LLM.get_metrics``, ``disable_log_stats=False``), summed over label sets, by
     name without ``_total`` (e.g. ``vllm:spec_decode_num_drafts``)."""
