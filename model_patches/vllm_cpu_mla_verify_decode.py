@@ -89,13 +89,12 @@ def expand_decode_rows(block_table, seq_lens, query_start_loc):
 #: "prefill_only" steps had none on the decode kernel. Per layer call: "forward" decode-kernel calls. Tests read it
 #: from the worker (vllm_eagle3/testing/engine.py worker_mla_verify_calls).
 CALLS = {"steps": 0, "verify": 0, "varlen": 0, "prompt": 0, "mixed": 0, "prefill_only": 0, "forward": 0}
-_FORCED = False
 
 
 def enabled() -> bool:
     """Checked each time a backend hands out its builder, not once at install: a process that installed the switch
     may later start engines with ``=0``, and those must run vLLM's own path."""
-    return _FORCED or not opted_out()
+    return not opted_out()
 
 
 def _count(metadata, common) -> None:
@@ -114,11 +113,9 @@ def _count(metadata, common) -> None:
     CALLS["mixed"] += int(metadata.num_prefills > 0)
 
 
-def apply_now(force: bool = False) -> str:
+def apply_now() -> str:
     """Install the switch on ``CPUMLABackend.get_builder_cls`` and ``CPUMLAImpl.forward_mqa`` (idempotent): while
-    :func:`enabled`, the VARLEN row-expanding builder; otherwise vLLM's own builder. ``force`` enables it in this
-    process whatever the environment says (the benchmark's worker extension)."""
-    global _FORCED
+    :func:`enabled`, the VARLEN row-expanding builder; otherwise vLLM's own builder."""
     import dataclasses
 
     import torch
@@ -126,7 +123,6 @@ def apply_now(force: bool = False) -> str:
                                                                     MLACommonMetadataBuilder, QueryLenSupport)
     from vllm.v1.attention.backends.mla import cpu_mla
 
-    _FORCED = _FORCED or force
     impl, backend = cpu_mla.CPUMLAImpl, cpu_mla.CPUMLABackend
     if getattr(impl.forward_mqa, _MARK, False):
         return "already installed"
