@@ -57,7 +57,7 @@ def prompts(n: int) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def incident_files(tmp_path_factory) -> dict[str, Path]:
     """The shipped head's weights (and eval.json) with the incident's config: ids [2, 30, 58] read sglang-legacy =
-    taps 3, 31, 59, and the spec saying so."""
+    taps 3, 31, 59, no record of the trained taps, and the spec saying so."""
     root = tmp_path_factory.mktemp("incident")
     draft = root / "kimi-k25-mini-eagle3-incident"
     draft.mkdir()
@@ -68,6 +68,9 @@ def incident_files(tmp_path_factory) -> dict[str, Path]:
     cfg["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
     if isinstance(cfg.get("eagle_config"), dict):
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
+    # The incident's config carried no trainer record of the taps (the shipped head's `vllm_eagle3.taps`, which the
+    # static check now compares with the spec): without one, nothing but served acceptance can tell.
+    cfg.pop("vllm_eagle3", None)
     (draft / "config.json").write_text(json.dumps(cfg, indent=2))
     spec = root / "incident_spec.yaml"
     spec.write_text("description: the incident's wiring (SGLang's default capture, no embedding)\n"
