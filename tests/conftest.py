@@ -23,6 +23,16 @@ for _k, _v in {
 }.items():
     os.environ.setdefault(_k, _v)
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (the 10-minute soak) run only when selected: ``pytest -m slow``."""
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with `pytest -m slow`")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 TAP_LAYERS = 32  # >= 32 so taps 3 and 31 of the shipped head exist
 
 

@@ -8,8 +8,9 @@ wiring is left alone. Two server start-ups, one at a time (a 2-core CI box), bot
 - ``right``: the shipped head with configs/kimi_k25_eagle3.yaml ([embed, 3, 31]) for 64 requests: no warning, the
   endpoint says ``ok``.
 
-The route is an endpoint plugin, which vLLM loads only when ``VLLM_PLUGINS`` names it: the servers get
-:func:`vllm_eagle3.watch.plugins_allowlist_with_endpoint` (every installed plugin + ``vllm_eagle3_wiring``).
+The route is an endpoint plugin, which vLLM loads only when ``VLLM_PLUGINS`` names it: ``vllm-eagle3 serve`` sets
+:func:`vllm_eagle3.watch.plugins_allowlist_with_endpoint` (every installed plugin + ``vllm_eagle3_wiring``) when the
+user set no ``VLLM_PLUGINS``; the servers here start with none, as a user's would.
 With ``VLLM_EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt`` the test writes the warning line and the
 endpoint bodies it saw there (how docs/wiring_watch_example.txt was made).
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3 import watch
+from vllm_eagle3.tools.convert import rewired_copy
 from vllm_eagle3.tools.process import VllmServer, http_get
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,19 +60,9 @@ def incident_files(tmp_path_factory) -> dict[str, Path]:
     """The shipped head's weights (and eval.json) with the incident's config: ids [2, 30, 58] read sglang-legacy =
     taps 3, 31, 59, no record of the trained taps, and the spec saying so."""
     root = tmp_path_factory.mktemp("incident")
-    draft = root / "kimi-k25-mini-eagle3-incident"
-    draft.mkdir()
-    for f in DRAFT.iterdir():
-        if f.name != "config.json" and f.is_file():
-            (draft / f.name).symlink_to(f.resolve())
-    cfg = json.loads((DRAFT / "config.json").read_text())
-    cfg["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
-    if isinstance(cfg.get("eagle_config"), dict):
-        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
     # The incident's config carried no trainer record of the taps (the shipped head's `vllm_eagle3.taps`, which the
-    # static check now compares with the spec): without one, nothing but served acceptance can tell.
-    cfg.pop("vllm_eagle3", None)
-    (draft / "config.json").write_text(json.dumps(cfg, indent=2))
+    # static check compares with the spec): rewired_copy drops it, so only served acceptance can tell.
+    draft = rewired_copy(DRAFT, root / "kimi-k25-mini-eagle3-incident", [2, 30, 58])
     spec = root / "incident_spec.yaml"
     spec.write_text("description: the incident's wiring (SGLang's default capture, no embedding)\n"
                     "taps: [3, 31, 59]\nnum_layers: 61\ndraft_ids_convention: sglang-legacy\n")
@@ -81,10 +72,9 @@ def incident_files(tmp_path_factory) -> dict[str, Path]:
 def serve(draft: Path, spec: Path) -> VllmServer:
     eagle3 = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
-    env["VLLM_PLUGINS"] = watch.plugins_allowlist_with_endpoint(env)
     server = VllmServer([str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3,
                          "--capture-spec", str(spec)], cwd=REPO, env=env)
-    say(f"starting {' '.join(server.serve_args)} (log {server.log_path}; VLLM_PLUGINS={env['VLLM_PLUGINS']})")
+    say(f"starting {' '.join(server.serve_args)} (log {server.log_path}; no VLLM_PLUGINS: serve's default)")
     server.start()
     try:
         say(f"ready after {server.wait_ready(timeout=START_TIMEOUT_S, progress=say, progress_every=30):.1f} s")

@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "convert": ("vllm_eagle3.tools.convert", "translate a draft config's ids from one engine convention to another"),
     "doctor": ("vllm_eagle3.tools.doctor", "measure which taps a draft was trained on (ranked wirings + config lines)"),
     "bench": ("vllm_eagle3.tools.bench", "benchmark: with vs without EAGLE-3, plugin capture vs native, one run"),
+    "soak": ("vllm_eagle3.tools.soak", "minutes of mixed traffic against one speculative server: no 5xx, no leak"),
 }
 
 

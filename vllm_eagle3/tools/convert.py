@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_eagle3.conventions import CONVENTIONS, convert_ids, get_convention, ids_to_taps
-from vllm_eagle3.checkpoint import IDS_KEY, DraftInfo, TargetInfo, read_json
+from vllm_eagle3.checkpoint import IDS_KEY, TRAINED_KEY, DraftInfo, TargetInfo, read_json
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
 
@@ -91,6 +91,23 @@ def convert_config(config: Mapping[str, Any], src: str, dst: str, num_layers: in
         summary += (f"; NOTE: {dst_c.name} concatenates in ascending tap order, not the listed order "
                     f"{spec.label()}: serve with a capture spec (vllm-eagle3) to keep the draft's order")
     return out, summary
+
+
+def rewired_copy(draft: Path, out_dir: Path, ids: list[int]) -> Path:
+    """A copy of the draft folder (weights and other files symlinked) whose config names ``ids`` at the top level
+    and in ``eagle_config``, without the trainer's record of its taps (``vllm_eagle3``): the same head wired
+    otherwise, as the incident's config wired the shipped head. For tests and benchmarks."""
+    cfg = json.loads((Path(draft) / "config.json").read_text())
+    cfg[IDS_KEY] = list(ids)
+    if isinstance(cfg.get("eagle_config"), dict):
+        cfg["eagle_config"][IDS_KEY] = list(ids)
+    cfg.pop(TRAINED_KEY, None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for f in Path(draft).iterdir():
+        if f.name != "config.json" and f.is_file() and not (out_dir / f.name).exists():
+            (out_dir / f.name).symlink_to(f.resolve())
+    return out_dir
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any], mode_from: Path | None = None) -> None:

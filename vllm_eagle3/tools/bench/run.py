@@ -73,20 +73,9 @@ def make_native_draft(draft: Path, out_dir: Path, taps: Sequence[int], num_layer
     trained on, it is the incident's wiring (acceptance collapses).
     """
     from vllm_eagle3.conventions import taps_to_ids
-    from vllm_eagle3.resolve import IDS_KEY
+    from vllm_eagle3.tools.convert import rewired_copy
 
-    ids = list(taps_to_ids(taps, "vllm", num_layers))
-    cfg = json.loads((draft / "config.json").read_text())
-    cfg[IDS_KEY] = ids
-    if isinstance(cfg.get("eagle_config"), dict):
-        cfg["eagle_config"][IDS_KEY] = ids
-    cfg.pop("vllm_eagle3", None)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-    for f in draft.iterdir():
-        if f.name != "config.json" and f.suffix in (".safetensors", ".json") and not (out_dir / f.name).exists():
-            (out_dir / f.name).symlink_to(f.resolve())
-    return out_dir
+    return rewired_copy(draft, out_dir, list(taps_to_ids(taps, "vllm", num_layers)))
 
 
 def load_prompts(path: Path) -> list[list[int]]:

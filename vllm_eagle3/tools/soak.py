@@ -1,0 +1,238 @@
+"""``vllm-eagle3 soak``: one speculative server under mixed traffic for minutes, judged as operators judge it.
+
+Data flow position: outside the engine, as a client. Starts the shipped pair exactly as ``make demo`` serves it
+(``configs/serve_kimi_k25_mini.yaml`` + ``configs/kimi_k25_eagle3.yaml``, EAGLE-3 k=3) on loopback, records a greedy
+reference, then runs ``--concurrency`` clients for ``--duration`` seconds, each request drawing a mix: greedy and
+sampled completions and chats with every OpenAI sampling option (temperature, top_p, top_k, min_p, penalties,
+logit_bias, seed, stop, logprobs, n > 1), streaming requests of which a third disconnect early, long and short
+prompts. Verdict:
+- zero 5xx answers and zero transport errors; every 4xx is one of :data:`EXPECTED_4XX` (vLLM 0.32 refuses min_p and
+  logit_bias under speculative decoding with a 400 that says so: a refusal, not a failure), tallied by reason;
+- no growth of the server's memory (resident set of its whole process tree) beyond warm-up: the last sample may
+  exceed the first post-warm-up sample by at most ``--max-growth-mb`` (allocator noise; a leak per request grows
+  without bound over thousands of requests);
+- the greedy reference unchanged at the end, ``/health`` still 200, the spec-decode counters advanced.
+Writes a JSON result (``--out``); BENCHMARKS.md quotes the last one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools.metrics import SpecDecodeCounters
+from vllm_eagle3.tools.process import VllmServer, served_model_name
+
+SERVE_ARGS = ["--config", "configs/serve_kimi_k25_mini.yaml", "--capture-spec", "configs/kimi_k25_eagle3.yaml"]
+REFERENCE_PROMPTS = ("def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n")
+SHORT = ("def ", "import os\n", "x = ", "class A:\n", "for i in range(")
+DEFAULT_OUT = "bench/results/soak.json"
+EXPECTED_4XX = ("The min_p and logit_bias sampling parameters are not yet supported with speculative decoding",)
+"""4xx answers that are vLLM's documented refusals (``vllm/v1/engine/input_processor.py``), not defects."""
+
+
+def tree_rss_mb(root: int) -> float:
+    """Resident memory of ``root`` and all its descendants (MiB), from /proc."""
+    from vllm_eagle3.tools.supervisor import descendants
+
+    total = 0
+    for pid in [root, *descendants(root)]:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def long_prompt(rng: random.Random) -> str:
+    """~600 tokens of Python (the server's max-model-len is 1024)."""
+    src = Path(json.__file__).read_text()
+    start = rng.randrange(0, len(src) - 2500)
+    return src[start:start + 2000]
+
+
+def draw_request(rng: random.Random) -> tuple[str, dict[str, Any], str]:
+    """(endpoint, body without model, label) of one mixed request."""
+    prompt = long_prompt(rng) if rng.random() < 0.15 else rng.choice(SHORT + REFERENCE_PROMPTS)
+    body: dict[str, Any] = {"max_tokens": rng.choice([1, 8, 32, 64, 128])}
+    kind = rng.choice(["greedy", "sampled", "sampled", "logprobs", "n2", "penalties", "stop", "bias", "stream"])
+    if kind != "greedy":
+        body.update(temperature=rng.choice([0.3, 0.7, 1.0, 1.5]), top_p=rng.choice([1.0, 0.9, 0.5]),
+                    top_k=rng.choice([-1, 1, 5, 50]), min_p=rng.choice([0.0, 0.05]), seed=rng.randrange(10**6))
+    else:
+        body["temperature"] = 0.0
+    if kind == "logprobs":
+        body["logprobs"] = rng.choice([1, 5])
+    if kind == "n2":
+        body["n"] = 2
+    if kind == "penalties":
+        body.update(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2)
+    if kind == "stop":
+        body["stop"] = ["\n\n", ":"]
+    if kind == "bias":
+        body["logit_bias"] = {str(rng.randrange(13, 4096)): rng.choice([-100, 5])}
+    if rng.random() < 0.3:
+        msgs = [{"role": "user", "content": prompt}]
+        if kind == "logprobs":
+            body.pop("logprobs")
+            body.update(logprobs=True, top_logprobs=3)
+        return "/v1/chat/completions", {**body, "messages": msgs}, f"chat-{kind}"
+    return "/v1/completions", {**body, "prompt": prompt}, f"completion-{kind}"
+
+
+@dataclasses.dataclass
+class Tally:
+    requests: int = 0
+    by_status: dict = dataclasses.field(default_factory=dict)
+    transport_errors: int = 0
+    disconnects: int = 0
+    tokens: int = 0
+    first_errors: list = dataclasses.field(default_factory=list)
+    refusals: dict = dataclasses.field(default_factory=dict)  # 4xx reason -> count
+
+    def add(self, status: int, label: str, detail: str = "") -> None:
+        self.requests += 1
+        self.by_status[str(status)] = self.by_status.get(str(status), 0) + 1
+        if 400 <= status < 500:
+            try:
+                reason = str(json.loads(detail)["error"]["message"])[:160]
+            except (ValueError, KeyError, TypeError):
+                reason = detail[:160]
+            self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        if status >= 400 and len(self.first_errors) < 10:
+            self.first_errors.append(f"{status} {label}: {detail[:300]}")
+
+    @property
+    def unexpected_4xx(self) -> dict:
+        return {r: n for r, n in self.refusals.items() if not any(r.startswith(e) for e in EXPECTED_4XX)}
+
+
+async def client_loop(base: str, model: str, deadline: float, seed: int, tally: Tally) -> None:
+    import aiohttp
+
+    rng = random.Random(seed)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while time.monotonic() < deadline:
+            path, body, label = draw_request(rng)
+            body["model"] = model
+            stream = label.endswith("stream")
+            if stream:
+                body.update(stream=True, stream_options={"include_usage": True})
+            try:
+                async with session.post(base + path, json=body) as resp:
+                    if stream and resp.status == 200:
+                        cut = rng.random() < 1 / 3
+                        chunks = 0
+                        async for _line in resp.content:
+                            chunks += 1
+                            if cut and chunks >= 3:
+                                tally.disconnects += 1
+                                break  # leaving the block closes the connection mid-stream
+                        tally.add(resp.status, label)
+                    else:
+                        text = await resp.text()
+                        tally.add(resp.status, label, text)
+                        if resp.status == 200:
+                            tally.tokens += json.loads(text).get("usage", {}).get("completion_tokens", 0)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                tally.transport_errors += 1
+                if len(tally.first_errors) < 10:
+                    tally.first_errors.append(f"transport {label}: {type(exc).__name__}: {exc}")
+
+
+def greedy_reference(base: str, model: str) -> list[str]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base + "/v1", api_key="EMPTY")
+    return [client.completions.create(model=model, prompt=p, max_tokens=48, temperature=0.0).choices[0].text
+            for p in REFERENCE_PROMPTS]
+
+
+def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: float, say=print) -> dict:
+    server = VllmServer(SERVE_ARGS, cwd=REPO, kv_cache_gib=None).start()
+    say(f"[soak] starting the shipped pair (EAGLE-3, eager) on {server.base_url}; log {server.log_path}")
+    try:
+        server.wait_ready(timeout=900, progress=say)
+        base, model = server.base_url, served_model_name(server.base_url)
+        reference = greedy_reference(base, model)
+        before = SpecDecodeCounters.fetch(base)
+        tally = Tally()
+        memory: list[tuple[float, float]] = []
+        t0 = time.monotonic()
+
+        async def run() -> None:
+            deadline = t0 + warmup_s + duration_s
+            clients = [asyncio.create_task(client_loop(base, model, deadline, i, tally)) for i in range(concurrency)]
+            while any(not c.done() for c in clients):
+                await asyncio.sleep(5)
+                elapsed = time.monotonic() - t0
+                if elapsed >= warmup_s:
+                    memory.append((round(elapsed, 1), round(tree_rss_mb(server.proc.pid), 1)))
+                if int(elapsed) % 60 < 5:
+                    say(f"[soak] {elapsed:5.0f} s: {tally.requests} requests {tally.by_status}, "
+                        f"{tally.transport_errors} transport errors, rss {tree_rss_mb(server.proc.pid):.0f} MiB")
+            await asyncio.gather(*clients)
+
+        asyncio.run(run())
+        after_ref = greedy_reference(base, model)
+        counters = SpecDecodeCounters.fetch(base) - before
+        healthy = server.healthy()
+    finally:
+        server.stop()
+    five_xx = sum(n for s, n in tally.by_status.items() if s.startswith("5"))
+    growth = memory[-1][1] - memory[0][1] if len(memory) >= 2 else float("nan")
+    verdict = {
+        "no_5xx": five_xx == 0, "no_transport_errors": tally.transport_errors == 0,
+        "only_expected_4xx": not tally.unexpected_4xx,
+        "memory_bounded": bool(growth <= max_growth_mb), "greedy_unchanged": reference == after_ref,
+        "healthy_at_end": healthy, "speculation_ran": counters.drafts > 0,
+    }
+    return {
+        "what": "vllm-eagle3 soak: mixed traffic against one speculative server (shipped pair, eager, k=3)",
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "duration_s": duration_s,
+        "warmup_s": warmup_s, "concurrency": concurrency, "requests": tally.requests, "by_status": tally.by_status,
+        "transport_errors": tally.transport_errors, "early_disconnects": tally.disconnects,
+        "refusals_4xx": tally.refusals,
+        "completion_tokens": tally.tokens, "first_errors": tally.first_errors,
+        "rss_mb_first_last": [memory[0][1], memory[-1][1]] if memory else None, "rss_growth_mb": growth,
+        "max_growth_mb": max_growth_mb, "acceptance_length": counters.acceptance_length, "drafts": counters.drafts,
+        "verdict": verdict, "passed": all(verdict.values()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="vllm-eagle3 soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=600, help="seconds of traffic after warm-up (default 600)")
+    p.add_argument("--warmup", type=float, default=60, help="seconds of traffic before memory is sampled (60)")
+    p.add_argument("--concurrency", type=int, default=8, help="concurrent clients (default 8)")
+    p.add_argument("--max-growth-mb", type=float, default=200,
+                   help="allowed growth of the server's resident memory after warm-up, MiB (default 200)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"result JSON (default {DEFAULT_OUT})")
+    args = p.parse_args(argv)
+    result = soak(args.duration, args.concurrency, args.warmup, args.max_growth_mb)
+    out = Path(args.out) if Path(args.out).is_absolute() else REPO / args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("requests", "by_status", "transport_errors", "rss_growth_mb",
+                                             "verdict", "passed")}, indent=1))
+    print(f"[soak] result written to {out}")
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
