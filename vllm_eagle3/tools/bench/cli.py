@@ -66,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
                    help="write results.json, BENCHMARKS.md and bench.png here (default: the repository's "
                         f"{DOCS['json']}, {DOCS['md']}, {DOCS['png']} for --plan default/full, else "
                         f"{SCRATCH.format(plan='<plan>')})")
+    g.add_argument("--start-timeout", type=float, default=None, metavar="S",
+                   help="seconds a server may take to start (default 400 eager, 1200 compiled)")
     g.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder, printed)")
     g.add_argument("--from-json", default=None, metavar="RESULTS",
                    help="run nothing: write BENCHMARKS.md and the plot again from a results file")
@@ -185,7 +187,7 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
         print(f"[bench {time.monotonic() - t0:6.0f} s] {msg}", flush=True)
 
     raws = [run.run_variant(v, plan, base_cfg, draft, native, run.repo_path(args.capture_spec), prompts, work,
-                            log_dir, say) for v in plan.variants]
+                            log_dir, say, args.start_timeout) for v in plan.variants]
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = {"date": run.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
             "load_before": load_before, "load_after": run.loadavg(), "machine": run.machine_info()}

@@ -35,6 +35,7 @@ STOCK_PLUGIN = "vllm_eagle3_model_patches"
 """The project's second ``vllm.general_plugins`` entry: vLLM's CPU patches only, none of the capture classes."""
 MLA_ENV = "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"  # model_patches/vllm_cpu_mla_verify_decode.py
 COMPILE_CACHE = ".cache/vllm"
+START_TIMEOUT_S = {"eager": 400.0, "compiled": 1200.0}  # a cold compile takes ~270 s on a quiet 2-core box
 CAPTURE_LOG_LINES = {
     EMBED_TAP: "vllm-eagle3: capturing taps",  # capture.py, in the worker
     NATIVE: "vllm-eagle3: capturing taps",  # plugin loaded, no embed tap: its subclass defers to vLLM's capture
@@ -120,7 +121,7 @@ def server_env(variant: Variant) -> dict[str, str]:
 
 def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], draft: Path, native_draft: Path | None,
                 capture_spec: Path, prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
-                say: Callable[[str], None]) -> dict[str, Any]:
+                say: Callable[[str], None], start_timeout: float | None = None) -> dict[str, Any]:
     """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured."""
     res: dict[str, Any] = {"key": variant.key, "variant": variant.as_dict(), "label": variant.label,
                            "ready_s": None, "error": None, "capture_line": "", "mla_calls": {}, "cells": []}
@@ -139,7 +140,8 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], draft
     server.start()
     try:
         try:
-            res["ready_s"] = server.wait_ready(timeout=1200 if variant.compiled else 400,
+            timeout = start_timeout or START_TIMEOUT_S["compiled" if variant.compiled else "eager"]
+            res["ready_s"] = server.wait_ready(timeout=timeout,
                                                progress=lambda s: say(f"{variant.key}:{s}"), progress_every=30)
         except ServerStartError as exc:
             res["error"] = str(exc).splitlines()[0]
