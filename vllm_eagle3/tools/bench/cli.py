@@ -35,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
                     "verify-as-decode opt-out; the plugin's embedding tap vs vLLM's native capture (alternating "
                     "servers); the incident wiring; the draft/verify split from worker timers; advice (best k, "
                     "break-even acceptance length). Default plan ~25-30 min on a quiet 2-core box (--dry-run "
-                    "prints the estimate). Run it alone on the machine: flock /tmp/vllm-engine.lock make bench.")
+                    "prints the estimate). Run it alone on the machine: make bench (holds /tmp/vllm-engine.lock while it runs).")
     p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
                    help="smoke: a few minutes, every code path, numbers meaningless; quick: eager only, c=1/4, "
                         "8 prompts x 64 tokens; default: the headline cells (~25-30 min); full: + k sweep 1..5 at "
