@@ -17,8 +17,6 @@ fi
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 [[ -x "$PY" ]] || PY=python3
-export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-IOMP="$("$PY" -c 'from vllm_eagle3.tools.process import intel_openmp_library as f; print(f() or "")')"
-[[ -n "$IOMP" ]] && export LD_PRELOAD="$IOMP${LD_PRELOAD:+:$LD_PRELOAD}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1   # serve picks VLLM_CPU_KVCACHE_SPACE and Intel OpenMP itself
 exec "$PY" -m vllm_eagle3.tools.cli serve --config configs/serve_kimi_k25_mini.yaml \
   --capture-spec configs/kimi_k25_eagle3.yaml "$@"

