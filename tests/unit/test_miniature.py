@@ -9,7 +9,11 @@ Bugs guarded:
   ``forward`` (tokens shifted by ONE, taps in spec order);
 * ``labels`` pre-shifted for transformers' causal-LM loss (trains a skip-one objective) -> loss must fall;
 * self-distillation data from a KV-cached greedy decoder that drifts from the target's real greedy tokens (a
-  cache/position bug) -> the cached decoder must give exactly the tokens of full re-computation.
+  cache/position bug) -> the cached decoder must give exactly the tokens of full re-computation;
+* a training-speed MoE (every expert on every token) that is not transformers' routed MoE -> a model trained
+  with it would compute something else once vLLM serves it: logits and gradients must match;
+* a training mix whose rows do not follow ``stdlib_weight`` or a warm-up/stable/decay schedule that does not
+  end where a resumed run starts -> measured directly.
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def test_cached_greedy_decoding_equals_full_recomputation(toy):
 
 def test_served_walk_visits_anchors_like_a_server():
     """The served-walk simulation advances by accepted + 1 tokens per draft, as vLLM's verify step does."""
-    from vllm_eagle3.miniature.draft import served_walk, walk_summary
+    from vllm_eagle3.miniature.acceptance import served_walk, walk_summary
 
     t, f = True, False
     match = torch.tensor([[t, t, f], [f, f, f], [f, f, f], [t, f, f], [t, t, t], [t, t, t]])
@@ -127,3 +131,43 @@ def test_served_walk_visits_anchors_like_a_server():
     # second sequence (~match): anchor 0: 0 -> 1: accepts 3 -> 5: 0 -> end
     assert summary["per_sequence"] == [[3, 6], [3, 3]]
     assert summary["acceptance_length"] == 1 + 9 / 6
+
+
+def test_dense_experts_is_the_routed_moe():
+    """``use_dense_experts`` computes transformers' routed MoE exactly (forward and gradients)."""
+    from vllm_eagle3.miniature.target import TargetShape, new_text_model, text_config_dict, use_dense_experts
+
+    model = new_text_model(text_config_dict(TargetShape(num_layers=3, vocab_size=512), bos_id=0, eos_id=1, pad_id=2))
+    ids = torch.randint(13, 512, (2, 24), generator=torch.Generator().manual_seed(0))
+    ref = model(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    assert use_dense_experts(model) == 2  # layers 1 and 2 are MoE, layer 0 dense
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    assert torch.allclose(out.logits, ref.logits, atol=1e-5)
+    assert ref_grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+    for n, p in model.named_parameters():
+        if n in ref_grads:
+            assert torch.allclose(p.grad, ref_grads[n], atol=1e-6, rtol=1e-4), n
+
+
+def test_training_mix_rows_and_wsd_schedule():
+    """Rows come from the stdlib stream with probability ``stdlib_weight``; ``wsd`` holds lr, then decays to the end."""
+    from vllm_eagle3.miniature import data
+    from vllm_eagle3.miniature.schedule import lr_at
+
+    mix = data.TrainingMix(torch.zeros(5000, dtype=torch.int32), torch.ones(5000, dtype=torch.int32), 0.25)
+    rows = mix.windows(4000, 16, torch.Generator().manual_seed(0))
+    share = float((rows[:, 0] == 0).float().mean())
+    assert abs(share - 0.25) < 0.03
+    only_other = data.TrainingMix(torch.zeros(0, dtype=torch.int32), torch.ones(100, dtype=torch.int32), 0.9)
+    assert bool((only_other.windows(8, 16, torch.Generator()) == 1).all())
+    assert not data.looks_like_code("x = [" + ", ".join(map(str, range(3000))) + "]\n")
+    assert data.looks_like_code("def f(x):\n    return x + 1\n")
+    kw = dict(lr=1.0, warmup=10, min_ratio=0.1, schedule="wsd", decay_fraction=0.25)
+    assert lr_at(0.0, 0, **kw) == 0.1  # warm-up
+    assert lr_at(0.5, 100, **kw) == 1.0 and lr_at(0.75, 100, **kw) == 1.0  # stable until the decay starts
+    assert abs(lr_at(1.0, 200, **kw) - 0.1) < 1e-9
+    assert lr_at(0.9, 200, **{**kw, "decay_fraction": 0.0}) == 1.0  # no decay: a resumable run ends at full lr

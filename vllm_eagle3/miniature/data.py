@@ -6,6 +6,13 @@ into train or held-out by a hash of its path relative to its root (stable across
 same files, independent of listing order), ``encode_files`` turns files into one token stream with an
 end-of-text token between files, and ``random_windows`` draws training batches from that stream.
 
+Training mix (``load_training_mix``): the standard library (every training-split file under the stdlib
+root that is not in a site-/dist-packages folder: clean, idiomatic Python, and what the held-out windows
+are made of, since held-out files are read in sorted order) and third-party sources (site-packages, read
+in a hash-shuffled order so a character cap samples many packages, not the alphabetically first ones,
+and filtered by ``looks_like_code``: no generated tables, serialized blobs or minified lines). Files
+with identical text are kept once. A batch row comes from the stdlib with probability ``stdlib_weight``.
+
 CLI: ``python -m vllm_eagle3.miniature.data --help`` prints corpus statistics.
 """
 
@@ -98,6 +105,116 @@ def read_texts(files: Iterable[SourceFile], max_chars: int) -> list[str]:
     return texts
 
 
+def is_stdlib(f: SourceFile) -> bool:
+    """True for standard-library files: not inside a ``site-packages`` / ``dist-packages`` folder."""
+    return not ({"site-packages", "dist-packages"} & set(f.path.parts))
+
+
+def looks_like_code(text: str, max_mean_line: float = 60.0, max_line: int = 1000, max_digit_frac: float = 0.2,
+                    max_non_ascii: float = 0.05) -> bool:
+    """False for files that are data rather than code: long mean or max lines (serialized protobufs, minified
+    or generated tables), many digits (numeric tables), non-ASCII text (unicode tables)."""
+    lines = text.splitlines()
+    if not lines:
+        return False
+    n = len(text)
+    if n / len(lines) > max_mean_line or max(len(line) for line in lines) > max_line:
+        return False
+    digits = sum(map(text.count, "0123456789"))
+    non_ascii = 0 if text.isascii() else len(text) - len(text.encode("ascii", "ignore"))
+    return digits / n <= max_digit_frac and non_ascii / n <= max_non_ascii
+
+
+def read_unique_texts(files: Iterable[SourceFile], max_chars: int, keep=None, seen: set[str] | None = None) -> list[str]:
+    """Like :func:`read_texts`, skipping texts already in ``seen`` (sha1, updated) and texts ``keep`` rejects."""
+    seen = set() if seen is None else seen
+    texts: list[str] = []
+    total = 0
+    for f in files:
+        if total >= max_chars:
+            break
+        try:
+            t = f.path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        digest = hashlib.sha1(t.encode()).hexdigest()
+        if not t.strip() or digest in seen or (keep is not None and not keep(t)):
+            continue
+        seen.add(digest)
+        texts.append(t)
+        total += len(t)
+    return texts
+
+
+@dataclass(frozen=True)
+class TrainingMix:
+    """Two token streams and the share of batch rows drawn from the first (the standard library)."""
+
+    stdlib: torch.Tensor
+    other: torch.Tensor
+    stdlib_weight: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.stdlib_weight <= 1.0:
+            raise ValueError(f"stdlib_weight={self.stdlib_weight} must lie in [0, 1], e.g. 0.5")
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """Both streams, concatenated (for token statistics such as the draft vocabulary)."""
+        return torch.cat([self.stdlib, self.other])
+
+    def windows(self, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+        """``[batch, seq_len]`` windows; each row from the stdlib with probability ``stdlib_weight`` (an
+        empty or too-short stream gives all rows to the other)."""
+        ok_std, ok_other = self.stdlib.numel() > seq_len, self.other.numel() > seq_len
+        w = self.stdlib_weight if ok_std and ok_other else float(ok_std)
+        n_std = int((torch.rand(batch, generator=generator) < w).sum())
+        parts = []
+        if n_std:
+            parts.append(random_windows(self.stdlib, n_std, seq_len, generator))
+        if batch - n_std:
+            parts.append(random_windows(self.other, batch - n_std, seq_len, generator))
+        ids = torch.cat(parts)
+        return ids[torch.randperm(batch, generator=generator).to(ids.device)]
+
+    def to(self, device) -> "TrainingMix":
+        """The same mix with both streams on ``device`` (windows are then cut there)."""
+        return TrainingMix(self.stdlib.to(device), self.other.to(device), self.stdlib_weight)
+
+
+def load_training_mix(tok, train_files: Sequence[SourceFile], eot_id: int, stdlib_chars: int, other_chars: int,
+                      stdlib_weight: float) -> tuple[TrainingMix, dict[str, int]]:
+    """The training mix of ``train_files`` (see the module docstring) and its statistics."""
+    std = [f for f in train_files if is_stdlib(f)]
+    other = sorted((f for f in train_files if not is_stdlib(f)), key=lambda f: hashlib.sha1(f.rel.encode()).hexdigest())
+    seen: set[str] = set()
+    std_texts = read_unique_texts(std, stdlib_chars, seen=seen)
+    other_texts = read_unique_texts(other, other_chars, keep=looks_like_code, seen=seen)
+    mix = TrainingMix(encode_texts(tok, std_texts, eot_id) if std_texts else torch.zeros(0, dtype=torch.int32),
+                      encode_texts(tok, other_texts, eot_id) if other_texts else torch.zeros(0, dtype=torch.int32),
+                      stdlib_weight)
+    stats = {"stdlib_files": len(std_texts), "stdlib_chars": sum(map(len, std_texts)), "stdlib_tokens": mix.stdlib.numel(),
+             "other_files": len(other_texts), "other_chars": sum(map(len, other_texts)), "other_tokens": mix.other.numel()}
+    return mix, stats
+
+
+def cached_training_mix(cache: Path | None, tok, train_files: Sequence[SourceFile], eot_id: int, stdlib_chars: int,
+                        other_chars: int, stdlib_weight: float) -> tuple[TrainingMix, dict[str, int]]:
+    """:func:`load_training_mix`, kept in ``cache`` (a torch file) when given: a second run (a resumed target,
+    the heads) skips reading and tokenizing. The cache records its arguments and is rebuilt when they differ."""
+    key = {"stdlib_chars": stdlib_chars, "other_chars": other_chars, "files": len(train_files),
+           "vocab": tok.get_vocab_size()}
+    if cache is not None and Path(cache).exists():
+        saved = torch.load(cache, weights_only=False)
+        if saved["key"] == key:
+            return TrainingMix(saved["stdlib"], saved["other"], stdlib_weight), saved["stats"]
+    mix, stats = load_training_mix(tok, train_files, eot_id, stdlib_chars, other_chars, stdlib_weight)
+    if cache is not None:
+        Path(cache).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": key, "stdlib": mix.stdlib, "other": mix.other, "stats": stats}, cache)
+    return mix, stats
+
+
 def encode_texts(tokenizer, texts: Sequence[str], eot_id: int) -> torch.Tensor:
     """One flat int32 token stream: each text's tokens followed by ``eot_id``."""
     encs = tokenizer.encode_batch(list(texts), add_special_tokens=False)
@@ -119,7 +236,7 @@ def random_windows(
         )
     starts = torch.randint(0, stream.numel() - seq_len, (batch,), generator=generator)
     idx = starts[:, None] + torch.arange(seq_len)[None, :]
-    return stream[idx].long()
+    return stream[idx.to(stream.device)].long()
 
 
 def fixed_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch.Tensor:

@@ -32,7 +32,7 @@ Public API used by the wiring doctor::
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -406,68 +406,3 @@ def load_target_embedding(target_dir: Path) -> torch.Tensor:
                 if n in fh.keys():
                     return fh.get_tensor(n).float()
     raise KeyError(f"no embed_tokens weight in {target_dir}; pass the miniature target folder (models/kimi-k25-mini)")
-
-
-@dataclass
-class ChainStats:
-    """Counts for simulated chain acceptance: ``accepted_at[j]`` anchors whose first j+1 drafts all matched."""
-
-    anchors: int = 0
-    accepted_at: list[int] = field(default_factory=list)
-
-    def add(self, match: torch.Tensor) -> None:
-        """``match`` [N, k] bool: draft step j matched the target's greedy token, per anchor."""
-        run = match.long().cumprod(dim=1)
-        if not self.accepted_at:
-            self.accepted_at = [0] * match.shape[1]
-        for j in range(match.shape[1]):
-            self.accepted_at[j] += int(run[:, j].sum())
-        self.anchors += match.shape[0]
-
-    def per_position(self) -> list[float]:
-        return [a / max(1, self.anchors) for a in self.accepted_at]
-
-    def acceptance_length(self, k: int) -> float:
-        """Mean tokens per target forward with k drafts: 1 (bonus) + accepted drafts."""
-        return 1.0 + sum(self.per_position()[:k])
-
-    def summary(self) -> dict[str, Any]:
-        pp = self.per_position()
-        return {"anchors": self.anchors, "per_position_acceptance": pp,
-                "acceptance_length": {str(k): self.acceptance_length(k) for k in range(1, len(pp) + 1)}}
-
-
-def served_walk(match: torch.Tensor, k: int) -> tuple[int, int]:
-    """(drafts, accepted drafts) of ONE sequence served greedily with ``k`` draft tokens, as vLLM does it.
-
-    ``match`` [A, >= k] bool: row i = the chain drafted at the i-th anchor after the prompt (anchor 0 = the
-    proposal right after prefill), column j = its (j+1)-th draft equals the target's greedy token. vLLM drafts
-    at anchor 0, accepts the leading matches ``a``, emits ``a + 1`` tokens (the bonus token is the target's),
-    and drafts next at anchor ``i + a + 1``. Unlike the every-anchor average (:class:`ChainStats`), this visits
-    the anchors a server visits: hard stretches (short advances) get more drafts, so it is what served
-    ``/metrics`` counters estimate. Anchors whose chain runs past the known continuation end the walk.
-    """
-    drafts = accepted = 0
-    i = 0
-    while i < match.shape[0]:
-        a = int(match[i, :k].long().cumprod(0).sum())
-        drafts += 1
-        accepted += a
-        i += a + 1
-    return drafts, accepted
-
-
-def walk_summary(matches: torch.Tensor, ks: Sequence[int]) -> dict[str, Any]:
-    """:func:`served_walk` for every sequence of ``matches`` [N, A, K] and every k: per-sequence (drafts,
-    accepted) and the pooled acceptance length 1 + accepted / drafts (what vLLM's counters give)."""
-    out: dict[str, Any] = {}
-    for k in ks:
-        per = [served_walk(m, k) for m in matches]
-        d, a = sum(x for x, _ in per), sum(y for _, y in per)
-        out[str(k)] = {"drafts": d, "accepted": a, "acceptance_length": 1.0 + a / max(1, d),
-                       "per_sequence": [list(x) for x in per]}
-    return out
-
-
-def config_dict(c: DraftConfig) -> dict[str, Any]:
-    return asdict(c)

@@ -37,75 +37,12 @@ import torch
 from vllm_eagle3.resolve import load_spec_yaml
 
 from . import data, export, tokenizer
-from .draft import ChainStats, Eagle3Draft, walk_summary
-from .train_draft import DEFAULT_SPEC, shifted, target_outputs
+from .acceptance import MAX_K, chain_eval, walk_summary
+from .draft import Eagle3Draft
+from .target import use_dense_experts
+from .teacher import DEFAULT_SPEC, greedy_continue
 
-MAX_K = 5
-
-
-@torch.no_grad()
-def greedy_continue(model, prompts: torch.Tensor, new_tokens: int, batch: int, use_cache: bool = True,
-                    progress: str | None = None, time_budget_s: float = 0.0) -> torch.Tensor:
-    """[N, P + new_tokens]: prompts followed by the target's argmax tokens (no EOS stop).
-
-    ``use_cache`` decodes one token per forward over transformers' KV cache (the fast path, used for training
-    data); ``False`` re-runs the whole sequence per token (the reference the cached path is tested against).
-    ``progress`` (a label) prints one line per batch. ``time_budget_s`` (> 0) starts no new batch after that many
-    seconds: N is then the prompts of the batches done.
-    """
-    outs = []
-    t0 = time.time()
-    for i in range(0, prompts.shape[0], batch):
-        if time_budget_s and time.time() - t0 > time_budget_s:
-            print(f"[{progress or 'greedy'}] time budget {time_budget_s:.0f}s reached after {i} of "
-                  f"{prompts.shape[0]} prompts", flush=True)
-            break
-        seq = prompts[i : i + batch]
-        if use_cache:
-            out = model(input_ids=seq, use_cache=True)
-            tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
-            for _ in range(new_tokens - 1):
-                out = model(input_ids=tokens[-1], past_key_values=out.past_key_values, use_cache=True)
-                tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
-            seq = torch.cat([seq, *tokens[:new_tokens]], dim=1)
-        else:
-            for _ in range(new_tokens):
-                nxt = model(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)
-                seq = torch.cat([seq, nxt], dim=1)
-        outs.append(seq)
-        if progress:
-            done = min(i + batch, prompts.shape[0])
-            print(f"[{progress}] {done}/{prompts.shape[0]} prompts continued by {new_tokens} greedy tokens "
-                  f"({time.time() - t0:.0f}s)", flush=True)
-    return torch.cat(outs)
-
-
-@torch.no_grad()
-def chain_eval(target, draft: Eagle3Draft, seqs: torch.Tensor, spec, first_anchor: int, batch: int):
-    """(ChainStats over anchors first_anchor..T-1-MAX_K, per-step top-1 agreement over all valid rows,
-    per-sequence matches [N, anchors, MAX_K] bool for :func:`served_walk`)."""
-    stats = ChainStats()
-    agree = [0] * MAX_K
-    count = [0] * MAX_K
-    matches = []
-    d2t_ids = draft.draft_to_target
-    for i in range(0, seqs.shape[0], batch):
-        ids = seqs[i : i + batch]
-        t = ids.shape[1]
-        taps, logits = target_outputs(target, ids, spec)
-        greedy = logits.argmax(-1)  # row r: target's token r + 1
-        outs = draft.unroll(taps, shifted(ids), MAX_K)
-        preds = [d2t_ids[dl.argmax(-1)] for dl, _ in outs]  # step j at row r predicts token r + j + 1
-        for j, pj in enumerate(preds, start=1):
-            ok = pj[:, first_anchor : t - j] == greedy[:, first_anchor + j :]
-            agree[j - 1] += int(ok.sum())
-            count[j - 1] += ok.numel()
-        last = t - MAX_K  # anchors r with r + MAX_K <= t - 1
-        match = torch.stack([preds[j - 1][:, first_anchor:last] == greedy[:, first_anchor + j : last + j]
-                             for j in range(1, MAX_K + 1)], dim=-1)  # [B, anchors, K]
-        stats.add(match.reshape(-1, MAX_K))
-        matches.append(match.cpu())
-    return stats, [a / max(1, c) for a, c in zip(agree, count)], torch.cat(matches)
+__all__ = ["greedy_continue", "main"]  # greedy_continue: re-exported (it lives in teacher.py)
 
 
 def plot_curves(target_log: dict, draft_log: dict, path: Path) -> bool:
@@ -142,6 +79,7 @@ def update_served_walk(args) -> None:
     device = torch.device(args.device)
     spec = load_spec_yaml(args.spec)
     target = export.load_text_model(args.target, dtype=torch.float32, device=device)
+    use_dense_experts(target)  # the same MoE function, without a host sync per layer
     draft = Eagle3Draft.from_dir(args.draft, target_dir=args.target).to(device)
     items = json.loads((args.draft / "eval_prompts.json").read_text())["items"]
     plen = {len(it["prompt_token_ids"]) for it in items}
@@ -187,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     device = torch.device(args.device)
     spec = load_spec_yaml(args.spec)
     target = export.load_text_model(args.target, dtype=torch.float32, device=device)
+    use_dense_experts(target)  # the same MoE function, without a host sync per layer
     draft = Eagle3Draft.from_dir(args.draft, target_dir=args.target).to(device)
     tok = tokenizer.load_tokenizer(args.target)
     eot = tokenizer.special_ids(tok)[tokenizer.EOS]

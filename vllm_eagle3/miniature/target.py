@@ -194,6 +194,39 @@ def new_text_model(text_cfg: dict[str, Any], seed: int = 0):
     return DeepseekV3ForCausalLM(config)
 
 
+def dense_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' ``DeepseekV3Experts.forward`` computed densely: every expert on every token, weighted by
+    the router's top-k weights scattered into [T, E] (zero for experts not chosen), so the same function.
+
+    Why: the stock forward loops over the experts hit, with a ``nonzero`` host sync per MoE layer and a
+    gather per expert; at this size (8 experts of 48) one [T, H] x [H, E * 2I] matmul and one [T, E * I] x
+    [E * I, H] matmul are far cheaper on a GPU, and they have static shapes (no syncs).
+    """
+    import torch
+
+    t, h = hidden_states.shape
+    e, two_i, _ = self.gate_up_proj.shape
+    weights = torch.zeros(t, e, dtype=top_k_weights.dtype, device=hidden_states.device)
+    weights = weights.scatter(1, top_k_index, top_k_weights)
+    gate_up = torch.nn.functional.linear(hidden_states, self.gate_up_proj.reshape(e * two_i, h)).view(t, e, two_i)
+    gate, up = gate_up.chunk(2, dim=-1)
+    act = self.act_fn(gate) * up * weights[..., None].to(up.dtype)  # [T, E, I]
+    down = self.down_proj.permute(1, 0, 2).reshape(h, e * (two_i // 2))  # [H, E * I]
+    return torch.nn.functional.linear(act.reshape(t, -1), down).to(hidden_states.dtype)
+
+
+def use_dense_experts(model) -> int:
+    """Switch every MoE experts module of ``model`` to :func:`dense_experts_forward`; returns how many."""
+    import types
+
+    n = 0
+    for mod in model.modules():
+        if type(mod).__name__ == "DeepseekV3Experts":
+            mod.forward = types.MethodType(dense_experts_forward, mod)
+            n += 1
+    return n
+
+
 def count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -12,7 +12,8 @@ target, and ``--greedy-fraction`` of every batch is drawn from those sequences. 
 served draft meets (it drafts after the target's own greedy tokens, not after human text), and it is EAGLE's
 "regenerate the data with the target" step. Held-out files are never used.
 
-The draft vocabulary is the ``--draft-vocab-size`` most frequent tokens of the training stream.
+Text rows and generation prompts come from data.load_training_mix (the target's training mix; ``--data-cache``
+reuses the target run's tokenized copy). The draft vocabulary is its ``--draft-vocab-size`` most frequent tokens.
 The config's ids are written in the spec file's ``draft_ids_convention`` (configs/kimi_k25_eagle3.yaml:
 SGLang-legacy, so taps (0, 3, 31) become ``[-1, 2, 30]``).
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 from typing import Sequence
@@ -34,26 +34,14 @@ import torch.nn.functional as F
 
 from vllm_eagle3.conventions import taps_to_ids
 from vllm_eagle3.resolve import load_spec_file
-from vllm_eagle3.spec import CaptureSpec
 
 from . import data, export, tokenizer
 from .draft import DraftConfig, Eagle3Draft
-from .train_target import lr_at, run_progress, set_lr
+from .schedule import lr_at, run_progress, set_lr
+from .target import use_dense_experts
+from .teacher import DEFAULT_SPEC, greedy_continue, shifted, target_outputs
 
-DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "configs" / "kimi_k25_eagle3.yaml"
-
-
-def target_outputs(model, ids: torch.Tensor, spec: CaptureSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """(taps ``cat([hidden_states[t] for t in spec.taps])`` [B, T, n * H], logits [B, T, V]) of the target."""
-    spec.check_num_layers(model.config.num_hidden_layers)
-    out = model(input_ids=ids, output_hidden_states=True)
-    taps = torch.cat([out.hidden_states[t] for t in spec.taps], dim=-1)
-    return taps.float(), out.logits.float()
-
-
-def shifted(ids: torch.Tensor) -> torch.Tensor:
-    """Row i -> token i + 1 (what vLLM feeds the draft); the last row gets 0 (padding)."""
-    return torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+__all__ = ["DEFAULT_SPEC", "main", "shifted", "target_outputs", "ttt_loss"]  # teacher names re-exported
 
 
 def choose_draft_vocab(stream: torch.Tensor, vocab_size: int, draft_vocab_size: int) -> tuple[torch.Tensor, float]:
@@ -95,7 +83,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="capture-spec YAML (taps and the config's id convention)")
     ap.add_argument("--roots", nargs="*", type=Path, default=None)
     ap.add_argument("--heldout-fraction", type=float, default=0.02)
-    ap.add_argument("--max-chars", type=int, default=40_000_000)
+    ap.add_argument("--stdlib-chars", type=int, default=100_000_000, help="standard-library characters (data.load_training_mix)")
+    ap.add_argument("--max-chars", type=int, default=150_000_000, help="third-party characters")
+    ap.add_argument("--stdlib-weight", type=float, default=0.35, help="share of text rows and prompts from the stdlib")
+    ap.add_argument("--data-cache", type=Path, default=None, help="keep the tokenized training mix here (reused)")
     ap.add_argument("--draft-vocab-size", type=int, default=2048)
     ap.add_argument("--intermediate-size", type=int, default=512)
     ap.add_argument("--num-heads", type=int, default=4)
@@ -136,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     spec_file = load_spec_file(args.spec)
     spec = spec_file.spec
     target = export.load_text_model(args.target, device=device)
+    use_dense_experts(target)
     for p in target.parameters():
         p.requires_grad_(False)
     tcfg = target.config
@@ -147,18 +139,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     tok = tokenizer.load_tokenizer(args.target)
     eot = tokenizer.special_ids(tok)[tokenizer.EOS]
     train_files, _ = data.split_files(data.source_files(args.roots or data.default_roots()), args.heldout_fraction)
-    stream = data.encode_texts(tok, data.read_texts(train_files, args.max_chars), eot)
-    vocab_ids, coverage = choose_draft_vocab(stream, tcfg.vocab_size, args.draft_vocab_size)
-    print(f"[data] {stream.numel():,} train tokens; draft vocab {args.draft_vocab_size} covers {coverage:.4f} of them; "
+    mix, mix_stats = data.cached_training_mix(args.data_cache, tok, train_files, eot, args.stdlib_chars, args.max_chars, args.stdlib_weight)
+    vocab_ids, coverage = choose_draft_vocab(mix.tokens, tcfg.vocab_size, args.draft_vocab_size)
+    print(f"[data] {mix_stats}; draft vocab {args.draft_vocab_size} covers {coverage:.4f} of them; "
           f"taps {spec.label()} written as {convention} ids {list(ids_in_config)}; prep {time.time() - t_start:.0f}s", flush=True)
 
     greedy = None
     n_greedy = 0
     if args.greedy_prompts:
-        from .evaluate import greedy_continue
-
         pgen = torch.Generator().manual_seed(args.seed + 2)
-        prompts = data.random_windows(stream, args.greedy_prompts, args.greedy_prompt_len, pgen).to(device)
+        prompts = mix.windows(args.greedy_prompts, args.greedy_prompt_len, pgen).to(device)
         t_gen = time.time()
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             greedy = greedy_continue(target, prompts, args.seq_len - args.greedy_prompt_len, args.greedy_batch,
@@ -178,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(args.seed + 1)
-    log: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "draft_vocab_coverage": coverage,
+    log: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "draft_vocab_coverage": coverage, "data": mix_stats,
                  "greedy_sequences": 0 if greedy is None else int(greedy.shape[0]),
                  "params": sum(p.numel() for p in params), "train": []}
     step, t0 = 0, time.time()
@@ -187,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if progress >= 1.0:
             break
         set_lr(opt, lr_at(progress, step, args.lr, args.warmup))
-        ids = data.random_windows(stream, args.batch - n_greedy, args.seq_len, gen)
+        ids = mix.windows(args.batch - n_greedy, args.seq_len, gen)
         if n_greedy:
             ids = torch.cat([ids, greedy[torch.randint(0, greedy.shape[0], (n_greedy,), generator=gen)]])
         ids = ids.to(device)
@@ -201,10 +191,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         opt.step()
         step += 1
         if step % 10 == 0 or step == 1:
-            log["train"].append({"step": step, "loss": float(loss), "step_losses": losses, "step_top1": accs,
+            log["train"].append({"step": step, "loss": float(loss.detach()), "step_losses": losses, "step_top1": accs,
                                  "time_s": time.time() - t0})
             if step % 100 == 0 or step == 1:
-                print(f"[train] step {step} loss {float(loss):.3f} top1/step {[round(a, 3) for a in accs]}", flush=True)
+                print(f"[train] step {step} loss {float(loss.detach()):.3f} top1/step {[round(a, 3) for a in accs]}", flush=True)
     log["final"] = {"steps": step, "train_time_s": time.time() - t0, "tokens": step * args.batch * args.seq_len}
     extra = {"vllm_eagle3": {"taps": spec.label(), "ids_convention": convention, "spec": args.spec.name,
                              "target": args.target.name, "trained_with": "vllm_eagle3.miniature.train_draft"}}
