@@ -257,7 +257,9 @@ def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             cand = [(v["by_concurrency"][str(c)]["tok_s"]["value"], v) for v in vs
                     if "tok_s" in v["by_concurrency"].get(str(c), {})]
             cand = [(t, v) for t, v in cand if finite(t)]
-            if not cand:
+            if not cand or not any(v["variant"]["k"] == 0 for _, v in cand):
+                if cand:  # speculative cells but no baseline (its server failed): no advice, say why
+                    out.append({"mode": mode, "concurrency": c, "best_k": None, "missing_base": True})
                 continue
             best_t, best = max(cand, key=lambda tv: tv[0])
             row = best["by_concurrency"][str(c)]

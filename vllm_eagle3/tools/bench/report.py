@@ -80,6 +80,10 @@ def advice_block(summary: Mapping) -> str:
                          + ("speculation loses, as in the incident's 56.8 vs 90 tok/s." if finite(tau.value)
                             and finite(be.value) and tau.value < be.value else "see the tables."))
             continue
+        if a.get("missing_base"):
+            lines.append(f"- {a['mode']}, concurrency {a['concurrency']}: no advice: the no-speculation server of "
+                         "this mode was not measured (see the failed variants)")
+            continue
         ks = ", ".join(map(str, a["measured_k"]))
         if a["best_k"] == 0:
             what = f"**do not speculate** (no speculation was fastest among k = {ks})"
@@ -104,8 +108,9 @@ def all_cells(summary: Mapping) -> str:
                          e(row.get("speedup_timed")), e(acc.get("tau")) if v["variant"]["k"] else "-", pp,
                          "decode kernel" if v["mla_verify_on_decode_kernel"] else "vLLM's own"
                          if v["variant"]["k"] else "-"])
-    return table(["variant", "conc.", "tok/s", "latency ms (median)", "ms per token (median)", "speedup",
-                  "speedup, timed cells", "tau", "per-position acceptance", "MLA verify ran on"], rows)
+    failed = [f"**Failed:** {v['key']}: {v['error']}" for v in summary["variants"] if v["error"]]
+    return "\n\n".join(failed + [table(["variant", "conc.", "tok/s", "latency ms (median)", "ms per token (median)", "speedup",
+                  "speedup, timed cells", "tau", "per-position acceptance", "MLA verify ran on"], rows)])
 
 
 def split_block(summary: Mapping) -> str:
@@ -207,7 +212,8 @@ def plot(data: Mapping, path: Path) -> None:
     ax1.set_xticklabels([str(c) for c in s["concurrencies"]])
     ax1.set_xlabel("concurrency (speedup from the throughput cells; timed cells where a variant has none)")
     ax1.set_ylabel("speedup over no speculation (95 % interval)")
-    ax1.legend(fontsize=7)
+    if ax1.get_legend_handles_labels()[0]:
+        ax1.legend(fontsize=7)
     bars = [(f"{v['key']}\nc={c}", r["split"]) for v in s["variants"] for c, r in v["by_concurrency"].items()
             if r.get("split", {}).get("steps") and v["variant"]["replica"] == 1]
     if bars:
