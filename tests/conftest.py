@@ -82,3 +82,20 @@ def target(tmp_path):
         "architectures": ["KimiK25ForConditionalGeneration"],
         "text_config": {"num_hidden_layers": 61, "hidden_size": 128, "vocab_size": 4096}}))
     return d
+
+
+@pytest.fixture(scope="module")
+def incident_files(tmp_path_factory) -> dict[str, Path]:
+    """The shipped head's weights (and eval.json) with the incident's config: ids [2, 30, 58] read sglang-legacy =
+    taps 3, 31, 59, no record of the trained taps, and a spec saying so: the incident's wiring, served."""
+    from vllm_eagle3.tools.convert import rewired_copy
+
+    repo = Path(__file__).resolve().parents[1]
+    root = tmp_path_factory.mktemp("incident")
+    # The incident's config carried no trainer record of the taps (the shipped head's `vllm_eagle3.taps`, which the
+    # static check compares with the spec): rewired_copy drops it, so only served acceptance can tell.
+    draft = rewired_copy(repo / "models" / "kimi-k25-mini-eagle3", root / "kimi-k25-mini-eagle3-incident", [2, 30, 58])
+    spec = root / "incident_spec.yaml"
+    spec.write_text("description: the incident's wiring (SGLang's default capture, no embedding)\n"
+                    "taps: [3, 31, 59]\nnum_layers: 61\ndraft_ids_convention: sglang-legacy\n")
+    return {"draft": draft, "spec": spec}

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.tools.convert import rewired_copy
 from vllm_eagle3.tools.metrics import SpecDecodeCounters, parse_prometheus
 from vllm_eagle3.tools.process import VllmServer, http_get
 
@@ -135,19 +134,6 @@ class ServerPool:
             code = server.stop()
             say(f"server {name!r} stopped in {time.monotonic() - t0:.1f} s (exit code {code})")
             self.running = None
-
-
-@pytest.fixture(scope="module")
-def incident_files(tmp_path_factory) -> dict[str, Path]:
-    """The shipped head's weights with the incident's config: ids [2, 30, 58] read sglang-legacy = taps 3, 31, 59."""
-    root = tmp_path_factory.mktemp("incident")
-    # The incident's config carried no trainer record of the taps (the shipped head's `vllm_eagle3.taps`, which the
-    # static check compares with the spec): rewired_copy drops it, so only served acceptance can tell.
-    draft = rewired_copy(DRAFT, root / "kimi-k25-mini-eagle3-incident", [2, 30, 58])
-    spec = root / "incident_spec.yaml"
-    spec.write_text("description: the incident's wiring (SGLang's default capture, no embedding)\n"
-                    "taps: [3, 31, 59]\nnum_layers: 61\ndraft_ids_convention: sglang-legacy\n")
-    return {"draft": draft, "spec": spec}
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.tools.convert import rewired_copy
 from vllm_eagle3.tools.process import VllmServer, http_get
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,20 +52,6 @@ def prompts(n: int) -> list[list[int]]:
     """Held-out prompts as token ids (eval_prompts.json, the ones the head's eval.json was measured on), cycled."""
     items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"]
     return [list(map(int, items[i % len(items)]["prompt_token_ids"])) for i in range(n)]
-
-
-@pytest.fixture(scope="module")
-def incident_files(tmp_path_factory) -> dict[str, Path]:
-    """The shipped head's weights (and eval.json) with the incident's config: ids [2, 30, 58] read sglang-legacy =
-    taps 3, 31, 59, no record of the trained taps, and the spec saying so."""
-    root = tmp_path_factory.mktemp("incident")
-    # The incident's config carried no trainer record of the taps (the shipped head's `vllm_eagle3.taps`, which the
-    # static check compares with the spec): rewired_copy drops it, so only served acceptance can tell.
-    draft = rewired_copy(DRAFT, root / "kimi-k25-mini-eagle3-incident", [2, 30, 58])
-    spec = root / "incident_spec.yaml"
-    spec.write_text("description: the incident's wiring (SGLang's default capture, no embedding)\n"
-                    "taps: [3, 31, 59]\nnum_layers: 61\ndraft_ids_convention: sglang-legacy\n")
-    return {"draft": draft, "spec": spec}
 
 
 def serve(draft: Path, spec: Path) -> VllmServer:
