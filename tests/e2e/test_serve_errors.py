@@ -87,8 +87,12 @@ def bad_weight_drafts(root: Path) -> dict[str, Path]:
     wide = make_draft(root, "wide_draft")
     cfg = json.loads((wide / "config.json").read_text())
     (wide / "config.json").write_text(json.dumps({**cfg, "target_hidden_size": 2 * H}))
+    # No "method" in the speculative config: vLLM picks eagle3 from the path; serve used to skip validation
+    # silently when it could not read this config (issue 11).
+    broken = make_draft(root, "broken-eagle3")
+    (broken / "config.json").write_text("{not json")
     return {"pickle_draft": pickle_only, "weightless_draft": weightless, "truncated_draft": truncated,
-            "wide_draft": wide}
+            "wide_draft": wide, "broken_eagle3": broken}
 
 
 def serve(*args: str) -> tuple[int, str, str, float]:
@@ -158,6 +162,9 @@ CASES = {
         lambda f: [str(f["target"]), "--speculative-config",
                    json.dumps({"method": "eagle", "model": str(f["good_draft"]), "num_speculative_tokens": 3}),
                    "--capture-spec", str(f["good_spec"])], ["EAGLE-3 drafts only", "'eagle'"]),
+    "unreadable draft config, method from the path": (
+        lambda f: [str(f["target"]), "--speculative-config", json.dumps({"model": str(f["broken_eagle3"])}),
+                   "--capture-spec", str(f["good_spec"])], ["draft config", "not valid JSON"]),
     "pipeline parallel drops a tap": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"]),
                                                  "--capture-spec", str(f["good_spec"]), "-pp", "2"],
                                       ["pipeline_parallel_size=2", "[embed, 3]", "earlier stages"]),

@@ -101,3 +101,5 @@ def test_sigint_ends_everything_within_30_s(phase):
         # Started with no VLLM_CPU_KVCACHE_SPACE at all: the wrapper chose one, said so, and the server served.
         assert "vllm-eagle3: vLLM-CPU memory: VLLM_CPU_KVCACHE_SPACE=" in r["log"], r["log"][-3000:]
         assert "to choose yourself" in r["log"]
+        # every vLLM process names the engine patches in force (they change vLLM-CPU code paths for every model)
+        assert "vllm-eagle3: engine patches in this process: vllm_cpu_block_size" in r["log"]

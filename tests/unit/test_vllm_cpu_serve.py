@@ -41,3 +41,21 @@ def test_too_little_memory_is_one_clear_line(tmp_path):
     with pytest.raises(ValueError, match=r"not enough memory to serve on vLLM-CPU: 2\.0 GiB available, ~3\.0 GiB "
                                          r"needed .* set VLLM_CPU_KVCACHE_SPACE=<GiB> / --gpu-memory-utilization"):
         memory_setting(False, {}, [tmp_path], meminfo=meminfo(2.0))
+
+
+def test_demo_compares_served_acceptance_with_the_served_walk(tmp_path):
+    """Guards issue 11: the demo compared served acceptance with the every-anchor average (3.317), which the serving
+    test itself calls the wrong baseline; the served walk is what a server measures."""
+    import json
+
+    from vllm_eagle3.tools.demo import model_card_line
+    from vllm_eagle3.tools.metrics import SpecDecodeCounters
+
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "eval.json").write_text(json.dumps({"simulated_acceptance": {
+        "greedy": {"acceptance_length": {"3": 3.317}}, "served_walk": {"3": {"acceptance_length": 3.164}}}}))
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(f"speculative-config:\n  model: {draft}\n")
+    line = model_card_line(cfg, SpecDecodeCounters(100, 300, 200, (80, 65, 55)))
+    assert "served walk, k=3" in line and "3.164" in line and "3.317" not in line and "3.000" in line

@@ -88,7 +88,7 @@ class Variant:
         elif self.capture == NATIVE:
             s = f"EAGLE-3 k={self.k}, taps 3/31/59 by vLLM's native capture (the incident wiring)"
         else:
-            s = f"EAGLE-3 k={self.k}, taps [embed, 3, 31]"
+            s = f"EAGLE-3 k={self.k}, the capture spec's taps (--capture-spec, plugin capture)"
         if self.mla_verify == MLA_OFF:
             s += ", MLA verify-as-decode opted out (vLLM's own verify path)"
         elif self.mla_verify == MLA_ON:
