@@ -23,10 +23,11 @@ stay on vLLM's own prefill path in the same step (mixed batches); there is no ba
 Chunked prefill never reaches this backend: vLLM-CPU disables it for MLA (``platforms/cpu.py``), and a short chunk
 with context would be one more row set of the same form.
 
-Measured (k=3, the shipped miniature, float32, 2 shared CPU cores): issue 12 numbers are in the commit that made
-this the default (EAGLE-3 vs no speculation, concurrency 1 and 4); with the earlier opt-in, uniform-only version:
-2.18x / 2.07x at concurrency 1 / 4 instead of ~1.1x / 0.65x, greedy text unchanged
-(tests/e2e/test_mla_verify_decode.py: greedy == the target's float32 transformers greedy continuation).
+Measured (k=3, the shipped miniature + head, offline engines with the serve config's options — float32, eager —
+held side by side and measured in alternation, 64 greedy tokens, 2 rounds; 2 shared CPU cores with other engineers'
+engines running, so absolute tok/s are ~5x below an idle box and only the ratios mean anything), EAGLE-3 over no
+speculation: this path 2.2-2.6x at concurrency 1 and 2.0-2.2x at concurrency 4; ``=0`` (vLLM's own path) 1.3-1.5x and
+0.85-0.94x. Greedy tokens identical across the three engines.
 
 Default on, opt-out: ``VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0`` runs vLLM's own path (unset, "" or "1": this path;
 anything else is a clear error). The switch is read when a backend hands out its builder (:func:`enabled`), not at
