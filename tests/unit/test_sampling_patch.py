@@ -25,7 +25,18 @@ def cpu_overrides():
 
     if not current_platform.is_cpu() or HAS_TRITON:
         pytest.skip("the patched fallback exists only on vLLM-CPU without a Triton CPU backend")
-    current_platform.register_triton_kernel_overrides()
+    # vLLM's registration scans every module in sys.modules; llvmlite's `_lib_fn_wrapper` objects (imported by
+    # earlier tests of a full run, via numba) break that scan (`vars(obj).get` on a non-dict). A worker process never
+    # has them loaded at that point: hide them while registering, as in a worker.
+    import sys
+
+    foreign = {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("llvmlite", "numba")}
+    for name in foreign:
+        del sys.modules[name]
+    try:
+        current_platform.register_triton_kernel_overrides()
+    finally:
+        sys.modules.update(foreign)
 
 
 def expand_reference(x: torch.Tensor, counts: list[int], replace_from=0, replace_to=0) -> torch.Tensor:
