@@ -155,9 +155,6 @@ class VllmServer:
         self.env.setdefault("VLLM_NO_USAGE_STATS", "1")
         self.env.setdefault("DO_NOT_TRACK", "1")
         self.env.setdefault("PYTHONUNBUFFERED", "1")
-        preload = with_intel_openmp(self.env.get("LD_PRELOAD", ""), intel_openmp_library())
-        if preload:
-            self.env["LD_PRELOAD"] = preload
         self._own_log = log_path is None
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-eagle3-serve-",
                                                                               suffix=".log")[1])
