@@ -4,7 +4,7 @@ speculative server — every sampling option, streaming with early disconnects, 
 Guards issue 13: one sampling option sent to a speculative server killed its engine on main; a soak is how an
 operator finds the next one, and a slow leak. Pass: zero 5xx and transport errors, resident memory of the server's
 process tree within 200 MiB of its first post-warm-up sample, greedy reference output unchanged, /health 200.
-BENCHMARKS.md quotes the result file this writes (bench/results/soak.json).
+BENCHMARKS.md renders the result file this writes (bench/soak.json).
 """
 
 import os

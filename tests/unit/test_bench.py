@@ -269,3 +269,31 @@ def test_from_json_writes_the_documents(tmp_path, capsys):
     assert (tmp_path / "BENCHMARKS.md").read_text() == report.render(json.loads(res.read_text()), "bench.png")
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert "advice" in capsys.readouterr().out
+
+
+def _soak_result(**over):
+    verdict = {"no_5xx": True, "no_transport_errors": True, "only_expected_4xx": True, "memory_bounded": True,
+               "greedy_unchanged": True, "healthy_at_end": True, "speculation_ran": True}
+    base = {"date_utc": "2026-12-01 15:00", "machine": "x86_64, 2 cores", "commit": "abc1234", "load_before": "0.5",
+            "duration_s": 600.0, "warmup_s": 60.0, "concurrency": 8, "requests": 1200,
+            "by_status": {"200": 1150, "400": 50}, "transport_errors": 0, "early_disconnects": 40,
+            "refusals_4xx": {"The min_p and logit_bias sampling parameters are not yet supported": 50},
+            "completion_tokens": 30000, "first_errors": [], "rss_mb_first_last": [2000.0, 2050.0],
+            "rss_growth_mb": 50.0, "max_growth_mb": 200.0, "acceptance_length": 2.5, "drafts": 900,
+            "verdict": verdict, "passed": True}
+    base.update(over)
+    return base
+
+
+def test_soak_section_renders_each_check_and_the_verdict():
+    """BENCHMARKS.md's soak section: counts, memory, every check by name, and a failed check stands out."""
+    ok = report.soak_block(_soak_result())
+    assert "**passed**" in ok and "1150 x 200" in ok and "2000 -> 2050" in ok and "commit abc1234" in ok
+    assert "memory bounded yes" in ok and "50 x \"The min_p" in ok
+    bad = _soak_result(passed=False, verdict={**_soak_result()["verdict"], "no_5xx": False},
+                       first_errors=["500 completion-n2: boom"])
+    text = report.soak_block(bad)
+    assert "**FAILED**" in text and "no 5xx **NO**" in text and "`500 completion-n2: boom`" in text
+    assert report.soak_block(None) == report.NO_SOAK
+    rendered = report.render(None, soak=_soak_result())
+    assert "## Soak" in rendered and "**passed**" in rendered

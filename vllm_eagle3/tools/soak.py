@@ -12,7 +12,7 @@ prompts. Verdict:
   exceed the first post-warm-up sample by at most ``--max-growth-mb`` (allocator noise; a leak per request grows
   without bound over thousands of requests);
 - the greedy reference unchanged at the end, ``/health`` still 200, the spec-decode counters advanced.
-Writes a JSON result (``--out``); BENCHMARKS.md quotes the last one.
+Writes a JSON result (``--out``, default ``bench/soak.json``, committed) and renders it into BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from vllm_eagle3.tools.process import VllmServer, served_model_name
 SERVE_ARGS = ["--config", "configs/serve_kimi_k25_mini.yaml", "--capture-spec", "configs/kimi_k25_eagle3.yaml"]
 REFERENCE_PROMPTS = ("def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n")
 SHORT = ("def ", "import os\n", "x = ", "class A:\n", "for i in range(")
-DEFAULT_OUT = "bench/results/soak.json"
+DEFAULT_OUT = "bench/soak.json"
 EXPECTED_4XX = ("The min_p and logit_bias sampling parameters are not yet supported with speculative decoding",)
 """4xx answers that are vLLM's documented refusals (``vllm/v1/engine/input_processor.py``), not defects."""
 
@@ -165,6 +165,9 @@ def greedy_reference(base: str, model: str) -> list[str]:
 
 
 def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: float, say=print) -> dict:
+    from vllm_eagle3.tools.bench.run import loadavg, machine_info
+
+    load_before, commit = loadavg(), machine_info()["commit"]  # the code that runs: HEAD when the soak starts
     server = VllmServer(SERVE_ARGS, cwd=REPO, kv_cache_gib=None).start()
     say(f"[soak] starting the shipped pair (EAGLE-3, eager) on {server.base_url}; log {server.log_path}")
     try:
@@ -206,7 +209,8 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
     return {
         "what": "vllm-eagle3 soak: mixed traffic against one speculative server (shipped pair, eager, k=3)",
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "duration_s": duration_s,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "commit": commit, "load_before": load_before,
+        "duration_s": duration_s,
         "warmup_s": warmup_s, "concurrency": concurrency, "requests": tally.requests, "by_status": tally.by_status,
         "transport_errors": tally.transport_errors, "early_disconnects": tally.disconnects,
         "refusals_4xx": tally.refusals,
@@ -233,6 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: result[k] for k in ("requests", "by_status", "transport_errors", "rss_growth_mb",
                                              "verdict", "passed")}, indent=1))
     print(f"[soak] result written to {out}")
+    if out == REPO / DEFAULT_OUT:
+        from vllm_eagle3.tools.bench import report
+
+        results = REPO / "bench" / "results.json"
+        md = REPO / "BENCHMARKS.md"
+        md.write_text(report.render(report.load(results) if results.exists() else None, "docs/bench.png",
+                                    soak=report.load_soak(out)))
+        print(f"[soak] {md.name} rendered with it")
     return 0 if result["passed"] else 1
 
 

@@ -13,11 +13,14 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from vllm_eagle3.tools import REPO
 from vllm_eagle3.tools.bench.stats import Estimate, finite
 
 TEMPLATE = Path(__file__).with_name("template.md")
 SLOT = re.compile(r"\{\{(\w+)\}\}")
 NO_RUN = "_No run of this benchmark yet: run `make bench` (see above)._"
+NO_SOAK = "_No soak result yet: run `vllm-eagle3 soak` (see above)._"
+SOAK = REPO / "bench" / "soak.json"
 
 
 def e(d: Mapping | None, digits: int = 2) -> str:
@@ -157,8 +160,41 @@ def capture_lines(summary: Mapping) -> str:
         or "_none_"
 
 
-def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path = TEMPLATE) -> str:
-    """The whole ``BENCHMARKS.md``: the template with its slots filled from the results (or the no-run note)."""
+def soak_block(soak: Mapping | None) -> str:
+    """The last ``vllm-eagle3 soak`` result (``bench/soak.json``): what ran, what came back, each check's verdict."""
+    if not soak:
+        return NO_SOAK
+    statuses = ", ".join(f"{n} x {s}" for s, n in sorted(soak["by_status"].items()))
+    refusals = "; ".join(f"{n} x \"{r}\"" for r, n in sorted(soak["refusals_4xx"].items(), key=lambda x: -x[1]))
+    rss = soak.get("rss_mb_first_last") or ["n/a", "n/a"]
+    checks = ", ".join(f"{k.replace('_', ' ')} {'yes' if ok else '**NO**'}" for k, ok in soak["verdict"].items())
+    lines = [
+        f"**Soak of {soak['date_utc']} UTC**: `vllm-eagle3 soak`, {soak['concurrency']} concurrent clients for "
+        f"{soak['duration_s']:.0f} s after {soak['warmup_s']:.0f} s of warm-up; machine {soak['machine']}"
+        + (f", load average {soak['load_before']} before" if soak.get("load_before") else "")
+        + (f"; commit {soak['commit']}" if soak.get("commit") else "") + ".",
+        "",
+        table(["requests", "answers", "transport errors", "streams cut by the client", "completion tokens",
+               "resident memory after warm-up, first -> last (MiB)", "growth (limit)", "acceptance length",
+               "verdict"],
+              [[str(soak["requests"]), statuses, str(soak["transport_errors"]), str(soak["early_disconnects"]),
+                str(soak["completion_tokens"]), f"{f(rss[0], 0)} -> {f(rss[1], 0)}",
+                f"{f(soak['rss_growth_mb'], 0)} MiB ({f(soak['max_growth_mb'], 0)})", f(soak["acceptance_length"]),
+                "**passed**" if soak["passed"] else "**FAILED**"]]),
+        "",
+        f"Checks: {checks}.",
+    ]
+    if refusals:
+        lines += ["", f"4xx answers (vLLM's refusals, by reason): {refusals}."]
+    if soak.get("first_errors"):
+        lines += ["", "First errors:", "", *(f"- `{x}`" for x in soak["first_errors"])]
+    return "\n".join(lines)
+
+
+def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path = TEMPLATE,
+           soak: Mapping | None = None) -> str:
+    """The whole ``BENCHMARKS.md``: the template with its slots filled from the results (or the no-run note) and
+    from the last soak result (``soak``, see :func:`load_soak`)."""
     text = template.read_text()
     if data is None:
         slots = {name: NO_RUN if name == "run" else "" for name in set(SLOT.findall(text))}
@@ -170,6 +206,7 @@ def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path
                  "cells": all_cells(s), "split": split_block(s), "capture": capture_block(s),
                  "costs": costs_block(s), "capture_lines": capture_lines(s),
                  "plot": f"![benchmark plot]({png_rel})"}
+    slots["soak"] = soak_block(soak)
     missing = set(SLOT.findall(text)) - set(slots)
     if missing:
         raise KeyError(f"template {template} has slots the report does not fill: {sorted(missing)}")
@@ -237,3 +274,8 @@ def plot(data: Mapping, path: Path) -> None:
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def load_soak(path: Path = SOAK) -> dict | None:
+    """The committed soak result, or None before the first soak."""
+    return json.loads(path.read_text()) if path.exists() else None
