@@ -7,6 +7,23 @@ one row of ``shared/CONVENTIONS.md``, with the code reference that fixes it; :fu
 
 Every converter keeps the ids' listed order (``ids[i]`` becomes ``taps[i]``); ``concat_order`` says what the engine
 itself then does with that order ("ascending": it sorts, "listed": it keeps the list).
+
+Rows added from the trainers' and engines' own source (read, not copied; file + line at the commit named):
+
+- ``torchspec`` (lightseekorg/TorchSpec @ 6f21829): id k = OUTPUT of decoder layer k = tap k+1.
+  ``torchspec/models/target/eagle3_target_model.py`` L219-226 registers a forward hook on ``layers[idx]`` for
+  ``0 <= idx < len(layers)`` (else ValueError) and L254 concatenates in the listed order; L100-111 default
+  ``[1, L//2-1, L-4]``; L96 "Eagle3 uses 3, DFlash uses 5" (any count). ``inference/engine/vllm_engine.py``
+  L154-166 shifts +1 for vLLM ("post-layer -> pre-next-layer"), and ``tools/convert_to_hf.py`` L146-158
+  (``_fixup_export_config``) adds +1 to both id lists when exporting a ``kimi_k2`` draft for vLLM: an exported
+  lightseekorg MLA head ([2, 30, 58]) is in the ``vllm`` convention, its training config ([1, 29, 57]) in this one.
+  No id names the embedding.
+- ``sglang`` (SGLang 0.5.23, ``srt/models/deepseek_v2.py``): L3470-3473 shift a list starting with 1, else keep it;
+  L3175-3195 capture only inside the decoder-layer loop (``i in layers_to_capture`` for i in 0..L-1) into a packer
+  sized ``len(layers_to_capture)`` (any count), so tap L (the final pre-norm state) is never captured and
+  ``srt/layers/aux_hidden_states.py`` L85-89 raises "captured n-1 of n aux hidden states".
+- ``specforge`` (sgl-project/SpecForge @ a6b6b02): ``specforge/algorithms/model_providers.py`` L188-211
+  ``resolve_eagle_capture_layers`` raises unless the list holds exactly three non-negative ints.
 """
 
 from __future__ import annotations
@@ -75,15 +92,29 @@ class Convention:
     _to_taps: Callable[[Sequence[int], int], tuple[int, ...]]
     _to_ids: Callable[[Sequence[int], int], tuple[int, ...]]
     exact_count: int | None = None
+    count_reason: str = ""  # why exact_count holds, with the source line
+    max_tap_offset: int = 0  # the largest tap this engine can capture is num_layers + max_tap_offset
+    tap_reason: str = ""  # why a tap above that cannot be captured
 
     def id_range(self, num_layers: int) -> tuple[int, int]:
         return self.min_id, num_layers + self.max_id_offset
 
+    def check_taps(self, taps: Sequence[int], num_layers: int) -> None:
+        """Refuse taps this engine cannot capture, and a count it cannot take, naming the reason."""
+        top = num_layers + self.max_tap_offset
+        for t in taps:
+            if t > top:
+                raise CaptureSpecError(f"{self.name} cannot capture tap {t} of a {num_layers}-layer model (its "
+                                       f"largest is {top}): {self.tap_reason}")
+        if self.exact_count is not None and len(taps) != self.exact_count:
+            raise CaptureSpecError(f"{self.name} requires exactly {self.exact_count} ids, got {len(taps)} "
+                                   f"({self.count_reason})")
+
 
 def _conv(name, description, code_ref, min_id, max_id_offset, embed_id, concat_order, reads, to_taps, to_ids,
-          exact_count=None) -> Convention:
+          **limits) -> Convention:
     return Convention(name, description, code_ref, min_id, max_id_offset, embed_id, concat_order, reads,
-                      to_taps, to_ids, exact_count)
+                      to_taps, to_ids, **limits)
 
 
 CONVENTIONS: dict[str, Convention] = {
@@ -99,18 +130,29 @@ CONVENTIONS: dict[str, Convention] = {
               "transformers modeling outputs: hidden_states[0] = embeddings",
               0, 0, EMBED, "listed", "top-level", _identity, _identity),
         _conv("sglang", "SGLang 0.5.14..0.5.23 DeepSeek/Kimi: id k is tap k, unless the list starts with 1 "
-              "(then every id is shifted +1); 0 = embedding; -1 fails",
-              "sglang/srt/models/deepseek_v2.py set_eagle3_layers_to_capture; "
-              "model_runner_components/spec_aux_hidden_state.py reads the nested eagle_config list",
-              0, 0, EMBED, "ascending", "nested", _sglang_ids_to_taps, _sglang_taps_to_ids),
+              "(then every id is shifted +1); 0 = embedding; -1 fails; any number of ids; tap L not capturable",
+              "sglang/srt/models/deepseek_v2.py set_eagle3_layers_to_capture L3458-3473, capture loop L3175-3195; "
+              "model_runner_components/spec_aux_hidden_state.py L185-196 reads the nested eagle_config list",
+              0, -1, EMBED, "ascending", "nested", _sglang_ids_to_taps, _sglang_taps_to_ids, max_tap_offset=-1,
+              tap_reason="SGLang 0.5.23 captures only inside its decoder-layer loop (deepseek_v2.py L3175-3195: "
+                         "layers 0..L-1), so the final pre-norm state never arrives and the forward raises "
+                         "'captured n-1 of n aux hidden states'; drop that tap or serve with vllm-eagle3"),
         _conv("sglang-legacy", "SGLang before PR #25454 (and its Llama path): id k is tap k+1 (always +1); "
               "-1 = embedding (the incident's patch, model_patches/sglang_embed_tap.py)",
               "sglang/srt/models/deepseek_v2.py set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
               -1, -1, -1, "ascending", "nested", _plus_one, _minus_one),
         _conv("specforge", "SpecForge 0.2: id k = output of layer k = tap k+1; exactly 3 non-negative ids; "
               "the embedding cannot be written",
-              "SpecForge eagle3 data preparation (aux_hidden_states_layers)",
-              0, -1, None, "listed", "nested", _plus_one, _minus_one, exact_count=3),
+              "SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers L188-211",
+              0, -1, None, "listed", "nested", _plus_one, _minus_one, exact_count=3,
+              count_reason="SpecForge's resolve_eagle_capture_layers (specforge/algorithms/model_providers.py "
+                           "L206-210) raises unless there are exactly three non-negative ids; train a head on other "
+                           "than three taps with TorchSpec or speculators"),
+        _conv("torchspec", "TorchSpec (lightseekorg): id k = output of layer k = tap k+1; ids 0..L-1, any number; "
+              "the embedding cannot be written; exported kimi_k2 drafts are shifted to vLLM's convention",
+              "TorchSpec torchspec/models/target/eagle3_target_model.py L219-226 (hook on layers[idx] output), "
+              "tools/convert_to_hf.py L146-158 (+1 on kimi_k2 export for vLLM)",
+              0, -1, None, "listed", "nested", _plus_one, _minus_one),
     )
 }
 
@@ -163,7 +205,8 @@ def _check_id_list(ids: Sequence[int], conv: Convention, num_layers: int, what: 
                 f"(valid: {lo}..{hi}){extra}"
             )
     if conv.exact_count is not None and len(out) != conv.exact_count:
-        raise CaptureSpecError(f"{what}: {conv.name} requires exactly {conv.exact_count} ids, got {len(out)}")
+        raise CaptureSpecError(f"{what}: {conv.name} requires exactly {conv.exact_count} ids, got {len(out)} "
+                               f"({conv.count_reason})")
     return tuple(out)
 
 
@@ -175,6 +218,7 @@ def ids_to_taps(ids: Sequence[int], convention: str, num_layers: int) -> tuple[i
     for t in taps:
         if not 0 <= t <= num_layers:  # pragma: no cover - guarded by the id range
             raise CaptureSpecError(f"{conv.name} ids {list(ids)} give tap {t}, outside 0..{num_layers}")
+    conv.check_taps(taps, num_layers)
     return taps
 
 
@@ -193,6 +237,7 @@ def taps_to_ids(taps: Sequence[int], convention: str, num_layers: int) -> tuple[
             f"layer 0's output (tap 1); train the draft on taps >= 1 or serve it with an engine that can tap the "
             "embedding (vllm with this plugin, sglang >= 0.5.14, sglang-legacy with the patch)"
         )
+    conv.check_taps(taps, num_layers)
     ids = conv._to_ids(taps, num_layers)
     _check_id_list(ids, conv, num_layers, f"{conv.name} ids")
     if tuple(sorted(ids_to_taps(ids, conv.name, num_layers))) != tuple(sorted(taps)):

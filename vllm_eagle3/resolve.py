@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_eagle3.checkpoint import IDS_KEY, TAP_CAPTURE_ARCHITECTURES, TRAINED_KEY, DraftInfo, TargetInfo
-from vllm_eagle3.conventions import engine_default_ids, get_convention, ids_to_taps, taps_to_ids
+from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, get_convention, ids_to_taps, taps_to_ids
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
 ENV_SPEC = "VLLM_EAGLE3_SPEC"
@@ -175,7 +175,7 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
         if conv is None:
             raise CaptureSpecError(
                 f"capture spec {spec_path} does not say how to read the draft config's ids {list(ids)}; add "
-                "`draft_ids_convention: <vllm|speculators|sglang|sglang-legacy|specforge|hf>` so they can be checked"
+                f"`draft_ids_convention: <{'|'.join(CONVENTIONS)}>` so they can be checked"
             )
     elif convention is not None:
         conv = get_convention(convention).name
@@ -184,7 +184,7 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
         raise CaptureSpecError(
             f"the draft config's ids {list(ids)} have no stated convention, and they mean different taps in "
             "different engines; pass --capture-spec configs/<spec>.yaml or --convention "
-            "<vllm|speculators|sglang|sglang-legacy|specforge|hf> (env VLLM_EAGLE3_SPEC / VLLM_EAGLE3_CONVENTION)"
+            f"<{'|'.join(CONVENTIONS)}> (env VLLM_EAGLE3_SPEC / VLLM_EAGLE3_CONVENTION)"
         )
 
     spec.check_num_layers(L)
@@ -258,8 +258,6 @@ def resolve_from_env(target, draft, environ: Mapping[str, str] | None = None) ->
 
 def ids_for_engines(spec: CaptureSpec, num_layers: int) -> dict[str, tuple[int, ...] | str]:
     """The spec written in every convention (or why it cannot be)."""
-    from vllm_eagle3.conventions import CONVENTIONS
-
     out: dict[str, tuple[int, ...] | str] = {}
     for name in CONVENTIONS:
         try:

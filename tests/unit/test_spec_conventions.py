@@ -101,6 +101,10 @@ ROWS = [
     ("sglang-legacy", [0, 3, 31], (1, 4, 32)),     # the same JSON as vLLM's, other taps
     ("specforge", [2, 30, 58], (3, 31, 59)),
     ("vllm", [2, 30, 58], (2, 30, 58)),
+    ("torchspec", [1, 29, 57], (2, 30, 58)),       # lightseekorg's MLA head as trained ...
+    ("vllm", [2, 30, 58], (2, 30, 58)),            # ... and as exported for vLLM (convert_to_hf.py: +1 on kimi_k2)
+    ("sglang", [1, 29, 57], (2, 30, 58)),          # SGLang 0.5.23 reads the training list right (leading 1)
+    ("torchspec", [2, 30, 58, 60], (3, 31, 59, 61)),  # any number of ids
 ]
 
 
@@ -118,8 +122,9 @@ def test_roundtrip_every_convention(conv, taps):
     try:
         ids = taps_to_ids(taps, conv, L)
     except CaptureSpecError as exc:
-        assert (0 in taps and conv == "specforge" and "cannot express the embedding tap" in str(exc)) or \
-            (61 in taps and conv in ("specforge", "sglang-legacy") and "out of range" in str(exc)), str(exc)
+        assert (0 in taps and conv in ("specforge", "torchspec") and "cannot express the embedding tap" in str(exc)) \
+            or (61 in taps and conv in ("specforge", "sglang-legacy") and "out of range" in str(exc)) \
+            or (61 in taps and conv == "sglang" and "cannot capture tap 61" in str(exc)), str(exc)
         return
     assert sorted(ids_to_taps(ids, conv, L)) == sorted(taps)
     if get_convention(conv).concat_order == "listed" or conv in ("vllm", "speculators", "sglang-legacy"):
@@ -144,7 +149,11 @@ def test_convert_incident_config():
     ("sglang", [-1, 2, 30], r"id -1 is out of range"),
     ("sglang-legacy", [2, 30, 61], r"id 61 is out of range .* \(valid: -1..60\)"),
     ("specforge", [-1, 2, 30], r"specforge cannot express the embedding tap"),
-    ("specforge", [2, 30], r"requires exactly 3 ids"),
+    ("specforge", [2, 30], r"requires exactly 3 ids, got 2 \(SpecForge's resolve_eagle_capture_layers"),
+    ("torchspec", [-1, 2, 30], r"torchspec cannot express the embedding tap"),
+    ("torchspec", [1, 29, 61], r"id 61 is out of range .* torchspec convention \(valid: 0..60\)"),
+    ("sglang", [0, 3, 61], r"id 61 is out of range .* sglang convention \(valid: 0..60\)"),
+    ("sglang", [1, 29, 60], r"sglang cannot capture tap 61 .*captured n-1 of n aux hidden states"),
     ("vllm", [3, 3, 31], r"lists id 3 twice"),
     ("vllm", [[0, 3, 31]], r"is nested; a runner reads a flat list"),
     ("vllm", ["3"], r"not an integer"),
@@ -166,3 +175,37 @@ def test_sglang_leading_one_is_rewritten_not_shifted():
     """SGLang 0.5.14+ shifts a list whose first id is 1; taps (1, 3, 31) must therefore be listed another way."""
     ids = taps_to_ids((1, 3, 31), "sglang", L)
     assert ids[0] != 1 and sorted(ids_to_taps(ids, "sglang", L)) == [1, 3, 31]
+
+
+# ------------------------------------------------------------------------------------- more than three taps
+
+FOUR = (EMBED, 3, 31, 59)
+
+
+def test_four_taps_per_convention():
+    """Issue 15 item 5: [embed, 3, 31, 59] in every convention, or the engine's own reason it cannot be written.
+
+    Checked against the real sources: vLLM 0.32 passes any list through (fc sized num_aux x hidden); SGLang 0.5.23's
+    DeepSeek path keeps any list (deepseek_v2.py L3473) in a packer sized len(list); SpecForge raises unless exactly
+    three (model_providers.py L206); TorchSpec takes any count but has no embedding id."""
+    assert taps_to_ids(FOUR, "vllm", L) == (0, 3, 31, 59)
+    assert taps_to_ids(FOUR, "sglang", L) == (0, 3, 31, 59)
+    assert taps_to_ids(FOUR, "sglang-legacy", L) == (-1, 2, 30, 58)
+    with pytest.raises(CaptureSpecError, match=r"specforge cannot express the embedding tap"):
+        taps_to_ids(FOUR, "specforge", L)
+    with pytest.raises(CaptureSpecError, match=r"specforge requires exactly 3 ids, got 4 \(SpecForge's "
+                                               r"resolve_eagle_capture_layers .* TorchSpec or speculators\)"):
+        taps_to_ids((3, 31, 59, 60), "specforge", L)
+    with pytest.raises(CaptureSpecError, match=r"torchspec cannot express the embedding tap"):
+        taps_to_ids(FOUR, "torchspec", L)
+    assert taps_to_ids((3, 31, 59, 61), "torchspec", L) == (2, 30, 58, 60)
+
+
+def test_every_convention_names_its_source():
+    """A row without a code reference is a guess; the docstring table and each row carry file and lines."""
+    import vllm_eagle3.conventions as mod
+
+    for conv in CONVENTIONS.values():
+        assert conv.code_ref and conv.description
+    for ref in ("L219-226", "L146-158", "L188-211", "L3470-3473"):
+        assert ref in mod.__doc__
