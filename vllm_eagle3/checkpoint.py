@@ -3,8 +3,10 @@
 Data flow position: before the engine. ``resolve.py`` decides the taps from what this module reads (the target's
 layer count and hidden size, the draft config's id lists, the draft ``fc`` fan-in from its safetensors header), and
 refuses here, in one line, the drafts vLLM would only reject 10-80 s into start-up with a traceback: pickle-only or
-missing weights, truncated safetensors, a draft built for another hidden size. Standard library only: the CLI and
-every vLLM process read it cheaply.
+missing weights, truncated safetensors, a draft built for another hidden size. It also says how each engine's draft
+class reads the config (:func:`draft_readings`: fan-in and the EAGLE-3.1 options ``fc_norm``, ``norm_before_fc``,
+``norm_output``, ``norm_before_residual`` with each engine's own defaults) and where they disagree
+(:func:`draft_option_warnings`). Standard library only: the CLI and every vLLM process read it cheaply.
 """
 
 from __future__ import annotations
@@ -155,12 +157,14 @@ class DraftInfo:
     shapes: Mapping[str, list[int]]
 
     @classmethod
-    def load(cls, draft: str | Path) -> "DraftInfo":
+    def load(cls, draft: str | Path, weights: bool = True) -> "DraftInfo":
+        """``weights=False`` reads the config alone (a published head's config.json without its weights): the
+        checks that need the safetensors headers (fan-in of fc, d2t, norm tensors) are then skipped."""
         path = Path(draft)
         if not path.is_dir():
             raise CaptureSpecError(f"draft {path} does not exist or is not a folder; pass the EAGLE-3 draft's folder")
         cfg = read_json(path / "config.json", "draft config")
-        return cls.from_config(cfg, path=path, shapes=safetensors_shapes(path))
+        return cls.from_config(cfg, path=path, shapes=safetensors_shapes(path) if weights else {})
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], path: Path | None = None,
@@ -214,3 +218,129 @@ def _ids_or_none(value: Any, where: str) -> tuple[int, ...] | None:
         if isinstance(v, bool) or not isinstance(v, int):
             raise CaptureSpecError(f"draft config {where} = {value} holds {v!r}, which is not an integer")
     return tuple(value)
+
+
+# ----------------------------------------------------------------------------------- EAGLE-3.1 options, fan-in
+
+MLA_DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
+"""MLA-style EAGLE-3 drafts: vLLM 0.32 registers both names for ``deepseek_eagle3.py`` (registry.py L672-673);
+SGLang 0.5.23 loads only the V2 name (``kimi_k25_eagle3.py`` L523 ``EntryClass``)."""
+
+DRAFT_OPTIONS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual", "use_aux_norm")
+"""The EAGLE-3.1 flags some engine reads from a draft config (``use_aux_norm``: SGLang's legacy name for fc_norm)."""
+
+VLLM_MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "kimi_k2")
+"""Draft ``model_type`` values (a subset: the DeepSeek/Kimi ones) for which vLLM 0.32 treats the model as MLA
+(``transformers_utils/model_arch_config_convertor.py`` L314-341, which also needs ``kv_lora_rank``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftReading:
+    """What one engine's draft class reads from a draft config: how many taps its ``fc`` is sized for and which
+    EAGLE-3.1 options it applies, with that engine's own defaults. ``ignored`` lists options set in the config that
+    this class never reads."""
+
+    engine: str
+    source: str
+    num_taps: int
+    num_taps_from: str
+    options: Mapping[str, bool]
+    ignored: tuple[str, ...]
+    reads: tuple[str, ...] = ()
+
+
+def _flag(mapping: Any, key: str) -> bool:
+    return bool(mapping.get(key, False)) if isinstance(mapping, Mapping) else False
+
+
+def _count(value: Any) -> int | None:
+    return len(value) if isinstance(value, list) and value else None
+
+
+TOP, NESTED_THEN_TOP = ("top",), ("eagle_config", "top")
+
+
+def draft_readings(cfg: Mapping[str, Any]) -> list[DraftReading]:
+    """How vLLM 0.32 and SGLang 0.5.23 each read this draft config (per the draft class its architecture selects).
+
+    Fan-in, as each class computes it: vLLM ``llama_eagle3.py`` L210-216 / ``deepseek_eagle3.py`` L189-193 and SGLang
+    ``llama_eagle3.py`` L156-161: ``num_aux_hidden_states``, else len(eagle_config list), else 3 (the top-level list
+    is never counted); SGLang ``kimi_k25_eagle3.py`` L48-59: len(eagle_config list), else len(top-level list), else
+    3 (``num_aux_hidden_states`` is never read). Options: where each class looks (``norm_before_fc``: eagle_config,
+    then top level; every other flag: top level only); absent means off in every class.
+    """
+    nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), Mapping) else {}
+    mla = (cfg.get("architectures") or ["?"])[0] in MLA_DRAFT_ARCHITECTURES
+    n_top, n_nest, n_top_ids = cfg.get("num_aux_hidden_states"), _count(nested.get(IDS_KEY)), _count(cfg.get(IDS_KEY))
+    std = (int(n_top), "num_aux_hidden_states") if n_top is not None else \
+        (n_nest, "the eagle_config list") if n_nest is not None else (3, "the default 3: no num_aux_hidden_states, "
+                                                                        "no eagle_config list")
+    if mla:
+        sgl = (n_nest, "the eagle_config list") if n_nest is not None else \
+            (n_top_ids, "the top-level list") if n_top_ids is not None else (3, "the default 3: no id list")
+        readers = [("vLLM 0.32", "deepseek_eagle3.py L101, L189-222", std,
+                    {"fc_norm": TOP, "norm_output": TOP, "norm_before_residual": TOP}),
+                   ("SGLang 0.5.23", "kimi_k25_eagle3.py L48-59, L159-161, L228-255", sgl,
+                    {"fc_norm": TOP, "use_aux_norm": TOP, "norm_output": TOP})]
+    else:
+        readers = [("vLLM 0.32", "llama_eagle3.py L101, L179-252", std,
+                    {"fc_norm": TOP, "norm_before_fc": NESTED_THEN_TOP, "norm_output": TOP,
+                     "norm_before_residual": TOP}),
+                   ("SGLang 0.5.23", "llama_eagle3.py L99-100, L151-207", std,
+                    {"fc_norm": TOP, "use_aux_norm": TOP, "norm_before_fc": NESTED_THEN_TOP, "norm_output": TOP})]
+    where = {"top": cfg, "eagle_config": nested}
+    out = []
+    for engine, source, (n, n_from), reads in readers:
+        applied = {}
+        for opt, places in reads.items():
+            present = [where[p] for p in places if isinstance(where[p], Mapping) and opt in where[p]]
+            applied[opt] = bool(present[0][opt]) if present else False
+        if "use_aux_norm" in applied:  # SGLang: `fc_norm or use_aux_norm`
+            aux_norm = applied.pop("use_aux_norm")
+            applied["fc_norm"] = applied["fc_norm"] or aux_norm
+        ignored = tuple(opt for opt in DRAFT_OPTIONS if (_flag(cfg, opt) or _flag(nested, opt))
+                        and not applied.get("fc_norm" if opt == "use_aux_norm" else opt, False))
+        out.append(DraftReading(engine, f"{engine} {source}", n, n_from, applied, ignored,
+                                tuple(sorted(reads))))
+    return out
+
+
+def draft_option_warnings(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """One line per way an engine would run another network than the draft's config describes: an option it
+    ignores or reads from another place, a fan-in the engines size differently, an MLA draft an engine would not
+    load or not treat as MLA. Each names the engine and version. Returns (code, message) pairs."""
+    readings = draft_readings(cfg)
+    nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), Mapping) else {}
+    out = []
+    for r in readings:
+        for opt in r.ignored:
+            if opt in r.reads:
+                how, fix = "reads it only at the top level", f"put \"{opt}\": true at the top level of config.json"
+            else:
+                how, fix = "never reads it", "serve with an engine that reads it, or retrain without it"
+            out.append(("option-ignored", f"draft option {opt} is set (in {'eagle_config' if _flag(nested, opt) else 'the config'}) but "
+                       f"{r.engine} {how} ({r.source}): it would run another network than the one trained; {fix}"))
+    counts = {r.engine: (r.num_taps, r.num_taps_from) for r in readings}
+    if len({n for n, _ in counts.values()}) > 1:
+        parts = "; ".join(f"{e} sizes fc for {n} taps (from {src})" for e, (n, src) in counts.items())
+        out.append(("fan-in-engines", f"the engines size the draft's fc differently: {parts}. Write num_aux_hidden_states and both id "
+                   "lists with the same number of taps (`vllm-eagle3 convert` does)"))
+    arch = (cfg.get("architectures") or ["?"])[0]
+    if arch in MLA_DRAFT_ARCHITECTURES:
+        if arch != "Eagle3DeepseekV2ForCausalLM":
+            out.append(("mla-arch", f"architecture {arch}: SGLang 0.5.23 has no such draft class (kimi_k25_eagle3.py L523 registers "
+                       "Eagle3DeepseekV2ForCausalLM only); write \"architectures\": [\"Eagle3DeepseekV2ForCausalLM\"], "
+                       "which vLLM 0.32 also loads"))
+        if cfg.get("model_type") not in VLLM_MLA_MODEL_TYPES or cfg.get("kv_lora_rank") is None:
+            out.append(("mla-model-type", f"MLA draft with model_type {cfg.get('model_type')!r} and kv_lora_rank "
+                       f"{cfg.get('kv_lora_rank')!r}: vLLM 0.32 treats it as MLA only for model_type in "
+                       f"{list(VLLM_MLA_MODEL_TYPES)} with kv_lora_rank set (model_arch_config_convertor.py L314-341) "
+                       "and sizes its KV cache wrongly otherwise; set \"model_type\": \"kimi_k2\" (or deepseek_v3)"))
+        if cfg.get("num_hidden_layers", 1) != 1:
+            out.append(("mla-layers", f"MLA draft with num_hidden_layers = {cfg.get('num_hidden_layers')}: SGLang 0.5.23 refuses it "
+                       "(kimi_k25_eagle3.py L243-244 'EAGLE3 currently only supports 1 layer')"))
+    if arch not in MLA_DRAFT_ARCHITECTURES and readings[0].options.get("fc_norm") and \
+            readings[0].options.get("norm_before_fc"):
+        out.append(("norm-exclusive", "norm_before_fc and fc_norm are both set: vLLM 0.32 and SGLang 0.5.23 Llama drafts apply both "
+                   "(one norm over the concatenation, then one per tap); enable the one the draft was trained with"))
+    return out

@@ -231,13 +231,19 @@ def taps_to_ids(taps: Sequence[int], convention: str, num_layers: int) -> tuple[
             raise CaptureSpecError(
                 f"tap {t} is out of range for a {num_layers}-layer model (valid: embed, 0..{num_layers})"
             )
+    problems = []  # every reason, not just the first (SpecForge cannot take [embed, 3, 31, 59] for two)
     if EMBED in taps and conv.embed_id is None:
-        raise CaptureSpecError(
+        problems.append(
             f"{conv.name} cannot express the embedding tap (tap 0): its ids mean 'output of layer k' and start at "
             f"layer 0's output (tap 1); train the draft on taps >= 1 or serve it with an engine that can tap the "
             "embedding (vllm with this plugin, sglang >= 0.5.14, sglang-legacy with the patch)"
         )
-    conv.check_taps(taps, num_layers)
+    try:
+        conv.check_taps(taps, num_layers)
+    except CaptureSpecError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise CaptureSpecError("; and ".join(problems))
     ids = conv._to_ids(taps, num_layers)
     _check_id_list(ids, conv, num_layers, f"{conv.name} ids")
     if tuple(sorted(ids_to_taps(ids, conv.name, num_layers))) != tuple(sorted(taps)):

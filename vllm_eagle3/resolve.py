@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from vllm_eagle3.checkpoint import IDS_KEY, TAP_CAPTURE_ARCHITECTURES, TRAINED_KEY, DraftInfo, TargetInfo
+from vllm_eagle3.checkpoint import (IDS_KEY, TAP_CAPTURE_ARCHITECTURES, TRAINED_KEY, DraftInfo, TargetInfo,
+                                    draft_option_warnings, draft_readings)
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, get_convention, ids_to_taps, taps_to_ids
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
@@ -105,6 +106,7 @@ class Resolution:
     draft_ids: tuple[int, ...]  # as written at top level in the draft config (what vLLM's runner reads)
     draft_convention: str | None
     runner_ids: tuple[int, ...]  # what vLLM's runner hands set_aux_hidden_state_layers
+    warnings: tuple[str, ...] = ()  # draft options / fan-in an engine would ignore or read differently
 
     def log_line(self) -> str:
         conv = f"{self.draft_convention} " if self.draft_convention else ""
@@ -208,6 +210,13 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
         raise CaptureSpecError(
             f"draft config num_aux_hidden_states = {n_aux} but the spec {spec.label()} has {spec.num_taps} taps"
         )
+    vllm_reading = draft_readings(d.config)[0]
+    if vllm_reading.num_taps != spec.num_taps:
+        raise CaptureSpecError(
+            f"{vllm_reading.source} sizes the draft's fc for {vllm_reading.num_taps} taps (from "
+            f"{vllm_reading.num_taps_from}) but the spec {spec.label()} has {spec.num_taps}; add "
+            f"\"num_aux_hidden_states\": {spec.num_taps} to the draft config (`vllm-eagle3 convert` writes it)"
+        )
     if d.fc_in_features is not None:
         spec.check_fan_in(d.fc_in_features, info.hidden_size)
     elif d.shapes:
@@ -222,7 +231,7 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
     if not info.plugin_captures:
         _check_native_capture(info, ids, spec)
     return Resolution(spec=spec, target=info, draft_ids=tuple(ids), draft_convention=conv,
-                      runner_ids=_runner_ids(ids))
+                      runner_ids=_runner_ids(ids), warnings=tuple(m for _, m in draft_option_warnings(d.config)))
 
 
 def _check_native_capture(info: TargetInfo, ids: tuple[int, ...], spec: CaptureSpec) -> None:

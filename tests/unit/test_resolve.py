@@ -127,3 +127,36 @@ def test_missing_and_malformed_files(target, tmp_path):
     (draft2 / "model.safetensors").write_bytes(b"\x01\x02")
     with pytest.raises(CaptureSpecError, match="truncated"):
         resolve_capture(target, draft2, convention="sglang-legacy")
+
+
+# ------------------------------------------------------------------------------ more than three taps (issue 15)
+
+def test_four_taps_resolve_where_vllm_can_express_them(target, tmp_path):
+    """[embed, 3, 31, 59] on vLLM: ids [0, 3, 31, 59] (any count; fc sized num_aux x hidden in vLLM 0.32's
+    llama_eagle3.py L210-221), accepted with the fan-in the head was built for."""
+    spec = tmp_path / "four.yaml"
+    spec.write_text("taps: [embed, 3, 31, 59]\nnum_layers: 61\ndraft_ids_convention: vllm\n")
+    d = make_draft(tmp_path, ids=(0, 3, 31, 59), fan_in=4 * H, extra={"num_aux_hidden_states": 4})
+    r = resolve_capture(target, d, spec_path=spec)
+    assert r.spec.taps == (0, 3, 31, 59) and r.runner_ids == (0, 3, 31, 59) and r.warnings == ()
+    assert "fan-in 512" in r.log_line()
+    d2 = make_draft(tmp_path, ids=(-1, 2, 30, 58), fan_in=4 * H, name="legacy")  # nested list sizes fc: 4
+    assert resolve_capture(target, d2, convention="sglang-legacy").spec.taps == (0, 3, 31, 59)
+
+
+def test_four_taps_refused_when_vllm_would_size_fc_for_three(target, tmp_path):
+    """Ids only at the top level and no num_aux_hidden_states: vLLM 0.32 never counts the top-level list and builds
+    fc for 3 taps (llama_eagle3.py L213-216); the 4-tap head would fail to load, so resolve says what to add."""
+    d = make_draft(tmp_path, ids=(0, 3, 31, 59), nested=False, fan_in=4 * H)
+    with pytest.raises(CaptureSpecError, match=r"^vLLM 0.32 llama_eagle3.py .* sizes the draft's fc for 3 taps \(from "
+                                               r"the default 3.*\) but the spec \[embed, 3, 31, 59\] has 4; add "
+                                               r"\"num_aux_hidden_states\": 4"):
+        resolve_capture(target, d, convention="vllm")
+
+
+def test_resolution_carries_option_warnings(target, tmp_path):
+    """An EAGLE-3.1 option one engine ignores is not an error for vLLM (which reads it) but is reported."""
+    d = make_draft(tmp_path, extra={"use_aux_norm": True})
+    r = resolve_capture(target, d, convention="sglang-legacy")
+    assert len(r.warnings) == 1 and r.warnings[0].startswith("draft option use_aux_norm is set") and \
+        "vLLM 0.32 never reads it" in r.warnings[0]

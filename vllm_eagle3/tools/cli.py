@@ -68,6 +68,8 @@ def resolve_main(argv: list[str]) -> int:
     print(r.log_line())
     for conv, ids in ids_for_engines(r.spec, r.target.num_layers).items():
         print(f"  {conv:<14} {list(ids) if isinstance(ids, tuple) else ids}")
+    for w in r.warnings:
+        print(f"vllm-eagle3: warning: {w}", file=sys.stderr)
     return 0
 
 
