@@ -324,3 +324,125 @@ def test_doctor_without_a_tokenizer_is_an_error_not_bytes(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(CaptureSpecError, match=r"cannot load the tokenizer of .* put tokenizer.json"):
         doctor.encode(tmp_path, "def f(x):\n    return x\n", 64)
+
+
+# ------------------------------------------------------------------- published heads (issue 15), config only
+
+HEADS = Path(__file__).parents[1] / "fixtures" / "published_heads"
+KIMI = HEADS / "kimi-k2.5-target"
+V2, V1 = inspect.VLLM_V2, inspect.VLLM_V1
+SG, LEG = inspect.SGLANG_NEW, inspect.SGLANG_LEGACY
+
+# head folder, the convention its ids are written in (README.md there), what each engine captures from the config
+# as shipped, and the ids to write for vLLM 0.32 / SGLang 0.5.23 / SGLang < 0.5.14 so that it captures the trained taps
+PUBLISHED = [
+    ("lightseekorg-kimi-k2.5-eagle3-mla", "vllm", (2, 30, 58),
+     {V2: (2, 30, 58), V1: (2, 30, 58), SG: (2, 30, 58), LEG: (3, 31, 59)},
+     ([2, 30, 58], [2, 30, 58], [1, 29, 57])),
+    ("lightseekorg-kimi-k2.5-eagle3-mla-torchspec", "torchspec", (2, 30, 58),
+     {V2: (2, 30, 58), V1: (1, 29, 57), SG: (2, 30, 58), LEG: (2, 30, 58)},
+     ([2, 30, 58], [2, 30, 58], [1, 29, 57])),
+    ("lightseekorg-kimi-k2.7-coder-eagle3.1-mla", "torchspec", (2, 30, 58),
+     {V2: (2, 30, 58), V1: (1, 29, 57), SG: (2, 30, 58), LEG: (2, 30, 58)},
+     ([2, 30, 58], [2, 30, 58], [1, 29, 57])),
+    ("AQ-MedAI-Kimi-K25-eagle3", "specforge", (3, 31, 59),
+     {V2: (2, 30, 58), V1: (2, 30, 58), SG: (2, 30, 58), LEG: (3, 31, 59)},
+     ([3, 31, 59], [3, 31, 59], [2, 30, 58])),
+]
+
+
+@pytest.mark.parametrize("head, conv, taps, reads, writes", PUBLISHED, ids=[p[0] for p in PUBLISHED])
+def test_inspect_published_head(head, conv, taps, reads, writes, capsys):
+    """Each public Kimi K2.5 head's config: what vLLM 0.32 (both runners), SGLang 0.5.23 and SGLang < 0.5.14 capture
+    from it as shipped, and what to write for each. Guards PR #25454's case (the exported lightseekorg head read by
+    old SGLang = taps [3, 31, 59]) and vLLM #43671's (a list in another trainer's convention, one layer off)."""
+    rep = inspect.inspect_pair(KIMI, HEADS / head, convention=conv, weights=False)
+    assert rep.spec.taps == taps and rep.reads == reads, inspect.render(rep)
+    wrong = {e for e, t in reads.items() if sorted(t) != sorted(taps)}
+    flagged = {f.message.split(" would capture")[0] for f in rep.findings if f.code == "engine-reads"}
+    assert flagged == wrong - ({LEG} if conv != "sglang-legacy" else {SG}), inspect.render(rep)
+    assert "nested-only" in rep.codes  # every published head ships the nested list only: vLLM's V2 runner ignores it
+    assert rep.errors and "ids only in eagle_config" in rep.errors[0]  # which the plugin refuses before start-up
+    expected = inspect.engine_writes(rep.spec, 61)
+    for engine, ids in zip(("vLLM 0.32", "SGLang 0.5.23", "SGLang < 0.5.14 + embed patch"), writes):
+        assert expected[engine].startswith(f"{ids} ("), expected
+    assert inspect.main(["--config-only", "--target", str(KIMI), "--draft", str(HEADS / head), "--convention",
+                         conv]) == 1
+    out = capsys.readouterr().out
+    assert "config only (weights not read" in out and f"what to write so that each engine captures " in out
+
+
+def test_published_eagle31_head_options_read_by_both_engines():
+    """lightseekorg's EAGLE-3.1 MLA head (fc_norm + norm_output, top level): vLLM 0.32 deepseek_eagle3.py and SGLang
+    0.5.23 kimi_k25_eagle3.py both read both flags, so no option warning; the report lists them per engine."""
+    rep = inspect.inspect_pair(KIMI, HEADS / "lightseekorg-kimi-k2.7-coder-eagle3.1-mla", convention="torchspec",
+                               weights=False)
+    assert not {"option-ignored", "fan-in-engines", "mla-arch", "mla-model-type"} & set(rep.codes)
+    text = inspect.render(rep)
+    assert "vLLM 0.32 reads: fc for 3 taps (from the eagle_config list); options fc_norm, norm_output" in text
+    assert "SGLang 0.5.23 reads: fc for 3 taps (from the eagle_config list); options fc_norm, norm_output" in text
+
+
+def test_convert_published_heads_to_every_engine(tmp_path):
+    """The lightseekorg training list [1, 29, 57] (TorchSpec) written for each engine, both lists, num_aux = 3."""
+    cfg = json.loads((HEADS / "lightseekorg-kimi-k2.5-eagle3-mla-torchspec" / "config.json").read_text())
+    for dst, ids in (("vllm", [2, 30, 58]), ("sglang", [2, 30, 58]), ("sglang-legacy", [1, 29, 57]),
+                     ("specforge", [1, 29, 57])):
+        new, summary = convert.convert_config(cfg, "torchspec", dst, L)
+        assert new[IDS] == new["eagle_config"][IDS] == ids and new["num_aux_hidden_states"] == 3, summary
+        assert new["eagle_config"]["use_input_layernorm_in_first_layer"] is True  # everything else kept
+
+
+def test_inspect_option_warning_names_engine(tmp_path, llama_target):
+    """An EAGLE-3.1 option one engine would ignore is a WARNING naming that engine and version."""
+    d = make_draft(tmp_path, top=(0, 3, 31), nested=(0, 3, 31), extra={"num_aux_hidden_states": 3,
+                                                                        "norm_before_residual": True})
+    rep = inspect.inspect_pair(llama_target, d, convention="vllm")
+    msg = next(f.message for f in rep.findings if f.code == "option-ignored")
+    assert "norm_before_residual" in msg and "SGLang 0.5.23 never reads it" in msg
+
+
+# ------------------------------------------------------------------------------------------ four taps
+
+FOUR_CFG = {IDS: [0, 3, 31, 59], "eagle_config": {IDS: [0, 3, 31, 59]}, "num_aux_hidden_states": 4,
+            "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2", "kv_lora_rank": 512}
+
+
+@pytest.mark.parametrize("dst, ids", [("vllm", [0, 3, 31, 59]), ("sglang", [0, 3, 31, 59]),
+                                      ("sglang-legacy", [-1, 2, 30, 58])])
+def test_convert_four_taps_where_expressible(dst, ids):
+    """SGLang 0.5.23 takes any number of ids (deepseek_v2.py L3473 keeps the list; the packer is sized len(list))."""
+    new, summary = convert.convert_config(FOUR_CFG, "vllm", dst, L)
+    assert new[IDS] == new["eagle_config"][IDS] == ids and new["num_aux_hidden_states"] == 4, summary
+
+
+@pytest.mark.parametrize("cfg, dst, reasons", [
+    (FOUR_CFG, "specforge", [r"specforge cannot express the embedding tap",
+                             r"specforge requires exactly 3 ids, got 4 \(SpecForge's resolve_eagle_capture_layers "
+                             r"\(specforge/algorithms/model_providers.py L206-210\)"]),
+    ({**FOUR_CFG, IDS: [3, 31, 59, 60], "eagle_config": {IDS: [3, 31, 59, 60]}}, "specforge",
+     [r"specforge requires exactly 3 ids, got 4"]),
+    (FOUR_CFG, "torchspec", [r"torchspec cannot express the embedding tap"]),
+    ({**FOUR_CFG, IDS: [0, 3, 31, 61], "eagle_config": {IDS: [0, 3, 31, 61]}}, "sglang",
+     [r"sglang cannot capture tap 61 .*deepseek_v2.py L3175-3195"]),
+])
+def test_convert_refuses_four_taps_with_the_engines_reason(tmp_path, capsys, cfg, dst, reasons):
+    src = tmp_path / "config.json"
+    src.write_text(json.dumps(cfg))
+    out = tmp_path / "out.json"
+    assert convert.main([str(src), "--from", "vllm", "--to", dst, "--num-layers", "61", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("vllm-eagle3 convert: error: cannot write taps")
+    for r in reasons:
+        assert re.search(r, err), err
+    assert not out.exists()
+
+
+def test_convert_warns_about_options_an_engine_ignores(tmp_path, capsys):
+    src = tmp_path / "config.json"
+    src.write_text(json.dumps({**FOUR_CFG, "norm_before_residual": True}))
+    assert convert.main([str(src), "--from", "vllm", "--to", "sglang", "--num-layers", "61",
+                         "-o", str(tmp_path / "o.json")]) == 0
+    err = capsys.readouterr().err
+    assert "vllm-eagle3 convert: warning: draft option norm_before_residual is set" in err
+    assert "SGLang 0.5.23 never reads it (SGLang 0.5.23 kimi_k25_eagle3.py" in err

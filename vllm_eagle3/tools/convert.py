@@ -9,8 +9,11 @@ What is written, and why both lists:
 - ``eagle_config.eagle_aux_hidden_state_layer_ids``: the only list SGLang reads (and vLLM's V1 fallback);
 - ``num_aux_hidden_states``: vLLM sizes the draft's ``fc`` from it (else from the nested list, else 3).
 
-What cannot be expressed is refused with the reason (SpecForge has no id for the embedding tap). Nothing is
-written on failure: the output goes to a temporary file in the destination folder, renamed over the target only
+What cannot be expressed is refused with the reason, from the engine's own source (SpecForge and TorchSpec have no
+id for the embedding tap; SpecForge takes exactly three ids; SGLang 0.5.23 cannot capture the final pre-norm state).
+The converted config's EAGLE-3.1 options and fan-in are then read as each engine reads them
+(:func:`vllm_eagle3.checkpoint.draft_option_warnings`): one warning line per option an engine would ignore or read
+differently, naming the engine and version. Nothing is written on failure: the output goes to a temporary file in the destination folder, renamed over the target only
 once complete.
 
     vllm-eagle3 convert --from sglang-legacy --to vllm --num-layers 61 draft/config.json -o /tmp/config.json
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_eagle3.conventions import CONVENTIONS, convert_ids, get_convention, ids_to_taps
-from vllm_eagle3.checkpoint import IDS_KEY, TRAINED_KEY, DraftInfo, TargetInfo, read_json
+from vllm_eagle3.checkpoint import IDS_KEY, TRAINED_KEY, DraftInfo, TargetInfo, draft_option_warnings, read_json
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
 
@@ -183,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         src = Path(args.config)
         config = read_json(src, "draft config")
         new, summary = convert_config(config, args.src, args.dst, num_layers, args.ids_from)
+        for _, warning in draft_option_warnings(new):
+            print(f"vllm-eagle3 convert: warning: {warning}", file=sys.stderr)
         if args.in_place:
             write_json_atomic(src, new, mode_from=src)
             print(f"vllm-eagle3 convert: {summary}; rewrote {src}", file=sys.stderr)

@@ -31,8 +31,9 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, engine_order, get_convention, ids_to_taps
-from vllm_eagle3.checkpoint import IDS_KEY, DraftInfo, TargetInfo
+from vllm_eagle3.conventions import (CONVENTIONS, engine_default_ids, engine_order, get_convention, ids_to_taps,
+                                     taps_to_ids)
+from vllm_eagle3.checkpoint import IDS_KEY, DraftInfo, TargetInfo, draft_option_warnings, draft_readings
 from vllm_eagle3.resolve import Resolution, ids_for_engines, resolve_capture
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, taps_label
 from vllm_eagle3.tools.sglang_args import Finding, parse_sglang_args, sglang_findings
@@ -89,9 +90,9 @@ def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
                 f"lm_head has {lm_rows} rows but the config has no draft_vocab_size: vLLM then assumes the full "
                 f"{target.vocab_size} and fails to load lm_head. Add \"draft_vocab_size\": {lm_rows}")))
 
-    # Norms around fc: config flags vs weights (vLLM llama_eagle3.py: norm_before_fc read from eagle_config first).
-    nbf = bool(nested.get("norm_before_fc", cfg.get("norm_before_fc", False))) if isinstance(nested, Mapping) else False
-    fcn = bool(cfg.get("fc_norm", False))
+    # Norms around fc: config flags as vLLM's draft class reads them (checkpoint.draft_readings) vs the weights.
+    vllm = draft_readings(cfg)[0]
+    nbf, fcn = vllm.options.get("norm_before_fc", False), vllm.options.get("fc_norm", False)
     if draft.shapes:
         input_norm = _weights(draft, "input_norm.")
         fc_norms = _weights(draft, "fc_norm.")
@@ -112,10 +113,8 @@ def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
             out.append(Finding("fc-norm", (
                 f"the weights hold {len(fc_norms)} fc_norm tensors but fc_norm is not set in the config: vLLM has no "
                 "module for them and refuses to load (or ignores them). Set \"fc_norm\": true")))
-    if nbf and fcn:
-        out.append(Finding("norm-exclusive", (
-            "norm_before_fc and fc_norm are both set: they are mutually exclusive (one norm over the concatenation vs "
-            "one per tap); vLLM applies both. Enable the one the draft was trained with")))
+    # EAGLE-3.1 options and fan-in as each engine reads them (names the engine and version where they differ).
+    out += [Finding(code, message) for code, message in draft_option_warnings(cfg)]
 
     # Fan-in: what vLLM sizes fc for vs the weights vs the ids.
     if isinstance(nested, Mapping) and nested.get("use_aux_hidden_state") is False:
@@ -134,15 +133,10 @@ def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
             out.append(Finding("fan-in", (
                 f"the draft's fc takes {fc_in} = {trained} x {H} inputs but its ids {list(ids)} name {len(ids)} taps; "
                 f"list the {trained} taps it was trained on")))
-        vllm_n = cfg.get("num_aux_hidden_states")
-        how = "num_aux_hidden_states"
-        if vllm_n is None:
-            vllm_n, how = (len(nest), "the eagle_config list") if nest else (3, "its fallback (no "
-                                                                              "num_aux_hidden_states, no nested list)")
-        if vllm_n != trained:
+        if vllm.num_taps != trained:
             out.append(Finding("num-aux", (
-                f"vLLM sizes fc for {vllm_n} taps (from {how}) but fc.weight has {trained} x {H} inputs: loading fails. "
-                f"Set \"num_aux_hidden_states\": {trained}")))
+                f"{vllm.engine} sizes fc for {vllm.num_taps} taps (from {vllm.num_taps_from}) but fc.weight has "
+                f"{trained} x {H} inputs: loading fails. Set \"num_aux_hidden_states\": {trained}")))
     elif draft.shapes:
         out.append(Finding("fan-in", f"the draft has no fc.weight: is {draft.path} an EAGLE-3 head?"))
     return out
@@ -175,6 +169,27 @@ def engine_reads(target: TargetInfo, draft: DraftInfo) -> dict[str, tuple[int, .
         SGLANG_NEW: read(nest, "sglang"),
         SGLANG_LEGACY: read(nest, "sglang-legacy"),
     }
+
+
+WRITERS = (("vLLM 0.32", "vllm", "top level + eagle_config"),
+           ("SGLang 0.5.23", "sglang", "eagle_config"),
+           ("SGLang < 0.5.14 + embed patch", "sglang-legacy", "eagle_config"))
+"""The engine versions ``inspect`` says what to write for, with the convention and the list each reads."""
+
+
+def engine_writes(spec: CaptureSpec, num_layers: int) -> dict[str, str]:
+    """For each engine version: the ids that make it capture ``spec``, where to write them, or why it cannot."""
+    out = {}
+    for engine, conv, where in WRITERS:
+        try:
+            ids = taps_to_ids(spec.taps, conv, num_layers)
+        except CaptureSpecError as exc:
+            out[engine] = f"cannot: {exc}"
+            continue
+        order = "" if engine_order(spec.taps, conv) == spec.taps or conv == "vllm" else \
+            f"; it concatenates {CaptureSpec(engine_order(spec.taps, conv)).label()}, not the draft's order"
+        out[engine] = (f"{list(ids)} ({conv} ids, in {where}; num_aux_hidden_states = {spec.num_taps}){order}")
+    return out
 
 
 def spec_findings(target: TargetInfo, spec: CaptureSpec, reads: Mapping[str, Any],
@@ -223,11 +238,12 @@ class Report:
 
 def inspect_pair(target: str | Path, draft: str | Path, spec_path: str | Path | None = None,
                  convention: str | None = None, sglang_args: str | None = None,
-                 sglang_version: str | None = None) -> Report:
+                 sglang_version: str | None = None, weights: bool = True) -> Report:
     """Collect everything: the resolution (or its error) and every warning. Never raises CaptureSpecError.
 
     ``sglang_version`` ("0.5.14+" or "legacy") picks the SGLang reading checked against the spec; by default
     "legacy" when the draft ids are declared sglang-legacy (``convention`` or the spec's ``draft_ids_convention``).
+    ``weights=False`` inspects the draft's config.json alone (a published head without its weights).
     """
     rep = Report()
     try:
@@ -235,7 +251,7 @@ def inspect_pair(target: str | Path, draft: str | Path, spec_path: str | Path | 
     except CaptureSpecError as exc:
         rep.errors.append(f"target: {exc}")
     try:
-        rep.draft = DraftInfo.load(draft)
+        rep.draft = DraftInfo.load(draft, weights=weights)
     except CaptureSpecError as exc:
         rep.errors.append(f"draft: {exc}")
     if sglang_args:
@@ -305,8 +321,16 @@ def render(rep: Report) -> str:
         d = rep.draft
         fc = d.fc_in_features
         lines.append(f"draft:  {d.path}: top-level ids {list(d.top_ids) if d.top_ids is not None else None}, "
-                     f"eagle_config ids {list(d.nested_ids) if d.nested_ids is not None else None}, fc fan-in {fc}, "
-                     f"d2t {'yes' if d.has('d2t') else 'no'}")
+                     f"eagle_config ids {list(d.nested_ids) if d.nested_ids is not None else None}, " +
+                     (f"fc fan-in {fc}, "
+                     f"d2t {'yes' if d.has('d2t') else 'no'}" if d.shapes else
+                     "config only (weights not read: fc fan-in, d2t and norm tensors unchecked)"))
+        lines.append(f"        {(d.config.get('architectures') or ['?'])[0]}, model_type {d.config.get('model_type')}, "
+                     f"vocab {d.config.get('vocab_size')}, draft vocab {d.config.get('draft_vocab_size')}")
+        for r in draft_readings(d.config):
+            on = [k for k, v in r.options.items() if v]
+            lines.append(f"        {r.engine} reads: fc for {r.num_taps} taps (from {r.num_taps_from}); options "
+                         f"{', '.join(on) if on else 'none'}")
     if rep.resolution:
         lines.append("resolved: " + rep.resolution.log_line())
     if rep.spec is not None and rep.target is not None:
@@ -327,6 +351,10 @@ def render(rep: Report) -> str:
         lines.append("what each engine captures from this config as written:")
         for engine, taps in rep.reads.items():
             lines.append(f"  {engine:<46} {_fmt(taps)}")
+    if rep.spec is not None and rep.target is not None:
+        lines.append(f"what to write so that each engine captures {rep.spec.label()}:")
+        for engine, text in engine_writes(rep.spec, rep.target.num_layers).items():
+            lines.append(f"  {engine:<30} {text}")
     for f in rep.findings:
         lines.append(f"WARNING [{f.code}]: {f.message}")
     for e in rep.errors:
@@ -352,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", choices=tuple(SGLANG_VERSIONS), default=None,
                    help="which SGLang reading of the nested ids to check (default: legacy if the ids are declared "
                         "sglang-legacy, else 0.5.14+)")
+    p.add_argument("--config-only", action="store_true",
+                   help="read the draft's config.json alone (a published head without its weights); the fan-in, d2t "
+                        "and norm-tensor checks that need the safetensors headers are skipped, and the report says so")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     return p
 
@@ -359,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rep = inspect_pair(args.target, args.draft, args.capture_spec, args.convention, args.sglang_args,
-                       args.sglang_version)
+                       args.sglang_version, weights=not args.config_only)
     print(render(rep))
     if rep.errors or (args.strict and rep.findings):
         return 1
