@@ -15,9 +15,13 @@ Traps checked (each warning has a ``code`` the tests pin):
   else 0.5.14+), because the same nested list means different taps before and after 0.5.14 (PR #25454);
 - ``d2t-missing`` / ``draft-vocab``: a reduced draft vocabulary without ``d2t`` (draft id i -> target id i);
 - ``norm-before-fc`` / ``fc-norm`` / ``norm-exclusive``: config flags vs the weights (vLLM drops or defaults them);
+- ``option-ignored`` / ``fan-in-engines`` / ``mla-arch`` / ``mla-model-type`` / ``mla-layers``: EAGLE-3.1 options
+  and fan-in as vLLM 0.32 and SGLang 0.5.23 each read them (:func:`vllm_eagle3.checkpoint.draft_option_warnings`);
 - ``fan-in`` / ``num-aux`` / ``aux-off``: the draft's ``fc`` vs the number of taps vLLM will size it for;
 - ``order``: a non-ascending spec, which engines that sort cannot feed without this plugin;
 - ``embed-crash``: tap 0 on vLLM's DeepSeek/Kimi path without the plugin (``Tensor + None``);
+- ``--config-only``: a published head's config.json without weights (the weight checks are skipped, and said so);
+  the report then says what vLLM 0.32, SGLang 0.5.23 and SGLang < 0.5.14 capture and what to write for each;
 - ``spec-override`` / ``spec-assert`` / ``algorithm`` / ``tbo`` / ``draft-path``: SGLang speculative flags that
   override or contradict each other (the incident's ``--speculative-num-steps 1`` capping
   ``--speculative-num-draft-tokens 16`` to 2).
