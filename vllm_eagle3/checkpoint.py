@@ -272,6 +272,9 @@ def draft_readings(cfg: Mapping[str, Any]) -> list[DraftReading]:
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), Mapping) else {}
     mla = (cfg.get("architectures") or ["?"])[0] in MLA_DRAFT_ARCHITECTURES
     n_top, n_nest, n_top_ids = cfg.get("num_aux_hidden_states"), _count(nested.get(IDS_KEY)), _count(cfg.get(IDS_KEY))
+    if n_top is not None and (isinstance(n_top, bool) or not isinstance(n_top, int) or n_top < 1):
+        raise CaptureSpecError(f"draft config num_aux_hidden_states must be a positive integer (the number of taps "
+                               f"the draft's fc takes), got {n_top!r}; fix it or remove it")
     std = (int(n_top), "num_aux_hidden_states") if n_top is not None else \
         (n_nest, "the eagle_config list") if n_nest is not None else (3, "the default 3: no num_aux_hidden_states, "
                                                                         "no eagle_config list")

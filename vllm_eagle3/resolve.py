@@ -205,12 +205,12 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
             "the head would get other hidden states than it learned on. Fix the spec, or the config if the record "
             "is wrong"
         )
+    vllm_reading = draft_readings(d.config)[0]  # validates num_aux_hidden_states
     n_aux = d.config.get("num_aux_hidden_states")
     if n_aux is not None and n_aux != spec.num_taps:
         raise CaptureSpecError(
             f"draft config num_aux_hidden_states = {n_aux} but the spec {spec.label()} has {spec.num_taps} taps"
         )
-    vllm_reading = draft_readings(d.config)[0]
     if vllm_reading.num_taps != spec.num_taps:
         raise CaptureSpecError(
             f"{vllm_reading.source} sizes the draft's fc for {vllm_reading.num_taps} taps (from "

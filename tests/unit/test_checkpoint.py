@@ -194,3 +194,16 @@ def test_config_only_load(tmp_path):
         DraftInfo.load(d)
     info = DraftInfo.load(d, weights=False)
     assert info.shapes == {} and info.nested_ids == (1, 29, 57) and info.fc_in_features is None
+
+
+@pytest.mark.parametrize("value", ["4", 0, -1, True, 2.5])
+def test_bad_num_aux_is_one_clear_error(tmp_path, target, value):
+    """num_aux_hidden_states sizes vLLM's fc: a value that is not a positive int is refused, never guessed."""
+    d = make_draft(tmp_path, extra={"num_aux_hidden_states": value})
+    with pytest.raises(CaptureSpecError, match=r"num_aux_hidden_states must be a positive integer .* got "):
+        resolve_capture(target, d, convention="sglang-legacy")
+    from vllm_eagle3.tools import inspect
+
+    rep = inspect.inspect_pair(target, d, convention="sglang-legacy")
+    assert any("num_aux_hidden_states must be a positive integer" in e for e in rep.errors)
+    assert "ERROR: draft: draft config num_aux_hidden_states" in inspect.render(rep)

@@ -265,7 +265,11 @@ def inspect_pair(target: str | Path, draft: str | Path, spec_path: str | Path | 
             rep.errors.append(str(exc))
     if rep.target is None or rep.draft is None:
         return rep
-    rep.findings = draft_findings(rep.target, rep.draft) + rep.findings
+    try:
+        rep.findings = draft_findings(rep.target, rep.draft) + rep.findings
+    except CaptureSpecError as exc:
+        rep.errors.append(f"draft: {exc}")
+        return rep
     rep.reads = engine_reads(rep.target, rep.draft)
     try:
         rep.resolution = resolve_capture(target, rep.draft, spec_path=spec_path, convention=convention)
@@ -331,7 +335,7 @@ def render(rep: Report) -> str:
                      "config only (weights not read: fc fan-in, d2t and norm tensors unchecked)"))
         lines.append(f"        {(d.config.get('architectures') or ['?'])[0]}, model_type {d.config.get('model_type')}, "
                      f"vocab {d.config.get('vocab_size')}, draft vocab {d.config.get('draft_vocab_size')}")
-        for r in draft_readings(d.config):
+        for r in (draft_readings(d.config) if not any(e.startswith("draft:") for e in rep.errors) else ()):
             on = [k for k, v in r.options.items() if v]
             lines.append(f"        {r.engine} reads: fc for {r.num_taps} taps (from {r.num_taps_from}); options "
                          f"{', '.join(on) if on else 'none'}")
