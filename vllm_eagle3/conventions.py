@@ -13,8 +13,8 @@ Rows added from the trainers' and engines' own source (read, not copied; file + 
 - ``torchspec`` (lightseekorg/TorchSpec @ 6f21829): id k = OUTPUT of decoder layer k = tap k+1.
   ``torchspec/models/target/eagle3_target_model.py`` L219-226 registers a forward hook on ``layers[idx]`` for
   ``0 <= idx < len(layers)`` (else ValueError) and L254 concatenates in the listed order; L100-111 default
-  ``[1, L//2-1, L-4]``; L96 "Eagle3 uses 3, DFlash uses 5" (any count). ``inference/engine/vllm_engine.py``
-  L154-166 shifts +1 for vLLM ("post-layer -> pre-next-layer"), and ``tools/convert_to_hf.py`` L146-158
+  ``[1, L//2-1, L-4]``; L97 "Eagle3 uses 3, DFlash uses 5" (any count). ``inference/engine/vllm_engine.py``
+  L155-171 shifts +1 for vLLM ("post-layer -> pre-next-layer"), and ``tools/convert_to_hf.py`` L146-159
   (``_fixup_export_config``) adds +1 to both id lists when exporting a ``kimi_k2`` draft for vLLM: an exported
   lightseekorg MLA head ([2, 30, 58]) is in the ``vllm`` convention, its training config ([1, 29, 57]) in this one.
   No id names the embedding.
@@ -151,7 +151,7 @@ CONVENTIONS: dict[str, Convention] = {
         _conv("torchspec", "TorchSpec (lightseekorg): id k = output of layer k = tap k+1; ids 0..L-1, any number; "
               "the embedding cannot be written; exported kimi_k2 drafts are shifted to vLLM's convention",
               "TorchSpec torchspec/models/target/eagle3_target_model.py L219-226 (hook on layers[idx] output), "
-              "tools/convert_to_hf.py L146-158 (+1 on kimi_k2 export for vLLM)",
+              "tools/convert_to_hf.py L146-159 (+1 on kimi_k2 export for vLLM)",
               0, -1, None, "listed", "nested", _plus_one, _minus_one),
     )
 }
