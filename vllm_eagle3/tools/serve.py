@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from vllm_eagle3.conventions import CONVENTIONS
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, check_pipeline_parallel, resolve_capture
 from vllm_eagle3.spec import CaptureSpecError
 from vllm_eagle3.tools.process import intel_openmp_library, with_intel_openmp
@@ -44,7 +45,7 @@ options of this wrapper (all other options are vLLM's; `{PROG} --vllm-help` list
   --capture-spec YAML   capture-spec file, e.g. configs/kimi_k25_eagle3.yaml (taps: [embed, 3, 31]);
                         default: ${ENV_SPEC}
   --convention NAME     read the draft config's ids in this engine convention instead of a spec file
-                        (vllm, speculators, sglang, sglang-legacy, specforge, hf); default: ${ENV_CONVENTION}
+                        ({", ".join(CONVENTIONS)}); default: ${ENV_CONVENTION}
   --vllm-help[=GROUP]   show vLLM's `vllm serve --help` (GROUP: all, ModelConfig, Frontend, ...)
   -h, --help            show this message
 
