@@ -1,7 +1,7 @@
 """Engine layer-id conventions, converted to and from taps (see :mod:`vllm_eagle3.spec` for "tap k").
 
 A draft config's ``eagle_aux_hidden_state_layer_ids`` are meaningless without a stated convention: the same JSON
-``[0, 3, 31]`` is taps 0/3/31 in vLLM and taps 1/4/32 in SGLang before 0.5.14. Each :class:`Convention` below is
+``[0, 3, 31]`` is taps 0/3/31 in vLLM and taps 1/4/32 in SGLang before 0.5.13. Each :class:`Convention` below is
 one row of ``shared/CONVENTIONS.md``, with the code reference that fixes it; :func:`ids_to_taps` and
 :func:`taps_to_ids` are the only places in the project where an id is shifted.
 
@@ -57,7 +57,7 @@ def _minus_one(taps: Sequence[int], num_layers: int) -> tuple[int, ...]:
 
 
 def _sglang_ids_to_taps(ids: Sequence[int], num_layers: int) -> tuple[int, ...]:
-    # SGLang 0.5.14..0.5.23 DeepSeek/Kimi path (models/deepseek_v2.py set_eagle3_layers_to_capture): a list that
+    # SGLang 0.5.13..0.5.23 DeepSeek/Kimi path (models/deepseek_v2.py set_eagle3_layers_to_capture): a list that
     # starts with 1 is read as a legacy "output of layer" list and shifted by one; any other list is taken as is.
     if ids and ids[0] == 1:
         return _plus_one(ids, num_layers)
@@ -129,7 +129,7 @@ CONVENTIONS: dict[str, Convention] = {
         _conv("hf", "Hugging Face output_hidden_states index: id k is tap k",
               "transformers modeling outputs: hidden_states[0] = embeddings",
               0, 0, EMBED, "listed", "top-level", _identity, _identity),
-        _conv("sglang", "SGLang 0.5.14..0.5.23 DeepSeek/Kimi: id k is tap k, unless the list starts with 1 "
+        _conv("sglang", "SGLang 0.5.13..0.5.23 DeepSeek/Kimi: id k is tap k, unless the list starts with 1 "
               "(then every id is shifted +1); 0 = embedding; -1 fails; any number of ids; tap L not capturable",
               "sglang/srt/models/deepseek_v2.py set_eagle3_layers_to_capture L3458-3473, capture loop L3175-3195; "
               "model_runner_components/spec_aux_hidden_state.py L185-196 reads the nested eagle_config list",
@@ -137,10 +137,17 @@ CONVENTIONS: dict[str, Convention] = {
               tap_reason="SGLang 0.5.23 captures only inside its decoder-layer loop (deepseek_v2.py L3175-3195: "
                          "layers 0..L-1), so the final pre-norm state never arrives and the forward raises "
                          "'captured n-1 of n aux hidden states'; drop that tap or serve with vllm-eagle3"),
-        _conv("sglang-legacy", "SGLang before PR #25454 (and its Llama path): id k is tap k+1 (always +1); "
-              "-1 = embedding (the incident's patch, model_patches/sglang_embed_tap.py)",
-              "sglang/srt/models/deepseek_v2.py set_eagle3_layers_to_capture: [val + 1 for val in layer_ids]",
-              -1, -1, -1, "ascending", "nested", _plus_one, _minus_one),
+        _conv("sglang-legacy", "SGLang before PR #25454, i.e. <= 0.5.12.post1 (and its Llama path): id k is tap k+1 "
+              "(always +1); -1 = embedding (the incident's patch, model_patches/sglang_embed_tap.py); tap L not "
+              "capturable",
+              "sglang 0.5.12.post1 srt/models/deepseek_v2.py L2529-2541 set_eagle3_layers_to_capture "
+              "([val + 1 for val in layer_ids]), capture loop L2267-2282 (hidden_states + residual before layer i, "
+              "residual None before layer 0: -1 needs the patch); model_executor/model_runner.py L414-441 reads the "
+              "nested eagle_config list; parity-tested in tests/parity/test_sglang_legacy.py",
+              -1, -1, -1, "ascending", "nested", _plus_one, _minus_one, max_tap_offset=-1,
+              tap_reason="legacy SGLang (0.5.12.post1 deepseek_v2.py L2267-2282) captures only inside its decoder-layer "
+                         "loop (layers 0..L-1), so id L-1 is silently never captured (n-1 states arrive instead of n, "
+                         "no error); drop that tap or serve with vllm-eagle3"),
         _conv("specforge", "SpecForge 0.2: id k = output of layer k = tap k+1; exactly 3 non-negative ids; "
               "the embedding cannot be written",
               "SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers L188-211",
