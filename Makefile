@@ -11,7 +11,7 @@ export VLLM_USAGE_SOURCE := vllm-eagle3
 export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 
-.PHONY: setup sglang-env test test-unit demo bench clean
+.PHONY: setup sglang-env sglang-legacy-env test test-unit demo bench clean
 
 $(STAMP): pyproject.toml scripts/setup_venv.sh
 	bash scripts/setup_venv.sh $(VENV)
@@ -22,7 +22,12 @@ setup: $(STAMP)
 sglang-env:
 	bash scripts/setup_sglang_env.sh
 
-test: setup sglang-env
+# SGLang 0.5.12.post1, the newest release with the legacy EAGLE-3 id rule (tests/parity/test_sglang_legacy.py)
+# (seeded from .venv-sglang: the pins differ only in sglang, transformers, tokenizers)
+sglang-legacy-env: sglang-env
+	bash scripts/setup_sglang_env.sh .venv-sglang-legacy tests/parity/sglang_harness/requirements-legacy.txt .venv-sglang
+
+test: setup sglang-env sglang-legacy-env
 	$(VPY) -m pytest -v tests
 
 test-unit: setup
@@ -38,4 +43,4 @@ bench: setup
 	flock /tmp/vllm-engine.lock $(VENV)/bin/vllm-eagle3 bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-sglang .pytest_cache
+	rm -rf $(VENV) .venv-sglang .venv-sglang-legacy .pytest_cache

@@ -25,7 +25,6 @@ are further apart than the tolerance.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -79,33 +78,16 @@ def assert_same_logits(name: str, got: torch.Tensor, want: torch.Tensor) -> None
 
 
 @pytest.fixture(scope="module")
-def prompt() -> list[int]:
-    items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"]
-    return [int(t) for t in items[0]["prompt_token_ids"]]
+def prompt(mini_prompt) -> list[int]:
+    return mini_prompt
 
 
 @pytest.fixture(scope="module")
-def vllm_call(prompt) -> dict:
-    """The first draft step of vLLM's first proposal for ``prompt`` (the prefill proposal: one row per token)."""
-    from vllm import SamplingParams
-
-    from vllm_eagle3.testing.draft_probe import install_draft_recorder, recorded_draft_calls
-    from vllm_eagle3.testing.engine import start_engine, stop_engine
-
-    engine = start_engine(TARGET, DRAFT, env={"VLLM_EAGLE3_SPEC": str(SPEC)}, max_model_len=512)
-    try:
-        names = engine.llm.collective_rpc(install_draft_recorder)
-        out = engine.llm.generate([{"prompt_token_ids": prompt}],
-                                  SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
-        calls = engine.llm.collective_rpc(recorded_draft_calls)[0]
-    finally:
-        stop_engine(engine)
-    assert names == ["Eagle3LlamaForCausalLM"], f"vLLM's draft model class: {names}"
-    assert calls, "no draft proposal was recorded: did speculation run?"
-    first = calls[0]
-    assert first["aux"].shape[0] == len(prompt), \
-        f"first proposal has {first['aux'].shape[0]} rows, expected the {len(prompt)}-token prefill"
-    return {**first, "sampled": list(out[0].outputs[0].token_ids)}
+def vllm_call(mini_vllm_draft_call) -> dict:
+    """The first draft step of vLLM's first proposal for ``prompt`` (one engine per session: ``conftest.py``)."""
+    assert mini_vllm_draft_call["draft_classes"] == ["Eagle3LlamaForCausalLM"], \
+        f"vLLM's draft model class: {mini_vllm_draft_call['draft_classes']}"
+    return mini_vllm_draft_call
 
 
 def test_vllm_draft_reads_the_trained_wiring(vllm_call, prompt):

@@ -49,20 +49,22 @@ sys.path.insert(0, str(HARNESS))
 import kimi_layout  # noqa: E402  (harness module; torch + safetensors only)
 
 
-def require_sglang_env() -> None:
-    """Skip (locally) or fail (in CI) when SGLang's isolated venv is missing; every SGLang test module calls it."""
-    if not SGLANG_PY.exists():
-        msg = f"SGLang venv missing ({SGLANG_PY}); create it with `make sglang-env` (scripts/setup_sglang_env.sh)"
+def require_sglang_env(python: Path = SGLANG_PY, make_target: str = "sglang-env") -> None:
+    """Skip (locally) or fail (in CI) when an isolated SGLang venv is missing; every SGLang test module calls it."""
+    if not python.exists():
+        msg = f"SGLang venv missing ({python}); create it with `make {make_target}` (scripts/setup_sglang_env.sh)"
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
 
 
 def run_sglang(target: Path, cases: dict[str, tuple[Path, bool]], input_ids: list[int], out: Path,
-               extra: list[str] = ()) -> dict:
-    """Run SGLang's own model on ``target`` for each case (name -> (draft dir, legacy patch?)); return its record."""
-    require_sglang_env()
-    cmd = [str(SGLANG_PY), str(HARNESS / "runner.py"), "--target", str(target),
+               extra: list[str] = (), python: Path = SGLANG_PY) -> dict:
+    """Run SGLang's own model on ``target`` for each case (name -> (draft dir, legacy patch?)) with the SGLang venv
+    of ``python`` (default 0.5.23's); return its record."""
+    if python == SGLANG_PY:
+        require_sglang_env()
+    cmd = [str(python), str(HARNESS / "runner.py"), "--target", str(target),
            "--input-ids", ",".join(map(str, input_ids)), "--out", str(out), *extra]
     for name, (draft, legacy) in cases.items():
         cmd += ["--case", f"{name}={draft}{':legacy' if legacy else ''}"]

@@ -4,7 +4,8 @@ Where this sits: support for ``tests/parity/test_sglang_patch.py``. The patch's 
 (-1 -> the embedding, +1 everywhere) is checked tensor for tensor by ``test_sglang_parity.py``; this script checks
 the patch's own contract on SGLang's real class: version guard, idempotence, the record, and that it
 replaces exactly ``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture`` (which DeepseekV3ForCausalLM and KimiK25's
-language model inherit). Prints one JSON object.
+language model inherit), plus ``DeepseekV2Model.forward`` on the versions whose capture loop cannot hold index 0
+(``EMBED_FORWARD_VERSIONS``, 0.5.12.post1) and nothing else. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ def main(argv=None) -> int:
     shims.install()
     sys.path.insert(0, str(REPO))
     import sglang
-    from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+    from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model, DeepseekV3ForCausalLM
 
     import model_patches
     from model_patches import sglang_embed_tap as patch
 
     out: dict = {"sglang_version": sglang.__version__}
     original = DeepseekV2ForCausalLM.set_eagle3_layers_to_capture
+    original_forward = DeepseekV2Model.forward
     out["applied_before"] = dict(patch.APPLIED)
 
     real_version = sglang.__version__
@@ -44,15 +46,19 @@ def main(argv=None) -> int:
         out["guard_error"] = str(exc)
     finally:
         sglang.__version__ = real_version
-    out["patched_after_refusal"] = DeepseekV2ForCausalLM.set_eagle3_layers_to_capture is not original
+    out["patched_after_refusal"] = (DeepseekV2ForCausalLM.set_eagle3_layers_to_capture is not original
+                                    or DeepseekV2Model.forward is not original_forward)
 
     first = patch.apply()
     replaced = DeepseekV2ForCausalLM.set_eagle3_layers_to_capture
+    forward = DeepseekV2Model.forward
     second = patch.apply()
     out.update(
         record=first,
         idempotent=second == first and DeepseekV2ForCausalLM.set_eagle3_layers_to_capture is replaced,
         replaced_method=replaced is not original,
+        forward_wrapped=forward is not original_forward,
+        forward_idempotent=DeepseekV2Model.forward is forward,
         v3_inherits=DeepseekV3ForCausalLM.set_eagle3_layers_to_capture is replaced,
         applied=sorted(patch.APPLIED),
         details=patch.APPLIED.get(patch.PATCH_NAME),

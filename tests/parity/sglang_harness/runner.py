@@ -1,7 +1,9 @@
-"""Run SGLang 0.5.23's own DeepseekV2/V3 or KimiK25 model on a checkpoint and save the EAGLE-3 taps it captures.
+"""Run SGLang's own DeepseekV2/V3 or KimiK25 model on a checkpoint and save the EAGLE-3 taps it captures.
 
-Executed with ``.venv-sglang/bin/python`` (SGLang's isolated venv, see ``scripts/setup_sglang_env.sh``), never
-imported by the main test venv. Data flow observed: target forward -> SGLang's aux capture
+Two SGLang releases, each in its own venv (``scripts/setup_sglang_env.sh``), never imported by the main test venv:
+``.venv-sglang`` (0.5.23, the current capture rule) and ``.venv-sglang-legacy`` (0.5.12.post1, the newest release
+with the legacy ``[val + 1 for val in layer_ids]`` rule). The version-specific set-up (process init, ids -> capture,
+the prefill batch) is in :func:`build_runner`, :func:`set_capture` and :func:`prefill_batch`; everything else is shared. Data flow observed: target forward -> SGLang's aux capture
 (``DeepseekV2Model.layers_to_capture``) -> the packed ``[tokens, K * hidden]`` aux tensor the model hands its
 logits processor (which SGLang then feeds to the draft's ``fc``).
 
@@ -12,6 +14,11 @@ speculative_draft_model_path=DRAFT)`` makes ``ModelRunner`` read the draft's ``c
 ``benchmark/one_batch.py`` (``Req`` -> ``ScheduleBatch.prepare_for_extend`` -> ``ForwardBatch`` ->
 ``ModelRunner.forward``). A forward hook on the decoder stack (``DeepseekV2Model``) copies its
 ``(hidden, aux)`` output: observation only, the forward is SGLang's.
+
+On 0.5.12.post1 the model runner is built the way its ``bench_one_batch.load_model`` does (``ModelRunner.__init__``
+itself reads the draft config and calls ``set_eagle3_layers_to_capture`` in ``init_aux_hidden_state_capture``); the
+decoder stack returns the aux states as a list, which the logits processor concatenates in list order
+(``layers/logits_processor.py`` ``torch.cat(aux_hidden_states, dim=-1)``): the runner does the same.
 
 Output (``torch.save``): ``{"aux": [T, K*H] float32, "layers_to_capture": [...], "draft_ids": [...],
 "embed": [T, H] (SGLang's own embedding of the input ids, or the merged multimodal embeddings),
@@ -153,10 +160,40 @@ def _image_inputs(model, ids, mm_spec: dict):
     return model.pad_input_ids(ids, mm_inputs), mm_inputs
 
 
+def legacy_target(target: Path, overrides: dict, workdir: Path) -> tuple[Path, dict]:
+    """``(model folder, json_model_override_args)`` for SGLang 0.5.12.post1.
+
+    0.5.23 merges ``json_model_override_args`` into nested sub-configs. 0.5.12.post1's ``get_config`` does a plain
+    ``config.update(overrides)``, which replaces a nested ``text_config`` / ``vision_config`` object by a dict (its
+    ``adjust_config_with_unaligned_cpu_tp`` then fails on ``dict.model_type``). So for a nested config the same
+    merged config is written to ``workdir/sglang_legacy_target/config.json`` next to symlinks to every other file of
+    the checkpoint (same weights), and no overrides are passed.
+    """
+    cfg = json.loads((target / "config.json").read_text())
+    if "text_config" not in cfg or not overrides:
+        return target, overrides
+    for key, value in overrides.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
+    folder = workdir / "sglang_legacy_target"
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in target.iterdir():
+        link = folder / item.name
+        if item.name != "config.json" and not link.exists():
+            link.symlink_to(item.resolve())
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    return folder, {}
+
+
+def is_legacy(version: str) -> bool:
+    """SGLang before 0.5.13: ``ModelRunner.__init__`` does the whole set-up (0.5.12.post1's layout)."""
+    parts = tuple(int(x) for x in version.split(".post")[0].split(".")[:3])
+    return parts < (0, 5, 13)
+
+
 def init_sglang_process(server_args):
-    """What SGLang's scheduler process does before it builds model workers (``sglang.benchmark.one_batch`` does
-    the same): env and torch config, ports, the published runtime context, process-global configs, the parallel
-    and layer runtimes. Returns ``(port_args, model_config)`` of the target."""
+    """What SGLang 0.5.23's scheduler process does before it builds model workers (``sglang.benchmark.one_batch``
+    does the same): env and torch config, ports, the published runtime context, process-global configs, the
+    parallel and layer runtimes. Returns ``(port_args, model_config)`` of the target."""
     from sglang.benchmark.one_batch import _init_process_global_configs
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.distributed import bootstrap
@@ -175,6 +212,103 @@ def init_sglang_process(server_args):
                                     dist_port=port_args.nccl_port)
     bootstrap.init_layer_runtime(model_config=model_config)
     return port_args, model_config
+
+
+def build_runner(server_args, legacy: bool):
+    """SGLang's ``ModelRunner`` for the target, set up as SGLang itself does; capture ids = the first case's draft.
+
+    0.5.23: process init, then ``alloc_memory_pool`` and ``init_attention_backends`` (which calls
+    ``configure_aux_hidden_state_capture`` -> ``set_eagle3_layers_to_capture``). 0.5.12.post1: what its
+    ``bench_one_batch.load_model`` does; ``ModelRunner.__init__`` reads the draft's ``eagle_config`` and calls
+    ``set_eagle3_layers_to_capture`` (``init_aux_hidden_state_capture``)."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    if legacy:
+        from sglang.srt.entrypoints.engine import _set_envs_and_config
+        from sglang.srt.server_args import PortArgs
+
+        _set_envs_and_config(server_args)
+        port_args = PortArgs.init_new(server_args)
+        return ModelRunner(model_config=ModelConfig.from_server_args(server_args),
+                           mem_fraction_static=MEM_FRACTION, gpu_id=0, tp_rank=0, tp_size=1, moe_ep_rank=0,
+                           moe_ep_size=1, pp_rank=0, pp_size=1, nccl_port=port_args.nccl_port,
+                           server_args=server_args)
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    declare_resolution(server_args, "vllm_eagle3.parity", cuda_graph_config={})
+    server_args.resolve_once()
+    port_args, model_config = init_sglang_process(server_args)
+    runner = ModelRunner(model_config=model_config, mem_fraction_static=MEM_FRACTION, gpu_id=0,
+                         nccl_port=port_args.nccl_port, server_args=server_args)
+    runner.alloc_memory_pool()
+    # -> configure_aux_hidden_state_capture -> model.set_eagle3_layers_to_capture(ids of the first case's draft)
+    runner.init_attention_backends()
+    runner.init_cuda_graphs()  # disable_cuda_graph: only sets up the (absent) graph runners, as one_batch does
+    return runner
+
+
+def runner_capture_ids(runner, legacy: bool):
+    """The ids SGLang's runner read from its draft's config."""
+    if legacy:
+        return runner.eagle_aux_hidden_state_layer_ids
+    return runner.spec_aux_config.eagle_aux_hidden_state_layer_ids
+
+
+def set_capture(model, ids, legacy: bool) -> None:
+    """Capture ``ids`` on the built model, the way the version's runner does it for its own draft."""
+    if legacy:
+        model.set_eagle3_layers_to_capture(ids)  # ModelRunner.init_aux_hidden_state_capture, 0.5.12.post1
+        return
+    from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
+        configure_aux_hidden_state_capture,
+    )
+
+    configure_aux_hidden_state_capture(
+        model=model, eagle_use_aux_hidden_state=True, eagle_aux_hidden_state_layer_ids=ids,
+        dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None, is_dspark=False)
+
+
+def prefill_batch(runner, rid: int, ids_array, mm_inputs, legacy: bool):
+    """One greedy prefill request as a ``ForwardBatch``, built like the version's ``one_batch`` benchmark."""
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    params = SamplingParams(temperature=0, max_new_tokens=1)
+    if legacy:
+        from sglang.bench_one_batch import TreeCacheNamespace
+
+        req = Req(rid=rid, origin_input_text="", origin_input_ids=list(ids_array), sampling_params=params)
+        req.multimodal_inputs = mm_inputs
+        req.fill_ids = req.origin_input_ids
+        req.logprob_start_len = -1
+        req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
+        page_size = runner.server_args.page_size
+    else:
+        from sglang.benchmark.one_batch import TreeCacheNamespace
+        from sglang.srt.runtime_context import get_schedule
+
+        req = Req(rid=rid, origin_input_text="", origin_input_ids=ids_array, sampling_params=params)
+        req.multimodal_inputs = mm_inputs
+        req.full_untruncated_fill_ids = req.origin_input_ids
+        req.logprob_start_len = -1
+        req.extend_end = len(req.origin_input_ids)
+        page_size = get_schedule().page_size
+    tree_cache = TreeCacheNamespace(page_size=page_size, device=runner.device,
+                                    token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator)
+    batch = ScheduleBatch.init_new(reqs=[req], req_to_token_pool=runner.req_to_token_pool,
+                                   token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+                                   tree_cache=tree_cache, model_config=runner.model_config,
+                                   enable_overlap=False, spec_algorithm=SpeculativeAlgorithm.NONE)
+    batch.prepare_for_extend()
+    if legacy:
+        return ForwardBatch.init_new(batch.get_model_worker_batch(), runner)
+    if batch.input_ids is None and getattr(batch, "prefill_input_ids_cpu", None) is not None:
+        batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device)
+        batch.prefill_input_ids_cpu = None
+    return ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
 
 
 def main(argv=None) -> int:
@@ -201,33 +335,26 @@ def main(argv=None) -> int:
     import sglang
     from array import array
 
-    from sglang.benchmark.one_batch import TreeCacheNamespace
-    from sglang.srt.arg_groups.overrides import declare_resolution
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-    from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
-        configure_aux_hidden_state_capture,
-    )
-    from sglang.srt.runtime_context import get_schedule
-    from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    legacy_sglang = is_legacy(sglang.__version__)
     shims.route_torch_native_to_mla()
     overrides = _config_overrides(target)
     first_name, first_draft, first_legacy = cases[0]
     if first_legacy:
         sglang_embed_tap.apply()
+    model_dir, server_overrides = target, overrides
+    if legacy_sglang:
+        model_dir, server_overrides = legacy_target(target, overrides, Path(args.out).resolve().parent)
     server_args = ServerArgs(
-        model_path=str(target),
-        tokenizer_path=str(target),
+        model_path=str(model_dir),
+        tokenizer_path=str(model_dir),
         device="cpu",
         dtype="float32",
         attention_backend="torch_native",
         load_format=args.load_format,  # "auto": the checkpoint's real weights
-        json_model_override_args=json.dumps(overrides),
+        json_model_override_args=json.dumps(server_overrides),
         speculative_algorithm="EAGLE3",
         speculative_draft_model_path=str(first_draft),
         disable_cuda_graph=True,
@@ -237,15 +364,7 @@ def main(argv=None) -> int:
         skip_server_warmup=True,
         random_seed=0,
     )
-    declare_resolution(server_args, "vllm_eagle3.parity", cuda_graph_config={})
-    server_args.resolve_once()
-    port_args, model_config = init_sglang_process(server_args)
-    runner = ModelRunner(model_config=model_config, mem_fraction_static=MEM_FRACTION, gpu_id=0,
-                         nccl_port=port_args.nccl_port, server_args=server_args)
-    runner.alloc_memory_pool()
-    # -> configure_aux_hidden_state_capture -> model.set_eagle3_layers_to_capture(ids of the first case's draft)
-    runner.init_attention_backends()
-    runner.init_cuda_graphs()  # disable_cuda_graph: only sets up the (absent) graph runners, as one_batch does
+    runner = build_runner(server_args, legacy_sglang)
 
     model = runner.model
     if args.dump_params:
@@ -269,7 +388,10 @@ def main(argv=None) -> int:
 
     def hook(module, inputs, output):
         if isinstance(output, tuple):
-            seen["aux"] = output[1].detach().to(torch.float32).clone()
+            aux = output[1]
+            if isinstance(aux, (list, tuple)):  # 0.5.12.post1: a list, concatenated by its logits processor
+                aux = torch.cat(aux, dim=-1)
+            seen["aux"] = aux.detach().to(torch.float32).clone()
 
     def embed_hook(module, inputs, output):
         seen.setdefault("embed", output.detach().to(torch.float32).clone())
@@ -296,19 +418,19 @@ def main(argv=None) -> int:
         case: dict = {"draft": str(draft), "legacy_patch": None, "error": None, "aux": None}
         seen.clear()
         if index == 0:
-            ids = runner.spec_aux_config.eagle_aux_hidden_state_layer_ids
-            case["ids_source"] = "ModelRunner(speculative_draft_model_path=draft) -> init_attention_backends"
+            ids = runner_capture_ids(runner, legacy_sglang)
+            case["ids_source"] = "ModelRunner(speculative_draft_model_path=draft) -> " + (
+                "__init__ -> init_aux_hidden_state_capture" if legacy_sglang else "init_attention_backends")
         else:
             if legacy:
                 sglang_embed_tap.apply()
             # What spec_aux_hidden_state.py does for the runner's draft, for this case's draft.
             draft_cfg = ModelConfig.from_server_args(server_args, model_path=str(draft), is_draft_model=True)
             ids = draft_cfg.hf_config.eagle_config["eagle_aux_hidden_state_layer_ids"]
-            case["ids_source"] = "draft ModelConfig eagle_config -> configure_aux_hidden_state_capture"
+            case["ids_source"] = "draft ModelConfig eagle_config -> " + (
+                "set_eagle3_layers_to_capture" if legacy_sglang else "configure_aux_hidden_state_capture")
             try:
-                configure_aux_hidden_state_capture(
-                    model=model, eagle_use_aux_hidden_state=True, eagle_aux_hidden_state_layer_ids=ids,
-                    dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None, is_dspark=False)
+                set_capture(model, ids, legacy_sglang)
             except Exception as exc:
                 case["error"] = f"{type(exc).__name__}: {exc}"
         case["legacy_patch"] = (dict(sglang_embed_tap.APPLIED.get(sglang_embed_tap.PATCH_NAME) or {}) or None) \
@@ -321,23 +443,7 @@ def main(argv=None) -> int:
             if mm_spec is not None:
                 ids_array, mm_inputs = _image_inputs(model, ids_array, mm_spec)
                 case["padded_input_ids"] = list(ids_array)
-            req = Req(rid=index, origin_input_text="", origin_input_ids=ids_array,
-                      sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
-            req.multimodal_inputs = mm_inputs
-            req.full_untruncated_fill_ids = req.origin_input_ids
-            req.logprob_start_len = -1
-            req.extend_end = len(req.origin_input_ids)
-            tree_cache = TreeCacheNamespace(page_size=get_schedule().page_size, device=runner.device,
-                                            token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator)
-            batch = ScheduleBatch.init_new(reqs=[req], req_to_token_pool=runner.req_to_token_pool,
-                                           token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
-                                           tree_cache=tree_cache, model_config=runner.model_config,
-                                           enable_overlap=False, spec_algorithm=SpeculativeAlgorithm.NONE)
-            batch.prepare_for_extend()
-            if batch.input_ids is None and getattr(batch, "prefill_input_ids_cpu", None) is not None:
-                batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device)
-                batch.prefill_input_ids_cpu = None
-            forward_batch = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
+            forward_batch = prefill_batch(runner, index, ids_array, mm_inputs, legacy_sglang)
             shims.reset_calls()
             try:
                 with torch.no_grad():
