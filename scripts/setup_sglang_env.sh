@@ -36,9 +36,9 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c "
 fi
 
 start=$(date +%s)
-if [ ! -x "$venv/bin/python" ] && [ -n "$seed" ] && [ -f "$seed/.sglang-env-complete" ]; then
-  echo "[sglang-env] creating $venv as a hard-linked copy of $seed"
-  cp -al "$seed" "$venv"
+if [ ! -x "$venv/bin/python" ] && [ -n "$seed" ] && [ -f "$seed/.sglang-env-complete" ] \
+    && { rm -rf "$venv"; cp -al "$seed" "$venv" 2>/dev/null || { rm -rf "$venv"; false; }; }; then
+  echo "[sglang-env] created $venv as a hard-linked copy of $seed"
   rm -f "$venv/.sglang-env-complete" "$venv/.sglang-env-pip.log"  # the seed's own files, never written through
   # bin/ scripts (pip, activate, ...) name the seed's path: point them at this venv (sed -i writes a new file, so
   # the seed's hard-linked originals stay as they are).
