@@ -1,7 +1,10 @@
-"""`vllm-eagle3 doctor` finds the taps a draft was trained on, from data, on drafts with PLANTED wirings.
+"""`vllm-eagle3 doctor` judges the wiring you serve in acceptance terms, on drafts with PLANTED wirings and on
+every shipped head.
 
-The bug guarded: the incident's draft was trained on cat([embed, tap 3, tap 31]) but served with taps 3/31/59 and
-nobody could tell without days of reading engine source. Here the wiring is planted, so the right answer is known:
+The bugs guarded: the incident's draft was trained on cat([embed, tap 3, tap 31]) but served with taps 3/31/59 and
+nobody could tell without days of reading engine source; and the doctor itself answered "inconclusive" on the
+shipped pair and printed config lines for an unconfirmed neighbour wiring, which would have rewritten a correct
+config. Here the wiring is planted, so the right answer is known:
 
 * a tiny random DeepSeek-V3 target (real MLA + MoE architecture, transformers, float32);
 * an EAGLE-3 head in vLLM's layout (`build_eagle3_draft`), made to depend on specific taps *analytically*: its
@@ -11,15 +14,16 @@ nobody could tell without days of reading engine source. Here the wiring is plan
   features are wrong and agreement collapses (a draft trained by SGD behaves the same, but takes minutes on 2 cores);
 * its config carries ids in some engine convention (or the wrong ids outright).
 
-The doctor must name the planted wiring, mark the engine readings of the config as ok/WRONG, and print config lines
-that give back the planted taps. With the shipped miniature (when present) it must name [embed, 3, 31] for the
-incident's config and flag taps 3/31/59, in under 2 minutes.
+The doctor must find the planted wiring best, call each engine reading of the config OK or WRONG, and print config
+lines (only) for a significantly better wiring. For each shipped head (a models/ folder whose config records the
+capture spec it was trained with, configs/<spec>): OK and exit 0 on its own spec within 60 s on a quiet 2-core box,
+and WRONG on a wiring it was not trained on (the incident's [3, 31, 59]).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import subprocess
 import sys
 import time
@@ -27,11 +31,14 @@ from pathlib import Path
 
 import pytest
 
+from vllm_eagle3.tools.inspect import SGLANG_LEGACY, VLLM_V2
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 NUM_LAYERS = 8
 MAX_TOKENS = 320
+WINDOW = 32  # 10 sequences of the 320-token text: enough blocks for the bootstrap
 TEXT = (REPO / "vllm_eagle3" / "spec.py").read_text()
 
 
@@ -47,10 +54,13 @@ def target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target_run(target):
+    import torch
+
     from vllm_eagle3.tools import doctor
 
     tokens, _ = doctor.encode(target, TEXT, MAX_TOKENS)
-    return doctor.run_target(doctor.load_target(target), tokens)
+    n = len(tokens) // WINDOW  # the doctor's own windows: the ridge fit sees the states the doctor feeds
+    return doctor.run_target(doctor.load_target(target), torch.tensor(tokens[:n * WINDOW]).view(n, WINDOW))
 
 
 def plant_draft(folder: Path, target: Path, run, taps: tuple[int, ...], ids: list[int], ridge: float = 1e-3,
@@ -64,9 +74,9 @@ def plant_draft(folder: Path, target: Path, run, taps: tuple[int, ...], ids: lis
     vocab, hidden = run.embed_weight.shape
     build_eagle3_draft(folder, target, aux_ids=ids, draft_vocab_size=vocab, nested_ids=nested,
                        top_level_ids=top_level)
-    x = torch.cat([run.taps[k, :-1] for k in taps], -1).double()  # [T-1, n*H]: what vLLM feeds at prefill
-    x = x / x.norm(dim=-1, keepdim=True)
-    y = torch.nn.functional.one_hot(run.greedy[1:], vocab).double()  # [T-1, V]: the target's next greedy token
+    x = torch.cat([run.taps[k, :, :-1] for k in taps], -1).reshape(-1, len(taps) * hidden).double()  # [N(T-1), n*H]
+    x = x / x.norm(dim=-1, keepdim=True)  # what vLLM feeds at prefill
+    y = torch.nn.functional.one_hot(run.greedy[:, 1:].reshape(-1), vocab).double()  # the target's next greedy token
     w = torch.linalg.solve(x.T @ x + ridge * torch.eye(x.shape[1], dtype=x.dtype), x.T @ y)  # [n*H, V]
     u, s, vh = torch.linalg.svd(w, full_matrices=False)
     weights = load_file(str(folder / "model.safetensors"))
@@ -78,51 +88,68 @@ def plant_draft(folder: Path, target: Path, run, taps: tuple[int, ...], ids: lis
     return folder
 
 
-def diagnose(target, draft):
+def diagnose(target, draft, **kw):
     from vllm_eagle3.tools import doctor
 
-    return doctor.diagnose(target, draft, text=TEXT, max_tokens=MAX_TOKENS, progress=False)
+    return doctor.diagnose(target, draft, text=TEXT, max_tokens=MAX_TOKENS, window=WINDOW, progress=False, **kw)
+
+
+def kinds(dx) -> dict[str, str]:
+    return {name: v.kind for name, v in dx.verdicts.items()}
 
 
 def test_doctor_finds_specforge_wiring_and_flags_vllm_reading(tmp_path, target, target_run):
     """Planted taps 1/2/5 written as SpecForge ids [0, 1, 4]: read as vLLM ids they would be taps [embed, 1, 4]."""
+    from vllm_eagle3.tools import doctor
+
     draft = plant_draft(tmp_path / "d", target, target_run, (1, 2, 5), [0, 1, 4])
     dx = diagnose(target, draft)
-    assert dx.best.candidate.taps == (1, 2, 5), [(s.candidate.label, s.accuracy) for s in dx.scores[:5]]
-    assert dx.confident and "trained on taps [1, 2, 5]" in dx.verdict
-    assert dx.best.accuracy > 0.5 > dx.scores[1].accuracy
-    assert "WRONG  vLLM 0.32 V2 runner (top-level list) captures [embed, 1, 4]" in dx.verdict
-    assert "ok     SGLang < 0.5.14 + embed patch (nested list) captures [1, 2, 5]" in dx.verdict
-    lines = "\n".join(dx.config_lines)
-    assert '"eagle_aux_hidden_state_layer_ids": [1, 2, 5]' in lines and "SpecForge: [0, 1, 4]" in lines
+    assert dx.chains[0].taps == (1, 2, 5), [(c.label, c.acceptance_length) for c in dx.chains]
+    k = kinds(dx)
+    # The planted head keeps ~15 % of its gain on [embed, 1, 4] (a random target's next token is partly guessable
+    # from the embedding), so this reading is WRONG or COSTS ~50 %; a trained head collapses (shipped-head test).
+    assert k[VLLM_V2] in ("WRONG", "COSTS"), k
+    assert k[SGLANG_LEGACY] == "OK", k
+    v = dx.verdicts[VLLM_V2]
+    assert v.loss.low > 0.2 and v.best_is_better
+    out = doctor.render(dx)
+    assert "adopt [1, 2, 5] (significantly better than the configured wiring)" in out
+    assert '"eagle_aux_hidden_state_layer_ids": [1, 2, 5]' in out and "SpecForge: [0, 1, 4]" in out
 
 
 def test_doctor_finds_embedding_wiring_the_incident_shape(tmp_path, target, target_run):
     """The incident on 8 layers: trained on [embed, 2, 4], config says SGLang-legacy [1, 3, 5] (= taps 2/4/6)."""
+    from vllm_eagle3.tools import doctor
+
     draft = plant_draft(tmp_path / "d", target, target_run, (0, 2, 4), [1, 3, 5], top_level=False)
     dx = diagnose(target, draft)
-    assert dx.best.candidate.taps == (0, 2, 4), [(s.candidate.label, s.accuracy) for s in dx.scores[:5]]
-    assert dx.confident
-    assert "WRONG  SGLang < 0.5.14 + embed patch (nested list) captures [2, 4, 6]" in dx.verdict
-    lines = "\n".join(dx.config_lines)
-    assert '"eagle_aux_hidden_state_layer_ids": [0, 2, 4]' in lines  # vLLM / speculators
-    assert '"eagle_aux_hidden_state_layer_ids": [-1, 1, 3]' in lines  # SGLang legacy with the embed patch
-    assert "SpecForge: not expressible" in lines
+    assert dx.chains[0].taps == (0, 2, 4), [(c.label, c.acceptance_length) for c in dx.chains]
+    assert kinds(dx)[SGLANG_LEGACY] in ("WRONG", "COSTS")
+    out = doctor.render(dx)
+    assert '"eagle_aux_hidden_state_layer_ids": [0, 2, 4]' in out  # vLLM / speculators
+    assert '"eagle_aux_hidden_state_layer_ids": [-1, 1, 3]' in out  # SGLang legacy with the embed patch
+    assert "SpecForge: not expressible" in out
+    # Served with the right capture spec, the same head is OK and nothing is offered to adopt.
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("taps: [embed, 2, 4]\nnum_layers: 8\ndraft_ids_convention: sglang-legacy\n")
+    dx = diagnose(target, draft, capture_spec=str(spec))
+    assert kinds(dx) == {f"capture spec {spec}": "OK"} and "adopt" not in doctor.render(dx)
 
 
 def test_doctor_keeps_a_non_ascending_order(tmp_path, target, target_run):
     """A head trained on cat([tap 5, tap 1, tap 2]): the order matters to fc, and engines that sort get it wrong."""
+    from vllm_eagle3.tools import doctor
+
     draft = plant_draft(tmp_path / "d", target, target_run, (5, 1, 2), [5, 1, 2])
-    dx = diagnose(target, draft)
-    assert dx.best.candidate.taps == (5, 1, 2)
-    assert dx.score_of((1, 2, 5)).accuracy < dx.best.accuracy - 0.2
-    assert any("only the vllm-eagle3 capture spec keeps this order" in l for l in dx.config_lines)
-    assert "WRONG  vLLM 0.32 V2 runner (top-level list) captures [5, 1, 2]" in dx.verdict
-    assert "the right taps in the wrong order" in dx.verdict
+    dx = diagnose(target, draft, taps=["5,1,2", "1,2,5"])
+    assert dx.chains[0].taps == (5, 1, 2)
+    k = kinds(dx)
+    assert k["--taps 5,1,2"] == "OK" and k["--taps 1,2,5"] in ("WRONG", "COSTS"), k
+    assert "only the vllm-eagle3 capture spec keeps this order" in doctor.render(dx)
 
 
-def test_doctor_untrained_draft_is_inconclusive(tmp_path, target, target_run):
-    """A random head agrees with nothing: the doctor must say so instead of naming a wiring (exit status 3)."""
+def test_doctor_untrained_draft_no_wiring_works(tmp_path, target, target_run):
+    """A random head agrees with nothing: the doctor must say so instead of calling a wiring OK (exit status 6)."""
     from vllm_eagle3.tools import doctor
     from vllm_eagle3.testing.tiny import build_eagle3_draft
 
@@ -130,9 +157,10 @@ def test_doctor_untrained_draft_is_inconclusive(tmp_path, target, target_run):
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
     assert doctor.main(["--target", str(target), "--draft", str(draft), "--text", str(text), "--max-tokens",
-                        str(MAX_TOKENS), "--no-progress", "--json", str(tmp_path / "out.json")]) == 3
+                        str(MAX_TOKENS), "--window", str(WINDOW), "--taps", "2,4,5", "--no-progress",
+                        "--json", str(tmp_path / "out.json")]) == 6
     result = json.loads((tmp_path / "out.json").read_text())
-    assert result["confident"] is False and "inconclusive" in result["verdict"]
+    assert result["verdict"] == "NO WIRING WORKS" and result["exit_code"] == 6
 
 
 @pytest.mark.parametrize("breakage, message", [
@@ -142,9 +170,10 @@ def test_doctor_untrained_draft_is_inconclusive(tmp_path, target, target_run):
     ("no-fc", r"has no fc.weight"),
     ("short-text", r"only \d+ tokens of text"),
     ("missing-weights", r"lacks weights"),
+    ("fan-in-vs-taps", r"names 2 taps but the draft's fc takes 3"),
 ])
 def test_doctor_hostile_input(tmp_path, target, breakage, message, capsys):
-    """Broken drafts and too little text: exit 1 with one error line, no traceback."""
+    """Broken drafts, a wiring the draft cannot take and too little text: exit 1 with one error line, no traceback."""
     import re
 
     from safetensors.torch import load_file, save_file
@@ -156,6 +185,7 @@ def test_doctor_hostile_input(tmp_path, target, breakage, message, capsys):
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
     weights = tmp_path / "d" / "model.safetensors"
+    extra = []
     if breakage == "no-draft":
         draft = tmp_path / "nowhere"
     elif breakage == "not-json":
@@ -171,41 +201,85 @@ def test_doctor_hostile_input(tmp_path, target, breakage, message, capsys):
         save_file(w, str(weights))
     elif breakage == "short-text":
         text.write_text("x = 1\n")
-    rc = doctor.main(["--target", str(target), "--draft", str(draft), "--text", str(text), "--no-progress"])
+    elif breakage == "fan-in-vs-taps":
+        extra = ["--taps", "embed,3"]
+    rc = doctor.main(["--target", str(target), "--draft", str(draft), "--text", str(text), "--window", str(WINDOW),
+                      "--max-tokens", str(MAX_TOKENS), "--no-progress", *extra])
     err = capsys.readouterr().err
     assert rc == 1 and re.search(message, err), err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and err.count("vllm-eagle3 doctor: error:") == 1
 
 
-MINI_TARGET = REPO / "models" / "kimi-k25-mini"
-MINI_DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
+def test_doctor_help_describes_the_verdicts(capsys):
+    from vllm_eagle3.tools import doctor
+
+    with pytest.raises(SystemExit):
+        doctor.main(["--help"])
+    out = capsys.readouterr().out
+    for word in ("OK            0", "COSTS x%      3", "WRONG         4", "CANNOT TELL   5", "NO WIRING WORKS 6",
+                 "paired bootstrap"):
+        assert word in out
 
 
-@pytest.mark.skipif(not (MINI_TARGET / "config.json").exists() or not (MINI_DRAFT / "config.json").exists(),
-                    reason="the shipped miniature (models/kimi-k25-mini, models/kimi-k25-mini-eagle3) is not built")
-def test_doctor_on_the_miniature_with_the_incident_config(tmp_path):
-    """Acceptance check of the issue: the miniature's head with the incident's config ([2, 30, 58] in eagle_config,
-    SGLang-legacy), through the real command line on 2 cores: names [embed, 3, 31], flags taps 3/31/59, < 2 min."""
-    draft = tmp_path / "draft"
-    shutil.copytree(MINI_DRAFT, draft)
-    cfg = json.loads((draft / "config.json").read_text())
-    cfg.pop("eagle_aux_hidden_state_layer_ids", None)
-    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [2, 30, 58], "use_aux_hidden_state": True}
-    (draft / "config.json").write_text(json.dumps(cfg))
+def shipped_heads() -> list[tuple[Path, Path, Path]]:
+    """(target, draft, capture spec) of every shipped head: a models/ folder whose config.json records the spec it
+    was trained with (``vllm_eagle3.spec``, written by the trainer) and whose spec is in configs/."""
+    heads = []
+    for cfg in sorted((REPO / "models").glob("*/config.json")):
+        rec = json.loads(cfg.read_text()).get("vllm_eagle3") or {}
+        spec = REPO / "configs" / str(rec.get("spec", ""))
+        target = REPO / "models" / str(rec.get("target", ""))
+        if rec.get("spec") and spec.is_file() and (target / "config.json").is_file():
+            heads.append((target, cfg.parent, spec))
+    return heads
+
+
+HEADS = shipped_heads()
+INCIDENT = "3,31,59"  # ids [2, 30, 58] read as SGLang-legacy: the incident's wiring
+OTHER_WRONG = "embed,3,31"  # for a head trained on the incident's taps, the first head's wiring is the wrong one
+
+
+def run_doctor(tmp_path, target, draft, *args):
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "doctor", "--target", str(MINI_TARGET),
-                           "--draft", str(draft), "--json", str(tmp_path / "dx.json")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
-    elapsed = time.perf_counter() - t0
-    # Exit 0 = the best wiring is separable from the runner-up. On the shipped miniature the +-1 neighbour
-    # [embed, 2, 30] scores close to [embed, 3, 31] (measured 0.546 vs 0.585 at 384 tokens: adjacent layers carry
-    # similar states), so the doctor may answer 3 (best not separable from its neighbour) - but it must still rank
-    # [embed, 3, 31] first and flag the incident's reading as WRONG.
-    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
-    result = json.loads((tmp_path / "dx.json").read_text())
-    assert result["best"]["taps"] == [0, 3, 31], proc.stdout
-    assert ("trained on taps [embed, 3, 31]" in proc.stdout) or \
-        (proc.returncode == 3 and "inconclusive: best [embed, 3, 31]" in proc.stdout), proc.stdout
-    assert "WRONG  SGLang < 0.5.14 + embed patch (nested list) captures [3, 31, 59]" in proc.stdout
-    assert "scoring wirings" in proc.stderr  # the progress bar
-    assert elapsed < 120, f"doctor took {elapsed:.0f} s on the miniature"
+    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "doctor", "--target", str(target),
+                           "--draft", str(draft), "--json", str(tmp_path / "dx.json"), *args],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    return proc, time.perf_counter() - t0, json.loads((tmp_path / "dx.json").read_text()) if proc.returncode != 1 \
+        else None
+
+
+def quiet_budget() -> float:
+    """60 s (the issue's budget) on a quiet 2-core box; on a loaded one (load average >= 2: a benchmark, other
+    tests) three times that, so a contended run reports a slow doctor without failing on another job's load."""
+    return 60.0 if os.getloadavg()[0] < 2.0 else 180.0
+
+
+@pytest.mark.skipif(not HEADS, reason="no shipped head (models/*/config.json with vllm_eagle3.spec) is built")
+@pytest.mark.parametrize("target, draft, spec", HEADS, ids=[h[1].name for h in HEADS])
+def test_doctor_ok_on_each_shipped_head_with_its_own_spec(tmp_path, target, draft, spec):
+    """The issue's acceptance check: exit 0, an OK verdict, no config to adopt, within the time budget."""
+    budget = quiet_budget()
+    proc, elapsed, result = run_doctor(tmp_path, target, draft, "--capture-spec", str(spec))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result["verdict"] == "OK" and all(not v["adopt"] for v in result["verdicts"].values()), proc.stdout
+    assert "\nOK  capture spec" in proc.stdout and "adopt" not in proc.stdout, proc.stdout
+    assert elapsed < budget, f"doctor took {elapsed:.0f} s on {draft.name} (budget {budget:.0f} s): {result['timings_s']}"
+
+
+@pytest.mark.skipif(not HEADS, reason="no shipped head (models/*/config.json with vllm_eagle3.spec) is built")
+@pytest.mark.parametrize("target, draft, spec", HEADS, ids=[h[1].name for h in HEADS])
+def test_doctor_names_a_foreign_wiring_wrong_on_each_shipped_head(tmp_path, target, draft, spec):
+    """The incident's wiring [3, 31, 59] on a head trained with the embedding (or the embedding wiring on a head
+    trained on [3, 31, 59]): WRONG, exit 4, and the head's own wiring offered as the config to adopt."""
+    from vllm_eagle3.resolve import load_spec_file
+
+    own = load_spec_file(spec).spec
+    wrong = OTHER_WRONG if own.taps == (3, 31, 59) else INCIDENT
+    proc, _, result = run_doctor(tmp_path, target, draft, "--taps", wrong)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert result["verdicts"][f"--taps {wrong}"]["kind"] == "WRONG", proc.stdout
+    assert "acceptance collapses" in proc.stdout
+    # The better wiring offered is the head's own or one of its interchangeable neighbours (same embedding use).
+    best = result["verdicts"][f"--taps {wrong}"]["best"]
+    assert (0 in best) == own.has_embed and result["verdicts"][f"--taps {wrong}"]["adopt"], proc.stdout
+    assert "adopt " in proc.stdout and "screening wirings" in proc.stderr

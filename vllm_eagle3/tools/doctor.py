@@ -1,19 +1,19 @@
-"""``vllm-eagle3 doctor``: measure which taps an EAGLE-3 draft was trained on, instead of reading engine source.
+"""``vllm-eagle3 doctor``: how much acceptance does the wiring I serve lose against the best one?
 
-Data flow position: offline, on CPU, no engine. It runs the TARGET once on sample text (transformers, float32,
-``output_hidden_states=True``: tap k = ``hidden_states[k]``, see :mod:`vllm_eagle3.spec`), then for every candidate
-wiring feeds the DRAFT ``cat([tap a, tap b, ...])`` exactly as vLLM's proposer does at prefill (position t gets the
-taps of position t and the token at t + 1) and scores the draft's top-1 agreement with the target's own greedy next
-token. A draft fed the taps it was trained on agrees far more often than one fed any other wiring, so the ranking
-names the wiring; the verdict then says what each engine would capture from the draft config as written, and the
-exact lines to write for vLLM, SGLang (both conventions) and speculators.
+Data flow position: offline, on CPU, no engine. It runs the TARGET once on text it did not train on (transformers,
+float32, ``output_hidden_states=True``: tap k = ``hidden_states[k]``, see :mod:`vllm_eagle3.spec`), screens every
+candidate wiring on the draft's first step, drafts chains of up to 5 tokens for the configured wiring, the engines'
+readings of the draft config and the best screened candidates exactly as vLLM's proposer does
+(:mod:`vllm_eagle3.tools.wirings`), and compares the configured wiring with the best one by acceptance length at
+k = the served ``num_speculative_tokens`` and position-0 acceptance, paired on the same anchors, with paired
+cluster-bootstrap intervals (:mod:`vllm_eagle3.tools.wiring_stats`, which states the method and the tolerances).
 
-Candidates (each labelled with why it is tried): the draft config's ids read under every convention; the engines'
-default taps (:func:`vllm_eagle3.conventions.engine_default_ids`); a capture spec's taps if given; for each of those
-its +-1 neighbours (all taps, and one tap at a time), the embedding swapped in (prepended, dropping the last tap,
-and replacing the first), and every candidate also in sorted order. Small targets are searched exhaustively.
+Verdict per configured wiring: OK (exit 0), COSTS x% (3), WRONG (4), CANNOT TELL with the text needed (5), NO WIRING
+WORKS (6); 1 = bad input (one line naming the fix). Config lines to adopt are printed only for a wiring that is
+significantly better than the configured one by more than the tolerance.
 
-    vllm-eagle3 doctor --target models/kimi-k25-mini --draft models/kimi-k25-mini-eagle3
+    vllm-eagle3 doctor --target models/kimi-k25-mini --draft models/kimi-k25-mini-eagle3 \\
+        --capture-spec configs/kimi_k25_eagle3.yaml
 """
 
 from __future__ import annotations
@@ -21,60 +21,186 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from vllm_eagle3.checkpoint import DraftInfo, TargetInfo
-from vllm_eagle3.resolve import ids_for_engines
-from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, taps_label
-from vllm_eagle3.tools.wirings import (EXHAUSTIVE_LIMIT, HeadFn, Score, candidate_wirings, default_text,
-                                       encode, load_head, load_target, run_target, score_candidates)
+from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, ids_for_engines, load_spec_file
+from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, parse_tap, taps_label
+from vllm_eagle3.tools.wirings import (EXHAUSTIVE_LIMIT, Candidate, candidate_wirings, chain_matches,
+                                       default_text, encode, first_draft_acceptance, load_draft, load_target,
+                                       run_target, sample_sequences)
+from vllm_eagle3.tools.wiring_stats import (TOLERANCE, Verdict, WiringChains, exit_code, judge, needed_tokens,
+                                            worst)
 
-MIN_TOKENS = 32
-"""Fewer scored positions than this cannot separate wirings; refuse rather than guess."""
+MAX_TOKENS = 4096
+"""Default text: 4,096 tokens = 32 sequences x 128, ~3,900 chain anchors. On the shipped pair the relative loss of
+the right wiring against its best neighbour then has a 95 % interval of about +-1.5 %, inside the 2 % tolerance,
+and the whole run takes < 60 s on 2 cores (measured numbers in tests/e2e/test_doctor.py)."""
 
-CONFIDENT_MARGIN = 0.05
-"""The winner must beat the runner-up's top-1 agreement by at least this much (absolute)..."""
+WINDOW = 128
+"""Tokens per sequence (the bootstrap's block); also the prompt + continuation length in greedy mode."""
 
-CONFIDENT_SIGMAS = 4.0
-"""...and by this many standard errors of the difference of two agreement rates over the scored positions, so a
-short text cannot produce a confident verdict by chance."""
+PROMPT_LEN = 32
+CHAINED = 6
+"""Besides the configured wiring and the engines' readings, the best this many screened candidates get full chains."""
 
+DEFAULT_K = 3
 
-# ----------------------------------------------------------------------------------------------- verdict
 
 @dataclasses.dataclass
 class Diagnosis:
-    scores: list[Score]
+    verdicts: dict[str, Verdict]  # per configured wiring (a capture spec, or each engine's reading)
+    chains: list[WiringChains]  # every chained wiring, best first
+    screened: list[tuple[Candidate, float]]  # every candidate with its position-0 acceptance, best first
+    k: int
     num_layers: int
-    positions: int
-    engine_reads: dict[str, Any]
-    confident: bool
-    verdict: str
-    config_lines: list[str]
+    tokens: int
+    anchors: int
+    how: str
+    configured_from: str
     timings: dict[str, float]
 
     @property
-    def best(self) -> Score:
-        return self.scores[0]
-
-    def score_of(self, taps: Sequence[int]) -> Score | None:
-        return next((s for s in self.scores if s.candidate.taps == tuple(taps)), None)
+    def kind(self) -> str:
+        return worst([v.kind for v in self.verdicts.values()])
 
     def to_json(self) -> dict:
+        def chain(c: WiringChains) -> dict:
+            return {"taps": list(c.taps), "label": c.label, "why": c.why, "p0": c.p0,
+                    "acceptance_length": c.acceptance_length, "served_walk": c.served_walk_length}
+
         return {
-            "best": {"taps": list(self.best.candidate.taps), "label": self.best.candidate.label,
-                     "accuracy": self.best.accuracy},
-            "confident": self.confident, "verdict": self.verdict, "positions": self.positions,
-            "num_layers": self.num_layers, "config_lines": self.config_lines, "timings_s": self.timings,
-            "engine_reads": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.engine_reads.items()},
-            "ranking": [{"taps": list(s.candidate.taps), "label": s.candidate.label, "accuracy": s.accuracy,
-                         "mean_logprob": s.mean_logprob, "why": s.candidate.why} for s in self.scores],
+            "verdict": self.kind, "exit_code": exit_code(self.kind), "k": self.k, "tokens": self.tokens,
+            "anchors": self.anchors, "text": self.how, "configured_from": self.configured_from,
+            "tolerance": TOLERANCE, "num_layers": self.num_layers, "timings_s": self.timings,
+            "verdicts": {name: {"kind": v.kind, "taps": list(v.configured.taps), "best": list(v.best.taps),
+                                "loss": dataclasses.asdict(v.loss), "p0_diff": dataclasses.asdict(v.p0_diff),
+                                "gain_ratio": dataclasses.asdict(v.gain_ratio), "more_text": v.more_text,
+                                "equivalent": v.equivalent, "adopt": v.best_is_better}
+                         for name, v in self.verdicts.items()},
+            "chained": [chain(c) for c in self.chains],
+            "screened": [{"taps": list(c.taps), "label": c.label, "why": c.why, "p0": p} for c, p in self.screened],
         }
 
+
+# ----------------------------------------------------------------------------------------------- configured wiring
+
+def configured_wirings(target: TargetInfo, draft: DraftInfo, capture_spec: str | None,
+                       taps: Sequence[str] | None, convention: str | None,
+                       environ: Mapping[str, str] | None = None) -> tuple[dict, str]:
+    """({name: taps fed to the draft}, where they came from). Every ``--capture-spec``, ``--taps`` and
+    ``--convention`` given is judged; with none, the plugin's environment (``VLLM_EAGLE3_SPEC`` /
+    ``VLLM_EAGLE3_CONVENTION``); with none of those either, every engine's reading of the draft config as written
+    (in the order the engine concatenates: ascending)."""
+    from vllm_eagle3.conventions import ids_to_taps
+    from vllm_eagle3.tools.inspect import engine_reads
+
+    env = os.environ if environ is None else environ
+    L = target.num_layers
+    out: dict[str, tuple[int, ...]] = {}
+    if not (capture_spec or taps or convention):
+        capture_spec, convention = env.get(ENV_SPEC) or None, env.get(ENV_CONVENTION) or None
+        source = f"${ENV_SPEC} / ${ENV_CONVENTION}"
+    else:
+        source = "the command line"
+    if capture_spec:
+        sf = load_spec_file(capture_spec)
+        sf.spec.check_num_layers(L)
+        out[f"capture spec {capture_spec}"] = sf.spec.taps
+    for t in taps or ():
+        spec = CaptureSpec(tuple(parse_tap(x.strip()) for x in t.split(",")), source="--taps")
+        spec.check_num_layers(L)
+        out[f"--taps {t}"] = spec.taps
+    conv = convention
+    if conv:
+        ids = draft.top_ids if draft.top_ids is not None else draft.nested_ids
+        if ids is None:
+            raise CaptureSpecError("the draft config has no eagle_aux_hidden_state_layer_ids to read with "
+                                   f"--convention {conv}; pass --capture-spec or --taps")
+        out[f"draft ids {list(ids)} read as {conv}"] = ids_to_taps(ids, conv, L)
+    if out:
+        return out, source
+    reads = engine_reads(target, draft)
+    out = {engine: tuple(sorted(t)) for engine, t in reads.items() if not isinstance(t, str)}
+    if not out:
+        raise CaptureSpecError("no engine can read the draft config's ids; pass --capture-spec or --taps to say "
+                               "which wiring you serve")
+    return out, "each engine's reading of the draft config (no --capture-spec / --taps / --convention given)"
+
+
+# ----------------------------------------------------------------------------------------------- measurement
+
+def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max_tokens: int = MAX_TOKENS,
+             capture_spec: str | None = None, taps: Sequence[str] | None = None, convention: str | None = None,
+             k: int = DEFAULT_K, mode: str = "text", window: int = WINDOW, chained: int = CHAINED,
+             exhaustive: bool | None = None, progress: bool = True,
+             environ: Mapping[str, str] | None = None) -> Diagnosis:
+    """Run the whole measurement; raises :class:`CaptureSpecError` with the fix on bad input."""
+    from vllm_eagle3.miniature.acceptance import MAX_K
+
+    t0 = time.perf_counter()
+    if not 1 <= k <= MAX_K:
+        raise CaptureSpecError(f"-k {k}: the doctor drafts chains of 1..{MAX_K} tokens")
+    target, draft = Path(target), Path(draft)
+    info = TargetInfo.load(target)
+    d = DraftInfo.load(draft)
+    fc_in = d.fc_in_features
+    if fc_in is None:
+        raise CaptureSpecError(f"draft {draft} has no fc.weight in its safetensors; is it an EAGLE-3 head?")
+    if fc_in % info.hidden_size:
+        raise CaptureSpecError(f"the draft's fc takes {fc_in} inputs, not a multiple of the target hidden size "
+                               f"{info.hidden_size}: this draft is not for this target")
+    n = fc_in // info.hidden_size
+    configured, configured_from = configured_wirings(info, d, capture_spec, taps, convention, environ)
+    for name, t in configured.items():
+        if len(t) != n:
+            raise CaptureSpecError(f"{name} names {len(t)} taps but the draft's fc takes {n}: this wiring cannot "
+                                   "be served with this draft")
+    how = "the given text"
+    if text is None:
+        text, how = default_text()
+    token_ids, _ = encode(target, text[:max_tokens * 16], max_tokens)  # a token is < 16 characters of code
+    if len(token_ids) < 2 * window:
+        raise CaptureSpecError(f"only {len(token_ids)} tokens of text; give at least {2 * window} "
+                               f"(--text FILE with more text, --max-tokens)")
+    bad = [i for i in token_ids if not 0 <= i < info.vocab_size]
+    if bad:
+        raise CaptureSpecError(f"token id {bad[0]} is outside the target vocabulary of {info.vocab_size}")
+    model = load_target(target)
+    t1 = time.perf_counter()
+    sample = sample_sequences(model, token_ids, mode, window, PROMPT_LEN, how)
+    run = run_target(model, sample.seqs)
+    del model
+    t2 = time.perf_counter()
+    head = load_draft(draft, d, n, run)
+    extra = {f"configured: {name}": t for name, t in configured.items()}
+    cands = candidate_wirings(d, info.num_layers, n, extra, exhaustive)
+    p0 = first_draft_acceptance(head, run, sample, cands, progress=progress)
+    screened = sorted(((c, p0[c.taps]) for c in cands), key=lambda x: -x[1])
+    t3 = time.perf_counter()
+    pick: dict[tuple[int, ...], Candidate] = {}
+    for c, _ in screened[:chained]:
+        pick[c.taps] = c
+    why = {c.taps: c.why for c in cands}
+    for name, t in configured.items():
+        pick.setdefault(tuple(t), Candidate(tuple(t), why.get(tuple(t), name)))
+    chains = [WiringChains.from_matches(c.taps, c.label, c.why, chain_matches(head, run, sample, c.taps), k)
+              for c in pick.values()]
+    chains.sort(key=lambda c: (-c.acceptance_length, -c.p0))
+    by_taps = {c.taps: c for c in chains}
+    verdicts = {name: judge(by_taps[tuple(t)], chains) for name, t in configured.items()}
+    t4 = time.perf_counter()
+    return Diagnosis(verdicts, chains, screened, k, info.num_layers, int(sample.seqs.numel()), sample.anchors,
+                     sample.how, configured_from,
+                     {"load": round(t1 - t0, 1), "target": round(t2 - t1, 1), "screen": round(t3 - t2, 1),
+                      "chains": round(t4 - t3, 1), "total": round(t4 - t0, 1)})
+
+
+# ----------------------------------------------------------------------------------------------- output
 
 def config_lines(taps: Sequence[int], num_layers: int) -> list[str]:
     """The exact lines that make each engine capture ``taps`` (via :func:`vllm_eagle3.resolve.ids_for_engines`)."""
@@ -84,10 +210,9 @@ def config_lines(taps: Sequence[int], num_layers: int) -> list[str]:
     def j(v):
         return json.dumps(list(v)) if isinstance(v, tuple) else None
 
-    lines = []
-    vllm = j(ids["vllm"])
-    lines.append(f'vLLM (draft config.json, top level): "eagle_aux_hidden_state_layer_ids": {vllm}, '
-                 f'"num_aux_hidden_states": {spec.num_taps}')
+    lines = [f"vllm-eagle3 capture spec (YAML): taps: {spec.label()}   num_layers: {num_layers}",
+             f'vLLM (draft config.json, top level): "eagle_aux_hidden_state_layer_ids": {j(ids["vllm"])}, '
+             f'"num_aux_hidden_states": {spec.num_taps}']
     if spec.has_embed:
         lines.append("  (tap embed on DeepSeek/Kimi needs the vllm-eagle3 plugin: stock vLLM 0.32 crashes on id 0)")
     for conv, name in (("sglang", "SGLang >= 0.5.14"), ("sglang-legacy", "SGLang < 0.5.14 (+ embed patch for -1)")):
@@ -99,131 +224,108 @@ def config_lines(taps: Sequence[int], num_layers: int) -> list[str]:
     lines.append(f'speculators (config.json): "eagle_aux_hidden_state_layer_ids": {j(ids["speculators"])}'
                  if j(ids["speculators"]) else f"speculators: {ids['speculators']}")
     lines.append(f"SpecForge: {j(ids['specforge']) or ids['specforge']}")
-    lines.append(f"vllm-eagle3 capture spec (YAML): taps: {spec.label()}   num_layers: {num_layers}")
     if list(taps) != sorted(taps):
         lines.append(f"  NOTE: the draft expects the order {spec.label()}; vLLM and SGLang concatenate ascending, "
                      "only the vllm-eagle3 capture spec keeps this order")
     return lines
 
 
-def clearly_below(accuracy: float, best: float, positions: int) -> bool:
-    """``accuracy`` is below ``best`` by the confidence margin and by CONFIDENT_SIGMAS standard errors."""
-    se = math.sqrt(max(best * (1 - best) + accuracy * (1 - accuracy), 1e-12) / max(positions, 1))
-    return best - accuracy >= max(CONFIDENT_MARGIN, CONFIDENT_SIGMAS * se)
+def verdict_line(name: str, v: Verdict, k: int, tokens: int) -> str:
+    c, b = v.configured, v.best
+    al = f"acceptance length (k={k}) {c.acceptance_length:.3f} vs {b.acceptance_length:.3f} for the best {b.label}"
+    p0 = (f"position-0 acceptance {c.p0:.3f} vs {b.p0:.3f} ({-v.p0_diff.estimate * 100:+.1f} points "
+          f"[{-v.p0_diff.high * 100:+.1f}, {-v.p0_diff.low * 100:+.1f}])")
+    loss = f"loses {v.loss.fmt(100, 1, '%')} of it"
+    head = f"{v.kind}  {name}: {c.label}"
+    if v.kind == "OK":
+        how = ("it is the best" if b.taps == c.taps else
+               f"indistinguishable from the best or within the {TOLERANCE:.0%} tolerance")
+        return f"{head}: {how}: {al}, {loss}; {p0}"
+    if v.kind == "COSTS":
+        return f"COSTS {v.loss.estimate:.1%}  {name}: {c.label}: {al}, {loss} (more than the {TOLERANCE:.0%} " \
+               f"tolerance, significantly); {p0}"
+    if v.kind == "WRONG":
+        return (f"{head}: acceptance collapses: {al}; it keeps {v.gain_ratio.fmt(100, 1, '%')} of the best's "
+                f"speculative gain; {p0}: the draft was not trained on these taps")
+    if v.kind == "NO WIRING WORKS":
+        return (f"{head}: even the best wiring {b.label} accepts {v.best_gain.estimate:.3f} drafts per target "
+                f"forward [{v.best_gain.low:.3f}, {v.best_gain.high:.3f}]: the draft is untrained, or for another "
+                "target or tokenizer; no wiring will fix it")
+    need = needed_tokens(tokens, v.more_text)
+    return (f"{head}: {al}, {loss} (tolerance {TOLERANCE:.0%}): the interval straddles the tolerance; about "
+            f"{v.more_text:.1f}x more text would decide it (--max-tokens {need})")
 
 
-def make_verdict(scores: list[Score], reads: Mapping[str, Any], positions: int) -> tuple[bool, str]:
-    """(confident, text): the winner, then each engine's reading of the config marked ok / WRONG."""
-    best = scores[0]
-    runner = scores[1] if len(scores) > 1 else None
-    ra = runner.accuracy if runner else 0.0
-    pb = best.accuracy
-    confident = clearly_below(ra, pb, positions)
-    lines = []
-    if confident:
-        lines.append(f"VERDICT: the draft was trained on taps {best.candidate.label} (top-1 agreement "
-                     f"{best.accuracy:.3f}; runner-up {runner.candidate.label if runner else '-'} {ra:.3f}).")
-    else:
-        lines.append(f"VERDICT: inconclusive: best {best.candidate.label} agrees {best.accuracy:.3f} vs "
-                     f"{ra:.3f} for {runner.candidate.label if runner else '-'}; the draft may be untrained or for "
-                     "another target, or the text too short (--text, --max-tokens).")
-    by_taps = {s.candidate.taps: s for s in scores}
-    for engine, taps in reads.items():
-        if isinstance(taps, str):
-            lines.append(f"  {engine}: {taps}")
-            continue
-        fed = tuple(sorted(taps))  # every engine concatenates in ascending tap order
-        s = by_taps.get(fed)
-        got = f"{s.accuracy:.3f}" if s else "not scored"
-        shown = f"{engine} captures {taps_label(taps)} (agreement {got})"
-        # Each reading is judged against the best on its own: a reading far below the best is wrong even when the
-        # best cannot be told apart from its +-1 neighbours (adjacent layers carry similar states).
-        if not confident and (s is None or not clearly_below(s.accuracy, pb, positions)):
-            lines.append(f"  ?      {shown}")
-        elif fed == best.candidate.taps:
-            lines.append(f"  ok     {shown}")
-        elif fed == tuple(sorted(best.candidate.taps)):
-            lines.append(f"  WRONG  {shown}: the right taps in the wrong order (the engine sorts them; the draft "
-                         f"wants {best.candidate.label}): serve with a vllm-eagle3 capture spec")
-        else:
-            lines.append(f"  WRONG  {shown}: not the trained {best.candidate.label}: the incident's failure "
-                         "(served acceptance near zero, no error)")
-    return confident, "\n".join(lines)
-
-
-def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max_tokens: int = 384,
-             head: HeadFn | None = None, extra: Mapping[str, Sequence[int]] | None = None,
-             exhaustive: bool | None = None, progress: bool = True) -> Diagnosis:
-    """Run the whole measurement; raises :class:`CaptureSpecError` with the fix on bad input."""
-    from vllm_eagle3.tools.inspect import engine_reads
-
-    t0 = time.perf_counter()
-    target, draft = Path(target), Path(draft)
-    info = TargetInfo.load(target)
-    d = DraftInfo.load(draft)
-    fc_in = d.fc_in_features
-    if fc_in is None:
-        raise CaptureSpecError(f"draft {draft} has no fc.weight in its safetensors; is it an EAGLE-3 head?")
-    if fc_in % info.hidden_size:
-        raise CaptureSpecError(f"the draft's fc takes {fc_in} inputs, not a multiple of the target hidden size "
-                               f"{info.hidden_size}: this draft is not for this target")
-    n = fc_in // info.hidden_size
-    token_ids, how = encode(target, text if text is not None else default_text(), max_tokens)
-    if len(token_ids) < MIN_TOKENS:
-        raise CaptureSpecError(f"only {len(token_ids)} tokens of text ({how}); give at least {MIN_TOKENS} "
-                               "(--text FILE with more text)")
-    bad = [i for i in token_ids if not 0 <= i < info.vocab_size]
-    if bad:
-        raise CaptureSpecError(f"token id {bad[0]} ({how}) is outside the target vocabulary of {info.vocab_size}")
-    model = load_target(target)
-    t1 = time.perf_counter()
-    run = run_target(model, token_ids)
-    del model
-    t2 = time.perf_counter()
-    if head is None:
-        head = load_head(draft, d, n, run)
-    cands = candidate_wirings(d, info.num_layers, n, extra, exhaustive)
-    scores = score_candidates(head, run, cands, progress=progress)
-    t3 = time.perf_counter()
-    reads = engine_reads(info, d)
-    confident, verdict = make_verdict(scores, reads, len(token_ids) - 1)
-    return Diagnosis(scores, info.num_layers, len(token_ids) - 1, reads, confident, verdict,
-                     config_lines(scores[0].candidate.taps, info.num_layers),
-                     {"load": round(t1 - t0, 2), "target_forward": round(t2 - t1, 2), "scoring": round(t3 - t2, 2),
-                      "total": round(t3 - t0, 2)})
-
-
-def render(dx: Diagnosis, top: int = 15) -> str:
-    lines = [f"{len(dx.scores)} wirings scored on {dx.positions} positions of a {dx.num_layers}-layer target "
-             f"(top-1 agreement of the draft with the target's greedy next token):",
-             f"{'rank':>4}  {'taps':<22} {'agree':>6} {'logp':>8}  why"]
-    for i, s in enumerate(dx.scores[:top], 1):
-        lines.append(f"{i:>4}  {s.candidate.label:<22} {s.accuracy:>6.3f} {s.mean_logprob:>8.2f}  {s.candidate.why}")
-    if len(dx.scores) > top:
-        lines.append(f"   ... {len(dx.scores) - top} more (--top N, --json FILE)")
-    lines.append(dx.verdict)
-    lines.append("config lines for " + ("the measured" if dx.confident else "the best-scoring (unconfirmed)")
-                 + f" wiring {dx.best.candidate.label}:")
-    lines += [f"  {l}" for l in dx.config_lines]
+def render(dx: Diagnosis, top: int = 10) -> str:
+    lines = [f"wirings scored on {dx.anchors} anchors of {dx.how} ({dx.tokens} tokens, {dx.num_layers}-layer "
+             f"target); chains drafted as vLLM's proposer, accepted while equal to the target's greedy token; "
+             f"k = {dx.k}",
+             f"{'taps':<22} {'AL(k=' + str(dx.k) + ')':>8} {'pos-0':>6} {'walk':>6}  why"]
+    for c in dx.chains:
+        lines.append(f"{c.label:<22} {c.acceptance_length:>8.3f} {c.p0:>6.3f} {c.served_walk_length:>6.3f}  {c.why}")
+    rest = [(c, p) for c, p in dx.screened if c.taps not in {x.taps for x in dx.chains}]
+    if rest:
+        shown = ", ".join(f"{c.label} {p:.3f}" for c, p in rest[:top])
+        more = f" (+{len(rest) - top} more, --json FILE)" if len(rest) > top else ""
+        lines.append(f"screened on position-0 acceptance only: {shown}{more}")
+    lines.append(f"configured wiring from {dx.configured_from}:")
+    for name, v in dx.verdicts.items():
+        lines.append(verdict_line(name, v, dx.k, dx.tokens))
+        if v.kind == "OK" and v.equivalent:
+            lines.append(f"  as good within the tolerance: {', '.join(v.equivalent[:6])}")
+    adopt = {v.best.taps for v in dx.verdicts.values() if v.best_is_better}
+    for taps in adopt:
+        lines.append(f"adopt {taps_label(taps)} (significantly better than the configured wiring):")
+        lines += [f"  {line}" for line in config_lines(taps, dx.num_layers)]
     lines.append(f"time: {dx.timings}")
     return "\n".join(lines)
 
 
+VERDICTS_HELP = f"""\
+verdicts (for each configured wiring; exit status of the worst one):
+  OK            0  the configured wiring's acceptance length is within {TOLERANCE:.0%} of the best wiring's at the
+                   upper end of its 95% interval (indistinguishable from the best, or within the tolerance)
+  COSTS x%      3  significantly worse than the best by more than {TOLERANCE:.0%}: x = the acceptance length lost;
+                   the config lines of the better wiring are printed
+  WRONG         4  acceptance collapses: under a quarter of the best wiring's speculative gain (the incident)
+  CANNOT TELL   5  the interval straddles the tolerance: the line says how much more text decides it
+  NO WIRING WORKS 6  no wiring makes the draft accept drafts: untrained, or for another target
+  1: bad input (one line naming the fix); 2: usage error.
+Statistics: every wiring is scored on the same anchors; 95% intervals from a paired bootstrap over whole
+sequences (adjacent positions are correlated). Acceptance length (k) = 1 + mean leading accepted drafts of at most
+k per anchor; 'walk' = the model card's served walk (what vLLM's /metrics counters measure)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="vllm-eagle3 doctor",
-        description="Measure which taps an EAGLE-3 draft was trained on: run the target on sample text (CPU, "
-                    "float32, transformers), feed the draft each candidate wiring, rank them by the draft's top-1 "
-                    "agreement with the target's greedy next token, and print a verdict and the config lines for "
-                    "vLLM, SGLang and speculators. Exit status 0: confident verdict; 3: inconclusive; 1: error.")
+        prog="vllm-eagle3 doctor", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=VERDICTS_HELP,
+        description="How much acceptance does the wiring you serve lose against the best one? Runs the target on "
+                    "text it did not train on (CPU, float32, transformers), drafts chains with the EAGLE-3 head fed "
+                    "each candidate wiring exactly as vLLM's proposer does, and compares the configured wiring with "
+                    "the best by acceptance length and position-0 acceptance, with paired 95% intervals.")
     p.add_argument("--target", required=True, help="target model folder (Kimi K2.5: its language model is used)")
     p.add_argument("--draft", required=True, help="EAGLE-3 draft folder (config.json + safetensors)")
-    p.add_argument("--text", default=None, help="sample text file (default: standard-library Python sources)")
-    p.add_argument("--max-tokens", type=int, default=384, help="tokens of text to run (default 384)")
+    p.add_argument("--capture-spec", default=None, help="the capture spec you serve (default: $VLLM_EAGLE3_SPEC)")
+    p.add_argument("--taps", action="append", default=None,
+                   help="a wiring to judge, e.g. embed,3,31 (repeatable; judged beside --capture-spec)")
+    p.add_argument("--convention", default=None,
+                   help="the draft config's ids are read in this convention (default: $VLLM_EAGLE3_CONVENTION); "
+                        "with none of --capture-spec/--taps/--convention every engine's reading is judged")
+    p.add_argument("-k", type=int, default=DEFAULT_K, help=f"num_speculative_tokens served (default {DEFAULT_K})")
+    p.add_argument("--text", default=None,
+                   help="text file (default: the held-out standard-library files the miniature never trained on)")
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=f"tokens of text (default {MAX_TOKENS})")
+    p.add_argument("--mode", choices=("text", "greedy"), default="text",
+                   help="text: chains on the text itself (default); greedy: prompts from it continued greedily by "
+                        "the target (what a greedy server verifies; slower)")
+    p.add_argument("--window", type=int, default=WINDOW,
+                   help=f"tokens per sequence, the statistics' block (default {WINDOW})")
+    p.add_argument("--chained", type=int, default=CHAINED,
+                   help=f"best screened wirings that get full chains besides the configured ones (default {CHAINED})")
     p.add_argument("--engine", choices=("hf",), default="hf", help="how to run the target (transformers)")
     p.add_argument("--exhaustive", action="store_true", default=None,
-                   help=f"score every tap set (default: only when there are at most {EXHAUSTIVE_LIMIT})")
-    p.add_argument("--top", type=int, default=15, help="rows of the ranking to print")
+                   help=f"screen every tap set (default: only when there are at most {EXHAUSTIVE_LIMIT})")
+    p.add_argument("--top", type=int, default=10, help="screened-only wirings to list")
     p.add_argument("--json", default=None, help="also write the full result as JSON here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -232,8 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.max_tokens < MIN_TOKENS + 1:
-            raise CaptureSpecError(f"--max-tokens must be at least {MIN_TOKENS + 1}")
+        if args.window < 16:
+            raise CaptureSpecError("--window must be at least 16 tokens")
+        if args.max_tokens < 2 * args.window:
+            raise CaptureSpecError(f"--max-tokens must be at least twice --window ({2 * args.window})")
         text = None
         if args.text is not None:
             path = Path(args.text)
@@ -241,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise CaptureSpecError(f"--text {path} does not exist")
             text = path.read_text(errors="replace")
         dx = diagnose(args.target, args.draft, text=text, max_tokens=args.max_tokens,
-                      exhaustive=args.exhaustive, progress=not args.no_progress)
+                      capture_spec=args.capture_spec, taps=args.taps, convention=args.convention, k=args.k,
+                      mode=args.mode, window=args.window, chained=args.chained, exhaustive=args.exhaustive,
+                      progress=not args.no_progress)
     except CaptureSpecError as exc:
         print(f"vllm-eagle3 doctor: error: {exc}", file=sys.stderr)
         return 1
@@ -250,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_eagle3.tools.convert import write_json_atomic
 
         write_json_atomic(Path(args.json), dx.to_json())
-    return 0 if dx.confident else 3
+    return exit_code(dx.kind)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,11 +1,13 @@
 """Candidate wirings of an EAGLE-3 draft and how well each one works: the measurement behind ``vllm-eagle3 doctor``.
 
-Data flow position: offline, on CPU, no engine. :func:`run_target` runs the target once on sample text
-(transformers, float32, ``output_hidden_states=True``: tap k = ``hidden_states[k]``); :func:`candidate_wirings`
-lists the tap sets worth trying (the draft config's ids under every convention, engine defaults, neighbours, the
-embedding swapped in); :func:`score_candidates` feeds the draft ``cat([tap a, tap b, ...])`` for each, exactly as
-vLLM's proposer does at prefill, and scores top-1 agreement with the target's own greedy token. ``doctor.py`` turns
-the scores into a verdict.
+Data flow position: offline, on CPU, no engine. :func:`sample_sequences` picks the positions to score (held-out
+text; by default prompts from it continued greedily by the target, which is what a greedy server verifies);
+:func:`run_target` runs the target ONCE on them (transformers, float32, ``output_hidden_states=True``: tap k =
+``hidden_states[k]``); :func:`candidate_wirings` lists the tap sets worth trying (the draft config's ids under every
+convention, engine defaults, neighbours, the embedding swapped in); :func:`first_draft_acceptance` screens every
+candidate on its first draft, and :func:`chain_matches` drafts chains of ``MAX_K`` tokens for the ones that matter
+exactly as vLLM's proposer does (``vllm_eagle3.miniature.acceptance.chain_eval`` replaying the one target run).
+:mod:`vllm_eagle3.tools.wiring_stats` turns the matches into a verdict; ``doctor.py`` prints it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import math
 import sys
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any, Iterable, Mapping, Sequence
 
 from vllm_eagle3.checkpoint import DraftInfo, read_json
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, ids_to_taps
@@ -24,8 +27,6 @@ from vllm_eagle3.spec import EMBED, CaptureSpecError, taps_label
 EXHAUSTIVE_LIMIT = 400
 """Search every ordered-ascending tap set when there are at most this many (tiny targets)."""
 
-HeadFn = Callable[[Any, Any, Any], Any]
-"""``head(input_ids [B, T], aux [B, T, n * H], positions [T]) -> logits over the TARGET vocabulary [B, T, V]``."""
 
 
 # ----------------------------------------------------------------------------------------------- candidates
@@ -101,14 +102,23 @@ def candidate_wirings(draft: DraftInfo, num_layers: int, num_taps: int,
     return list(out.values())
 
 
-# ----------------------------------------------------------------------------------------------- target side
+# ----------------------------------------------------------------------------------------------- text side
 
-def default_text() -> str:
-    """Real text when none is given: a few standard-library Python sources (on every machine)."""
-    import argparse as a
-    import textwrap as tw
+def default_text(max_chars: int = 400_000) -> tuple[str, str]:
+    """(text, description): the held-out files of this interpreter's standard library, i.e. Python the bundled
+    miniature target never trained on (its trainer held out files by a hash of their path under the source root,
+    :func:`vllm_eagle3.miniature.data.is_heldout`, 2 %; the standard library was one of its roots). Present on
+    every machine; for other targets it is simply real code."""
+    import sysconfig
 
-    return "\n".join(Path(m.__file__).read_text() for m in (tw, a))
+    from vllm_eagle3.miniature.data import read_texts, source_files, split_files
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    _, held = split_files(source_files([root]))  # the trainers' default fraction
+    # Packages installed inside the stdlib folder were a root of their own in training (other relative paths).
+    held = [f for f in held if f.rel.split("/")[0] not in ("site-packages", "dist-packages")]
+    texts = read_texts(held, max_chars)
+    return "\n".join(texts), f"held-out standard-library files ({len(texts)} files under {root})"
 
 
 def encode(target_dir: Path, text: str, max_tokens: int) -> tuple[list[int], str]:
@@ -127,6 +137,45 @@ def encode(target_dir: Path, text: str, max_tokens: int) -> tuple[list[int], str
     ids = tok(text, add_special_tokens=False)["input_ids"][:max_tokens]
     return list(ids), f"tokenizer of {target_dir}"
 
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """The positions every wiring is scored on (all wirings on the same ones: the comparison is paired)."""
+
+    seqs: Any  # [N, T] long: independent sequences (the statistics' blocks)
+    first_anchor: int  # chains are drafted at anchors first_anchor .. T - 1 - MAX_K of every sequence
+    how: str
+
+    @property
+    def anchors(self) -> int:
+        from vllm_eagle3.miniature.acceptance import MAX_K
+
+        return self.seqs.shape[0] * (self.seqs.shape[1] - MAX_K - self.first_anchor)
+
+
+def sample_sequences(model, token_ids: Sequence[int], mode: str, window: int, prompt_len: int, how: str) -> Sample:
+    """``mode`` "greedy": prompts of ``prompt_len`` tokens cut from the text, each continued by the target's own
+    greedy tokens to ``window`` tokens (a greedy server verifies the target's greedy output; chains start at the last
+    prompt token, where a server drafts after prefill). ``mode`` "text": windows of ``window`` tokens of the text
+    itself, chains at every position."""
+    import torch
+
+    from vllm_eagle3.miniature.target import use_dense_experts
+    from vllm_eagle3.miniature.teacher import greedy_continue
+
+    if mode == "text":
+        n = len(token_ids) // window
+        seqs = torch.tensor(list(token_ids[:n * window]), dtype=torch.long).view(n, window)
+        return Sample(seqs, 0, f"{n} windows of {window} tokens of {how}")
+    n = len(token_ids) // window  # the same token budget: one prompt per window of text
+    prompts = torch.tensor(list(token_ids[:n * window]), dtype=torch.long).view(n, window)[:, :prompt_len]
+    use_dense_experts(model)  # DeepSeek/Kimi MoE without a host sync per layer (same function)
+    seqs = greedy_continue(model, prompts, window - prompt_len, batch=max(n, 1))
+    return Sample(seqs, prompt_len - 1, f"{n} prompts of {prompt_len} tokens from {how}, each continued by "
+                                        f"{window - prompt_len} greedy tokens of the target")
+
+
+# ----------------------------------------------------------------------------------------------- target side
 
 def load_target(target_dir: Path):
     """The target's text model as a transformers causal LM (float32, eval). Kimi K2.5: its language model."""
@@ -156,41 +205,50 @@ def load_target(target_dir: Path):
 
 @dataclasses.dataclass
 class TargetRun:
-    """One target forward: every tap and the target's greedy next token at every position."""
+    """One target forward over a :class:`Sample`: every tap and the target's logits at every position."""
 
-    input_ids: Any  # [T] long
-    taps: Any  # [L + 1, T, H]: taps[k] = hidden state entering layer k
-    greedy: Any  # [T] long: argmax of the target's logits at position t (its choice for token t + 1)
+    input_ids: Any  # [N, T] long
+    taps: Any  # [L + 1, N, T, H]: taps[k] = hidden state entering layer k
+    logits: Any  # [N, T, V] float: row t = the target's distribution for token t + 1
     embed_weight: Any  # [V, H]: the target's input embedding (shared with a draft that has none)
 
+    @property
+    def greedy(self):
+        return self.logits.argmax(-1)
 
-def run_target(model, token_ids: Sequence[int]) -> TargetRun:
+
+def run_target(model, seqs, batch: int = 8) -> TargetRun:
+    """The target over ``seqs`` [N, T] (``batch`` sequences per forward to bound memory)."""
     import torch
 
-    ids = torch.tensor([list(token_ids)], dtype=torch.long)
+    seqs = torch.as_tensor(seqs, dtype=torch.long)
+    seqs = seqs[None] if seqs.dim() == 1 else seqs
     captured: dict[str, Any] = {}
     norm = getattr(model.get_decoder(), "norm", None)  # tap L is the input of the final norm
     handle = None if norm is None else norm.register_forward_pre_hook(
         lambda mod, args: captured.__setitem__("pre_norm", args[0]))
+    taps, logits = [], []
     try:
         with torch.no_grad():
-            out = model(input_ids=ids, output_hidden_states=True)
+            for i in range(0, seqs.shape[0], batch):
+                out = model(input_ids=seqs[i:i + batch], output_hidden_states=True)
+                hs = list(out.hidden_states)
+                # tap L is the final PRE-norm state; transformers' last hidden_states entry may be post-norm.
+                hs[-1] = captured.get("pre_norm", hs[-1])
+                taps.append(torch.stack(hs).float())  # [L + 1, b, T, H]
+                logits.append(out.logits.float())
     finally:
         if handle is not None:
             handle.remove()
-    hs = list(out.hidden_states)
-    # tap L is the final PRE-norm state; transformers' last hidden_states entry may be post-norm.
-    hs[-1] = captured.get("pre_norm", hs[-1])
-    taps = torch.stack([h[0] for h in hs]).float()
-    return TargetRun(ids[0], taps, out.logits[0].argmax(-1), model.get_input_embeddings().weight.detach().float())
+    return TargetRun(seqs, torch.cat(taps, 1), torch.cat(logits), model.get_input_embeddings().weight.detach().float())
 
 
 # ----------------------------------------------------------------------------------------------- draft side
 
-def load_head(draft_dir: Path, draft: DraftInfo, num_taps: int, run: TargetRun) -> HeadFn:
-    """The draft head as a callable: :class:`vllm_eagle3.miniature.draft.Eagle3Draft`, the plain-PyTorch copy of
-    vLLM's ``llama_eagle3`` forward. Its fan-in comes from ``fc.weight`` (not from the config, which is what is
-    being diagnosed); the embedding is the target's unless the draft ships its own (as vLLM does)."""
+def load_draft(draft_dir: Path, draft: DraftInfo, num_taps: int, run: TargetRun):
+    """The draft head as :class:`vllm_eagle3.miniature.draft.Eagle3Draft`, the plain-PyTorch copy of vLLM's
+    ``llama_eagle3`` forward (float32, eval). Its fan-in comes from ``fc.weight`` (not from the config, which is what
+    is being diagnosed); the embedding is the target's unless the draft ships its own (as vLLM does)."""
     from safetensors.torch import load_file
 
     from vllm_eagle3.miniature.draft import DraftConfig, Eagle3Draft
@@ -226,47 +284,54 @@ def load_head(draft_dir: Path, draft: DraftInfo, num_taps: int, run: TargetRun) 
             raise CaptureSpecError(f"the target's embedding {tuple(run.embed_weight.shape)} does not fit the draft "
                                    f"({tuple(model.embed_tokens.weight.shape)}): is this draft for this target?")
         model.embed_tokens.weight.data.copy_(run.embed_weight)
-    model = model.float().eval()
-
-    def head(input_ids, aux, positions):
-        b = input_ids.shape[0]
-        return model(aux, input_ids=input_ids, positions=positions.expand(b, -1))
-
-    return head
+    return model.float().eval()
 
 
-@dataclasses.dataclass(frozen=True)
-class Score:
-    candidate: Candidate
-    accuracy: float  # draft top-1 == target greedy next token
-    mean_logprob: float  # draft log-probability of the target's token (tie-breaker)
-
-
-def score_candidates(head: HeadFn, run: TargetRun, candidates: Sequence[Candidate], batch: int = 16,
-                     progress: bool = True) -> list[Score]:
-    """Score each wiring as vLLM's proposer would see it at prefill, ranked best first."""
+def first_draft_acceptance(draft, run: TargetRun, sample: Sample, candidates: Sequence[Candidate],
+                           progress: bool = True) -> dict[tuple[int, ...], float]:
+    """Position-0 acceptance of every candidate at the chain anchors: the cheap screen (one draft step) that picks
+    which candidates get full chains. A wiring's acceptance length at k is at most 1 + k * its position-0
+    acceptance, so a poor first draft bounds the chain."""
     import torch
-
     from tqdm import tqdm
 
-    T = run.input_ids.shape[0]
-    inputs = run.input_ids[1:].unsqueeze(0)  # [1, T-1]: the token after each position
-    want = run.greedy[1:]  # [T-1]: the target's choice for the token after that
-    positions = torch.arange(T - 1)
-    scores: list[Score] = []
-    bar = tqdm(total=len(candidates), desc="scoring wirings", unit="wiring", disable=not progress, file=sys.stderr)
+    from vllm_eagle3.miniature.acceptance import MAX_K
+    from vllm_eagle3.miniature.teacher import shifted
+
+    t = run.input_ids.shape[1]
+    a, last = sample.first_anchor, t - MAX_K
+    want = run.greedy[:, a + 1:last + 1]  # [N, A]: the target's token after each anchor's next token
+    nxt = shifted(run.input_ids)
+    out = {}
     with torch.no_grad():
-        for i in range(0, len(candidates), batch):
-            chunk = candidates[i:i + batch]
-            aux = torch.stack([torch.cat([run.taps[k, :-1] for k in c.taps], -1) for c in chunk])  # [B, T-1, n*H]
-            logits = head(inputs.expand(len(chunk), -1), aux, positions).float()  # [B, T-1, V]
-            logp = torch.log_softmax(logits, -1)
-            top1 = logits.argmax(-1)  # [B, T-1]
-            acc = (top1 == want).float().mean(-1)
-            lp = logp.gather(-1, want.view(1, -1, 1).expand(len(chunk), -1, 1)).squeeze(-1)
-            lp = lp.clamp(min=-1e4).mean(-1)
-            for c, a, m in zip(chunk, acc.tolist(), lp.tolist()):
-                scores.append(Score(c, a, m))
-            bar.update(len(chunk))
-    bar.close()
-    return sorted(scores, key=lambda s: (-s.accuracy, -s.mean_logprob))
+        for c in tqdm(candidates, desc="screening wirings", unit="wiring", disable=not progress, file=sys.stderr):
+            aux = torch.cat([run.taps[k] for k in c.taps], -1)  # [N, T, n * H]
+            logits, _ = draft.unroll(aux, nxt, 1)[0]
+            pred = draft.draft_to_target[logits.argmax(-1)]  # [N, T]
+            out[c.taps] = float((pred[:, a:last] == want).float().mean())
+    return out
+
+
+class _Replay:
+    """The target as :func:`vllm_eagle3.miniature.acceptance.chain_eval` calls it, answering from the one forward
+    already run: chain_eval runs the target for each call, the doctor scores many wirings on one target run."""
+
+    def __init__(self, run: TargetRun) -> None:
+        self.run = run
+        self.config = SimpleNamespace(num_hidden_layers=run.taps.shape[0] - 1)
+
+    def __call__(self, input_ids, **_: Any):  # output_hidden_states, use_cache: the run had them
+        if tuple(input_ids.shape) != tuple(self.run.input_ids.shape):
+            raise ValueError("replayed target called on other sequences than it ran")
+        return SimpleNamespace(hidden_states=self.run.taps, logits=self.run.logits)
+
+
+def chain_matches(draft, run: TargetRun, sample: Sample, taps: Sequence[int]):
+    """[N, A, MAX_K] bool: at each anchor, which chained draft steps equal the target's greedy tokens, for the
+    draft fed ``cat(taps)`` -- :func:`vllm_eagle3.miniature.acceptance.chain_eval` (the model card's evaluation)."""
+    from vllm_eagle3.miniature.acceptance import chain_eval
+    from vllm_eagle3.spec import CaptureSpec
+
+    n = run.input_ids.shape[0]
+    return chain_eval(_Replay(run), draft, run.input_ids, CaptureSpec(tuple(taps), source="doctor"),
+                      sample.first_anchor, batch=n)[2]
