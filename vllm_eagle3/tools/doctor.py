@@ -36,10 +36,10 @@ from vllm_eagle3.tools.wirings import (EXHAUSTIVE_LIMIT, Candidate, candidate_wi
 from vllm_eagle3.tools.wiring_stats import (TOLERANCE, Verdict, WiringChains, exit_code, judge, needed_tokens,
                                             worst)
 
-MAX_TOKENS = 4096
-"""Default text: 4,096 tokens = 32 sequences x 128, ~3,900 chain anchors. On the shipped pair the relative loss of
-the right wiring against its best neighbour then has a 95 % interval of about +-1.5 %, inside the 2 % tolerance,
-and the whole run takes < 60 s on 2 cores (measured numbers in tests/e2e/test_doctor.py)."""
+MAX_TOKENS = 2048
+"""Default text: 2,048 tokens = 16 sequences x 128, ~1,970 chain anchors. On the shipped pair (4,096 tokens) the
+relative loss of the right wiring against its best neighbour had a 95 % interval of +-0.6 %, so at 2,048 about
++-0.9 %, inside the 2 % tolerance; the target forward over them is ~50 CPU-seconds of the run (one 2-core box)."""
 
 WINDOW = 128
 """Tokens per sequence (the bootstrap's block); also the prompt + continuation length in greedy mode."""
@@ -272,7 +272,7 @@ def render(dx: Diagnosis, top: int = 10) -> str:
     for name, v in dx.verdicts.items():
         lines.append(verdict_line(name, v, dx.k, dx.tokens))
         if v.kind == "OK" and v.equivalent:
-            lines.append(f"  as good within the tolerance: {', '.join(v.equivalent[:6])}")
+            lines.append(f"  indistinguishable from it within the tolerance: {', '.join(v.equivalent[:6])}")
     adopt = {v.best.taps for v in dx.verdicts.values() if v.best_is_better}
     for taps in adopt:
         lines.append(f"adopt {taps_label(taps)} (significantly better than the configured wiring):")
