@@ -33,7 +33,7 @@ from vllm_eagle3.miniature import export, train_draft, train_target  # noqa: E40
 from vllm_eagle3.miniature.draft import Eagle3Draft  # noqa: E402
 from vllm_eagle3.resolve import load_spec_yaml  # noqa: E402
 
-NUM_LAYERS = 2  # toy target: taps embed, 1, 2 play the role of embed, 3, 31
+NUM_LAYERS = 3  # toy target: taps embed, 1, 2 play the role of embed, 3, 31 (legacy SGLang ids reach tap L - 1 only)
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +171,39 @@ def test_training_mix_rows_and_wsd_schedule():
     assert lr_at(0.5, 100, **kw) == 1.0 and lr_at(0.75, 100, **kw) == 1.0  # stable until the decay starts
     assert abs(lr_at(1.0, 200, **kw) - 0.1) < 1e-9
     assert lr_at(0.9, 200, **{**kw, "decay_fraction": 0.0}) == 1.0  # no decay: a resumable run ends at full lr
+
+
+def test_init_from_continues_the_given_weights(toy, tmp_path):
+    """``--init-from`` (continue a shipped target with a fresh optimizer) must start from that folder's weights, not
+    from a fresh init: with lr 0 one step writes back exactly the weights it read (bf16 files both ways)."""
+    target, _, _ = toy
+    out = tmp_path / "cont"
+    src = tmp_path / "src"
+    shutil.copytree(Path(sysconfig.get_paths()["stdlib"]) / "json", src)
+    train_target.main(["--out", str(out), "--init-from", str(target), "--tokenizer-from", str(target), "--num-layers",
+                       str(NUM_LAYERS), "--vocab-size", "512", "--max-steps", "1", "--batch", "2", "--lr", "0",
+                       "--warmup", "0", "--eval-every", "1000", "--eval-windows", "2", "--roots", str(src),
+                       "--heldout-fraction", "0.1", "--device", "cpu", "--seq-len", "32", "--max-chars", "100000"])
+    a, b = export.read_kimi_state(target), export.read_kimi_state(out)
+    text = [k for k in a if k.startswith("language_model.")]
+    assert text and all(torch.equal(a[k], b[k]) for k in text)
+
+
+def test_fast_step_is_the_plain_step():
+    """step.train_step (no KV cache during training) computes the same loss as transformers' default call, and the
+    step CLI times a configuration on CPU (compile mode none)."""
+    from dataclasses import replace
+
+    from vllm_eagle3.miniature import step
+    from vllm_eagle3.miniature.target import TargetShape, new_text_model, text_config_dict
+
+    shape = replace(TargetShape(), num_layers=2, vocab_size=512)
+    model = new_text_model(text_config_dict(shape, bos_id=0, eos_id=1, pad_id=2)).train()
+    step.prepare_for_training(model, "none", "dense")
+    ids = torch.randint(13, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(input_ids=ids, labels=ids).loss
+    opt = step.new_optimizer(model, 0.0, 0.0, torch.device("cpu"))
+    assert torch.allclose(step.train_step(model, opt, ids, amp=False), ref, atol=1e-6)
+    r = step.time_config(2, 16, "none", 1, 1, 2, torch.device("cpu"))
+    assert r["tok_per_s"] > 0 and r["compile"] == "none"

@@ -6,7 +6,8 @@ Data flow (one module per step; data, tokenizer, target, the trainers, export an
     tokenizer.py    byte-level BPE with Kimi's chat and media tokens
     target.py       the 61-layer DeepSeek-V3 (MLA + MoE) text model and its Kimi K2.5 wrapper config
     schedule.py     learning-rate schedules of both trainers (cosine; warm-up/stable/decay for resumed runs)
-    train_target.py trains the text model; writes the Kimi checkpoint (export.py)
+    step.py         the target's training step (no KV cache, dense MoE, torch.compile per layer) and a CLI timing it
+    train_target.py trains the text model (or continues one, --init-from); writes the Kimi checkpoint (export.py)
     export.py       HF in-memory names <-> the original Kimi K2.5 checkpoint layout that vLLM and
                     transformers both load; tiny random vision tower; preprocessor config
     draft.py        the EAGLE-3 head, a plain-PyTorch copy of vLLM's ``llama_eagle3.py`` forward,

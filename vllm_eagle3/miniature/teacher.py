@@ -26,7 +26,7 @@ DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "configs" / "kimi_k25_eagle
 def target_outputs(model, ids: torch.Tensor, spec: CaptureSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """(taps ``cat([hidden_states[t] for t in spec.taps])`` [B, T, n * H], logits [B, T, V]) of the target."""
     spec.check_num_layers(model.config.num_hidden_layers)
-    out = model(input_ids=ids, output_hidden_states=True)
+    out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
     taps = torch.cat([out.hidden_states[t] for t in spec.taps], dim=-1)
     return taps.float(), out.logits.float()
 

@@ -101,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--greedy-batch", type=int, default=512, help="prompts per generation forward")
     ap.add_argument("--greedy-time-budget-s", type=float, default=0.0,
                     help="stop generating after this many seconds (the batches done so far are used; 0: no limit)")
+    ap.add_argument("--greedy-cache", type=Path, default=None,
+                    help="torch file of the greedy continuations: read if it exists (same target, prompts and lengths), "
+                         "else generated and written there (two heads on one target generate once)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -150,9 +153,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         pgen = torch.Generator().manual_seed(args.seed + 2)
         prompts = mix.windows(args.greedy_prompts, args.greedy_prompt_len, pgen).to(device)
         t_gen = time.time()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            greedy = greedy_continue(target, prompts, args.seq_len - args.greedy_prompt_len, args.greedy_batch,
-                                     progress="self-distill", time_budget_s=args.greedy_time_budget_s).cpu()
+        cached = torch.load(args.greedy_cache) if args.greedy_cache and args.greedy_cache.exists() else None
+        if cached is not None and cached.shape[1] == args.seq_len and torch.equal(cached[:, :args.greedy_prompt_len],
+                                                                                  prompts[: cached.shape[0]].cpu()):
+            greedy = cached
+            print(f"[data] greedy continuations read from {args.greedy_cache}", flush=True)
+        else:
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+                greedy = greedy_continue(target, prompts, args.seq_len - args.greedy_prompt_len, args.greedy_batch,
+                                         progress="self-distill", time_budget_s=args.greedy_time_budget_s).cpu()
+            if args.greedy_cache:  # written whole, then renamed: a second head may be waiting for it
+                torch.save(greedy, args.greedy_cache.with_suffix(".tmp"))
+                args.greedy_cache.with_suffix(".tmp").replace(args.greedy_cache)
         n_greedy = round(args.batch * args.greedy_fraction)
         print(f"[data] {greedy.shape[0]:,} greedy sequences of {greedy.shape[1]} tokens in {time.time() - t_gen:.0f}s; "
               f"{n_greedy} of every {args.batch} training rows come from them", flush=True)

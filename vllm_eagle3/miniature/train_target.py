@@ -16,6 +16,10 @@ for 250 of its 504 steps) in:
   across packages instead of the alphabetically first 80 M characters).
 It reached held-out ppl 113.5 in 452 s; at lr 5e-3 it diverged after step 400 (use a lower lr).
 
+The third (2026-12-01, second session that day) is the shipped bf16 target continued (``--init-from``, fresh
+optimizer) with the fast step of step.py (``--compile layers``: torch.compile per decoder layer, no KV cache
+during training; step.py's CLI measured the speed-up).
+
 Several GPU calls: ``--save-ckpt`` writes model + optimizer + step when the ``wsd`` decay begins (or at the end
 without decay); ``--resume`` continues from it with a fresh time budget.
 
@@ -41,7 +45,8 @@ import torch
 
 from . import data, export, tokenizer
 from .schedule import lr_at, run_progress, set_lr
-from .target import TargetShape, count_params, new_text_model, text_config_dict, use_dense_experts
+from .step import COMPILE_MODES, eager, new_optimizer, prepare_for_training, train_step
+from .target import TargetShape, count_params, new_text_model, text_config_dict
 
 __all__ = ["heldout_metrics", "lr_at", "main", "run_progress", "set_lr"]  # schedule names re-exported
 
@@ -50,17 +55,23 @@ __all__ = ["heldout_metrics", "lr_at", "main", "run_progress", "set_lr"]  # sche
 def heldout_metrics(model, windows: torch.Tensor, device, batch: int, amp: bool) -> dict[str, float]:
     """Mean next-token loss, perplexity and top-1 accuracy of ``model`` on ``windows`` [n, T]."""
     model.eval()
+    with eager():
+        out = _heldout(model, windows, device, batch, amp)
+    model.train()
+    return out
+
+
+def _heldout(model, windows, device, batch, amp):
     tot_loss, tot_correct, tot_n = 0.0, 0, 0
     for i in range(0, windows.shape[0], batch):
         ids = windows[i : i + batch].to(device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            logits = model(input_ids=ids).logits.float()
+            logits = model(input_ids=ids, use_cache=False).logits.float()
         tgt = ids[:, 1:]
         lg = logits[:, :-1]
         tot_loss += float(torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), reduction="sum"))
         tot_correct += int((lg.argmax(-1) == tgt).sum())
         tot_n += tgt.numel()
-    model.train()
     loss = tot_loss / tot_n
     return {"loss": loss, "ppl": math.exp(loss), "top1": tot_correct / tot_n, "eval_tokens": tot_n}
 
@@ -111,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--residual-init", choices=["scaled", "plain"], default="scaled")
     ap.add_argument("--moe-impl", choices=["dense", "loop"], default="dense", help="dense: target.use_dense_experts")
+    ap.add_argument("--compile", choices=COMPILE_MODES, default="none",
+                    help="layers: torch.compile each decoder layer (step.py; the fast GPU setting)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start from this Kimi-layout model folder's weights (same shape), fresh optimizer")
     ap.add_argument("--time-budget-s", type=float, default=0.0, help="stop after this many seconds of training (0: use --max-steps)")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps of this run (0: time budget only)")
     ap.add_argument("--total-budget-s", type=float, default=0.0,
@@ -150,13 +165,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = new_text_model(text_config_dict(shape, bos_id=sp["[BOS]"], eos_id=sp["[EOS]"], pad_id=sp["[PAD]"]), args.seed)
     if args.residual_init == "scaled":
         scale_residual_init(model, shape.num_layers, model.config.initializer_range)
-    if args.moe_impl == "dense":
-        use_dense_experts(model)
+    if args.init_from:
+        init = export.kimi_to_text_state(export.read_kimi_state(args.init_from), model.state_dict().keys())
+        model.load_state_dict({k: v.float() for k, v in init.items()}, strict=True)
+        print(f"[init] weights of {args.init_from} (fresh optimizer)", flush=True)
     model.to(device).train()
+    prepare_for_training(model, args.compile, args.moe_impl)
     n_params = count_params(model)
-    print(f"[model] {n_params / 1e6:.2f} M parameters, {shape.num_layers} layers", flush=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay,
-                            fused=device.type == "cuda")
+    print(f"[model] {n_params / 1e6:.2f} M parameters, {shape.num_layers} layers; compile {args.compile}", flush=True)
+    opt = new_optimizer(model, args.lr, args.weight_decay, device)
     gen = torch.Generator().manual_seed(args.seed)
     log: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "params": n_params, "data": mix_stats,
                  "train": [], "eval": [], "runs": []}
@@ -197,16 +214,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             saved_ckpt = True
         set_lr(opt, lr_at(progress, step, args.lr, args.warmup, args.min_lr_ratio, args.schedule, args.decay_fraction))
         ids = mix.windows(args.batch, args.seq_len, gen)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = train_step(model, opt, ids, amp)
         step += 1
         tokens_seen += ids.numel()
         if step % 10 == 0 or step == first_step + 1:
-            lv = float(loss.detach())
+            lv = float(loss)
             elapsed = time.time() - t0
             log["train"].append({"step": step, "loss": lv, "tokens": tokens_seen, "time_s": time_before + elapsed,
                                  "lr": opt.param_groups[0]["lr"]})
@@ -227,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     save_dtype = getattr(torch, args.save_dtype)
     state = {k: v.detach().to(save_dtype).float() for k, v in model.state_dict().items()}
     model.load_state_dict(state)
+    torch.backends.cuda.matmul.allow_tf32 = False
     final = heldout_metrics(model.float(), held, device, 32, amp=False)
     log["final"] = {"step": step, "tokens": tokens_seen, "train_time_s": time_before + train_time, **final}
     print(f"[final] {step} steps, {tokens_seen:,} tokens in {time_before + train_time:.0f}s; held-out ({args.save_dtype} "
