@@ -42,19 +42,26 @@ EXPECTED_4XX = ("The min_p and logit_bias sampling parameters are not yet suppor
 """4xx answers that are vLLM's documented refusals (``vllm/v1/engine/input_processor.py``), not defects."""
 
 
-def tree_rss_mb(root: int) -> float:
-    """Resident memory of ``root`` and all its descendants (MiB), from /proc."""
+def tree_rss_by_process(root: int) -> dict[str, float]:
+    """Resident memory (MiB) of ``root`` and each descendant, keyed ``"<pid> <name>"`` (name from /proc/PID/comm:
+    ``VLLM::Worker``, ``VLLM::EngineCore``, ``python3`` for the API server and the supervisor)."""
     from vllm_eagle3.tools.supervisor import descendants
 
-    total = 0
+    out = {}
     for pid in [root, *descendants(root)]:
         try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
+                    out[f"{pid} {name}"] = round(int(line.split()[1]) / 1024, 1)
         except OSError:
             continue
-    return total / 1024
+    return out
+
+
+def tree_rss_mb(root: int) -> float:
+    """Resident memory of ``root`` and all its descendants (MiB), from /proc."""
+    return sum(tree_rss_by_process(root).values())
 
 
 def long_prompt(rng: random.Random) -> str:
@@ -167,7 +174,7 @@ def greedy_reference(base: str, model: str) -> list[str]:
 def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: float, say=print) -> dict:
     from vllm_eagle3.tools.bench.run import loadavg, machine_info
 
-    load_before, commit = loadavg(), machine_info()["commit"]  # the code that runs: HEAD when the soak starts
+    load_before, machine = loadavg(), machine_info()  # the code that runs: HEAD (and dirty?) when the soak starts
     server = VllmServer(SERVE_ARGS, cwd=REPO, kv_cache_gib=None).start()
     say(f"[soak] starting the shipped pair (EAGLE-3, eager) on {server.base_url}; log {server.log_path}")
     try:
@@ -177,6 +184,7 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
         before = SpecDecodeCounters.fetch(base)
         tally = Tally()
         memory: list[tuple[float, float]] = []
+        by_process: list[dict[str, float]] = []  # the same samples per process: which one grows
         t0 = time.monotonic()
 
         async def run() -> None:
@@ -186,7 +194,9 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
                 await asyncio.sleep(5)
                 elapsed = time.monotonic() - t0
                 if elapsed >= warmup_s:
-                    memory.append((round(elapsed, 1), round(tree_rss_mb(server.proc.pid), 1)))
+                    per_process = tree_rss_by_process(server.proc.pid)
+                    memory.append((round(elapsed, 1), round(sum(per_process.values()), 1)))
+                    by_process.append(per_process)
                 if int(elapsed) % 60 < 5:
                     say(f"[soak] {elapsed:5.0f} s: {tally.requests} requests {tally.by_status}, "
                         f"{tally.transport_errors} transport errors, rss {tree_rss_mb(server.proc.pid):.0f} MiB")
@@ -209,13 +219,15 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
     return {
         "what": "vllm-eagle3 soak: mixed traffic against one speculative server (shipped pair, eager, k=3)",
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "commit": commit, "load_before": load_before,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "commit": machine["commit"], "dirty": machine["dirty"],
+        "load_before": load_before,
         "duration_s": duration_s,
         "warmup_s": warmup_s, "concurrency": concurrency, "requests": tally.requests, "by_status": tally.by_status,
         "transport_errors": tally.transport_errors, "early_disconnects": tally.disconnects,
         "refusals_4xx": tally.refusals,
         "completion_tokens": tally.tokens, "first_errors": tally.first_errors,
         "rss_mb_first_last": [memory[0][1], memory[-1][1]] if memory else None, "rss_growth_mb": growth,
+        "rss_mb_by_process_first_last": [by_process[0], by_process[-1]] if by_process else None,
         "max_growth_mb": max_growth_mb, "acceptance_length": counters.acceptance_length, "drafts": counters.drafts,
         "verdict": verdict, "passed": all(verdict.values()),
     }

@@ -172,7 +172,8 @@ def soak_block(soak: Mapping | None) -> str:
         f"**Soak of {soak['date_utc']} UTC**: `vllm-eagle3 soak`, {soak['concurrency']} concurrent clients for "
         f"{soak['duration_s']:.0f} s after {soak['warmup_s']:.0f} s of warm-up; machine {soak['machine']}"
         + (f", load average {soak['load_before']} before" if soak.get("load_before") else "")
-        + (f"; commit {soak['commit']}" if soak.get("commit") else "") + ".",
+        + (f"; commit {soak['commit']}" if soak.get("commit") else "")
+        + (" with uncommitted changes" if soak.get("dirty") == "yes" else "") + ".",
         "",
         table(["requests", "answers", "transport errors", "streams cut by the client", "completion tokens",
                "resident memory after warm-up, first -> last (MiB)", "growth (limit)", "acceptance length",
@@ -184,6 +185,12 @@ def soak_block(soak: Mapping | None) -> str:
         "",
         f"Checks: {checks}.",
     ]
+    grew = soak.get("rss_mb_by_process_first_last")
+    if grew:
+        first, last = grew
+        lines += ["", "Resident memory per process, first -> last sample (MiB): " + ", ".join(
+            f"{k.split(' ', 1)[-1]} {f(first.get(k), 0)} -> {f(last.get(k), 0)}" for k in sorted(set(first) | set(last)))
+            + "."]
     if refusals:
         lines += ["", f"4xx answers (vLLM's refusals, by reason): {refusals}."]
     if soak.get("first_errors"):
