@@ -71,7 +71,7 @@ def _sglang_taps_to_ids(taps: Sequence[int], num_layers: int) -> tuple[int, ...]
         # the listed order, so listing another tap first expresses the same capture.
         if len(ids) == 1:
             raise CaptureSpecError(
-                "tap 1 alone cannot be written for SGLang 0.5.14+: a list starting with 1 is shifted by one there"
+                "tap 1 alone cannot be written for SGLang 0.5.13+: a list starting with 1 is shifted by one there"
             )
         ids = ids[1:] + ids[:1]
     return ids
@@ -164,7 +164,8 @@ CONVENTIONS: dict[str, Convention] = {
 }
 
 ALIASES = {
-    "vllm-v1": "vllm", "vllm-v2": "vllm", "sglang-new": "sglang", "sglang>=0.5.14": "sglang",
+    "vllm-v1": "vllm", "vllm-v2": "vllm", "sglang-new": "sglang", "sglang>=0.5.13": "sglang",
+    "sglang>=0.5.14": "sglang",  # the boundary this project first assumed (the rule changed at 0.5.13)
     "sglang-old": "sglang-legacy", "legacy-sglang": "sglang-legacy", "huggingface": "hf", "transformers": "hf",
 }
 
@@ -243,7 +244,7 @@ def taps_to_ids(taps: Sequence[int], convention: str, num_layers: int) -> tuple[
         problems.append(
             f"{conv.name} cannot express the embedding tap (tap 0): its ids mean 'output of layer k' and start at "
             f"layer 0's output (tap 1); train the draft on taps >= 1 or serve it with an engine that can tap the "
-            "embedding (vllm with this plugin, sglang >= 0.5.14, sglang-legacy with the patch)"
+            "embedding (vllm with this plugin, sglang >= 0.5.13, sglang-legacy with the patch)"
         )
     try:
         conv.check_taps(taps, num_layers)

@@ -199,7 +199,7 @@ def test_inspect_incident(tmp_path, target):
             "embed-crash"} <= codes(rep)
     assert rep.errors and "ids only in eagle_config" in rep.errors[0]
     text = inspect.render(rep)
-    assert "SGLang < 0.5.14 + embed patch (nested list)    [3, 31, 59]" in text
+    assert "SGLang < 0.5.13 + embed patch (nested list)    [3, 31, 59]" in text
     assert "would capture taps [3, 31, 59], not the spec's [embed, 3, 31]" in text
     assert "replaced by --speculative-num-steps + 1 = 2" in text
 
@@ -228,7 +228,7 @@ def test_inspect_clean_pair_has_no_warnings(tmp_path, llama_target):
     ({"fan_in": 2 * H + 7}, "fan-in"),
     ({"top": (0, 31), "nested": None, "fan_in": 2 * H}, "num-aux"),
     ({"extra": {"eagle_config": {"use_aux_hidden_state": False, IDS: [0, 3, 31]}}}, "aux-off"),
-    ({"top": (1, 4, 32), "nested": (1, 4, 32)}, "engine-reads"),  # SGLang 0.5.14+ shifts a list starting with 1
+    ({"top": (1, 4, 32), "nested": (1, 4, 32)}, "engine-reads"),  # SGLang 0.5.13+ shifts a list starting with 1
     ({"top": (31, 3, 0), "nested": (31, 3, 0)}, "order"),
 ])
 def test_inspect_each_trap(tmp_path, llama_target, draft_kw, code):
@@ -246,7 +246,7 @@ def test_inspect_top_only_names_sglang_default(tmp_path, llama_target):
     msg = next(f.message for f in rep.findings if f.code == "top-only")
     assert "SGLang reads only eagle_config" in msg and "[2, 30, 58]" in msg
     reads = rep.reads
-    assert reads["SGLang 0.5.14+ (nested list)"] == (2, 30, 58)
+    assert reads["SGLang 0.5.13+ (nested list)"] == (2, 30, 58)
     assert reads["vLLM 0.32 V2 runner (top-level list)"] == (0, 3, 31)
 
 
@@ -334,7 +334,7 @@ V2, V1 = inspect.VLLM_V2, inspect.VLLM_V1
 SG, LEG = inspect.SGLANG_NEW, inspect.SGLANG_LEGACY
 
 # head folder, the convention its ids are written in (README.md there), what each engine captures from the config
-# as shipped, and the ids to write for vLLM 0.32 / SGLang 0.5.23 / SGLang < 0.5.14 so that it captures the trained taps
+# as shipped, and the ids to write for vLLM 0.32 / SGLang 0.5.23 / SGLang < 0.5.13 so that it captures the trained taps
 PUBLISHED = [
     ("lightseekorg-kimi-k2.5-eagle3-mla", "vllm", (2, 30, 58),
      {V2: (2, 30, 58), V1: (2, 30, 58), SG: (2, 30, 58), LEG: (3, 31, 59)},
@@ -353,7 +353,7 @@ PUBLISHED = [
 
 @pytest.mark.parametrize("head, conv, taps, reads, writes", PUBLISHED, ids=[p[0] for p in PUBLISHED])
 def test_inspect_published_head(head, conv, taps, reads, writes, capsys):
-    """Each public Kimi K2.5 head's config: what vLLM 0.32 (both runners), SGLang 0.5.23 and SGLang < 0.5.14 capture
+    """Each public Kimi K2.5 head's config: what vLLM 0.32 (both runners), SGLang 0.5.23 and SGLang < 0.5.13 capture
     from it as shipped, and what to write for each. Guards PR #25454's case (the exported lightseekorg head read by
     old SGLang = taps [3, 31, 59]) and vLLM #43671's (a list in another trainer's convention, one layer off)."""
     rep = inspect.inspect_pair(KIMI, HEADS / head, convention=conv, weights=False)
@@ -364,7 +364,7 @@ def test_inspect_published_head(head, conv, taps, reads, writes, capsys):
     assert "nested-only" in rep.codes  # every published head ships the nested list only: vLLM's V2 runner ignores it
     assert rep.errors and "ids only in eagle_config" in rep.errors[0]  # which the plugin refuses before start-up
     expected = inspect.engine_writes(rep.spec, 61)
-    for engine, ids in zip(("vLLM 0.32", "SGLang 0.5.23", "SGLang < 0.5.14 + embed patch"), writes):
+    for engine, ids in zip(("vLLM 0.32", "SGLang 0.5.23", "SGLang < 0.5.13 + embed patch"), writes):
         assert expected[engine].startswith(f"{ids} ("), expected
     assert inspect.main(["--config-only", "--target", str(KIMI), "--draft", str(HEADS / head), "--convention",
                          conv]) == 1

@@ -94,7 +94,7 @@ ROWS = [
     ("vllm", [0, 3, 31], (0, 3, 31)),
     ("speculators", [0, 3, 31], (0, 3, 31)),
     ("hf", [0, 3, 31], (0, 3, 31)),
-    ("sglang", [0, 3, 31], (0, 3, 31)),            # 0.5.14+: 0 works unpatched
+    ("sglang", [0, 3, 31], (0, 3, 31)),            # 0.5.13+: 0 works unpatched
     ("sglang", [1, 3, 31], (2, 4, 32)),            # ...but a list starting with 1 is shifted
     ("sglang-legacy", [-1, 2, 30], (0, 3, 31)),    # the incident's fixed config
     ("sglang-legacy", [2, 30, 58], (3, 31, 59)),   # the incident's broken config
@@ -172,7 +172,7 @@ def test_engine_defaults_and_order():
 
 
 def test_sglang_leading_one_is_rewritten_not_shifted():
-    """SGLang 0.5.14+ shifts a list whose first id is 1; taps (1, 3, 31) must therefore be listed another way."""
+    """SGLang 0.5.13+ shifts a list whose first id is 1; taps (1, 3, 31) must therefore be listed another way."""
     ids = taps_to_ids((1, 3, 31), "sglang", L)
     assert ids[0] != 1 and sorted(ids_to_taps(ids, "sglang", L)) == [1, 3, 31]
 

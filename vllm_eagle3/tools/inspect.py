@@ -10,9 +10,9 @@ Traps checked (each warning has a ``code`` the tests pin):
 - ``nested-only``: ids only in ``eagle_config`` -> vLLM's V2 runner ignores them and uses its default taps;
 - ``top-only``: ids only at top level -> SGLang reads only the nested list and uses its default taps;
 - ``lists-differ`` / ``no-ids``: two different lists, or none (every engine silently uses its defaults);
-- ``engine-reads``: an engine would capture other taps than the spec (e.g. SGLang < 0.5.14 reading [2, 30, 58]);
+- ``engine-reads``: an engine would capture other taps than the spec (e.g. SGLang < 0.5.13 reading [2, 30, 58]);
   SGLang is checked for ONE version (``--sglang-version``; default: legacy when the ids are declared sglang-legacy,
-  else 0.5.14+), because the same nested list means different taps before and after 0.5.14 (PR #25454);
+  else 0.5.13+), because the same nested list means different taps before and after 0.5.13 (PR #25454);
 - ``d2t-missing`` / ``draft-vocab``: a reduced draft vocabulary without ``d2t`` (draft id i -> target id i);
 - ``norm-before-fc`` / ``fc-norm`` / ``norm-exclusive``: config flags vs the weights (vLLM drops or defaults them);
 - ``option-ignored`` / ``fan-in-engines`` / ``mla-arch`` / ``mla-model-type`` / ``mla-layers``: EAGLE-3.1 options
@@ -21,7 +21,7 @@ Traps checked (each warning has a ``code`` the tests pin):
 - ``order``: a non-ascending spec, which engines that sort cannot feed without this plugin;
 - ``embed-crash``: tap 0 on vLLM's DeepSeek/Kimi path without the plugin (``Tensor + None``);
 - ``--config-only``: a published head's config.json without weights (the weight checks are skipped, and said so);
-  the report then says what vLLM 0.32, SGLang 0.5.23 and SGLang < 0.5.14 capture and what to write for each;
+  the report then says what vLLM 0.32, SGLang 0.5.23 and SGLang < 0.5.13 capture and what to write for each;
 - ``spec-override`` / ``spec-assert`` / ``algorithm`` / ``tbo`` / ``draft-path``: SGLang speculative flags that
   override or contradict each other (the incident's ``--speculative-num-steps 1`` capping
   ``--speculative-num-draft-tokens 16`` to 2).
@@ -148,9 +148,10 @@ def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
 
 VLLM_V2 = "vLLM 0.32 V2 runner (top-level list)"
 VLLM_V1 = "vLLM 0.32 V1 runner (top-level, else nested)"
-SGLANG_NEW = "SGLang 0.5.14+ (nested list)"
-SGLANG_LEGACY = "SGLang < 0.5.14 + embed patch (nested list)"
-SGLANG_VERSIONS = {"0.5.14+": SGLANG_NEW, "legacy": SGLANG_LEGACY}
+SGLANG_NEW = "SGLang 0.5.13+ (nested list)"
+SGLANG_LEGACY = "SGLang < 0.5.13 + embed patch (nested list)"
+SGLANG_VERSIONS = {"0.5.13+": SGLANG_NEW, "legacy": SGLANG_LEGACY}
+"""``--sglang-version`` values: the legacy always-+1 rule ends at 0.5.12.post1 (tests/parity/test_sglang_legacy.py)."""
 
 
 def engine_reads(target: TargetInfo, draft: DraftInfo) -> dict[str, tuple[int, ...] | str]:
@@ -177,7 +178,7 @@ def engine_reads(target: TargetInfo, draft: DraftInfo) -> dict[str, tuple[int, .
 
 WRITERS = (("vLLM 0.32", "vllm", "top level + eagle_config"),
            ("SGLang 0.5.23", "sglang", "eagle_config"),
-           ("SGLang < 0.5.14 + embed patch", "sglang-legacy", "eagle_config"))
+           ("SGLang < 0.5.13 + embed patch", "sglang-legacy", "eagle_config"))
 """The engine versions ``inspect`` says what to write for, with the convention and the list each reads."""
 
 
@@ -197,7 +198,7 @@ def engine_writes(spec: CaptureSpec, num_layers: int) -> dict[str, str]:
 
 
 def spec_findings(target: TargetInfo, spec: CaptureSpec, reads: Mapping[str, Any],
-                  sglang_version: str = "0.5.14+") -> list[Finding]:
+                  sglang_version: str = "0.5.13+") -> list[Finding]:
     """The spec vs what vLLM (both runners) and ONE SGLang version capture from the config as written."""
     out = []
     skip = {v for k, v in SGLANG_VERSIONS.items() if k != sglang_version}
@@ -245,7 +246,7 @@ def inspect_pair(target: str | Path, draft: str | Path, spec_path: str | Path | 
                  sglang_version: str | None = None, weights: bool = True) -> Report:
     """Collect everything: the resolution (or its error) and every warning. Never raises CaptureSpecError.
 
-    ``sglang_version`` ("0.5.14+" or "legacy") picks the SGLang reading checked against the spec; by default
+    ``sglang_version`` ("0.5.13+" or "legacy") picks the SGLang reading checked against the spec; by default
     "legacy" when the draft ids are declared sglang-legacy (``convention`` or the spec's ``draft_ids_convention``).
     ``weights=False`` inspects the draft's config.json alone (a published head without its weights).
     """
@@ -296,7 +297,7 @@ def _declared_sglang_version(spec_path, convention) -> str:
         legacy = declared is not None and get_convention(declared).name == "sglang-legacy"
     except CaptureSpecError:
         legacy = False
-    return "legacy" if legacy else "0.5.14+"
+    return "legacy" if legacy else "0.5.13+"
 
 
 def _fallback_spec(rep: Report, spec_path, convention) -> CaptureSpec | None:
@@ -387,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an SGLang launch command line (string, or @FILE) whose speculative flags are checked")
     p.add_argument("--sglang-version", choices=tuple(SGLANG_VERSIONS), default=None,
                    help="which SGLang reading of the nested ids to check (default: legacy if the ids are declared "
-                        "sglang-legacy, else 0.5.14+)")
+                        "sglang-legacy, else 0.5.13+)")
     p.add_argument("--config-only", action="store_true",
                    help="read the draft's config.json alone (a published head without its weights); the fan-in, d2t "
                         "and norm-tensor checks that need the safetensors headers are skipped, and the report says so")

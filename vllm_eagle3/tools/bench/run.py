@@ -51,7 +51,7 @@ def repo_path(p: str | Path) -> Path:
 def native_taps(num_layers: int) -> tuple[int, ...]:
     """Three layer taps with the shipped head's fan-in, as the incident's engine captured them by default.
 
-    SGLang before 0.5.14 read the default ids ``engine_default_ids(L)`` with its always-+1 rule: taps
+    SGLang before 0.5.13 read the default ids ``engine_default_ids(L)`` with its always-+1 rule: taps
     (3, L//2 + 1, L - 2) = 3/31/59 on the 61-layer target. vLLM captures those in ``DeepseekV2Model.forward``
     itself (``aux_hidden_state_layers``), no embedding involved.
     """
