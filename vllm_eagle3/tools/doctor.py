@@ -54,6 +54,7 @@ DEFAULT_K = 3
 @dataclasses.dataclass
 class Diagnosis:
     verdicts: dict[str, Verdict]  # per configured wiring (a capture spec, or each engine's reading)
+    adopt: dict[str, tuple[int, ...]]  # per configured wiring significantly worse than the best: the taps to serve
     chains: list[WiringChains]  # every chained wiring, best first
     screened: list[tuple[Candidate, float]]  # every candidate with its position-0 acceptance, best first
     k: int
@@ -80,7 +81,8 @@ class Diagnosis:
             "verdicts": {name: {"kind": v.kind, "taps": list(v.configured.taps), "best": list(v.best.taps),
                                 "loss": dataclasses.asdict(v.loss), "p0_diff": dataclasses.asdict(v.p0_diff),
                                 "gain_ratio": dataclasses.asdict(v.gain_ratio), "more_text": v.more_text,
-                                "equivalent": v.equivalent, "adopt": v.best_is_better}
+                                "equivalent": v.equivalent, "adopt": v.best_is_better,
+                                "adopt_taps": list(self.adopt.get(name, ()))}
                          for name, v in self.verdicts.items()},
             "chained": [chain(c) for c in self.chains],
             "screened": [{"taps": list(c.taps), "label": c.label, "why": c.why, "p0": p} for c, p in self.screened],
@@ -193,8 +195,22 @@ def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max
     chains.sort(key=lambda c: (-c.acceptance_length, -c.p0))
     by_taps = {c.taps: c for c in chains}
     verdicts = {name: judge(by_taps[tuple(t)], chains) for name, t in configured.items()}
+    # What to adopt: the taps the draft's trainer recorded when they are as good as the best (the best by point
+    # estimate among interchangeable neighbours is chance), else the best.
+    recorded = d.trained_taps
+    if recorded is not None and tuple(recorded) not in by_taps and len(recorded) == n:
+        by_taps[tuple(recorded)] = WiringChains.from_matches(
+            recorded, taps_label(recorded), "recorded by the draft's trainer",
+            chain_matches(head, run, sample, recorded), k)
+    adopt = {}
+    for name, v in verdicts.items():
+        if v.best_is_better and recorded is not None and tuple(recorded) in by_taps \
+                and judge(by_taps[tuple(recorded)], chains).kind == "OK":
+            adopt[name] = tuple(recorded)
+        elif v.best_is_better:
+            adopt[name] = v.best.taps
     t4 = time.perf_counter()
-    return Diagnosis(verdicts, chains, screened, k, info.num_layers, int(sample.seqs.numel()), sample.anchors,
+    return Diagnosis(verdicts, adopt, chains, screened, k, info.num_layers, int(sample.seqs.numel()), sample.anchors,
                      sample.how, configured_from,
                      {"load": round(t1 - t0, 1), "target": round(t2 - t1, 1), "screen": round(t3 - t2, 1),
                       "chains": round(t4 - t3, 1), "total": round(t4 - t0, 1)})
@@ -273,8 +289,7 @@ def render(dx: Diagnosis, top: int = 10) -> str:
         lines.append(verdict_line(name, v, dx.k, dx.tokens))
         if v.kind == "OK" and v.equivalent:
             lines.append(f"  indistinguishable from it within the tolerance: {', '.join(v.equivalent[:6])}")
-    adopt = {v.best.taps for v in dx.verdicts.values() if v.best_is_better}
-    for taps in adopt:
+    for taps in dict.fromkeys(dx.adopt.values()):
         lines.append(f"adopt {taps_label(taps)} (significantly better than the configured wiring):")
         lines += [f"  {line}" for line in config_lines(taps, dx.num_layers)]
     lines.append(f"time: {dx.timings}")
