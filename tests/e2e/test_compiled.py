@@ -138,10 +138,7 @@ def test_compiled_greedy_speculative_equals_non_speculative(compiled):
                             f"{first}: {got[first:first + 5]} vs {want[first:first + 5]}"
 
 
-def test_compiled_engine_speculated(compiled):
+def test_compiled_engine_speculated(compiled, assert_speculation_accepted):
     """Drafts were proposed, verified on the decode kernel (the default MLA patch) and accepted."""
-    m = compiled["metrics"]
-    drafts, accepted = m.get("vllm:spec_decode_num_drafts", 0), m.get("vllm:spec_decode_num_accepted_tokens", 0)
-    print(f"drafts {drafts}, accepted tokens {accepted}, acceptance length {1 + accepted / max(1, drafts):.3f}")
-    assert drafts > 0 and 1 + accepted / drafts > 2.0, m
+    assert_speculation_accepted(compiled["metrics"])
     assert all(c["verify"] > 0 for c in compiled["calls"]), compiled["calls"]
