@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_sglang_parity import require_sglang_env, run_sglang, sglang_taps
+from test_sglang_parity import assert_real_sglang_run, require_sglang_env, run_sglang, sglang_taps
 from vllm_eagle3.conventions import CONVENTIONS, ids_to_taps, taps_to_ids
 from vllm_eagle3.spec import EMBED, CaptureSpecError, tap_label
 
@@ -171,13 +171,8 @@ def current_run(mini_sglang_dir, converted_drafts, mini_prompt, tmp_path_factory
 
 def test_legacy_run_is_sglang_0_5_12_post1_kimi_k25_with_no_stubbed_kernel_called(legacy_run):
     """The numbers below come from SGLang 0.5.12.post1's real KimiK25 class on the miniature's weights."""
-    assert legacy_run["sglang_version"] == LEGACY_VERSION
-    assert legacy_run["model_class"] == "KimiK25ForConditionalGeneration"
+    assert_real_sglang_run(legacy_run, LEGACY_VERSION, "KimiK25ForConditionalGeneration", "incident_2_30_58")
     assert legacy_run["num_layers"] == NUM_LAYERS
-    for name, case in legacy_run["cases"].items():
-        assert case.get("stub_calls", []) == [], f"case {name}: stubbed sgl_kernel calls {case['stub_calls']}"
-    first = legacy_run["cases"]["incident_2_30_58"]
-    assert first["ids_source"].startswith("ModelRunner("), "the first case must go through SGLang's runner path"
 
 
 def test_incident_ids_2_30_58_are_taps_3_31_59_on_legacy_sglang(legacy_run, mini_hf):

@@ -88,6 +88,17 @@ def sglang_taps(record: dict, case: str) -> list[torch.Tensor]:
     return list(aux.split(hidden, dim=-1))
 
 
+def assert_real_sglang_run(record: dict, version: str, model_class: str, first_case: str) -> None:
+    """The record comes from SGLang ``version``'s real ``model_class``, no stubbed sgl_kernel function ran in any
+    case, and ``first_case`` went through SGLang's own ModelRunner path."""
+    assert record["sglang_version"] == version
+    assert record["model_class"] == model_class
+    for name, case in record["cases"].items():
+        assert case.get("stub_calls", []) == [], f"case {name}: stubbed sgl_kernel calls {case['stub_calls']}"
+    first = record["cases"][first_case]
+    assert first["ids_source"].startswith("ModelRunner("), "the first case must go through SGLang's runner path"
+
+
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
@@ -165,12 +176,7 @@ def dsv3_hf(dsv3_61, prompt):
 
 def test_sglang_run_is_sglang_0_5_23_with_no_stubbed_kernel_called(dsv3_run):
     """The parity numbers come from SGLang 0.5.23's real classes; no stubbed sgl_kernel function ran."""
-    assert dsv3_run["sglang_version"] == SGLANG_VERSION
-    assert dsv3_run["model_class"] == "DeepseekV3ForCausalLM"
-    for name, case in dsv3_run["cases"].items():
-        assert case.get("stub_calls", []) == [], f"case {name}: stubbed sgl_kernel calls {case['stub_calls']}"
-    first = dsv3_run["cases"]["sglang_0_3_31"]
-    assert first["ids_source"].startswith("ModelRunner("), "the first case must go through SGLang's runner path"
+    assert_real_sglang_run(dsv3_run, SGLANG_VERSION, "DeepseekV3ForCausalLM", "sglang_0_3_31")
 
 
 def test_sglang_ids_0_3_31_are_taps_embed_3_31(dsv3_run, dsv3_hf):

@@ -15,11 +15,12 @@ import pytest
 
 from vllm_eagle3.tools import REPO
 from vllm_eagle3.tools.bench import report
+from vllm_eagle3.tools.bench.cli import DOCS
 from vllm_eagle3.tools.bench.analysis import summarize
 
 pytestmark = pytest.mark.unit
 
-RESULTS = REPO / "bench" / "results.json"
+RESULTS = REPO / DOCS["json"]
 FIX = "run `vllm-eagle3 bench --from-json bench/results.json` (or the benchmark itself: make bench)"
 SPEEDUP = re.compile(r"(?<![\w.])(\d+\.\d+)x\b")
 TOK_S = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) tok/s")
@@ -34,7 +35,7 @@ def _results():
 
 def test_benchmarks_md_is_the_rendering_of_the_results_file():
     """Any number in BENCHMARKS.md that differs from the results file (hand edit, stale run) fails here."""
-    expected = report.render(_results(), "docs/bench.png", soak=report.load_soak())
+    expected = report.render(_results(), DOCS["png"], soak=report.load_soak(REPO / DOCS["soak"]))
     actual = (REPO / "BENCHMARKS.md").read_text()
     if actual != expected:
         for i, (a, b) in enumerate(zip(actual.splitlines(), expected.splitlines()), 1):

@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools.bench.cli import DOCS, render_repo_benchmarks_md
 from vllm_eagle3.tools.metrics import SpecDecodeCounters
 from vllm_eagle3.tools.process import VllmServer, served_model_name
 
 SERVE_ARGS = ["--config", "configs/serve_kimi_k25_mini.yaml", "--capture-spec", "configs/kimi_k25_eagle3.yaml"]
 REFERENCE_PROMPTS = ("def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n")
 SHORT = ("def ", "import os\n", "x = ", "class A:\n", "for i in range(")
-DEFAULT_OUT = "bench/soak.json"
+DEFAULT_OUT = DOCS["soak"]
 EXPECTED_4XX = ("The min_p and logit_bias sampling parameters are not yet supported with speculative decoding",)
 """4xx answers that are vLLM's documented refusals (``vllm/v1/engine/input_processor.py``), not defects."""
 
@@ -57,11 +58,6 @@ def tree_rss_by_process(root: int) -> dict[str, float]:
         except OSError:
             continue
     return out
-
-
-def tree_rss_mb(root: int) -> float:
-    """Resident memory of ``root`` and all its descendants (MiB), from /proc."""
-    return sum(tree_rss_by_process(root).values())
 
 
 def long_prompt(rng: random.Random) -> str:
@@ -193,13 +189,13 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
             while any(not c.done() for c in clients):
                 await asyncio.sleep(5)
                 elapsed = time.monotonic() - t0
+                per_process = tree_rss_by_process(server.proc.pid)
                 if elapsed >= warmup_s:
-                    per_process = tree_rss_by_process(server.proc.pid)
                     memory.append((round(elapsed, 1), round(sum(per_process.values()), 1)))
                     by_process.append(per_process)
                 if int(elapsed) % 60 < 5:
                     say(f"[soak] {elapsed:5.0f} s: {tally.requests} requests {tally.by_status}, "
-                        f"{tally.transport_errors} transport errors, rss {tree_rss_mb(server.proc.pid):.0f} MiB")
+                        f"{tally.transport_errors} transport errors, rss {sum(per_process.values()):.0f} MiB")
             await asyncio.gather(*clients)
 
         asyncio.run(run())
@@ -219,9 +215,8 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
     return {
         "what": "vllm-eagle3 soak: mixed traffic against one speculative server (shipped pair, eager, k=3)",
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "commit": machine["commit"], "dirty": machine["dirty"],
-        "load_before": load_before,
-        "duration_s": duration_s,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "commit": machine["commit"],
+        "dirty": machine["dirty"], "load_before": load_before, "duration_s": duration_s,
         "warmup_s": warmup_s, "concurrency": concurrency, "requests": tally.requests, "by_status": tally.by_status,
         "transport_errors": tally.transport_errors, "early_disconnects": tally.disconnects,
         "refusals_4xx": tally.refusals,
@@ -250,13 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                                              "verdict", "passed")}, indent=1))
     print(f"[soak] result written to {out}")
     if out == REPO / DEFAULT_OUT:
-        from vllm_eagle3.tools.bench import report
-
-        results = REPO / "bench" / "results.json"
-        md = REPO / "BENCHMARKS.md"
-        md.write_text(report.render(report.load(results) if results.exists() else None, "docs/bench.png",
-                                    soak=report.load_soak(out)))
-        print(f"[soak] {md.name} rendered with it")
+        print(f"[soak] {render_repo_benchmarks_md().name} rendered with it")
     return 0 if result["passed"] else 1
 
 

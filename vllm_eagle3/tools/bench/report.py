@@ -13,14 +13,12 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from vllm_eagle3.tools import REPO
 from vllm_eagle3.tools.bench.stats import Estimate, finite
 
 TEMPLATE = Path(__file__).with_name("template.md")
 SLOT = re.compile(r"\{\{(\w+)\}\}")
 NO_RUN = "_No run of this benchmark yet: run `make bench` (see above)._"
 NO_SOAK = "_No soak result yet: run `vllm-eagle3 soak` (see above)._"
-SOAK = REPO / "bench" / "soak.json"
 
 
 def e(d: Mapping | None, digits: int = 2) -> str:
@@ -283,6 +281,6 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def load_soak(path: Path = SOAK) -> dict | None:
-    """The committed soak result, or None before the first soak."""
+def load_soak(path: Path) -> dict | None:
+    """A soak result file (``vllm-eagle3 soak --out``), or None before the first soak."""
     return json.loads(path.read_text()) if path.exists() else None
