@@ -184,18 +184,20 @@ def expectation_for(draft: str | Path | None, num_spec_tokens: int, cfg: WatchCo
         sim = _get(json.loads(path.read_text()), "simulated_acceptance") or {}
     except (OSError, ValueError) as exc:
         return floor_exp(f"{path} unreadable ({type(exc).__name__})")
+    # A rewired copy of a draft folder links the head's own evaluation: name the file really read.
+    where = f"{path} (= {path.resolve()})" if path.resolve() != path.absolute() else str(path)
     walk = _get(sim, "served_walk") or {}
     pp = _get(sim, "greedy", "per_position_acceptance")
     pp = [float(x) for x in pp if isinstance(x, (int, float))] if isinstance(pp, list) else []
     first, at_k = _walk_rate(_get(walk, "1")), _walk_rate(_get(walk, str(num_spec_tokens)))
     if first is not None:
-        p0, source = first[0], f"{path}: simulated_acceptance.served_walk k=1 ({first[1]} drafts)"
+        p0, source = first[0], f"{where}: simulated_acceptance.served_walk k=1 ({first[1]} drafts)"
         label = "the draft's eval.json, served walk k=1"
     elif pp:
-        p0, source = pp[0], f"{path}: simulated_acceptance.greedy.per_position_acceptance[0] (every-anchor)"
+        p0, source = pp[0], f"{where}: simulated_acceptance.greedy.per_position_acceptance[0] (every-anchor)"
         label = "the draft's eval.json, every-anchor greedy"
     else:
-        return floor_exp(f"{path} has no simulated_acceptance.served_walk or greedy.per_position_acceptance")
+        return floor_exp(f"{where} has no simulated_acceptance.served_walk or greedy.per_position_acceptance")
     if at_k is not None:
         length = 1.0 + at_k[0]
         source += f"; acceptance length from served_walk k={num_spec_tokens}"
@@ -204,7 +206,7 @@ def expectation_for(draft: str | Path | None, num_spec_tokens: int, cfg: WatchCo
     else:
         length = None
     if not 0 < p0 <= 1:
-        return floor_exp(f"{path}: recorded position-0 acceptance {p0!r} is not in (0, 1]")
+        return floor_exp(f"{where}: recorded position-0 acceptance {p0!r} is not in (0, 1]")
     return Expectation(p0, length, source, COLLAPSE_RATIO * p0, SUSPICIOUS_RATIO * p0,
                        tuple(pp[:num_spec_tokens]), label)
 

