@@ -285,3 +285,110 @@ def test_doctor_names_a_foreign_wiring_wrong_on_each_shipped_head(tmp_path, targ
     best = result["verdicts"][f"--taps {wrong}"]["best"]
     assert (0 in best) == own.has_embed and result["verdicts"][f"--taps {wrong}"]["adopt"], proc.stdout
     assert "adopt " in proc.stdout and "screening wirings" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------- --engine vllm
+
+FIRST_HEAD = REPO / "models" / "kimi-k25-mini-eagle3"  # trained on [embed, 3, 31]
+SECOND_HEAD = REPO / "models" / "kimi-k25-mini-eagle3-taps-3-31-59"  # trained on [3, 31, 59]
+MINI = REPO / "models" / "kimi-k25-mini"
+WIRINGS = {"embed,3,31": (0, 3, 31), "3,31,59": (3, 31, 59)}  # each head's own wiring is the other's wrong one
+both_heads = pytest.mark.skipif(not all((d / "config.json").is_file() for d in (MINI, FIRST_HEAD, SECOND_HEAD)),
+                                reason="the miniature and both heads are not built")
+
+
+def say(line: str) -> None:
+    print(f"[e2e] {line}", flush=True)
+
+
+@pytest.fixture(scope="module")
+def through_both_engines():
+    """ONE vLLM engine start and ONE transformers run on the same default text, each scoring both heads with both
+    wirings: {"vllm": {head: Diagnosis}, "hf": {head: Diagnosis}}. The engine run is the CLI's own path
+    (``diagnose(engine="vllm")`` for the first head: one offline LLM with the plugin capturing every tap its
+    candidates need); the second head is scored on the same captured states (``measured=``), its candidates that
+    need a tap outside them (tap 60) listed as not scored."""
+    from vllm_eagle3.tools import doctor
+
+    args = dict(taps=list(WIRINGS), progress=False)
+    t0 = time.perf_counter()
+    first = doctor.diagnose(MINI, FIRST_HEAD, engine="vllm", taps=list(WIRINGS))  # progress lines on stderr
+    t_engine = time.perf_counter() - t0
+    second = doctor.diagnose(MINI, SECOND_HEAD, measured=first.measured, **args)
+    say(f"engine: {first.engine_detail}; {t_engine:.0f} s wall for the first head, "
+        f"{second.timings['total']:.0f} s more for the second; not scored: {second.not_captured}")
+    t1 = time.perf_counter()
+    from vllm_eagle3.checkpoint import TargetInfo
+
+    token_ids, how = doctor.text_tokens(MINI, None, doctor.MAX_TOKENS, doctor.WINDOW, TargetInfo.load(MINI).vocab_size)
+    hf = doctor.measure_hf(MINI, token_ids, how)
+    hf_first = doctor.diagnose(MINI, FIRST_HEAD, measured=hf, **args)
+    hf_second = doctor.diagnose(MINI, SECOND_HEAD, measured=hf, **args)
+    say(f"transformers: {time.perf_counter() - t1:.0f} s wall for both heads")
+    for name, dx in (("vllm", first), ("vllm", second), ("hf", hf_first), ("hf", hf_second)):
+        say(f"--- {name}\n{doctor.render(dx)}")
+    return {"vllm": {FIRST_HEAD: first, SECOND_HEAD: second}, "hf": {FIRST_HEAD: hf_first, SECOND_HEAD: hf_second}}
+
+
+@both_heads
+@pytest.mark.parametrize("head, own", [(FIRST_HEAD, "embed,3,31"), (SECOND_HEAD, "3,31,59")],
+                         ids=["first-head", "second-head"])
+def test_engine_doctor_names_each_heads_wiring(through_both_engines, head, own):
+    """Guards: a doctor whose verdicts hold only for transformers' hidden states. Through the served engine (vLLM +
+    the plugin's capture, the engine's logits), each head's own wiring is OK and the other head's is WRONG (exit
+    status 4 for the pair), and the verdicts are the transformers run's."""
+    from vllm_eagle3.tools.wiring_stats import exit_code
+
+    dx = through_both_engines["vllm"][head]
+    other = next(w for w in WIRINGS if w != own)
+    kinds_ = kinds(dx)
+    assert dx.engine == "vllm" and "plugin capture of" in dx.engine_detail, dx.engine_detail
+    assert kinds_[f"--taps {own}"] == "OK" and kinds_[f"--taps {other}"] == "WRONG", kinds_
+    assert exit_code(dx.kind) == 4
+    assert not dx.adopt.get(f"--taps {own}") and dx.adopt.get(f"--taps {other}"), dx.adopt
+    hf = through_both_engines["hf"][head]
+    assert kinds(hf) == kinds_, f"engine verdicts {kinds_} differ from transformers' {kinds(hf)}"
+    # The same chains scored on both runs: position-0 acceptance and acceptance length within a point.
+    hf_chains = {c.taps: c for c in hf.chains}
+    for c in dx.chains:
+        if c.taps in hf_chains:
+            h = hf_chains[c.taps]
+            say(f"{head.name} {c.label}: p0 vllm {c.p0:.4f} hf {h.p0:.4f}; AL vllm {c.acceptance_length:.4f} "
+                f"hf {h.acceptance_length:.4f}")
+            assert abs(c.p0 - h.p0) < 0.01 and abs(c.acceptance_length - h.acceptance_length) < 0.02, (c, h)
+
+
+@both_heads
+def test_engine_captured_states_are_transformers_hidden_states(through_both_engines):
+    """Guards: scoring on states the engine does not serve. The engine's captured taps equal transformers'
+    ``hidden_states[k]`` (relative max difference < 1e-3: float32, other kernels; an off-by-one tap is O(1) away)
+    and its greedy tokens agree at >= 99 % of positions (near-ties may flip)."""
+    import torch
+
+    eng = through_both_engines["vllm"][FIRST_HEAD].measured
+    hf = through_both_engines["hf"][FIRST_HEAD].measured
+    assert torch.equal(eng.sample.seqs, hf.sample.seqs)
+    for k in sorted(eng.taps):
+        a, b = eng.run.taps[k], hf.run.taps[k]
+        rel = float((a - b).abs().max() / b.abs().max())
+        say(f"tap {k}: relative max difference vllm vs transformers {rel:.2e}")
+        assert rel < 1e-3, (k, rel)
+    agree = float((eng.run.greedy == hf.run.greedy).float().mean())
+    say(f"greedy tokens agree at {agree:.4f} of positions")
+    assert agree >= 0.99
+
+
+@both_heads
+def test_doctor_greedy_mode_on_the_shipped_head(tmp_path):
+    """Guards: ``--mode greedy`` (chains on the target's own greedy continuations, what a greedy server verifies)
+    never having run to completion. The shipped head on its own spec: OK, exit 0, on 16 prompts continued by the
+    target."""
+    proc, elapsed, result = run_doctor(tmp_path, MINI, FIRST_HEAD, "--capture-spec",
+                                       str(REPO / "configs" / "kimi_k25_eagle3.yaml"), "--mode", "greedy")
+    say(f"--mode greedy: {elapsed:.0f} s wall, timings {result and result['timings_s']}\n{proc.stdout}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result["verdict"] == "OK" and "greedy tokens of the target" in result["text"], proc.stdout
+    from vllm_eagle3.miniature.acceptance import MAX_K
+    from vllm_eagle3.tools.doctor import PROMPT_LEN, WINDOW
+
+    assert result["anchors"] == 16 * (WINDOW - MAX_K - (PROMPT_LEN - 1)), result["anchors"]  # 16 prompts

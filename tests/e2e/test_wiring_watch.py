@@ -1,5 +1,6 @@
 """The runtime wiring watch on a real `vllm-eagle3 serve` server: the incident is caught while serving, the right
-wiring is left alone. Two server start-ups, one at a time (a 2-core CI box), both eager and float32:
+wiring is left alone, and each shipped head served with the other's wiring is caught. Three server start-ups, one
+at a time (a 2-core CI box), all eager and float32:
 
 - ``incident``: the shipped head served with taps [3, 31, 59] (a draft-folder copy whose config ids [2, 30, 58] are
   read sglang-legacy, and a capture spec ``taps: [3, 31, 59]`` in a tmp dir - what tests/e2e/test_serving.py calls
@@ -7,6 +8,13 @@ wiring is left alone. Two server start-ups, one at a time (a 2-core CI box), bot
   within 16 requests and ``GET /v1/eagle3/wiring`` must say ``collapsed``.
 - ``right``: the shipped head with configs/kimi_k25_eagle3.yaml ([embed, 3, 31]) for 64 requests: no warning, the
   endpoint says ``ok``.
+- ``second head, first wiring``: the head trained on taps [3, 31, 59] (models/kimi-k25-mini-eagle3-taps-3-31-59)
+  served with the FIRST head's wiring: a copy of its folder whose config says [-1, 2, 30] and the first head's own
+  spec configs/kimi_k25_eagle3.yaml ([embed, 3, 31], sglang-legacy ids). The watch must collapse within 16 requests
+  against the SECOND head's eval.json (the copy links it), not the first's. The reverse case (the first head with
+  the second's [3, 31, 59]) is ``incident``. No server for the second head on its own wiring: its served acceptance
+  is pinned by tests/e2e/test_serving.py's walk comparison and the doctor, and a fourth start-up would cost CI
+  ~3 min for a case the watch's unit tests already cover (same code, another eval.json).
 
 The route is an endpoint plugin, which vLLM loads only when ``VLLM_PLUGINS`` names it: ``vllm-eagle3 serve`` sets
 :func:`vllm_eagle3.watch.plugins_allowlist_with_endpoint` (every installed plugin + ``vllm_eagle3_wiring``) when the
@@ -30,6 +38,7 @@ from vllm_eagle3.tools.process import VllmServer, http_get
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "models" / "kimi-k25-mini"
 DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
+SECOND = REPO / "models" / "kimi-k25-mini-eagle3-taps-3-31-59"  # trained on taps [3, 31, 59]
 SERVE_CONFIG = REPO / "configs" / "serve_kimi_k25_mini.yaml"
 RIGHT_SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
 MODEL_NAME = "kimi-k25-mini"
@@ -40,17 +49,17 @@ WARNING_MARK = "vllm-eagle3 wiring watch [engine 0]: EAGLE-3 acceptance COLLAPSE
 EXAMPLE_ENV = "VLLM_EAGLE3_WATCH_EXAMPLE"
 
 pytestmark = [pytest.mark.e2e]
-if not (TARGET / "config.json").is_file() or not (DRAFT / "config.json").is_file():
-    pytestmark.append(pytest.mark.skip(reason=f"the trained miniature is not built ({TARGET}, {DRAFT})"))
+if not all((d / "config.json").is_file() for d in (TARGET, DRAFT, SECOND)):
+    pytestmark.append(pytest.mark.skip(reason=f"the trained miniature is not built ({TARGET}, {DRAFT}, {SECOND})"))
 
 
 def say(line: str) -> None:
     print(f"[e2e] {line}", flush=True)
 
 
-def prompts(n: int) -> list[list[int]]:
+def prompts(n: int, draft: Path = DRAFT) -> list[list[int]]:
     """Held-out prompts as token ids (eval_prompts.json, the ones the head's eval.json was measured on), cycled."""
-    items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"]
+    items = json.loads((draft / "eval_prompts.json").read_text())["items"]
     return [list(map(int, items[i % len(items)]["prompt_token_ids"])) for i in range(n)]
 
 
@@ -105,11 +114,15 @@ def example() -> dict:
     if out and seen:
         path = (REPO / out) if not os.path.isabs(out) else Path(out)
         parts = ["# Copied by tests/e2e/test_wiring_watch.py from its servers' logs and endpoint (not typed).",
-                 f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; shipped miniature, eager, float32, k=3.", ""]
+                 f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; shipped miniature, eager, float32, k=3; "
+                 f"heads {DRAFT.name} and {SECOND.name}.", ""]
         if "warning" in seen:
             parts += ["## The warning line (incident wiring: the shipped head served with taps [3, 31, 59])", "",
                       seen["warning"], ""]
-        for name in ("incident", "right"):
+        if "second_warning" in seen:
+            parts += ["## The warning line (the head trained on [3, 31, 59] served with the first head's "
+                      "[embed, 3, 31])", "", seen["second_warning"], ""]
+        for name in ("incident", "right", "second"):
             if name in seen:
                 parts += [f"## GET /v1/eagle3/wiring ({seen[name]['what']})", "", seen[name]["body"], ""]
         path.write_text("\n".join(parts))
@@ -146,6 +159,7 @@ def test_incident_wiring_is_caught_while_serving(incident_files, example, record
     assert body["verdict"] == "collapsed" and engine["verdict"] == "collapsed", raw
     assert engine["wiring"]["taps"] == "[3, 31, 59]" and engine["lines_logged"] >= 1
     assert engine["window"]["position0"] < engine["expected"]["collapse_below"]
+    assert engine["expected"]["position0"] == round(served_walk_p0(DRAFT), 4), engine["expected"]
     assert metrics.get("vllm_eagle3_wiring_verdict") == 2, metrics
     example["warning"] = line
     example["incident"] = {"what": "incident wiring, after 16 requests", "body": json.dumps(body, indent=1)}
@@ -171,6 +185,63 @@ def test_right_wiring_is_left_alone(example, record_property):
     assert "EAGLE-3 acceptance" not in log, [line for line in log.splitlines() if "EAGLE-3 acceptance" in line]
     assert body["verdict"] == "ok" and engine["verdict"] == "ok", raw
     assert engine["window"]["drafts"] >= engine["config"]["min_drafts"]
+    assert engine["expected"]["position0"] == round(served_walk_p0(DRAFT), 4), engine["expected"]
     assert engine["window"]["position0"] > engine["expected"]["suspicious_below"]
     assert engine["lines_logged"] == 0 and metrics.get("vllm_eagle3_wiring_verdict") == 0, metrics
     example["right"] = {"what": "right wiring [embed, 3, 31], after 64 requests", "body": json.dumps(body, indent=1)}
+
+
+def served_walk_p0(draft: Path) -> float:
+    """The position-0 expectation the watch must read for ``draft``: its eval.json's served walk at k=1."""
+    walk = json.loads((draft / "eval.json").read_text())["simulated_acceptance"]["served_walk"]["1"]
+    return walk["accepted"] / walk["drafts"]
+
+
+@pytest.fixture(scope="module")
+def second_head_first_wiring(tmp_path_factory) -> Path:
+    """The second head's weights (and eval.json, linked) with a config naming the first head's ids [-1, 2, 30]
+    (sglang-legacy = [embed, 3, 31]) and no trainer record: the first head's wiring, which every static check
+    accepts for this folder."""
+    from vllm_eagle3.tools.convert import rewired_copy
+
+    return rewired_copy(SECOND, tmp_path_factory.mktemp("second") / "kimi-k25-mini-eagle3-taps-3-31-59-first-wiring",
+                        [-1, 2, 30])
+
+
+def test_second_head_with_the_first_heads_wiring_is_caught(second_head_first_wiring, example, record_property):
+    """Guards: a watch that only knows the first head. The head trained on [3, 31, 59] served with the first head's
+    spec ([embed, 3, 31]) must collapse within 16 requests, with ONE warning, judged against ITS OWN eval.json
+    (position-0 expectation = its served walk, which differs from the first head's in the 3rd decimal)."""
+    draft = second_head_first_wiring
+    server = serve(draft, RIGHT_SPEC)
+    try:
+        log = server.log_text()
+        assert "vllm-eagle3 wiring watch [engine 0]: on; taps [embed, 3, 31]" in log, \
+            "the watch's start-up line is missing from the server log (stat-logger plugin not loaded?)"
+        dt = complete(server, prompts(16, SECOND))
+        body, raw = wiring(server)
+        time.sleep(1.0)
+        lines = [line for line in server.log_text().splitlines() if WARNING_MARK in line]
+        metrics = gauges(server)
+    finally:
+        code = server.stop()
+        say(f"server stopped (exit code {code})")
+    engine = body["engines"][0]
+    say(f"16 requests in {dt:.1f} s; verdict {body['verdict']}; window {engine['window']}; "
+        f"expected {engine['expected']}")
+    record_property("second_head_window_position0", engine["window"]["position0"])
+    own, first = served_walk_p0(SECOND), served_walk_p0(DRAFT)
+    assert round(own, 4) != round(first, 4), "the two heads' recorded expectations no longer differ: pick another check"
+    assert engine["expected"]["position0"] == round(own, 4), (engine["expected"], own, first)
+    assert f"(= {SECOND / 'eval.json'})" in engine["expected"]["source"], engine["expected"]["source"]
+    assert len(lines) == 1, f"expected one wiring warning in the server log, got {len(lines)}: {lines}"
+    line = lines[0]
+    for part in ("WARNING", "taps [embed, 3, 31]", f"spec file {RIGHT_SPEC}", f"vs {own:.3f} expected (",
+                 f"vllm-eagle3 doctor --target {TARGET} --draft {draft}"):
+        assert part in line, (part, line)
+    assert body["verdict"] == "collapsed" and engine["verdict"] == "collapsed", raw
+    assert engine["window"]["position0"] < engine["expected"]["collapse_below"]
+    assert metrics.get("vllm_eagle3_wiring_verdict") == 2, metrics
+    example["second_warning"] = line
+    example["second"] = {"what": "the head trained on [3, 31, 59] with the first head's [embed, 3, 31], after 16 "
+                                 "requests", "body": json.dumps(body, indent=1)}

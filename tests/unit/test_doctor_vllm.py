@@ -73,3 +73,13 @@ def test_capture_draft_is_the_head_fed_the_configured_wiring_and_passes_the_plug
     spec.write_text(f"taps: {taps_label(superset)}\nnum_layers: 61\ndraft_ids_convention: vllm\n")
     res = resolve_from_env(str(TARGET), str(out), environ={ENV_SPEC: str(spec)})  # what every worker runs
     assert res.spec.taps == tuple(superset) and tuple(res.runner_ids) == tuple(superset)
+
+
+def test_greedy_mode_refuses_a_window_without_anchors(capsys):
+    """Guards: ``--mode greedy --window 32`` continued 32-token prompts by 0 tokens and crashed on a NaN verdict."""
+    from vllm_eagle3.tools import doctor
+
+    code = doctor.main(["--target", str(TARGET), "--draft", str(FIRST), "--mode", "greedy", "--window", "32",
+                        "--engine", "vllm"])
+    err = capsys.readouterr().err
+    assert code == 1 and "--mode greedy continues 32-token prompts" in err and "--window >= 53" in err, err
