@@ -13,7 +13,7 @@ import pytest
 from vllm_eagle3.tools.bench import StepTimers, main
 from vllm_eagle3.tools.bench import analysis, plan as plans, report
 from vllm_eagle3.tools.bench.client import RequestRecord
-from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_OFF, NATIVE, NO_SPEC, Cell, Plan, Variant
+from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_OFF, NATIVE, NATIVE_CAPTURES, NO_SPEC, Cell, Plan, Variant
 from vllm_eagle3.tools.bench.run import make_native_draft, native_taps
 from vllm_eagle3.tools.bench.stats import (Estimate, bootstrap, break_even, cost_ratio, ideal_speedup, paired_ratio,
                                            stratified_ratio)
@@ -129,17 +129,19 @@ def test_step_timers_are_removed_after_a_timed_cell():
 
 def test_default_plan_has_the_headline_cells_with_enough_prompts():
     """Issue 12: >= 16 prompts per cell, 128 tokens, k=3 vs none at 1/4/16 eager AND compiled, the opt-out, the
-    capture A/B on two servers each (alternating) and a duration that fits ~25-35 min on 2 cores."""
+    incident wiring, the same-taps capture A/B (second head: plugin vs native) on two servers each, alternating, and
+    a duration that fits ~25-35 min on 2 cores."""
     p = plans.PLANS["default"]()
     assert p.prompts >= 16 and p.max_tokens >= 128
     keys = [v.key for v in p.variants]
     for key in ("nospec", "embed-k3", "nospec+compiled", "embed-k3+compiled", "embed-k3+mla-off", "native-k3",
-                "embed-k3#2", "native-k3#2"):
+                "layers-k3", "native-layers-k3", "layers-k3#2", "native-layers-k3#2"):
         assert key in keys
     for v in p.variants:
         if v.key in ("nospec", "embed-k3", "nospec+compiled", "embed-k3+compiled"):
             assert v.cell_list("throughput") == [1, 4, 16]
-    assert keys.index("native-k3") < keys.index("embed-k3#2") < keys.index("native-k3#2")
+    ab = ["layers-k3", "native-layers-k3", "layers-k3#2", "native-layers-k3#2"]
+    assert [keys.index(k) for k in ab] == sorted(keys.index(k) for k in ab)
     assert plans.estimate_seconds(p, compile_cache_warm=True) < 35 * 60
 
 
@@ -211,7 +213,7 @@ def synthetic_results(spec_speed: float = 2.0, native_slow: float = 1.0) -> dict
             cell_counters = ([n * x for x in counters[:3]] + [[n * y for y in counters[3]]]) if v.k else None
             split = None
             if cell.kind == "split":
-                fwd = (10.0 if v.k == 0 else 14.0) * (native_slow if v.capture == NATIVE else 1.0)
+                fwd = (10.0 if v.k == 0 else 14.0) * (native_slow if v.capture in NATIVE_CAPTURES else 1.0)
                 split = {"forward_ms": [fwd + 0.1 * (i % 3) for i in range(30)],
                          "draft_ms": [0.0 if v.k == 0 else 3.0] * 30, "step_ms": [fwd + 5.0] * 29}
             cells.append({"kind": cell.kind, "concurrency": cell.concurrency, "round": 0, "split": split,
@@ -245,12 +247,16 @@ def test_analysis_speedup_tau_break_even_and_advice():
 
 
 def test_capture_verdict_uses_the_interval_and_the_same_config_servers():
-    """A gap between embed and native that is no larger than between two identical servers is not called a real
-    difference, and an identical pair is 'within noise'."""
+    """A gap between plugin and native capture that is no larger than between two identical servers is not called a
+    real difference, and an identical pair is 'within noise'. Both pairs are compared: the same-taps one (second
+    head, same acceptance) and the shipped head's embed tap vs the incident wiring (acceptance 3 vs 1)."""
     same = analysis.summarize(synthetic_results(native_slow=1.0))["capture_ab"]
-    assert same and all("within noise" in o["verdict"] for o in same)
+    assert {o["plugin"] for o in same} == {"layers", "embed"}
+    assert all("within noise" in o["verdict"] for o in same)
+    assert all(o["tau"][0] == pytest.approx(3.0) for o in same)
+    assert [o["tau"][1] for o in same if o["plugin"] == "embed"] == [pytest.approx(1.0)] * 2
     slow = analysis.summarize(synthetic_results(native_slow=1.5))["capture_ab"]
-    assert all(o["ratio"]["hi"] < 1.0 for o in slow)
+    assert slow and all(o["ratio"]["hi"] < 1.0 for o in slow)
 
 
 def test_report_renders_every_slot_and_the_no_run_page(tmp_path):

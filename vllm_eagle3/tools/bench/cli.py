@@ -32,8 +32,8 @@ def parser() -> argparse.ArgumentParser:
         prog="vllm-eagle3 bench",
         description="Benchmark the shipped miniature Kimi K2.5 on vLLM's OpenAI server: EAGLE-3 (k=3) vs no "
                     "speculation at concurrency 1/4/16, eager and compiled, with 95% intervals; the MLA "
-                    "verify-as-decode opt-out; the plugin's embedding tap vs vLLM's native capture (alternating "
-                    "servers); the incident wiring; the draft/verify split from worker timers; advice (best k, "
+                    "verify-as-decode opt-out; the plugin's capture vs vLLM's native capture of the same taps with "
+                    "the second head (alternating servers); the incident wiring; the draft/verify split from worker timers; advice (best k, "
                     "break-even acceptance length). Default plan ~25-30 min on a quiet 2-core box (--dry-run "
                     "prints the estimate). Run it alone on the machine: make bench (holds /tmp/vllm-engine.lock while it runs).")
     p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
                         "variants; default: the plan's (default and full: yes)")
     g.add_argument("--no-opt-out", action="store_true", help="skip the MLA verify-as-decode opt-out variant")
     g.add_argument("--no-capture-ab", action="store_true",
-                   help="skip the embed-tap vs native-capture servers (and with them the incident wiring)")
+                   help="skip the plugin-vs-native capture servers (and with them the incident wiring)")
     g.add_argument("--only", nargs="+", metavar="KEY", default=None,
                    help="run only these variants of the plan (keys as --dry-run lists them, e.g. nospec+compiled)")
     g = p.add_argument_group("inputs and outputs")
@@ -187,8 +187,7 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     work = Path(tempfile.mkdtemp(prefix="vllm-eagle3-bench-"))
     log_dir = Path(args.log_dir) if args.log_dir else work
     log_dir.mkdir(parents=True, exist_ok=True)
-    native = (run.make_native_draft(draft, work / "native-draft", run.native_taps(num_layers), num_layers)
-              if any(v.capture == plans.NATIVE for v in plan.variants) else None)
+    wirings = run.wirings(draft, run.repo_path(args.capture_spec), plan, work, num_layers)
     load_before = run.loadavg()
     if load_before != "?" and float(load_before.split()[0]) > 1.0:
         print(f"[bench] warning: load average {load_before}: the machine is busy, timings will be noisy", flush=True)
@@ -197,8 +196,8 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     def say(msg: str) -> None:
         print(f"[bench {time.monotonic() - t0:6.0f} s] {msg}", flush=True)
 
-    raws = [run.run_variant(v, plan, base_cfg, draft, native, run.repo_path(args.capture_spec), prompts, work,
-                            log_dir, say, args.start_timeout) for v in plan.variants]
+    raws = [run.run_variant(v, plan, base_cfg, wirings[v.capture], prompts, work, log_dir, say, args.start_timeout)
+            for v in plan.variants]
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = {"date": run.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
             "load_before": load_before, "load_after": run.loadavg(), "machine": run.machine_info()}

@@ -23,7 +23,13 @@ from __future__ import annotations
 import dataclasses
 
 NO_SPEC, EMBED_TAP, NATIVE = "none", "embed", "native"
-CAPTURES = (NO_SPEC, EMBED_TAP, NATIVE)
+# The same-taps capture A/B: the SECOND shipped head (trained on taps [3, 31, 59], no embedding) served with those
+# taps by the plugin's capture spec, and by vLLM's own capture (stock model classes): same head, same taps, same
+# acceptance, so any difference in the target forward is the capture's.
+LAYER_TAPS, NATIVE_LAYERS = "layers", "native-layers"
+CAPTURES = (NO_SPEC, EMBED_TAP, NATIVE, LAYER_TAPS, NATIVE_LAYERS)
+NATIVE_CAPTURES = (NATIVE, NATIVE_LAYERS)  # served with VLLM_PLUGINS=<patches only>: vLLM's own capture code
+AB_PAIRS = ((LAYER_TAPS, NATIVE_LAYERS), (EMBED_TAP, NATIVE))  # (plugin, native) pairs the capture A/B compares
 MLA_DEFAULT, MLA_OFF, MLA_ON = "default", "off", "on"
 CELL_KINDS = ("throughput", "untimed", "split", "stream")
 
@@ -87,6 +93,10 @@ class Variant:
             s = "no speculation"
         elif self.capture == NATIVE:
             s = f"EAGLE-3 k={self.k}, taps 3/31/59 by vLLM's native capture (the incident wiring)"
+        elif self.capture == LAYER_TAPS:
+            s = f"EAGLE-3 k={self.k}, second head, its taps 3/31/59 by the plugin's capture spec"
+        elif self.capture == NATIVE_LAYERS:
+            s = f"EAGLE-3 k={self.k}, second head, its taps 3/31/59 by vLLM's native capture"
         else:
             s = f"EAGLE-3 k={self.k}, the capture spec's taps (--capture-spec, plugin capture)"
         if self.mla_verify == MLA_OFF:
@@ -147,8 +157,9 @@ def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3
                   opt_out: bool = True, capture_ab: bool = True, sweep: tuple[int, ...] = (),
                   sweep_concurrencies=(1, 4), incident_throughput=(16,), opt_out_throughput=(16,), **sizes) -> Plan:
     """The default run: k vs no speculation at each concurrency (eager, and compiled unless ``compiled=False``),
-    the MLA opt-out, the embed-tap vs native-capture A/B (two servers each, alternating) whose first native server
-    is also the incident wiring, and an optional k sweep."""
+    the MLA opt-out, the incident wiring (the shipped head fed 3/31/59 by vLLM's native capture), the same-taps
+    capture A/B (the second head on its taps 3/31/59: plugin vs native capture, two servers each, alternating)
+    and an optional k sweep."""
     cs = tuple(concurrencies)
     full = _cells("throughput", cs) + _cells("split", cs)
     head = _cells("throughput", cs) + (Cell("untimed", cs[0]),) + _cells("split", cs) + (Cell("stream", 1),)
@@ -160,8 +171,8 @@ def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3
         vs.append(Variant(k, EMBED_TAP, MLA_OFF, cells=_cells("throughput", [c for c in opt_out_throughput if c in cs])
                           + _cells("split", cs)))
     if capture_ab:
-        vs += [Variant(k, EMBED_TAP, replica=2, cells=_cells("split", cs)),
-               Variant(k, NATIVE, replica=2, cells=_cells("split", cs))]
+        vs += [Variant(k, cap, replica=r, cells=_cells("split", cs))
+               for r in (1, 2) for cap in (LAYER_TAPS, NATIVE_LAYERS)]
     sc = tuple(c for c in sweep_concurrencies if c in cs) or cs[:1]
     vs += [Variant(kk, EMBED_TAP, cells=_cells("throughput", sc) + _cells("split", sc)) for kk in sweep if kk != k]
     if compiled:

@@ -127,16 +127,22 @@ def split_block(summary: Mapping) -> str:
                   "step ms", "c", "v"], rows)
 
 
+AB_NAMES = {"layers": "second head, taps 3/31/59: plugin spec vs native",
+            "embed": "shipped head: embed tap (plugin) vs 3/31/59 native (the incident: other acceptance)"}
+
+
 def capture_block(summary: Mapping) -> str:
     rows = []
     for o in summary["capture_ab"]:
-        rows.append([str(o["k"]), str(o["concurrency"]), " / ".join(f(x, 1) for x in o["embed_forward_ms"]),
-                     " / ".join(f(x, 1) for x in o["native_forward_ms"]), f"**{e(o['ratio'], 3)}**",
-                     " ; ".join(e(s, 3) for s in o["same_config_ratios"]) or "-", o["verdict"]])
+        rows.append([AB_NAMES[o["plugin"]], str(o["k"]), str(o["concurrency"]),
+                     " / ".join(f(x, 1) for x in o["plugin_forward_ms"]), " / ".join(f(x, 1) for x in o["native_forward_ms"]),
+                     f"**{e(o['ratio'], 3)}**", " ; ".join(e(s, 3) for s in o["same_config_ratios"]) or "-",
+                     " / ".join(f(t, 2) for t in o["tau"]), o["verdict"]])
     if not rows:
         return "_not measured in this run_"
-    return table(["k", "conc.", "target forward ms, embed tap (per server)", "native (per server)",
-                  "embed / native", "same configuration: server 1 / server 2 (embed ; native)", "verdict"], rows)
+    return table(["comparison", "k", "conc.", "target forward ms, plugin capture (per server)", "native (per server)",
+                  "plugin / native", "same configuration: server 1 / server 2 (plugin ; native)",
+                  "tau plugin / native", "verdict"], rows)
 
 
 def costs_block(summary: Mapping) -> str:
@@ -156,6 +162,10 @@ def costs_block(summary: Mapping) -> str:
 def capture_lines(summary: Mapping) -> str:
     return "\n".join(f"- {v['key']}: `{v['capture_line']}`" for v in summary["variants"] if v["capture_line"]) \
         or "_none_"
+
+
+SOAK_RSS_PNG = "bench/soak_rss.png"
+"""The soak's plot of resident memory per process over time, written next to ``bench/soak.json``."""
 
 
 def soak_block(soak: Mapping | None) -> str:
@@ -186,9 +196,12 @@ def soak_block(soak: Mapping | None) -> str:
     grew = soak.get("rss_mb_by_process_first_last")
     if grew:
         first, last = grew
-        lines += ["", "Resident memory per process, first -> last sample (MiB): " + ", ".join(
-            f"{k.split(' ', 1)[-1]} {f(first.get(k), 0)} -> {f(last.get(k), 0)}" for k in sorted(set(first) | set(last)))
+        lines += ["", "Resident memory per process, first -> last sample after warm-up (MiB): " + ", ".join(
+            f"{k.split(' ', 1)[-1]} {f(first.get(k), 0)} -> {f(last.get(k), 0)}"
+            for k in sorted(set(first) | set(last), key=lambda k: int(k.split()[0]) if k.split()[0].isdigit() else 0))
             + "."]
+    if soak.get("rss_mb_series"):
+        lines += ["", f"![resident memory per process during the soak]({SOAK_RSS_PNG})"]
     if refusals:
         lines += ["", f"4xx answers (vLLM's refusals, by reason): {refusals}."]
     if soak.get("first_errors"):
@@ -224,7 +237,7 @@ def printed_advice(data: Mapping) -> str:
 
     s = summarize(data)
     return "\n".join(["", "=== vllm-eagle3 bench: advice ===", advice_block(s), "", "=== headline ===", headline(s),
-                      "", "=== embed tap vs native capture ===", capture_block(s), ""])
+                      "", "=== plugin capture vs native capture ===", capture_block(s), ""])
 
 
 def plot(data: Mapping, path: Path) -> None:

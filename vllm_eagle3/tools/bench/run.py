@@ -13,6 +13,7 @@ configuration is compiled once (~4.5 min cold on 2 cores) and later runs load it
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -25,7 +26,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from vllm_eagle3.tools import REPO
 from vllm_eagle3.tools.bench import client
-from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_OFF, MLA_ON, NATIVE, NO_SPEC, Plan, Variant
+from vllm_eagle3.tools.bench.plan import (EMBED_TAP, LAYER_TAPS, MLA_OFF, MLA_ON, NATIVE, NATIVE_CAPTURES,
+                                          NATIVE_LAYERS, NO_SPEC, Plan, Variant)
 from vllm_eagle3.tools.bench.timers import step_split
 from vllm_eagle3.tools.process import ServerStartError, VllmServer, served_model_name
 
@@ -36,11 +38,18 @@ STOCK_PLUGIN = "vllm_eagle3_model_patches"
 MLA_ENV = "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"  # model_patches/vllm_cpu_mla_verify_decode.py
 COMPILE_CACHE = ".cache/vllm"
 START_TIMEOUT_S = {"eager": 400.0, "compiled": 1200.0}  # a cold compile takes ~270 s on a quiet 2-core box
-CAPTURE_LOG_LINES = {
-    EMBED_TAP: "vllm-eagle3: capturing taps",  # capture.py, in the worker
-    NATIVE: "vllm-eagle3: capturing taps",  # plugin loaded, no embed tap: its subclass defers to vLLM's capture
-    "stock": "Using auxiliary layers from speculative config",  # vLLM's runner, stock model classes
-}
+SECOND_HEAD = "models/kimi-k25-mini-eagle3-taps-3-31-59"  # the same-taps capture A/B's head ...
+SECOND_SPEC = "configs/kimi_k25_eagle3_taps_3_31_59.yaml"  # ... and its capture spec
+PLUGIN_LINE = "vllm-eagle3: capturing taps"  # capture.py, in the worker
+STOCK_LINE = "Using auxiliary layers from speculative config"  # vLLM's runner, stock model classes
+
+
+@dataclasses.dataclass(frozen=True)
+class Wiring:
+    """How one capture mode is served: the draft folder and the extra ``vllm-eagle3 serve`` arguments."""
+
+    draft: Path
+    args: tuple[str, ...] = ()
 
 
 def repo_path(p: str | Path) -> Path:
@@ -114,25 +123,37 @@ def server_env(variant: Variant) -> dict[str, str]:
         env[MLA_ENV] = "0"
     elif variant.mla_verify == MLA_ON:
         env[MLA_ENV] = "1"
-    if variant.capture == NATIVE and stock_plugin_available():
+    if variant.capture in NATIVE_CAPTURES and stock_plugin_available():
         env["VLLM_PLUGINS"] = STOCK_PLUGIN  # vLLM's own model classes + only the CPU patches
     return env
 
 
-def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], draft: Path, native_draft: Path | None,
-                capture_spec: Path, prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
+def wirings(draft: Path, capture_spec: Path, plan: Plan, work: Path, num_layers: int) -> dict[str, Wiring]:
+    """capture mode -> how it is served, for the modes ``plan`` uses (native drafts are written under ``work``)."""
+    from vllm_eagle3.resolve import load_spec_yaml
+
+    used = {v.capture for v in plan.variants}
+    out = {NO_SPEC: Wiring(draft), EMBED_TAP: Wiring(draft, ("--capture-spec", str(capture_spec)))}
+    if NATIVE in used:
+        out[NATIVE] = Wiring(make_native_draft(draft, work / "native-draft", native_taps(num_layers), num_layers),
+                             ("--convention", "vllm"))
+    if used & {LAYER_TAPS, NATIVE_LAYERS}:
+        second, spec = repo_path(SECOND_HEAD), repo_path(SECOND_SPEC)
+        taps = load_spec_yaml(spec).taps
+        out[LAYER_TAPS] = Wiring(second, ("--capture-spec", str(spec)))
+        out[NATIVE_LAYERS] = Wiring(make_native_draft(second, work / "native-second", taps, num_layers),
+                                    ("--convention", "vllm"))
+    return out
+
+
+def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wiring: Wiring,
+                prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
                 say: Callable[[str], None], start_timeout: float | None = None) -> dict[str, Any]:
     """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured."""
     res: dict[str, Any] = {"key": variant.key, "variant": variant.as_dict(), "label": variant.label,
                            "ready_s": None, "error": None, "capture_line": "", "mla_calls": {}, "cells": []}
-    use_draft = native_draft if variant.capture == NATIVE else draft
-    assert use_draft is not None
-    yml = serve_yaml(base_cfg, variant, use_draft, work / f"serve-{variant.key.replace('#', '-')}.yaml")
-    args = ["--config", str(yml)]
-    if variant.capture == EMBED_TAP:
-        args += ["--capture-spec", str(capture_spec)]
-    elif variant.capture == NATIVE:
-        args += ["--convention", "vllm"]
+    yml = serve_yaml(base_cfg, variant, wiring.draft, work / f"serve-{variant.key.replace('#', '-')}.yaml")
+    args = ["--config", str(yml), *(wiring.args if variant.k else ())]
     env = server_env(variant)
     log = log_dir / f"server-{variant.key.replace('#', '-')}.log"
     server = VllmServer(args, env=env, log_path=log, cwd=REPO)
@@ -165,7 +186,7 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], draft
         calls = client.worker_rpc(url, "bench_mla_calls")
         res["mla_calls"] = calls[0] if calls else {}
         if variant.capture != NO_SPEC:
-            needle = CAPTURE_LOG_LINES[variant.capture if env.get("VLLM_PLUGINS") != STOCK_PLUGIN else "stock"]
+            needle = STOCK_LINE if env.get("VLLM_PLUGINS") == STOCK_PLUGIN else PLUGIN_LINE
             taps = [ln for ln in server.log_text().splitlines() if needle in ln]
             res["capture_line"] = taps[-1][taps[-1].index(needle):] if taps else ""
             if not taps:
