@@ -22,6 +22,10 @@ Rows added from the trainers' and engines' own source (read, not copied; file + 
   L3175-3195 capture only inside the decoder-layer loop (``i in layers_to_capture`` for i in 0..L-1) into a packer
   sized ``len(layers_to_capture)`` (any count), so tap L (the final pre-norm state) is never captured and
   ``srt/layers/aux_hidden_states.py`` L85-89 raises "captured n-1 of n aux hidden states".
+- ``sglang-legacy`` (SGLang 0.5.12.post1): ids of any count are captured (+1 each) and the draft's ``fc`` is sized
+  from its list, but ``srt/speculative/eagle_info.py`` L877-901 sizes the draft-extend hidden states from the TARGET's
+  config (else 3 x hidden), so only three taps are served (``served_count``; read, not run: SGLang's speculative loop
+  needs CUDA). 0.5.23 reads the draft's config there (``speculative/eagle_utils.py`` L237-276).
 - ``specforge`` (sgl-project/SpecForge @ a6b6b02): ``specforge/algorithms/model_providers.py`` L188-211
   ``resolve_eagle_capture_layers`` raises unless the list holds exactly three non-negative ints.
 """
@@ -95,6 +99,8 @@ class Convention:
     count_reason: str = ""  # why exact_count holds, with the source line
     max_tap_offset: int = 0  # the largest tap this engine can capture is num_layers + max_tap_offset
     tap_reason: str = ""  # why a tap above that cannot be captured
+    served_count: int | None = None  # ids of any count are read, but only this many taps are served (write check)
+    served_reason: str = ""  # why, with the source line
 
     def id_range(self, num_layers: int) -> tuple[int, int]:
         return self.min_id, num_layers + self.max_id_offset
@@ -147,7 +153,16 @@ CONVENTIONS: dict[str, Convention] = {
               -1, -1, -1, "ascending", "nested", _plus_one, _minus_one, max_tap_offset=-1,
               tap_reason="legacy SGLang (0.5.12.post1 deepseek_v2.py L2267-2282) captures only inside its decoder-layer "
                          "loop (layers 0..L-1), so id L-1 is silently never captured (n-1 states arrive instead of n, "
-                         "no error); drop that tap or serve with vllm-eagle3"),
+                         "no error); drop that tap or serve with vllm-eagle3",
+              served_count=3,
+              served_reason="SGLang 0.5.12.post1 sizes the EAGLE-3 draft-extend hidden-state buffer from the TARGET's "
+                            "config, not the draft's (srt/speculative/eagle_info.py L877-901 "
+                            "EagleDraftExtendInput.hidden_size_for: num_aux_hidden_states or eagle_config ids there, "
+                            "else 3), i.e. 3 x hidden for a Kimi/DeepSeek target, so a head on another tap count meets "
+                            "a buffer of the wrong width in the draft-extend CUDA graph "
+                            "(eagle_draft_extend_cuda_graph_runner.py L135 sizes it; L470-476 skips the copy when the "
+                            "widths differ); SGLang 0.5.23 sizes it from the draft (speculative/eagle_utils.py "
+                            "L237-276): write the ids for sglang (checked on 0.5.23) or serve with vllm-eagle3"),
         _conv("specforge", "SpecForge 0.2: id k = output of layer k = tap k+1; exactly 3 non-negative ids; "
               "the embedding cannot be written",
               "SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers L188-211",
@@ -250,6 +265,9 @@ def taps_to_ids(taps: Sequence[int], convention: str, num_layers: int) -> tuple[
         conv.check_taps(taps, num_layers)
     except CaptureSpecError as exc:
         problems.append(str(exc))
+    if conv.served_count is not None and len(taps) != conv.served_count:
+        problems.append(f"{conv.name} ids can name {len(taps)} taps, but that engine serves {conv.served_count} "
+                        f"only ({conv.served_reason})")
     if problems:
         raise CaptureSpecError("; and ".join(problems))
     ids = conv._to_ids(taps, num_layers)

@@ -408,10 +408,13 @@ FOUR_CFG = {IDS: [0, 3, 31, 59], "eagle_config": {IDS: [0, 3, 31, 59]}, "num_aux
             "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2", "kv_lora_rank": 512}
 
 
-@pytest.mark.parametrize("dst, ids", [("vllm", [0, 3, 31, 59]), ("sglang", [0, 3, 31, 59]),
-                                      ("sglang-legacy", [-1, 2, 30, 58])])
+@pytest.mark.parametrize("dst, ids", [("vllm", [0, 3, 31, 59]), ("speculators", [0, 3, 31, 59]),
+                                      ("sglang", [0, 3, 31, 59])])
 def test_convert_four_taps_where_expressible(dst, ids):
-    """SGLang 0.5.23 takes any number of ids (deepseek_v2.py L3473 keeps the list; the packer is sized len(list))."""
+    """vLLM 0.32 sizes fc from num_aux_hidden_states / the nested list (llama_eagle3.py L210-221); SGLang 0.5.23 takes
+    any number of ids: deepseek_v2.py L3473 keeps the list, the capture packer is sized len(list), the Llama draft's fc
+    from num_aux_hidden_states or the nested list (llama_eagle3.py L156-164) and the draft-extend buffers from the
+    draft's config (speculative/eagle_utils.py L237-276)."""
     new, summary = convert.convert_config(FOUR_CFG, "vllm", dst, L)
     assert new[IDS] == new["eagle_config"][IDS] == ids and new["num_aux_hidden_states"] == 4, summary
 
@@ -425,6 +428,9 @@ def test_convert_four_taps_where_expressible(dst, ids):
     (FOUR_CFG, "torchspec", [r"torchspec cannot express the embedding tap"]),
     ({**FOUR_CFG, IDS: [0, 3, 31, 61], "eagle_config": {IDS: [0, 3, 31, 61]}}, "sglang",
      [r"sglang cannot capture tap 61 .*deepseek_v2.py L3175-3195"]),
+    # SGLang 0.5.12.post1 captures and loads four, but sizes its draft-extend buffer from the TARGET's config (3 x H).
+    (FOUR_CFG, "sglang-legacy", [r"sglang-legacy ids can name 4 taps, but that engine serves 3 only \(SGLang "
+                                 r"0.5.12.post1 .*eagle_info.py L877-901 .*write the ids for sglang"]),
 ])
 def test_convert_refuses_four_taps_with_the_engines_reason(tmp_path, capsys, cfg, dst, reasons):
     src = tmp_path / "config.json"

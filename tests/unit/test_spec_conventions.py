@@ -187,10 +187,16 @@ def test_four_taps_per_convention():
 
     Checked against the real sources: vLLM 0.32 passes any list through (fc sized num_aux x hidden); SGLang 0.5.23's
     DeepSeek path keeps any list (deepseek_v2.py L3473) in a packer sized len(list); SpecForge raises unless exactly
-    three (model_providers.py L206); TorchSpec takes any count but has no embedding id."""
+    three (model_providers.py L206); TorchSpec takes any count but has no embedding id; SGLang 0.5.12.post1 serves
+    three only (eagle_info.py L877-901)."""
     assert taps_to_ids(FOUR, "vllm", L) == (0, 3, 31, 59)
     assert taps_to_ids(FOUR, "sglang", L) == (0, 3, 31, 59)
-    assert taps_to_ids(FOUR, "sglang-legacy", L) == (-1, 2, 30, 58)
+    # SGLang 0.5.12.post1 captures four (+1 each) but sizes its draft-extend buffer from the target's config (3 x H).
+    with pytest.raises(CaptureSpecError, match=r"sglang-legacy ids can name 4 taps, but that engine serves 3 only "
+                                               r"\(SGLang 0.5.12.post1 .*eagle_info.py L877-901"):
+        taps_to_ids(FOUR, "sglang-legacy", L)
+    assert ids_to_taps((-1, 2, 30, 58), "sglang-legacy", L) == FOUR  # read (to serve on vLLM), never refused
+    assert taps_to_ids(FOUR[:3], "sglang-legacy", L) == (-1, 2, 30)
     with pytest.raises(CaptureSpecError, match=r"specforge cannot express the embedding tap"):
         taps_to_ids(FOUR, "specforge", L)
     with pytest.raises(CaptureSpecError, match=r"specforge requires exactly 3 ids, got 4 \(SpecForge's "

@@ -10,7 +10,9 @@ What is written, and why both lists:
 - ``num_aux_hidden_states``: vLLM sizes the draft's ``fc`` from it (else from the nested list, else 3).
 
 What cannot be expressed is refused with the reason, from the engine's own source (SpecForge and TorchSpec have no
-id for the embedding tap; SpecForge takes exactly three ids; SGLang 0.5.23 cannot capture the final pre-norm state).
+id for the embedding tap; SpecForge takes exactly three ids; SGLang 0.5.23 cannot capture the final pre-norm state;
+SGLang 0.5.12.post1 names any number of taps but serves three only). SGLang 0.5.23 takes any count: its capture
+packer, the draft's ``fc`` and its draft-extend buffers are all sized from the draft's list.
 The converted config's EAGLE-3.1 options and fan-in are then read as each engine reads them
 (:func:`vllm_eagle3.checkpoint.draft_option_warnings`): one warning line per option an engine would ignore or read
 differently, naming the engine and version. Nothing is written on failure: the output goes to a temporary file in the destination folder, renamed over the target only
