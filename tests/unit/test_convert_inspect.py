@@ -444,6 +444,34 @@ def test_convert_refuses_four_taps_with_the_engines_reason(tmp_path, capsys, cfg
     assert not out.exists()
 
 
+REPO = Path(__file__).resolve().parents[2]
+SGLANG_SRT = {venv: REPO / venv / "lib" / "python3.11" / "site-packages" / "sglang" / "srt"
+              for venv in (".venv-sglang", ".venv-sglang-legacy")}
+
+
+def cited_lines(venv: str, rel: str, first: int, last: int) -> str:
+    path = SGLANG_SRT[venv] / rel
+    if not path.is_file():
+        pytest.skip(f"{path} is not installed (scripts/setup_sglang_env.sh)")
+    return "".join(path.read_text().splitlines(keepends=True)[first - 1:last])
+
+
+def test_legacy_sglang_four_tap_refusal_cites_the_installed_code():
+    """The sglang-legacy refusal's reason, pinned on the installed wheels' lines it cites (read, not run: SGLang's
+    speculative loop needs CUDA): 0.5.12.post1 widens the draft-extend hidden states with num_aux read from the
+    TARGET's config (default 3), 0.5.23 reads the draft runner's config."""
+    legacy = cited_lines(".venv-sglang-legacy", "speculative/eagle_info.py", 877, 901)
+    assert "def hidden_size_for" in legacy and "target_cfg = worker.target_worker.model_runner.model_config" in legacy
+    assert "hf_config = target_cfg.hf_config" in legacy and "num_aux = len(layer_ids) if layer_ids else 3" in legacy
+    graph = cited_lines(".venv-sglang-legacy", "speculative/eagle_draft_extend_cuda_graph_runner.py", 135, 135)
+    assert "EagleDraftExtendInput.hidden_size_for(self.eagle_worker)" in graph
+    skip = cited_lines(".venv-sglang-legacy", "speculative/eagle_draft_extend_cuda_graph_runner.py", 470, 476)
+    assert "== buffers.hidden_states.shape[1]" in skip and "copy_(" in skip
+    current = cited_lines(".venv-sglang", "speculative/eagle_utils.py", 237, 276)
+    assert "def get_draft_input_from_target_hidden_dim(model_runner" in current
+    assert "hf_config = model_config.hf_config" in current and "return target_hidden * num_aux" in current
+
+
 def test_convert_warns_about_options_an_engine_ignores(tmp_path, capsys):
     src = tmp_path / "config.json"
     src.write_text(json.dumps({**FOUR_CFG, "norm_before_residual": True}))
