@@ -1,5 +1,9 @@
 """Distil the miniature target into its EAGLE-3 head, from taps ``cat([embed, 3, 31])``.
 
+One code path for every head: ``--arch llama`` (``LlamaForCausalLMEagle3``) or ``--arch mla``
+(``Eagle3DeepseekV2ForCausalLM``), with the EAGLE-3.1 options ``--fc-norm`` / ``--norm-output``; the fan-in is
+the spec's number of taps (``configs/kimi_k25_eagle3_4tap.yaml``: 4). See draft.py for what each computes.
+
 Where it sits: models/kimi-k25-mini (export.load_text_model) -> per batch, one target forward with
 ``output_hidden_states`` gives the taps of the capture spec (tap k = ``hidden_states[k]``, order as in
 the spec) and the target's logits -> ``Eagle3Draft.unroll`` runs EAGLE-3's training-time test
@@ -18,7 +22,7 @@ The config's ids are written in the spec file's ``draft_ids_convention`` (config
 SGLang-legacy, so taps (0, 3, 31) become ``[-1, 2, 30]``).
 
 GPU: ``python -m vllm_eagle3.miniature.train_draft --target models/kimi-k25-mini --out models/kimi-k25-mini-eagle3
---time-budget-s 170 --evaluate``
+--time-budget-s 170 --evaluate``; the MLA head: add ``--arch mla --fc-norm --norm-output --num-heads 2``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from vllm_eagle3.conventions import taps_to_ids
 from vllm_eagle3.resolve import load_spec_file
 
 from . import data, export, tokenizer
-from .draft import DraftConfig, Eagle3Draft
+from .draft import ARCHITECTURES, DraftConfig, Eagle3Draft
 from .schedule import lr_at, run_progress, set_lr
 from .target import use_dense_experts
 from .teacher import DEFAULT_SPEC, greedy_continue, shifted, target_outputs
@@ -87,6 +91,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--max-chars", type=int, default=150_000_000, help="third-party characters")
     ap.add_argument("--stdlib-weight", type=float, default=0.35, help="share of text rows and prompts from the stdlib")
     ap.add_argument("--data-cache", type=Path, default=None, help="keep the tokenized training mix here (reused)")
+    ap.add_argument("--arch", choices=sorted(ARCHITECTURES), default="llama",
+                    help="draft architecture: llama (LlamaForCausalLMEagle3) or mla (Eagle3DeepseekV2ForCausalLM, "
+                         "DeepSeek-V2 multi-latent attention as vLLM's deepseek_eagle3.py / SGLang's kimi_k25_eagle3.py)")
+    ap.add_argument("--fc-norm", action="store_true", help="EAGLE-3.1 fc_norm: RMSNorm per tap chunk before fc")
+    ap.add_argument("--norm-output", action="store_true",
+                    help="EAGLE-3.1 norm_output: feed the POST-norm state to the next draft step")
+    ap.add_argument("--q-lora-rank", type=int, default=128, help="mla: q down-projection rank")
+    ap.add_argument("--kv-lora-rank", type=int, default=512,
+                    help="mla: latent KV rank (vLLM-CPU's MLA kernel needs kv_lora_rank + qk_rope_head_dim = 576)")
+    ap.add_argument("--qk-nope-head-dim", type=int, default=64)
+    ap.add_argument("--qk-rope-head-dim", type=int, default=64)
+    ap.add_argument("--v-head-dim", type=int, default=64)
     ap.add_argument("--draft-vocab-size", type=int, default=2048)
     ap.add_argument("--intermediate-size", type=int, default=512)
     ap.add_argument("--num-heads", type=int, default=4)
@@ -172,7 +188,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = DraftConfig(hidden_size=tcfg.hidden_size, target_hidden_size=tcfg.hidden_size, num_aux_hidden_states=spec.num_taps,
                       vocab_size=tcfg.vocab_size, draft_vocab_size=args.draft_vocab_size, num_attention_heads=args.num_heads,
                       num_key_value_heads=args.num_heads, head_dim=args.head_dim, intermediate_size=args.intermediate_size,
-                      rms_norm_eps=tcfg.rms_norm_eps, max_position_embeddings=tcfg.max_position_embeddings)
+                      rms_norm_eps=tcfg.rms_norm_eps, max_position_embeddings=tcfg.max_position_embeddings,
+                      arch=args.arch, q_lora_rank=args.q_lora_rank, kv_lora_rank=args.kv_lora_rank,
+                      qk_nope_head_dim=args.qk_nope_head_dim, qk_rope_head_dim=args.qk_rope_head_dim,
+                      v_head_dim=args.v_head_dim, fc_norm=args.fc_norm, norm_output=args.norm_output)
     draft = Eagle3Draft(cfg)
     draft.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight.detach().float().cpu())
     draft.set_draft_vocab(vocab_ids)
