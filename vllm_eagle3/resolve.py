@@ -107,13 +107,15 @@ class Resolution:
     draft_convention: str | None
     runner_ids: tuple[int, ...]  # what vLLM's runner hands set_aux_hidden_state_layers
     warnings: tuple[str, ...] = ()  # draft options / fan-in an engine would ignore or read differently
+    draft_arch: str = ""  # the draft config's architectures[0]: the draft class vLLM builds
 
     def log_line(self) -> str:
         conv = f"{self.draft_convention} " if self.draft_convention else ""
         return (f"vllm-eagle3: capturing taps {self.spec.label()} (hidden state entering layer k; embed = "
                 f"embedding output) in this order, from {self.spec.source}; draft config {conv}ids "
                 f"{list(self.draft_ids)}; vLLM runner ids {list(self.runner_ids)}; "
-                f"{self.target.num_layers}-layer target, draft fc fan-in {self.spec.fan_in(self.target.hidden_size)}")
+                f"{self.target.num_layers}-layer target, draft fc fan-in {self.spec.fan_in(self.target.hidden_size)}"
+                + (f", draft class {self.draft_arch}" if self.draft_arch else ""))
 
     def check_runner_ids(self, ids) -> None:
         """The runner's ids must be the draft config's ids; anything else would capture other taps."""
@@ -231,7 +233,8 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
     if not info.plugin_captures:
         _check_native_capture(info, ids, spec)
     return Resolution(spec=spec, target=info, draft_ids=tuple(ids), draft_convention=conv,
-                      runner_ids=_runner_ids(ids), warnings=tuple(m for _, m in draft_option_warnings(d.config)))
+                      runner_ids=_runner_ids(ids), warnings=tuple(m for _, m in draft_option_warnings(d.config)),
+                      draft_arch=str((d.config.get("architectures") or [""])[0]))
 
 
 def _check_native_capture(info: TargetInfo, ids: tuple[int, ...], spec: CaptureSpec) -> None:
