@@ -8,8 +8,8 @@ Measured:
 * draft: teacher-forced top-1 agreement with the target's greedy token, per unrolled step;
 * simulated acceptance, "greedy" (the headline): held-out prompts are continued greedily by the
   target; at every anchor of the continuation the head drafts a chain of k = 1..5 tokens exactly as
-  vLLM's proposer does (step 1 on ``fc(taps)``, later steps on its own pre-norm output, positions +1,
-  attention over the step-1 cache plus the chain); a draft is accepted while it equals the target's
+  vLLM's proposer does (step 1 on ``fc(taps)``, later steps on its own fed-back state: pre-norm, post-norm
+  with ``norm_output``; positions +1, attention over the step-1 cache plus the chain); a draft is accepted while it equals the target's
   greedy token. Per-position acceptance = fraction of anchors whose first j drafts were all accepted;
   acceptance length(k) = 1 + sum of the first k. Also "text": the same chain on held-out text.
 * "served_walk": the same greedy chains visited the way a server visits them (draft at the anchor after

@@ -7,7 +7,8 @@ the spec's number of taps (``configs/kimi_k25_eagle3_4tap.yaml``: 4). See draft.
 Where it sits: models/kimi-k25-mini (export.load_text_model) -> per batch, one target forward with
 ``output_hidden_states`` gives the taps of the capture spec (tap k = ``hidden_states[k]``, order as in
 the spec) and the target's logits -> ``Eagle3Draft.unroll`` runs EAGLE-3's training-time test
-(``--ttt-steps`` chained steps, each feeding the draft's own pre-norm output back) -> loss: cross
+(``--ttt-steps`` chained steps, each feeding the draft's own state back: pre-norm, post-norm with
+``--norm-output``) -> loss: cross
 entropy against the target's next-token distribution restricted to the draft vocabulary (the draft
 learns the TARGET's predictions, not the text), step j weighted ``--step-decay ** (j - 1)``.
 
