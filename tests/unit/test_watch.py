@@ -300,3 +300,75 @@ def test_endpoint_allowlist_keeps_default_plugins():
     names = value.split(",")
     assert "vllm_eagle3" in names and "vllm_eagle3_watch" in names and W.ENDPOINT_PLUGIN in names
     assert W.plugins_allowlist_with_endpoint({"VLLM_PLUGINS": "vllm_eagle3"}) is None
+
+
+# ----------------------------------------------------------------------------------------------- the docs' example
+
+EXAMPLE = REPO / "docs" / "wiring_watch_example.txt"
+QUOTING_DOCS = (REPO / "README.md", REPO / "docs" / "DEPLOYMENT.md")
+REGENERATE = ("regenerate it: flock /tmp/vllm-engine.lock env VLLM_EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt "
+              ".venv/bin/python -m pytest tests/e2e/test_wiring_watch.py, then copy its lines into the docs")
+
+
+def watch_quotes(markdown: str) -> list[list[str]]:
+    """Fenced blocks of ``markdown`` that quote the watch (a warning line or an endpoint body): their lines, minus
+    ``...`` elisions and ``$ `` command lines."""
+    blocks, inside, cur = [], False, []
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            if inside and any("vllm-eagle3 wiring watch" in x or '"verdict":' in x for x in cur):
+                blocks.append([x for x in cur if x.strip() and x.strip() != "..." and not x.startswith("$ ")])
+            inside, cur = not inside, []
+        elif inside:
+            cur.append(line)
+    return blocks
+
+
+def test_docs_quote_only_lines_the_example_run_wrote():
+    """Guards: docs that show an operator a warning line or endpoint body no run produced (typed, or left over from
+    older weights). Every line the README and docs/DEPLOYMENT.md quote from the watch is a line of
+    docs/wiring_watch_example.txt, which tests/e2e/test_wiring_watch.py writes from its servers."""
+    lines = {x.strip() for x in EXAMPLE.read_text().splitlines()}
+    for doc in QUOTING_DOCS:
+        blocks = watch_quotes(doc.read_text())
+        assert any("EAGLE-3 acceptance COLLAPSED" in x for b in blocks for x in b), \
+            f"{doc.name} quotes no warning line of the watch (issue 14: show it as an operator sees it)"
+        assert any('"verdict":' in x for b in blocks for x in b), f"{doc.name} quotes no endpoint body"
+        for block in blocks:
+            for x in block:
+                assert x.strip() in lines, f"{doc.name} quotes a line {EXAMPLE.name} does not contain: {x!r}; " \
+                                           f"{REGENERATE}"
+
+
+def _walk(eval_json: Path, k: int) -> float:
+    w = json.loads(eval_json.read_text())["simulated_acceptance"]["served_walk"][str(k)]
+    return w["accepted"] / w["drafts"]
+
+
+@pytest.mark.xfail(strict=True, reason="docs/wiring_watch_example.txt is from a run on the first weights (0.855 "
+                   "expected); the engine lock was held past the deadline, so it is not yet regenerated. Remove this "
+                   "mark when it is")
+def test_example_run_is_on_the_current_weights():
+    """Guards: an example copied from a run on weights since retrained (the first one showed 0.855 expected; the
+    retrained head's eval.json says 0.633). Every endpoint body's expectation is the CURRENT eval.json of the head it
+    names (the shipped folder the served copy links), and every warning line states one of those expectations."""
+    text = EXAMPLE.read_text()
+    bodies = [json.loads(part.split("\n\n", 1)[1].split("\n\n", 1)[0])
+              for part in text.split("## GET /v1/eagle3/wiring")[1:]]
+    assert len(bodies) >= 3, f"{EXAMPLE.name} has {len(bodies)} endpoint bodies, want incident, right and second " \
+                             f"head; {REGENERATE}"
+    heads = set()
+    for body in bodies:
+        exp = body["engines"][0]["expected"]
+        src = exp["source"].split(": simulated_acceptance")[0]
+        eval_json = Path(src.split("(= ", 1)[1].rstrip(")") if "(= " in src else src)
+        assert eval_json.parent.parent == REPO / "models", f"{exp['source']} names no shipped head; {REGENERATE}"
+        heads.add(eval_json.parent.name)
+        assert exp["position0"] == round(_walk(eval_json, 1), 4), \
+            f"{EXAMPLE.name} expects position-0 {exp['position0']}, {eval_json} now says {_walk(eval_json, 1):.4f}; " \
+            f"{REGENERATE}"
+        assert exp["acceptance_length"] == round(1 + _walk(eval_json, exp["num_spec_tokens"]), 4)
+    assert len(heads) == 2, heads
+    expected = {f"vs {_walk(REPO / 'models' / h / 'eval.json', 1):.3f} expected (" for h in heads}
+    warnings = [x for x in text.splitlines() if "EAGLE-3 acceptance COLLAPSED" in x and "WARNING" in x]
+    assert len(warnings) >= 2 and all(any(e in w for e in expected) for w in warnings), (expected, warnings)
