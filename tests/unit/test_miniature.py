@@ -306,3 +306,38 @@ def test_fast_step_is_the_plain_step():
     assert torch.allclose(step.train_step(model, opt, ids, amp=False), ref, atol=1e-6)
     r = step.time_config(2, 16, "none", 1, 1, 2, torch.device("cpu"))
     assert r["tok_per_s"] > 0 and r["compile"] == "none"
+
+
+def test_naive_mla_equals_the_absorbed_form_the_engines_run():
+    """The training code runs MLA naively (per-head keys/values from ``kv_b_proj``); vLLM's and SGLang's MLA backends
+    run the absorbed form (``W_kc`` folded into the query, scores and values in the kv_lora_rank-wide latent space,
+    ``W_vc`` applied after). Same function: on the shipped MLA head's weights, float64 everywhere except the softmax,
+    which the training code takes in float32 as vLLM does: the outputs (magnitude ~10) agree to 1e-5 (measured 9.3e-7,
+    float32 softmax rounding); a wrong formula (rope on the wrong dims, a swapped k/v slice of kv_b_proj) is O(1).
+    A mismatch in the engine parity test is then the engines', not the formula's."""
+    from vllm_eagle3.miniature.draft import apply_rope_interleaved, rope_cos_sin
+
+    head = Path(__file__).resolve().parents[2] / "models" / "kimi-k25-mini-eagle3-mla"
+    attn = Eagle3Draft.from_dir(head).double().midlayer.self_attn
+    c = attn.c
+    h, nope, rope, dv, r = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
+    t = 9
+    x = torch.randn(1, t, c.attn_input_size, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    pos = torch.arange(t)[None]
+    q, k, v = attn.qkv(x, pos)
+    naive = attn.attend(q, k, v, [])  # [1, T, H]
+
+    kv_c, k_pe = attn.kv_a_proj_with_mqa(x).split([r, rope], dim=-1)
+    latent = attn.kv_a_layernorm(kv_c)[0]  # [T, r]: what the engines cache (with k_pe)
+    w = attn.kv_b_proj.weight.view(h, nope + dv, r)
+    w_kc, w_vc = w[:, :nope], w[:, nope:]  # [h, nope, r], [h, dv, r]
+    q_nope, q_pe = q[0].split([nope, rope], dim=-1)  # [h, T, .] (q_pe already rotated)
+    cos, sin = rope_cos_sin(pos, rope, c.rope_theta, x.dtype)
+    k_pe = apply_rope_interleaved(k_pe[:, None], cos, sin)[0, 0]  # [T, rope]
+    q_lat = torch.einsum("htn,hnr->htr", q_nope, w_kc)
+    scores = (torch.einsum("htr,sr->hts", q_lat, latent) + torch.einsum("htd,sd->hts", q_pe, k_pe)) * attn.scale
+    scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+    out_lat = torch.einsum("hts,sr->htr", scores.softmax(-1), latent)
+    out = torch.einsum("htr,hvr->thv", out_lat, w_vc).reshape(1, t, h * dv)
+    absorbed = attn.o_proj(out)
+    assert torch.allclose(naive, absorbed, atol=1e-5, rtol=0), (naive - absorbed).abs().max()
