@@ -21,6 +21,14 @@ magnitude ~10 by ~1e-5 (measured: 9.1e-6 training code vs vLLM, 8.6e-6 SGLang vs
 64 rows). The same -inf pattern is required exactly (same
 draft vocabulary, same ``d2t``), the top-1 token at every row, and the top-5 set wherever the 5th and 6th logits
 are further apart than the tolerance.
+
+The MLA head (models/kimi-k25-mini-eagle3-mla, ``Eagle3DeepseekV2ForCausalLM``, ``fc_norm`` + ``norm_output``; issue 15
+item 3) gets the same three-way comparison on its own vLLM run (one more engine start, the plugin's spec
+``[embed, 3, 31]``): vLLM's ``deepseek_eagle3.py``, SGLang 0.5.23's ``kimi_k25_eagle3.py`` (its real code, through
+``sglang_harness/mla_draft_runner.py``) and the training code (:class:`~vllm_eagle3.miniature.draft.Eagle3Draft` with
+``arch="mla"``). Tolerance :data:`MLA_ATOL` (see there): the engines run MLA in its absorbed form (``w_kc`` folded
+into the query, scores and values in the 512-wide latent space), the training code in its naive form (per-head keys
+and values from ``kv_b_proj``): the same function, summed in another order.
 """
 
 from __future__ import annotations
@@ -47,6 +55,12 @@ ATOL = RTOL = 1e-4
 # leaves ~1.5e-5 of max |value| (measured: 0.0093 at values ~600); neighbouring taps are > 1e-2 away (asserted).
 TAP_REL = 1e-4
 TOP_K = 5
+MLA_DRAFT = REPO / "models" / "kimi-k25-mini-eagle3-mla"
+MLA_CLASS = "Eagle3DeepseekV2ForCausalLM"
+# MLA head, float32 everywhere: absorbed (engines) vs naive (training code) MLA re-associates the q.k and p.v sums over
+# 512 latent dims instead of 64 per-head dims, on top of the Llama head's kernel differences; logits are ~10.
+# Measured on the prompt (64 rows): see the printed max abs diffs (commit message quotes the run).
+MLA_ATOL = MLA_RTOL = 1e-4
 
 
 def max_abs_finite(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -54,7 +68,7 @@ def max_abs_finite(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a[finite] - b[finite]).abs().max().item()
 
 
-def assert_same_logits(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+def assert_same_logits(name: str, got: torch.Tensor, want: torch.Tensor, atol: float = ATOL, rtol: float = RTOL) -> None:
     """``got`` (engine ``name``) equals vLLM's logits ``want`` [T, V]: -inf pattern, values, top-1, top-k."""
     assert got.shape == want.shape, f"{name}: logits {tuple(got.shape)} vs vLLM {tuple(want.shape)}"
     finite_got, finite_want = torch.isfinite(got), torch.isfinite(want)
@@ -64,14 +78,14 @@ def assert_same_logits(name: str, got: torch.Tensor, want: torch.Tensor) -> None
     diff = max_abs_finite(got, want)
     print(f"{name} vs vLLM draft logits {tuple(got.shape)}: max abs diff {diff:.3g} "
           f"(logit range {want[finite_want].min().item():.1f}..{want[finite_want].max().item():.1f})")
-    assert torch.allclose(got[finite_want], want[finite_want], atol=ATOL, rtol=RTOL), (
-        f"{name} vs vLLM draft logits {tuple(got.shape)}: max abs diff {diff:.3g} > atol {ATOL} / rtol {RTOL}")
+    assert torch.allclose(got[finite_want], want[finite_want], atol=atol, rtol=rtol), (
+        f"{name} vs vLLM draft logits {tuple(got.shape)}: max abs diff {diff:.3g} > atol {atol} / rtol {rtol}")
     top1_got, top1_want = got.argmax(-1), want.argmax(-1)
     rows = (top1_got != top1_want).nonzero().flatten().tolist()
     assert not rows, f"{name}: top-1 draft token differs from vLLM's at rows {rows}"
     vals, idx_want = want.topk(TOP_K + 1, dim=-1)
     idx_got = got.topk(TOP_K, dim=-1).indices
-    separable = (vals[:, TOP_K - 1] - vals[:, TOP_K]) > 2 * ATOL
+    separable = (vals[:, TOP_K - 1] - vals[:, TOP_K]) > 2 * atol
     for r in separable.nonzero().flatten().tolist():
         assert set(idx_got[r].tolist()) == set(idx_want[r, :TOP_K].tolist()), \
             f"{name}: top-{TOP_K} draft tokens at row {r} differ from vLLM's"
@@ -130,13 +144,12 @@ def test_training_head_equals_vllm_head(vllm_call):
     assert_same_logits("training pipeline (Eagle3Draft)", logits, vllm_call["logits"])
 
 
-def test_sglang_llama_eagle3_equals_vllm_head(vllm_call, tmp_path):
-    """SGLang's own LlamaForCausalLMEagle3 (draft ModelRunner, draft-extend forward) on vLLM's inputs gives vLLM's
-    logits, mapped to the target vocabulary through the d2t table SGLang loaded."""
+def run_sglang_draft(runner: str, draft: Path, vllm_call: dict, tmp_path: Path) -> dict:
+    """SGLang's own draft class for ``draft`` (``sglang_harness/<runner>``) on vLLM's recorded inputs: its record."""
     require_sglang_env()
     inputs, out = tmp_path / "draft_inputs.pt", tmp_path / "sglang_draft.pt"
     torch.save({k: vllm_call[k] for k in ("input_ids", "positions", "aux")}, inputs)
-    cmd = [str(SGLANG_PY), str(HARNESS / "draft_runner.py"), "--draft", str(DRAFT), "--target", str(TARGET),
+    cmd = [str(SGLANG_PY), str(HARNESS / runner), "--draft", str(draft), "--target", str(TARGET),
            "--inputs", str(inputs), "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHONPATH"))}
     env.update(SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -144,20 +157,99 @@ def test_sglang_llama_eagle3_equals_vllm_head(vllm_call, tmp_path):
     assert proc.returncode == 0 and out.exists(), (f"SGLang draft runner failed (exit {proc.returncode}): "
                                                    f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     record = torch.load(out, weights_only=False)
-    assert record["error"] is None, record["error"]
-    assert record["sglang_version"] == "0.5.23" and record["model_class"] == "LlamaForCausalLMEagle3", record
+    assert record["error"] is None, f"{record['error']}\n{record.get('traceback', '')}"
+    assert record["sglang_version"] == "0.5.23", record["sglang_version"]
     assert not record["stub_calls"], f"a stubbed sgl_kernel function was called: {record['stub_calls']}"
-    draft_logits = record["logits"]  # [T, draft_vocab], SGLang's lm_head output
+    return record
+
+
+def sglang_logits_in_target_vocab(record: dict, draft: Path, vllm_call: dict) -> torch.Tensor:
+    """SGLang's draft-vocab logits [T, Vd] scattered into the target vocabulary through the d2t it loaded."""
     from safetensors.torch import load_file
 
-    d2t = load_file(str(DRAFT / "model.safetensors"))["d2t"].long()
+    d2t = load_file(str(draft / "model.safetensors"))["d2t"].long()
     assert torch.equal(record["d2t"].long().cpu(), d2t), "SGLang loaded another d2t than the checkpoint's"
     assert record["draft_input_ids"].tolist() == vllm_call["input_ids"].tolist(), \
         "SGLang's draft read other token ids than vLLM's"
     mapped = torch.full_like(vllm_call["logits"], float("-inf"))
-    mapped[:, torch.arange(d2t.numel()) + d2t] = draft_logits.float()
-    assert_same_logits("SGLang llama_eagle3", mapped, vllm_call["logits"])
+    mapped[:, torch.arange(d2t.numel()) + d2t] = record["logits"].float()
+    return mapped
+
+
+def test_sglang_llama_eagle3_equals_vllm_head(vllm_call, tmp_path):
+    """SGLang's own LlamaForCausalLMEagle3 (draft ModelRunner, draft-extend forward) on vLLM's inputs gives vLLM's
+    logits, mapped to the target vocabulary through the d2t table SGLang loaded."""
+    record = run_sglang_draft("draft_runner.py", DRAFT, vllm_call, tmp_path)
+    assert record["model_class"] == "LlamaForCausalLMEagle3", record["model_class"]
+    draft_logits = record["logits"]  # [T, draft_vocab], SGLang's lm_head output
+    assert_same_logits("SGLang llama_eagle3", sglang_logits_in_target_vocab(record, DRAFT, vllm_call), vllm_call["logits"])
     last = record.get("last_token_logits_sglang")
     if last is not None:  # SGLang's own LogitsProcessor output for the last row equals the hook-computed row
         assert torch.allclose(last.float().reshape(-1)[: draft_logits.shape[1]], draft_logits[-1].float(),
                               atol=ATOL, rtol=RTOL)
+
+
+# ------------------------------------------------------------------------------------------------- the MLA head
+
+@pytest.fixture(scope="module")
+def mla_vllm_call(prompt, vllm_call) -> dict:
+    """The first draft step of vLLM's first proposal for ``prompt`` with the MLA head (its own engine, started after
+    the session's Llama-head engine is gone: ``vllm_call`` is requested first)."""
+    from vllm import SamplingParams
+
+    from vllm_eagle3.testing.draft_probe import install_draft_recorder, recorded_draft_calls
+    from vllm_eagle3.testing.engine import start_engine, stop_engine
+
+    engine = start_engine(TARGET, MLA_DRAFT, env={"VLLM_EAGLE3_SPEC": str(SPEC)}, max_model_len=512)
+    try:
+        names = engine.llm.collective_rpc(install_draft_recorder)
+        out = engine.llm.generate([{"prompt_token_ids": prompt}],
+                                  SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        calls = engine.llm.collective_rpc(recorded_draft_calls)[0]
+    finally:
+        stop_engine(engine)
+    assert names == [MLA_CLASS], f"vLLM's draft model class: {names}"
+    assert calls and calls[0]["aux"].shape[0] == len(prompt), "no prefill proposal recorded for the MLA head"
+    return {**calls[0], "sampled": list(out[0].outputs[0].token_ids)}
+
+
+def test_vllm_feeds_the_mla_head_what_it_feeds_the_llama_head(mla_vllm_call, vllm_call):
+    """Same spec, same prompt: the MLA head's draft input (aux rows, token ids, positions) is the Llama head's
+    (the capture does not depend on the draft class), so the comparisons below start from the trained wiring."""
+    assert torch.equal(mla_vllm_call["aux"], vllm_call["aux"]), "the MLA head got other aux rows than the Llama head"
+    assert torch.equal(mla_vllm_call["input_ids"], vllm_call["input_ids"])
+    assert torch.equal(mla_vllm_call["positions"], vllm_call["positions"])
+
+
+def test_training_mla_head_equals_vllm_head(mla_vllm_call):
+    """The code the MLA head was trained with (naive MLA, fc_norm) computes, on vLLM's inputs, vLLM's logits."""
+    from vllm_eagle3.miniature.draft import Eagle3Draft
+
+    draft = Eagle3Draft.from_dir(MLA_DRAFT, target_dir=TARGET).eval()
+    assert draft.config.arch == "mla" and draft.config.fc_norm and draft.config.norm_output, draft.config
+    with torch.no_grad():
+        logits = draft(mla_vllm_call["aux"], input_ids=mla_vllm_call["input_ids"],
+                       positions=mla_vllm_call["positions"])
+    assert_same_logits("training pipeline (Eagle3Draft, mla)", logits, mla_vllm_call["logits"], MLA_ATOL, MLA_RTOL)
+
+
+def test_sglang_kimi_mla_eagle3_equals_vllm_head(mla_vllm_call, tmp_path):
+    """SGLang 0.5.23's own Kimi K2.5 MLA draft (``kimi_k25_eagle3.py``) on vLLM's inputs gives vLLM's logits, and its
+    aux output (what it feeds the next draft step) is the POST-norm state, as ``norm_output`` says and as the
+    training code feeds it back."""
+    from vllm_eagle3.miniature.draft import Eagle3Draft
+
+    record = run_sglang_draft("mla_draft_runner.py", MLA_DRAFT, mla_vllm_call, tmp_path)
+    assert record["model_class"] == MLA_CLASS and record["model_module"].endswith("kimi_k25_eagle3"), \
+        (record["model_class"], record["model_module"])
+    assert_same_logits("SGLang kimi_k25_eagle3", sglang_logits_in_target_vocab(record, MLA_DRAFT, mla_vllm_call),
+                       mla_vllm_call["logits"], MLA_ATOL, MLA_RTOL)
+    assert torch.equal(record["hidden_pre_norm_aux"], record["hidden_post_norm"]), \
+        "SGLang's MLA draft feeds back another state than its post-norm output despite norm_output"
+    draft = Eagle3Draft.from_dir(MLA_DRAFT, target_dir=TARGET).eval()
+    with torch.no_grad():
+        (_, fed_back), = draft.unroll(mla_vllm_call["aux"][None], mla_vllm_call["input_ids"][None], steps=1,
+                                      positions=mla_vllm_call["positions"][None])
+    diff = (fed_back[0] - record["hidden_pre_norm_aux"]).abs().max().item()
+    print(f"fed-back state, training code vs SGLang: max abs diff {diff:.3g}")
+    assert torch.allclose(fed_back[0], record["hidden_pre_norm_aux"], atol=MLA_ATOL, rtol=MLA_RTOL), diff
