@@ -345,9 +345,6 @@ def _walk(eval_json: Path, k: int) -> float:
     return w["accepted"] / w["drafts"]
 
 
-@pytest.mark.xfail(strict=True, reason="docs/wiring_watch_example.txt is from a run on the first weights (0.855 "
-                   "expected); the engine lock was held past the deadline, so it is not yet regenerated. Remove this "
-                   "mark when it is")
 def test_example_run_is_on_the_current_weights():
     """Guards: an example copied from a run on weights since retrained (the first one showed 0.855 expected; the
     retrained head's eval.json says 0.633). Every endpoint body's expectation is the CURRENT eval.json of the head it
