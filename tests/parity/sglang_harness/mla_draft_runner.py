@@ -10,6 +10,9 @@ with the two differences an MLA draft needs on SGLang's CPU path:
    supported for CPU for now"), and YaRN with factor 1.0 is plain RoPE (no frequency interpolated, mscale 1, the
    attention scale unchanged). The comparison with vLLM and the training code, which run the shipped config's plain
    rope, is what proves it changes nothing.
+3. ``torch.cuda.synchronize`` is a no-op when torch has no CUDA: SGLang's ``set_embed`` (``kimi_k25_eagle3.py``,
+   after sharing the target's embedding with the draft) calls it unconditionally, which raises "Torch not compiled
+   with CUDA enabled" on CPU; there is nothing to wait for there. (``torch.cuda.empty_cache`` is already a no-op.)
 
 Executed with ``.venv-sglang/bin/python``; never imported by the main test venv.
 """
@@ -55,6 +58,10 @@ def main(argv=None) -> int:
     def install_with_mla_route() -> None:
         install()
         shims.route_torch_native_to_mla()
+        import torch
+
+        if not torch.cuda.is_available():
+            torch.cuda.synchronize = lambda *args, **kwargs: None
 
     shims.install = install_with_mla_route
     import draft_runner
