@@ -237,6 +237,8 @@ def shipped_heads() -> list[tuple[Path, Path, Path]]:
 HEADS = shipped_heads()
 INCIDENT = "3,31,59"  # ids [2, 30, 58] read as SGLang-legacy: the incident's wiring
 OTHER_WRONG = "embed,3,31"  # for a head trained on the incident's taps, the first head's wiring is the wrong one
+MISREAD_4 = "1,4,32,60"  # the four-tap head's vLLM ids [0, 3, 31, 59] read as SGLang-legacy (+1)
+STRICT_HEADS = {"kimi-k25-mini-eagle3", "kimi-k25-mini-eagle3-taps-3-31-59"}  # must be named WRONG, not COSTS
 
 
 def run_doctor(tmp_path, target, draft, *args):
@@ -271,19 +273,24 @@ def test_doctor_ok_on_each_shipped_head_with_its_own_spec(tmp_path, target, draf
 @pytest.mark.skipif(not HEADS, reason="no shipped head (models/*/config.json with vllm_eagle3.spec) is built")
 @pytest.mark.parametrize("target, draft, spec", HEADS, ids=[h[1].name for h in HEADS])
 def test_doctor_names_a_foreign_wiring_wrong_on_each_shipped_head(tmp_path, target, draft, spec):
-    """The incident's wiring [3, 31, 59] on a head trained with the embedding (or the embedding wiring on a head
-    trained on [3, 31, 59]): WRONG, exit 4, and the head's own wiring offered as the config to adopt."""
+    """A foreign wiring is caught, exit non-zero, and the head's own wiring (or an interchangeable neighbour) is
+    offered: the incident's [3, 31, 59] on a head trained with the embedding, the embedding wiring on the head
+    trained on [3, 31, 59], and for the four-tap head its vLLM ids [0, 3, 31, 59] misread as SGLang-legacy
+    ([1, 4, 32, 60]). The two Llama three-tap heads must be WRONG (the issue's check); the MLA head keeps more of its
+    acceptance on [3, 31, 59] (measured: position-0 0.164 against 0.426, acceptance length 1.226 against 1.770,
+    30.7% lost: its fc_norm rescales whatever it is fed), so COSTS (exit 3) is a right answer for it too."""
     from vllm_eagle3.resolve import load_spec_file
 
     own = load_spec_file(spec).spec
-    wrong = OTHER_WRONG if own.taps == (3, 31, 59) else INCIDENT
+    wrong = OTHER_WRONG if own.taps == (3, 31, 59) else INCIDENT if own.num_taps == 3 else MISREAD_4
     proc, _, result = run_doctor(tmp_path, target, draft, "--taps", wrong)
-    assert proc.returncode == 4, proc.stdout + proc.stderr
-    assert result["verdicts"][f"--taps {wrong}"]["kind"] == "WRONG", proc.stdout
-    assert "acceptance collapses" in proc.stdout
+    verdict = result["verdicts"][f"--taps {wrong}"]
+    kinds = {"WRONG": 4} if draft.name in STRICT_HEADS else {"WRONG": 4, "COSTS": 3}
+    assert verdict["kind"] in kinds and proc.returncode == kinds[verdict["kind"]], proc.stdout + proc.stderr
+    if verdict["kind"] == "WRONG":
+        assert "acceptance collapses" in proc.stdout
     # The better wiring offered is the head's own or one of its interchangeable neighbours (same embedding use).
-    best = result["verdicts"][f"--taps {wrong}"]["best"]
-    assert (0 in best) == own.has_embed and result["verdicts"][f"--taps {wrong}"]["adopt"], proc.stdout
+    assert (0 in verdict["best"]) == own.has_embed and verdict["adopt"], proc.stdout
     assert "adopt " in proc.stdout and "screening wirings" in proc.stderr
 
 
