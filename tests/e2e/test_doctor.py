@@ -385,6 +385,10 @@ def test_engine_captured_states_are_transformers_hidden_states(through_both_engi
     assert agree >= 0.99
 
 
+# slow (run with `pytest -m slow`): the greedy mode continues 16 prompts through transformers' 61-layer target on CPU.
+# Measured: it hit run_doctor's 900 s timeout on the 2-core box at load ~3 (2026-12-01), so `--mode greedy` has still
+# never completed on the miniature; too long for CI either way. Make it fast or remove the mode (issue 14 note).
+@pytest.mark.slow
 @both_heads
 def test_doctor_greedy_mode_on_the_shipped_head(tmp_path):
     """Guards: ``--mode greedy`` (chains on the target's own greedy continuations, what a greedy server verifies)
