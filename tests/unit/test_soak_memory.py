@@ -33,10 +33,32 @@ def test_an_allocator_choice_already_made_wins(environ, bundled):
 
 
 def test_processes_are_named_by_role():
-    import os
+    """A supervisor whose python children are a server and multiprocessing's resource tracker: only the first is
+    the API server (CI's first run named pytest's resource tracker "API server")."""
+    import subprocess
+    import sys
+    import time
 
-    here = tree_rss_by_process(os.getpid())
-    assert list(here) == [f"{os.getpid()} supervisor"] and here[f"{os.getpid()} supervisor"] > 0
+    script = ("import multiprocessing.resource_tracker as rt, subprocess, sys, time; rt.ensure_running(); "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    root = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        for _ in range(100):
+            here = tree_rss_by_process(root.pid)
+            if len(here) == 3:
+                break
+            time.sleep(0.1)
+        roles = sorted(key.split(" ", 1)[1] for key in here)
+        assert next(iter(here)) == f"{root.pid} supervisor" and all(mb > 0 for mb in here.values())
+        assert roles.count("API server") == 1 and roles.count("supervisor") == 1 and len(roles) == 3, here
+    finally:
+        import os
+        import signal
+
+        for pid in [int(k.split()[0]) for k in here][1:]:
+            os.kill(pid, signal.SIGKILL)
+        root.kill()
+        root.wait()
 
 
 def test_the_rss_plot_is_drawn(tmp_path):

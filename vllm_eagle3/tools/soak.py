@@ -55,7 +55,8 @@ ROLES = {"VLLM::EngineCor": "engine core", "VLLM::Worker": "worker"}  # /proc/PI
 def tree_rss_by_process(root: int) -> dict[str, float]:
     """Resident memory (MiB) of ``root`` and each descendant, keyed ``"<pid> <role>"``: ``supervisor`` (``root``,
     the ``vllm-eagle3 serve`` wrapper), ``API server`` (its child running vLLM's CLI), ``engine core``, ``worker``,
-    else the process name (/proc/PID/comm, e.g. ``python3`` for multiprocessing's resource tracker)."""
+    else the process name (/proc/PID/comm, e.g. ``python3`` for multiprocessing's resource tracker, told apart from
+    the API server by its command line)."""
     from vllm_eagle3.tools.supervisor import descendants
 
     out = {}
@@ -63,13 +64,16 @@ def tree_rss_by_process(root: int) -> dict[str, float]:
         try:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
             status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
         fields = {k: v.split() for k, _, v in (line.partition(":") for line in status)}
         if "VmRSS" not in fields:
             continue  # a zombie
         ppid = int(fields["PPid"][0])
-        role = ("supervisor" if pid == root else "API server" if ppid == root and name.startswith("python")
+        helper = b"multiprocessing" in cmdline  # e.g. the resource tracker, a python child that is no server
+        role = ("supervisor" if pid == root
+                else "API server" if ppid == root and name.startswith("python") and not helper
                 else ROLES.get(name, name))
         out[f"{pid} {role}"] = round(int(fields["VmRSS"][0]) / 1024, 1)
     return out
