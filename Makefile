@@ -36,7 +36,7 @@ test-unit: setup
 demo: setup
 	$(VENV)/bin/vllm-eagle3 demo
 
-# The default plan (~25-30 min on a quiet 2-core box; `make bench BENCH_ARGS=--dry-run` prints the plan and estimate,
+# The default plan (~1 h on a quiet 2-core box; `make bench BENCH_ARGS=--dry-run` prints the plan and estimate,
 # BENCH_ARGS="--no-compiled" or "--plan full" shrink or grow it). Waits for other engines holding the lock.
 BENCH_ARGS ?=
 bench: setup

@@ -34,12 +34,12 @@ def parser() -> argparse.ArgumentParser:
                     "speculation at concurrency 1/4/16, eager and compiled, with 95% intervals; the MLA "
                     "verify-as-decode opt-out; the plugin's capture vs vLLM's native capture of the same taps with "
                     "the second head (alternating servers); the incident wiring; the draft/verify split from worker timers; advice (best k, "
-                    "break-even acceptance length). Default plan ~25-30 min on a quiet 2-core box (--dry-run "
+                    "break-even acceptance length). Default plan ~1 h on a quiet 2-core box (--dry-run "
                     "prints the estimate). Run it alone on the machine: make bench (holds /tmp/vllm-engine.lock while it runs).")
     p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
                    help="smoke: a few minutes, every code path, numbers meaningless; quick: eager only, c=1/4, "
-                        "8 prompts x 64 tokens; default: the headline cells (~25-30 min); full: + k sweep 1..5 at "
-                        "c=1/4, incident and opt-out at every concurrency, 2 rounds (~1.5 h)")
+                        "8 prompts x 64 tokens; default: the headline cells (~1 h); full: + k sweep 1..5 at "
+                        "c=1/4, incident and opt-out at every concurrency, 2 rounds (~3 h)")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--prompts-per-cell", type=int, default=None, help="different prompts per throughput cell (16)")
     g.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (128)")
     g.add_argument("--rounds", type=int, default=None, help="repeats of each throughput cell (1)")
+    g.add_argument("--waves", type=int, default=None,
+                   help="a throughput cell at concurrency C sends max(prompts-per-cell, waves x C) requests, C in "
+                        "flight (4: steady load; 1: one wave, timed by its slowest request)")
     g.add_argument("--sweep", type=int, nargs="*", default=None, metavar="K",
                    help="also k = these at concurrency 1 and 4 (e.g. --sweep 1 2 4 5: ~+12 min)")
     g.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=None,
@@ -93,7 +96,8 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
         kw["capture_ab"] = False
     if args.sweep is not None:
         kw["sweep"] = tuple(args.sweep)
-    sizes = {"prompts": args.prompts_per_cell, "max_tokens": args.max_tokens, "rounds": args.rounds}
+    sizes = {"prompts": args.prompts_per_cell, "max_tokens": args.max_tokens, "rounds": args.rounds,
+             "waves": args.waves}
     kw.update({k: v for k, v in sizes.items() if v is not None})
     plan = plans.headline_plan(args.plan, **kw)
     if args.only:
@@ -106,8 +110,8 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
 
 
 def describe(plan: plans.Plan) -> str:
-    lines = [f"plan {plan.name}: {len(plan.variants)} servers; {plan.prompts} prompts x {plan.max_tokens} tokens "
-             f"per throughput cell, {plan.rounds} round(s)"]
+    lines = [f"plan {plan.name}: {len(plan.variants)} servers; max({plan.prompts}, {plan.waves} x C) prompts x "
+             f"{plan.max_tokens} tokens per throughput cell at concurrency C, {plan.rounds} round(s)"]
     for v in plan.variants:
         cells = ", ".join(f"{c.kind} c={c.concurrency}" for c in v.cells)
         lines.append(f"  {v.key:<24} {cells}")
@@ -180,10 +184,12 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     num_layers = TargetInfo.load(target).num_layers
     prompts = run.load_prompts(run.repo_path(args.prompts))
     need = max([plan.prompts, plan.stream_prompts] + [plan.split_requests(c.concurrency) for v in plan.variants
-                                                      for c in v.cells])
+                                                      for c in v.cells]
+               + [plan.throughput_requests(c.concurrency) for v in plan.variants for c in v.cells
+                  if c.kind == "throughput"])
     if len(prompts) < need:
         raise SystemExit(f"vllm-eagle3 bench: {args.prompts} has {len(prompts)} prompts, the plan needs {need}; "
-                         "lower --prompts-per-cell or give a longer prompt file")
+                         "lower --prompts-per-cell / --waves or the concurrency, or give a longer prompt file")
     work = Path(tempfile.mkdtemp(prefix="vllm-eagle3-bench-"))
     log_dir = Path(args.log_dir) if args.log_dir else work
     log_dir.mkdir(parents=True, exist_ok=True)

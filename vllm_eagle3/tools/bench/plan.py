@@ -6,8 +6,11 @@ of different variants by prompt). Pure dataclasses, validated at construction; n
 
 Cell kinds (what each costs the server is stated in the report):
 
-- ``throughput``: plain non-streaming ``/v1/completions`` of ``plan.prompts`` different prompts, closed loop at
-  ``concurrency`` requests in flight, tokens from the response's ``usage``. Nothing else runs in the server. At
+- ``throughput``: plain non-streaming ``/v1/completions`` of ``plan.throughput_requests(C)`` different prompts
+  (at least ``plan.prompts``, and ``plan.waves`` x C), closed loop at C requests in flight, a new request sent as
+  one finishes: a server under steady load. (With only C requests, one wave, the slowest request sets the cell's
+  time: under speculation requests finish at different steps, so a wave measures its least-accepted prompt.)
+  Tokens from the response's ``usage``. Nothing else runs in the server. At
   concurrency 1 the client reads ``/metrics`` between two requests (server idle), for per-request acceptance.
 - ``split``: the worker timers (:mod:`.timers`) around ``max(concurrency, 4)`` requests of ``plan.split_tokens``
   tokens (the same prompts in every variant, so their wall times give a shorter paired speedup too, timers on both
@@ -128,11 +131,13 @@ class Plan:
     split_tokens: int = 48
     stream_prompts: int = 4
     rounds: int = 1  # repeats of each throughput cell (same prompts)
+    waves: int = 4  # a throughput cell at concurrency C sends at least waves x C requests (see throughput_requests)
 
     def __post_init__(self) -> None:
-        if self.prompts < 2 or self.max_tokens < 2 or self.rounds < 1:
-            raise ValueError(f"a plan needs prompts >= 2 (an interval needs two), max_tokens >= 2 and rounds >= 1; "
-                             f"got prompts={self.prompts}, max_tokens={self.max_tokens}, rounds={self.rounds}")
+        if self.prompts < 2 or self.max_tokens < 2 or self.rounds < 1 or self.waves < 1:
+            raise ValueError(f"a plan needs prompts >= 2 (an interval needs two), max_tokens >= 2, rounds >= 1 and "
+                             f"waves >= 1; got prompts={self.prompts}, max_tokens={self.max_tokens}, "
+                             f"rounds={self.rounds}, waves={self.waves}")
         keys = [v.key for v in self.variants]
         if len(set(keys)) != len(keys):
             raise ValueError(f"two variants with the same key in the plan: {keys}; give the second replica=2")
@@ -143,7 +148,13 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
-        return cls(**{**d, "variants": tuple(Variant.from_dict(v) for v in d["variants"])})
+        # results written before ``waves`` existed sent plan.prompts requests at every concurrency: one wave at most
+        return cls(**{"waves": 1, **d, "variants": tuple(Variant.from_dict(v) for v in d["variants"])})
+
+    def throughput_requests(self, concurrency: int) -> int:
+        """Requests (= different prompts) of a throughput cell at ``concurrency``: ``prompts``, and at least
+        ``waves`` x concurrency so that C requests stay in flight for most of the cell."""
+        return max(self.prompts, self.waves * concurrency)
 
     def split_requests(self, concurrency: int) -> int:
         return max(concurrency, 4)
@@ -155,7 +166,7 @@ def _cells(kind: str, concs) -> tuple[Cell, ...]:
 
 def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3, compiled: bool = True,
                   opt_out: bool = True, capture_ab: bool = True, sweep: tuple[int, ...] = (),
-                  sweep_concurrencies=(1, 4), incident_throughput=(16,), opt_out_throughput=(16,), **sizes) -> Plan:
+                  sweep_concurrencies=(1, 4), incident_throughput=(), opt_out_throughput=(), **sizes) -> Plan:
     """The default run: k vs no speculation at each concurrency (eager, and compiled unless ``compiled=False``),
     the MLA opt-out, the incident wiring (the shipped head fed 3/31/59 by vLLM's native capture), the same-taps
     capture A/B (the second head on its taps 3/31/59: plugin vs native capture, two servers each, alternating)
@@ -194,18 +205,19 @@ PLANS = {name: (lambda name=name: headline_plan(name, **PLAN_ARGS[name])) for na
 
 # ------------------------------------------------------------------------------------------------ duration
 
-# Assumed speeds on a quiet 2-core box, for the estimate printed before a run (not used in any result):
-# plain decode tok/s of the eager miniature at each concurrency; EAGLE-3 with MLA verify-as-decode ~1.6x of it,
-# without ~1.0x; the incident wiring ~0.5x; compiled ~1.5x of eager. Server start: eager ~45 s, compiled ~120 s
-# with vLLM's compile cache warm, ~300 s cold.
-_PLAIN_TOK_S = {1: 15.0, 2: 22.0, 4: 35.0, 8: 55.0, 16: 80.0}
-START_S = {"eager": 45.0, "compiled-warm": 120.0, "compiled-cold": 300.0}
+# Assumed speeds on a quiet 2-core box, for the estimate printed before a run (not used in any result), from the
+# run of 2026-12-01 19:23 (60.6 min for an estimate of 30 with the earlier guesses): plain decode tok/s of the eager
+# miniature at each concurrency (6.7 / 19.4 / 47.5 measured at 1 / 4 / 16); EAGLE-3 with MLA verify-as-decode ~1.6x
+# of it, without ~1.0x; the incident wiring ~0.5x; compiled ~2x of eager. Server start: eager ~55 s, compiled ~540 s
+# measured (compile cache cold), ~120 s with it warm.
+_PLAIN_TOK_S = {1: 6.7, 2: 11.0, 4: 19.4, 8: 31.0, 16: 47.5}
+START_S = {"eager": 55.0, "compiled-warm": 120.0, "compiled-cold": 540.0}
 
 
 def _tok_s(v: Variant, c: int) -> float:
     base = _PLAIN_TOK_S.get(c) or 15.0 * c ** 0.6
     f = 1.0 if v.k == 0 else 0.5 if v.capture == NATIVE else 1.0 if v.mla_verify == MLA_OFF else 1.6
-    return base * f * (1.5 if v.compiled else 1.0)
+    return base * f * (2.0 if v.compiled else 1.0)
 
 
 def estimate_seconds(plan: Plan, compile_cache_warm: bool = False) -> float:
@@ -219,7 +231,7 @@ def estimate_seconds(plan: Plan, compile_cache_warm: bool = False) -> float:
             if cell.kind in ("split", "untimed"):
                 total += plan.split_requests(c) * plan.split_tokens / _tok_s(v, c)
             elif cell.kind == "throughput":
-                total += plan.rounds * plan.prompts * plan.max_tokens / _tok_s(v, c)
+                total += plan.rounds * plan.throughput_requests(c) * plan.max_tokens / _tok_s(v, c)
             else:
                 total += plan.stream_prompts * plan.max_tokens / _tok_s(v, 1) * 1.2
     return total

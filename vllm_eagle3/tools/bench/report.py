@@ -34,13 +34,20 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
                      + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+def _requests(plan: Mapping) -> str:
+    waves = plan.get("waves", 1)
+    if waves == 1:
+        return f"{plan['prompts']}"
+    return f"max({plan['prompts']}, {waves} x C) (C in flight, refilled as requests finish)"
+
+
 def run_block(meta: Mapping, plan: Mapping) -> str:
     m = meta["machine"]
     return (f"**Run of {meta['date']}**: `{meta['command']}`, plan `{plan['name']}`, {meta['duration_min']:.1f} min; "
             f"load average {meta['load_before']} before, {meta['load_after']} after. Machine: {m['cpu']}, "
             f"{m['nproc']} cores, {m['memory']} ({m['flags']}); Python {m['python']}, torch {m['torch']}, vLLM "
             f"{m['vllm']}, openai {m['openai']}; commit {m['commit']}"
-            f"{' with uncommitted changes' if m.get('dirty') == 'yes' else ''}. Cells: {plan['prompts']} different "
+            f"{' with uncommitted changes' if m.get('dirty') == 'yes' else ''}. Cells: {_requests(plan)} different "
             f"prompts x {plan['max_tokens']} output tokens per throughput cell ({plan['rounds']} round(s)); timed "
             f"cells max(C, 4) requests x {plan['split_tokens']} tokens; streaming cell {plan['stream_prompts']} "
             "requests. Values: estimate [95 % interval].")

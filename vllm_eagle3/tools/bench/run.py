@@ -205,7 +205,7 @@ def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: P
     rec: dict[str, Any] = {"kind": kind, "concurrency": c, "counters": None, "split": None}
     before = client.counters(url)
     if kind == "throughput":
-        ps = list(enumerate(prompts[:plan.prompts]))
+        ps = list(enumerate(prompts[:plan.throughput_requests(c)]))
         wall, reqs = client.plain_cell(url, model, ps, c, plan.max_tokens, per_request_metrics=(c == 1))
     elif kind == "stream":
         wall, reqs = client.stream_cell(url, model, list(enumerate(prompts[:plan.stream_prompts])), plan.max_tokens)
