@@ -28,7 +28,7 @@ sglang-legacy-env: sglang-env
 	bash scripts/setup_sglang_env.sh .venv-sglang-legacy tests/parity/sglang_harness/requirements-legacy.txt .venv-sglang
 
 test: setup sglang-env sglang-legacy-env
-	$(VPY) -m pytest -v tests
+	$(VPY) -m pytest -v --durations=30 tests
 
 test-unit: setup
 	$(VPY) -m pytest -v -m unit tests
