@@ -114,3 +114,83 @@ def test_documented_refusals_are_tallied_not_listed_as_errors():
     assert sum(tally.refusals.values()) == 2 and not any("bias" in e for e in tally.first_errors)
     assert tally.first_errors == ['400 completion-x: {"error": {"message": "something else"}}',
                                   "500 completion-n2: boom"]
+
+
+def _closing_server():
+    """A loopback HTTP server that answers one request per connection and then, when the next request arrives on
+    that kept-alive connection, closes it unanswered: what a client sees when the server's keep-alive timeout fires
+    just as it reuses the connection. Returns (base URL, stop)."""
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    body = b'{"usage": {"completion_tokens": 1}, "choices": [{"text": "x"}]}'
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")  # headers of the first request (its body is read below)
+        await reader.read(65536)
+        writer.write(answer)
+        await writer.drain()
+        await reader.read(1)  # the next request starts on this connection: close instead of answering
+        writer.close()
+
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def stop():
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+def test_a_request_on_a_keepalive_connection_the_server_closed_is_sent_again_once():
+    """Issue 13's soak counted one ``ClientOSError: Can not write request body`` (a ``completion-n2`` request): the
+    client reused a keep-alive connection the server had just closed. Every request after the first on a connection
+    meets that here; each is sent again once on a new connection and answered, none counts as a transport error,
+    each retry is recorded with the connection it failed on."""
+    import asyncio
+    import time
+
+    from vllm_eagle3.tools.soak import Tally, client_loop
+
+    base, stop = _closing_server()
+    try:
+        tally = Tally()
+        asyncio.run(client_loop(base, "m", time.monotonic() + 1.0, 0, tally))
+    finally:
+        stop()
+    assert tally.requests >= 3 and tally.by_status == {"200": tally.requests}, tally
+    assert tally.transport_errors == 0 and tally.first_errors == []
+    assert len(tally.stale_retries) >= 2
+    assert all("reused keep-alive connection" in x for x in tally.stale_retries), tally.stale_retries[:2]
+
+
+def test_only_a_failure_on_a_reused_connection_before_any_answer_is_sent_again():
+    import aiohttp
+
+    from vllm_eagle3.tools.soak import stale_keepalive
+
+    closed = aiohttp.ServerDisconnectedError()
+    write = aiohttp.ClientOSError(None, "Can not write request body for http://x")
+    assert stale_keepalive(closed, {"reused": True}, answered=False)
+    assert stale_keepalive(write, {"reused": True}, answered=False)
+    assert not stale_keepalive(closed, {"reused": False}, answered=False)  # a new connection: the server's doing
+    assert not stale_keepalive(closed, {"reused": True}, answered=True)  # the answer had started: it had the request
+    assert not stale_keepalive(aiohttp.ClientPayloadError("x"), {"reused": True}, answered=False)
+    assert not stale_keepalive(TimeoutError(), {"reused": True}, answered=False)
+
+
+def test_late_growth_tells_a_plateau_from_a_climb():
+    """The soak's "memory levels off" check: growth over the second half of the samples after warm-up."""
+    from vllm_eagle3.tools.soak import late_growth
+
+    plateau = [(60.0, 6000.0), (180.0, 6060.0), (300.0, 6080.0), (420.0, 6082.0), (540.0, 6081.0), (660.0, 6084.0)]
+    climb = [(t, 6000.0 + 0.3 * (t - 60)) for t in range(60, 661, 30)]  # 18 MiB/min: +180 MiB in 10 minutes
+    assert late_growth(plateau) == 2.0  # 6084 - 6082 (the first sample at or after the midpoint, 360 s, is 420 s)
+    assert late_growth(climb) == 90.0
+    assert late_growth(plateau[:1]) != late_growth(plateau[:1])  # nan: nothing to judge
