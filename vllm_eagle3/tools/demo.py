@@ -234,6 +234,30 @@ def stop(server: VllmServer, say) -> None:
     say(f"server stopped in {time.monotonic() - t0:.1f} s (exit code {code})")
 
 
+def _image_demo(server: VllmServer, image: str, max_tokens: int, say) -> int:
+    """``--image``: one chat request with an image (a file, or a generated PNG), its answer and acceptance."""
+    from vllm_eagle3.tools.images import ask_image, make_png
+
+    if image:
+        path = Path(image)
+        if not path.is_file():
+            say(f"error: --image {image}: no such file")
+            return 2
+        data, mime = path.read_bytes(), {".jpg": "image/jpeg", ".jpeg": "image/jpeg"}.get(path.suffix.lower(),
+                                                                                         "image/png")
+        say(f"image: {path} ({len(data)} bytes)")
+    else:
+        data, mime = make_png(168, 112), "image/png"
+        say("image: a generated 168x112 PNG (gradients + checkerboard; 24 image tokens)")
+    try:
+        ask_image(server.base_url, data, "Write a Python function that returns the size of this image.",
+                  max_tokens=max_tokens, mime=mime, out=lambda s: print(s, flush=True))
+    except Exception as exc:  # noqa: BLE001 - the server's 4xx answer is the message to show
+        say(f"the server refused the image: {exc}")
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="vllm-eagle3 demo",
@@ -255,7 +279,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="use torch.compile instead of eager mode (faster decoding, ~4 min cold start-up on CPU)")
     p.add_argument("--timeout", type=float, default=900, help="seconds to wait for each server (default 900)")
     p.add_argument("--log", default=None, help="server log file (default: a temporary file, path printed)")
+    p.add_argument("--image", nargs="?", const="", default=None, metavar="PATH",
+                   help="serve with images enabled (configs/serve_kimi_k25_mini_vision.yaml unless --config is "
+                        "given), send one image (PATH, or a generated 168x112 PNG) with a question, print the "
+                        "answer and the acceptance over it, and stop (no baseline server)")
     args = p.parse_args(argv)
+    if args.image is not None and args.config == DEFAULT_SERVE_CONFIG:
+        from vllm_eagle3.tools.images import DEFAULT_VISION_CONFIG
+
+        args.config = DEFAULT_VISION_CONFIG
 
     config, spec = _repo_path(args.config), _repo_path(args.capture_spec)
     missing = [m for m in MINIATURE if not (REPO / m / "config.json").is_file()]
@@ -276,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             say("plugin (in the engine): " + taps[-1][taps[-1].index("vllm-eagle3:"):])
         else:
             say("warning: no `vllm-eagle3: capturing taps` line in the server log: is the plugin installed?")
+        if args.image is not None:
+            return _image_demo(server, args.image, args.max_tokens, say)
         _, counters = run_queries(server.base_url, max_tokens=args.max_tokens, out=lambda s: print(s, flush=True))
         card = model_card_line(config, counters)
         if card:
