@@ -140,10 +140,17 @@ def _closing_server():
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
 
+    async def shutdown():
+        server.close()
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()  # connection handlers still waiting for a next request
+
     def stop():
-        loop.call_soon_threadsafe(server.close)
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+        loop.close()
 
     return f"http://127.0.0.1:{port}", stop
 
@@ -161,12 +168,12 @@ def test_a_request_on_a_keepalive_connection_the_server_closed_is_sent_again_onc
     base, stop = _closing_server()
     try:
         tally = Tally()
-        asyncio.run(client_loop(base, "m", time.monotonic() + 1.0, 0, tally))
+        asyncio.run(client_loop(base, "m", time.monotonic() + 3.0, 0, tally))  # ~40 requests on a quiet machine
     finally:
         stop()
-    assert tally.requests >= 3 and tally.by_status == {"200": tally.requests}, tally
+    assert tally.requests >= 2 and tally.by_status == {"200": tally.requests}, tally
     assert tally.transport_errors == 0 and tally.first_errors == []
-    assert len(tally.stale_retries) >= 2
+    assert len(tally.stale_retries) == tally.requests - 1  # every request after the first
     assert all("reused keep-alive connection" in x for x in tally.stale_retries), tally.stale_retries[:2]
 
 
@@ -194,3 +201,29 @@ def test_late_growth_tells_a_plateau_from_a_climb():
     assert late_growth(plateau) == 2.0  # 6084 - 6082 (the first sample at or after the midpoint, 360 s, is 420 s)
     assert late_growth(climb) == 90.0
     assert late_growth(plateau[:1]) != late_growth(plateau[:1])  # nan: nothing to judge
+
+
+def test_readme_quotes_the_last_soak_result():
+    """README.md's soak sentence quotes ``bench/soak.json``, the file BENCHMARKS.md renders: its verdict, request
+    count, load, and both memory numbers. When a soak is re-run, this fails until the sentence says the new result."""
+    import json
+    import re
+
+    from vllm_eagle3.tools import REPO
+    from vllm_eagle3.tools.bench.cli import DOCS
+
+    r = json.loads((REPO / DOCS["soak"]).read_text())
+    text = (REPO / "README.md").read_text()
+    start = text.index("`pytest -m slow tests/e2e/test_soak.py`")
+    sentence = " ".join(text[start:text.index("\n\n", start)].split())
+    quoted = {
+        "verdict": f"({'passed' if r['passed'] else 'FAILED'}:",
+        "requests": f"{r['requests']} requests",
+        "load": f"load average {r['load_before'].split()[0]} before",
+        "growth": f"grew {r['rss_growth_mb']:.0f} MiB after warm-up against a {r['max_growth_mb']:.0f} MiB bound",
+        "late growth": f"{r['rss_late_growth_mb']:.0f} MiB over the second half against {r['max_late_growth_mb']:.0f}",
+        "transport": "no transport errors" if r["transport_errors"] == 0 else f"{r['transport_errors']} transport",
+    }
+    missing = {k: v for k, v in quoted.items() if v not in sentence}
+    assert not missing, f"README's soak sentence does not quote {DOCS['soak']}: expected {missing} in: {sentence}"
+    assert not re.search(r"\b\d+ requests\b", sentence.replace(quoted["requests"], "")), "another request count"
