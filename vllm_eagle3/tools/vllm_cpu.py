@@ -161,8 +161,8 @@ def onednn_cache_setting(environ: Mapping[str, str]) -> tuple[dict[str, str], st
         return {}, None
     return {ONEDNN_CACHE_ENV: str(ONEDNN_CACHE_CAPACITY)}, (
         f"vllm-eagle3: vLLM-CPU oneDNN primitive cache: {ONEDNN_CACHE_ENV}={ONEDNN_CACHE_CAPACITY} (oneDNN's "
-        "default 1024 keeps a ~265 KiB matmul kernel for each new batch size: the worker grew ~270 MiB under mixed "
-        f"traffic before levelling off); set {ONEDNN_CACHE_ENV} to choose yourself")
+        "default 1024 keeps a ~265 KiB matmul kernel for each new batch size, so the worker kept growing for 10+ "
+        f"minutes of mixed traffic); set {ONEDNN_CACHE_ENV} to choose yourself")
 
 
 def allocator_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | None = None
