@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -49,7 +48,6 @@ TARGET = REPO / "models" / "kimi-k25-mini"
 DRAFT = Path(os.environ.get("VLLM_EAGLE3_E2E_DRAFT4", REPO / "models" / "kimi-k25-mini-eagle3-4tap"))
 SPEC = REPO / "configs" / "kimi_k25_eagle3_4tap.yaml"
 SERVE_CONFIG = REPO / "configs" / "serve_kimi_k25_mini.yaml"
-MODEL_NAME = "kimi-k25-mini"  # served-model-name in the serve config
 TAPS = (EMBED, 3, 31, 59)  # the spec's order
 HIDDEN = 128
 TAP_REL = 1e-4
@@ -164,52 +162,29 @@ def test_draft_receives_cat_of_four_taps_in_spec_order(offline, hf_states):
 # ------------------------------------------------------------------------------------------------- served
 
 @pytest.fixture(scope="module")
-def served(offline) -> dict:
+def served(offline):
     """`vllm-eagle3 serve` with the 4-tap head and spec: greedy continuations (token ids) of the eval prompts and the
     speculative-decoding counters over them. Depends on ``offline`` so that the offline engine is gone first."""
-    from openai import OpenAI
+    from vllm_eagle3.testing.serving import serve_greedy
 
-    from vllm_eagle3.tools.metrics import SpecDecodeCounters
-    from vllm_eagle3.tools.process import VllmServer
-
-    eagle3 = json.dumps({"method": "eagle3", "model": str(DRAFT), "num_speculative_tokens": 3})
-    server = VllmServer([str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3,
-                         "--capture-spec", str(SPEC)], cwd=REPO)
-    items = eval_items(NUM_PROMPTS)
-    server.start()
-    try:
-        startup = server.wait_ready(timeout=START_TIMEOUT_S, progress=say, progress_every=30)
-        client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=300)
-        before = SpecDecodeCounters.fetch(server.base_url)
-
-        def one(item):
-            r = client.completions.create(model=MODEL_NAME, prompt=item["prompt_token_ids"], max_tokens=MAX_TOKENS,
-                                          temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
-            return [int(t) for t in r.choices[0].model_extra["token_ids"]]
-
-        with ThreadPoolExecutor(4) as ex:
-            got = list(ex.map(one, items))
-        counters = SpecDecodeCounters.fetch(server.base_url) - before
-        log = server.log_text()
-    finally:
-        server.stop()
-    say(f"server ready after {startup:.1f} s; {counters.summary()}")
-    return {"got": got, "want": [it["continuation_token_ids"][:MAX_TOKENS] for it in items],
-            "counters": counters, "log": log}
+    return serve_greedy(TARGET, DRAFT, SPEC, SERVE_CONFIG,
+                        [it["prompt_token_ids"] for it in eval_items(NUM_PROMPTS)], max_tokens=MAX_TOKENS,
+                        in_flight=4, cwd=REPO, start_timeout=START_TIMEOUT_S, progress=say)
 
 
 def test_served_four_tap_greedy_is_token_identical(served):
     """Speculation with the 4-tap head does not change what the target says (float32 greedy, exact), and the server's
     start-up line names the four taps."""
-    bad = [i for i, (g, w) in enumerate(zip(served["got"], served["want"])) if g != w]
-    assert not bad, (f"{len(bad)}/{len(served['got'])} greedy continuations differ from the target's; first: prompt "
-                     f"{bad[0]}: {served['got'][bad[0]]} vs {served['want'][bad[0]]}")
-    assert "capturing taps [embed, 3, 31, 59]" in served["log"], "the server did not log the four taps"
+    from vllm_eagle3.testing.serving import greedy_mismatch
+
+    want = [it["continuation_token_ids"][:MAX_TOKENS] for it in eval_items(NUM_PROMPTS)]
+    assert not (bad := greedy_mismatch(served.token_ids, want)), bad
+    assert "capturing taps [embed, 3, 31, 59]" in served.log, "the server did not log the four taps"
 
 
 def test_served_four_tap_head_is_accepted(served, assert_speculation_accepted, record_property):
     """The trained 4-tap head, fed the four taps it was trained on, is accepted (acceptance length > 1.5)."""
-    c = served["counters"]
+    c = served.counters
     length = assert_speculation_accepted({"vllm:spec_decode_num_drafts": c.drafts,
                                           "vllm:spec_decode_num_accepted_tokens": c.accepted})
     record_property("four_tap_acceptance_length", round(length, 4))

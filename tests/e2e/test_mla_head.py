@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,6 @@ TARGET = REPO / "models" / "kimi-k25-mini"
 DRAFT = Path(os.environ.get("VLLM_EAGLE3_E2E_DRAFT_MLA", REPO / "models" / "kimi-k25-mini-eagle3-mla"))
 SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
 SERVE_CONFIG = REPO / "configs" / "serve_kimi_k25_mini.yaml"
-MODEL_NAME = "kimi-k25-mini"  # served-model-name in the serve config
 DRAFT_CLASS = "Eagle3DeepseekV2ForCausalLM"
 K = 3  # num_speculative_tokens, as configs/serve_kimi_k25_mini.yaml serves the Llama head
 NUM_PROMPTS = 16
@@ -59,38 +57,15 @@ def eval_items(n: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def served() -> dict:
+def served():
     """`vllm-eagle3 serve` with the MLA head: greedy continuations (token ids) of the card's first NUM_PROMPTS prompts,
     the spec-decode counters over them, and the server log."""
-    from openai import OpenAI
+    from vllm_eagle3.testing.serving import serve_greedy
 
-    from vllm_eagle3.tools.metrics import SpecDecodeCounters
-    from vllm_eagle3.tools.process import VllmServer
-
-    eagle3 = json.dumps({"method": "eagle3", "model": str(DRAFT), "num_speculative_tokens": K})
-    server = VllmServer([str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3,
-                         "--capture-spec", str(SPEC)], cwd=REPO)
-    items = eval_items(NUM_PROMPTS)
-    server.start()
-    try:
-        startup = server.wait_ready(timeout=START_TIMEOUT_S, progress=say, progress_every=30)
-        client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=600)
-        before = SpecDecodeCounters.fetch(server.base_url)
-
-        def one(item):
-            r = client.completions.create(model=MODEL_NAME, prompt=item["prompt_token_ids"], max_tokens=MAX_TOKENS,
-                                          temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
-            return [int(t) for t in r.choices[0].model_extra["token_ids"]]
-
-        with ThreadPoolExecutor(IN_FLIGHT) as ex:
-            got = list(ex.map(one, items))
-        counters = SpecDecodeCounters.fetch(server.base_url) - before
-        log = server.log_text()
-    finally:
-        server.stop()
-    say(f"server ready after {startup:.1f} s; {counters.summary()}")
-    return {"got": got, "want": [list(map(int, it["continuation_token_ids"][:MAX_TOKENS])) for it in items],
-            "counters": counters, "log": log}
+    return serve_greedy(TARGET, DRAFT, SPEC, SERVE_CONFIG,
+                        [it["prompt_token_ids"] for it in eval_items(NUM_PROMPTS)], max_tokens=MAX_TOKENS,
+                        in_flight=IN_FLIGHT, cwd=REPO, num_speculative_tokens=K, start_timeout=START_TIMEOUT_S,
+                        progress=say)
 
 
 def card_served_walk(k: int, num_prompts: int) -> float:
@@ -104,15 +79,16 @@ def card_served_walk(k: int, num_prompts: int) -> float:
 
 def test_mla_head_greedy_is_token_identical(served):
     """Speculation with the MLA head does not change what the target says (float32 greedy, exact)."""
-    bad = [i for i, (g, w) in enumerate(zip(served["got"], served["want"])) if g != w]
-    assert not bad, (f"{len(bad)}/{len(served['got'])} greedy continuations differ from the target's; first: prompt "
-                     f"{bad[0]}: {served['got'][bad[0]]} vs {served['want'][bad[0]]}")
+    from vllm_eagle3.testing.serving import greedy_mismatch
+
+    want = [it["continuation_token_ids"][:MAX_TOKENS] for it in eval_items(NUM_PROMPTS)]
+    assert not (bad := greedy_mismatch(served.token_ids, want)), bad
 
 
 def test_mla_head_served_acceptance_matches_model_card(served, assert_speculation_accepted, record_property):
     """Served acceptance length at k = 3 equals the card's served walk on the same prompts within 0.1, and the head is
     really accepted (the shared floor, tests/conftest.py)."""
-    c = served["counters"]
+    c = served.counters
     length = assert_speculation_accepted({"vllm:spec_decode_num_drafts": c.drafts,
                                           "vllm:spec_decode_num_accepted_tokens": c.accepted})
     offline = card_served_walk(len(c.accepted_per_pos), NUM_PROMPTS)
@@ -128,8 +104,8 @@ def test_mla_head_served_acceptance_matches_model_card(served, assert_speculatio
 
 def test_mla_head_startup_line_names_taps_and_draft_class(served):
     """The plugin's start-up line names the taps and the MLA draft class, and vLLM really built that class."""
-    lines = [ln for ln in served["log"].splitlines() if "vllm-eagle3: capturing taps [embed, 3, 31]" in ln]
+    lines = [ln for ln in served.log.splitlines() if "vllm-eagle3: capturing taps [embed, 3, 31]" in ln]
     assert lines, "no 'vllm-eagle3: capturing taps [embed, 3, 31]' line in the server log"
     assert any(f"draft class {DRAFT_CLASS}" in ln for ln in lines), f"the taps line does not name {DRAFT_CLASS}: {lines}"
-    others = "\n".join(ln for ln in served["log"].splitlines() if "vllm-eagle3: capturing taps" not in ln)
+    others = "\n".join(ln for ln in served.log.splitlines() if "vllm-eagle3: capturing taps" not in ln)
     assert DRAFT_CLASS in others, f"vLLM's own log never names {DRAFT_CLASS}: it built another draft class"
