@@ -1,24 +1,26 @@
 """Candidate wirings of an EAGLE-3 draft and how well each one works: the measurement behind ``vllm-eagle3 doctor``.
 
-Data flow position: offline, on CPU, no engine. :func:`sample_sequences` picks the positions to score (held-out
-text; by default prompts from it continued greedily by the target, which is what a greedy server verifies);
-:func:`run_target` runs the target ONCE on them (transformers, float32, ``output_hidden_states=True``: tap k =
-``hidden_states[k]``); :func:`candidate_wirings` lists the tap sets worth trying (the draft config's ids under every
-convention, engine defaults, neighbours, the embedding swapped in); :func:`first_draft_acceptance` screens every
-candidate on its first draft, and :func:`chain_matches` drafts chains of ``MAX_K`` tokens for the ones that matter
-exactly as vLLM's proposer does (``vllm_eagle3.miniature.acceptance.chain_eval`` replaying the one target run).
+Data flow position: offline, on CPU, no engine. :func:`sample_and_run` picks the positions to score (held-out
+text itself, or prompts from it continued greedily by the target, which is what a greedy server verifies) and runs
+the target ONCE on them (transformers, float32, ``output_hidden_states=True``: tap k = ``hidden_states[k]``;
+:func:`run_target`, or :func:`greedy_run` recording while it decodes); :func:`candidate_wirings` lists the tap sets
+worth trying (the draft config's ids under every convention, engine defaults, neighbours, the embedding swapped in);
+:func:`first_draft_acceptance` screens every candidate on its first draft, and :func:`chain_matches` drafts chains
+of ``MAX_K`` tokens for the ones that matter exactly as vLLM's proposer does
+(``vllm_eagle3.miniature.acceptance.chain_eval`` replaying the one target run).
 :mod:`vllm_eagle3.tools.wiring_stats` turns the matches into a verdict; ``doctor.py`` prints it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
 from itertools import combinations
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from vllm_eagle3.checkpoint import DraftInfo, read_json
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, ids_to_taps
@@ -153,26 +155,23 @@ class Sample:
         return self.seqs.shape[0] * (self.seqs.shape[1] - MAX_K - self.first_anchor)
 
 
-def sample_sequences(model, token_ids: Sequence[int], mode: str, window: int, prompt_len: int, how: str) -> Sample:
-    """``mode`` "greedy": prompts of ``prompt_len`` tokens cut from the text, each continued by the target's own
-    greedy tokens to ``window`` tokens (a greedy server verifies the target's greedy output; chains start at the last
-    prompt token, where a server drafts after prefill). ``mode`` "text": windows of ``window`` tokens of the text
-    itself, chains at every position."""
+def sample_and_run(model, token_ids: Sequence[int], mode: str, window: int, prompt_len: int,
+                   how: str) -> tuple[Sample, "TargetRun"]:
+    """The positions to score and the target run on them. ``mode`` "text": windows of ``window`` tokens of the text
+    itself, chains at every position, one forward over them (:func:`run_target`). ``mode`` "greedy": prompts of
+    ``prompt_len`` tokens cut from the text (one per window: the same token budget), each continued by the
+    target's own greedy tokens to ``window`` tokens (a greedy server verifies the target's greedy output; chains
+    start at the last prompt token, where a server drafts after prefill), recorded as it decodes
+    (:func:`greedy_run`)."""
     import torch
 
-    from vllm_eagle3.miniature.target import use_dense_experts
-    from vllm_eagle3.miniature.teacher import greedy_continue
-
+    n = len(token_ids) // window
+    windows = torch.tensor(list(token_ids[:n * window]), dtype=torch.long).view(n, window)
     if mode == "text":
-        n = len(token_ids) // window
-        seqs = torch.tensor(list(token_ids[:n * window]), dtype=torch.long).view(n, window)
-        return Sample(seqs, 0, f"{n} windows of {window} tokens of {how}")
-    n = len(token_ids) // window  # the same token budget: one prompt per window of text
-    prompts = torch.tensor(list(token_ids[:n * window]), dtype=torch.long).view(n, window)[:, :prompt_len]
-    use_dense_experts(model)  # DeepSeek/Kimi MoE without a host sync per layer (same function)
-    seqs = greedy_continue(model, prompts, window - prompt_len, batch=max(n, 1))
-    return Sample(seqs, prompt_len - 1, f"{n} prompts of {prompt_len} tokens from {how}, each continued by "
-                                        f"{window - prompt_len} greedy tokens of the target")
+        return Sample(windows, 0, f"{n} windows of {window} tokens of {how}"), run_target(model, windows)
+    run = greedy_run(model, windows[:, :prompt_len], window - prompt_len)
+    return Sample(run.input_ids, prompt_len - 1, f"{n} prompts of {prompt_len} tokens from {how}, each continued by "
+                                                 f"{window - prompt_len} greedy tokens of the target"), run
 
 
 # ----------------------------------------------------------------------------------------------- target side
@@ -217,30 +216,89 @@ class TargetRun:
         return self.logits.argmax(-1)
 
 
+@contextlib.contextmanager
+def _tap_reader(model) -> Iterator[Callable[[Any], Any]]:
+    """A function turning the output of one ``output_hidden_states`` forward of ``model`` into its taps
+    [L + 1, B, T, H]: transformers' ``hidden_states``, tap L replaced by the final norm's INPUT (transformers' last
+    entry may be post-norm), captured by a hook that lives as long as the context."""
+    import torch
+
+    captured: dict[str, Any] = {}
+    norm = getattr(model.get_decoder(), "norm", None)  # tap L is the input of the final norm
+    handle = None if norm is None else norm.register_forward_pre_hook(
+        lambda mod, args: captured.__setitem__("pre_norm", args[0]))
+
+    def taps(out) -> Any:
+        hs = list(out.hidden_states)
+        hs[-1] = captured.get("pre_norm", hs[-1])
+        return torch.stack(hs).float()
+
+    try:
+        yield taps
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run the enclosed torch ops on one intra-op thread (restored afterwards).
+
+    Why: a decode step's ops are tiny ([N, hidden] x [hidden, n]), so a second OpenMP thread saves nothing, and
+    while other processes share the cores every op waits at an OpenMP barrier for a preempted thread. Measured on
+    the miniature (61 layers, 16 prompts, 16 KV-cached decode steps, other engines running, load average ~12):
+    375 s wall / 205 CPU-seconds with torch's default 2 threads, 22 s / 10 CPU-seconds with one."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 def run_target(model, seqs, batch: int = 8) -> TargetRun:
     """The target over ``seqs`` [N, T] (``batch`` sequences per forward to bound memory)."""
     import torch
 
     seqs = torch.as_tensor(seqs, dtype=torch.long)
     seqs = seqs[None] if seqs.dim() == 1 else seqs
-    captured: dict[str, Any] = {}
-    norm = getattr(model.get_decoder(), "norm", None)  # tap L is the input of the final norm
-    handle = None if norm is None else norm.register_forward_pre_hook(
-        lambda mod, args: captured.__setitem__("pre_norm", args[0]))
     taps, logits = [], []
-    try:
-        with torch.no_grad():
-            for i in range(0, seqs.shape[0], batch):
-                out = model(input_ids=seqs[i:i + batch], output_hidden_states=True)
-                hs = list(out.hidden_states)
-                # tap L is the final PRE-norm state; transformers' last hidden_states entry may be post-norm.
-                hs[-1] = captured.get("pre_norm", hs[-1])
-                taps.append(torch.stack(hs).float())  # [L + 1, b, T, H]
-                logits.append(out.logits.float())
-    finally:
-        if handle is not None:
-            handle.remove()
+    with torch.no_grad(), _tap_reader(model) as taps_of:
+        for i in range(0, seqs.shape[0], batch):
+            out = model(input_ids=seqs[i:i + batch], output_hidden_states=True)
+            taps.append(taps_of(out))  # [L + 1, b, T, H]
+            logits.append(out.logits.float())
     return TargetRun(seqs, torch.cat(taps, 1), torch.cat(logits), model.get_input_embeddings().weight.detach().float())
+
+
+def greedy_run(model, prompts, new_tokens: int) -> TargetRun:
+    """``prompts`` [N, P] continued by the target's own greedy tokens to P + ``new_tokens`` tokens, recorded while it
+    decodes: the prefill's taps and logits, then one KV-cached decode step per token, fed the argmax of the step
+    before (so the sequences are this run's own greedy tokens by construction, and no second forward over them is
+    needed). All N prompts decode together, on one torch thread (:func:`one_torch_thread`); DeepSeek/Kimi MoE
+    experts run densely (:func:`vllm_eagle3.miniature.target.use_dense_experts`: the same function, no host sync
+    per layer)."""
+    import torch
+
+    from vllm_eagle3.miniature.target import use_dense_experts
+
+    use_dense_experts(model)
+    seqs = [torch.as_tensor(prompts, dtype=torch.long)]
+    taps, logits = [], []
+    with torch.no_grad(), one_torch_thread(), _tap_reader(model) as taps_of:
+        out = model(input_ids=seqs[0], use_cache=True, output_hidden_states=True)
+        for step in range(new_tokens + 1):
+            taps.append(taps_of(out))  # [L + 1, N, rows, H]
+            logits.append(out.logits.float())
+            if step == new_tokens:
+                break
+            seqs.append(out.logits[:, -1:].argmax(-1))
+            out = model(input_ids=seqs[-1], past_key_values=out.past_key_values, use_cache=True,
+                        output_hidden_states=True)
+    return TargetRun(torch.cat(seqs, 1), torch.cat(taps, 2), torch.cat(logits, 1),
+                     model.get_input_embeddings().weight.detach().float())
 
 
 # ----------------------------------------------------------------------------------------------- draft side
