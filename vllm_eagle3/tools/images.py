@@ -23,6 +23,7 @@ import base64
 import io
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -216,7 +217,8 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     prompts = image_prompts()
     groups = {"image": [q["messages"] for q in prompts] * args.repeats,
               "text": [q["text_messages"] for q in prompts] * args.repeats}
-    meta = {"date": now_utc(), "machine": machine_info(), "load_before": loadavg(), "config": args.config,
+    meta = {"date": now_utc(), "machine": machine_info(), "load_before": loadavg(),
+            "cpu_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"), "config": args.config,
             "capture_spec": args.capture_spec, "max_tokens": args.max_tokens, "repeats": args.repeats,
             "prompts": [{"name": q["name"], "image_tokens": q["image_tokens"]} for q in prompts]}
     results: dict[str, dict[str, Any]] = {}
