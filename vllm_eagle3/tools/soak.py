@@ -208,7 +208,8 @@ def describe_transport_error(label: str, exc: BaseException, ctx: dict, idle_s: 
     """One line for ``first_errors``: the exception, its cause, and the connection it happened on."""
     cause = exc.__cause__ or exc.__context__
     conn = {True: "reused keep-alive connection", False: "new connection"}.get(ctx.get("reused"), "no connection")
-    idle = f", idle {idle_s:.1f} s since this client's previous answer" if ctx.get("reused") and idle_s is not None else ""
+    idle = (f", idle {idle_s:.1f} s since this client's previous answer"
+            if ctx.get("reused") and idle_s is not None else "")
     return (f"transport {label}: {type(exc).__name__}: {exc}"
             + (f" (cause {type(cause).__name__}: {cause})" if cause else "")
             + f"; {conn}{idle}; failed {took_s:.1f} s after sending")

