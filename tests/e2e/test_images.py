@@ -385,7 +385,12 @@ def tokenize_chat(server: VllmServer, messages: list) -> int:
 
 @pytest.mark.parametrize("case", list(_bad_requests()))
 def test_bad_image_is_a_4xx_with_the_reason(spec, case):
-    """A bad image is the client's error: HTTP 4xx whose message names it, and the server keeps serving."""
+    """A bad image is the client's error: HTTP 4xx whose message names it, and the server keeps serving.
+
+    "too large for the context": no single image can overflow 1024 tokens (the processor scales any image to at most
+    1024 patches, ~256 tokens), so ~800 tokens of text that fit alone (checked with ``/tokenize``) plus a 448x448
+    image do. "unreachable URL": a loopback port nobody listens on (the same answer with or without a network);
+    stock vLLM 0.32 answers it 500, model_patches/vllm_media_fetch_unreachable.py makes it a 422 naming the URL."""
     import openai
 
     messages, phrase = _bad_requests()[case]
