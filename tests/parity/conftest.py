@@ -25,26 +25,41 @@ def mini_prompt() -> list[int]:
     return [int(t) for t in items[0]["prompt_token_ids"]]
 
 
-@pytest.fixture(scope="session")
-def mini_vllm_draft_call(mini_prompt) -> dict:
-    """The first draft step of vLLM's first proposal for ``mini_prompt`` (the prefill proposal: one row per token):
-    ``aux`` = the plugin's ``cat`` of the spec's taps ``[embed, 3, 31]`` BEFORE ``fc`` ``[T, 3 * hidden]``,
-    ``input_ids``, ``positions``, ``logits``, ``sampled``, ``draft_classes``."""
+def record_first_draft_call(target: Path, draft: Path, spec: Path, prompt: list[int]) -> dict:
+    """One offline vLLM engine (float32, eager, the plugin with ``spec``) serving ``draft`` for ``prompt``, stopped
+    before returning: the first draft step of its first proposal (the prefill proposal: one row per prompt token).
+    ``aux`` = the plugin's ``cat`` of the spec's taps BEFORE ``fc`` ``[T, n * hidden]``, ``input_ids``,
+    ``positions``, ``logits``, ``sampled`` (the target's 2 greedy tokens), ``draft_classes`` (vLLM's draft model
+    class per worker)."""
     from vllm import SamplingParams
 
     from vllm_eagle3.testing.draft_probe import install_draft_recorder, recorded_draft_calls
     from vllm_eagle3.testing.engine import start_engine, stop_engine
 
-    engine = start_engine(MINI_TARGET, MINI_DRAFT, env={"VLLM_EAGLE3_SPEC": str(MINI_SPEC)}, max_model_len=512)
+    engine = start_engine(target, draft, env={"VLLM_EAGLE3_SPEC": str(spec)}, max_model_len=512)
     try:
         names = engine.llm.collective_rpc(install_draft_recorder)
-        out = engine.llm.generate([{"prompt_token_ids": mini_prompt}],
+        out = engine.llm.generate([{"prompt_token_ids": prompt}],
                                   SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
         calls = engine.llm.collective_rpc(recorded_draft_calls)[0]
     finally:
         stop_engine(engine)
-    assert calls, "no draft proposal was recorded: did speculation run?"
+    assert calls, f"no draft proposal was recorded for {draft.name}: did speculation run?"
     first = calls[0]
-    assert first["aux"].shape[0] == len(mini_prompt), \
-        f"first proposal has {first['aux'].shape[0]} rows, expected the {len(mini_prompt)}-token prefill"
+    assert first["aux"].shape[0] == len(prompt), \
+        f"first proposal has {first['aux'].shape[0]} rows, expected the {len(prompt)}-token prefill"
     return {**first, "sampled": list(out[0].outputs[0].token_ids), "draft_classes": names}
+
+
+@pytest.fixture(scope="session")
+def first_draft_call():
+    """``first_draft_call(target, draft, spec, prompt)``: :func:`record_first_draft_call` (one engine start per
+    call; request it from a fixture that runs after any other engine fixture has stopped its engine)."""
+    return record_first_draft_call
+
+
+@pytest.fixture(scope="session")
+def mini_vllm_draft_call(mini_prompt) -> dict:
+    """The first draft step of vLLM's first proposal for ``mini_prompt`` with the shipped head and spec
+    ``[embed, 3, 31]`` (:func:`record_first_draft_call`)."""
+    return record_first_draft_call(MINI_TARGET, MINI_DRAFT, MINI_SPEC, mini_prompt)

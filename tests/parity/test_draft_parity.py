@@ -124,7 +124,7 @@ def test_vllm_draft_reads_the_trained_wiring(vllm_call, prompt):
         print(f"vLLM draft input, tap {tap} slice {tuple(got.shape)}: max abs diff / max |value| = {rel:.3g} "
               f"(values up to {want.abs().max().item():.0f})")
         if tap == 0:
-            assert torch.equal(got, want), f"vLLM's draft input, embed slice: not transformers' hidden_states[0]"
+            assert torch.equal(got, want), "vLLM's draft input, embed slice: not transformers' hidden_states[0]"
             continue
         assert rel <= TAP_REL, f"vLLM's draft input, tap {tap} slice: relative difference {rel:.3g} > {TAP_REL}"
         for other in (tap - 1, tap + 1):
@@ -192,25 +192,12 @@ def test_sglang_llama_eagle3_equals_vllm_head(vllm_call, tmp_path):
 # ------------------------------------------------------------------------------------------------- the MLA head
 
 @pytest.fixture(scope="module")
-def mla_vllm_call(prompt, vllm_call) -> dict:
+def mla_vllm_call(prompt, vllm_call, first_draft_call) -> dict:
     """The first draft step of vLLM's first proposal for ``prompt`` with the MLA head (its own engine, started after
     the session's Llama-head engine is gone: ``vllm_call`` is requested first)."""
-    from vllm import SamplingParams
-
-    from vllm_eagle3.testing.draft_probe import install_draft_recorder, recorded_draft_calls
-    from vllm_eagle3.testing.engine import start_engine, stop_engine
-
-    engine = start_engine(TARGET, MLA_DRAFT, env={"VLLM_EAGLE3_SPEC": str(SPEC)}, max_model_len=512)
-    try:
-        names = engine.llm.collective_rpc(install_draft_recorder)
-        out = engine.llm.generate([{"prompt_token_ids": prompt}],
-                                  SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
-        calls = engine.llm.collective_rpc(recorded_draft_calls)[0]
-    finally:
-        stop_engine(engine)
-    assert names == [MLA_CLASS], f"vLLM's draft model class: {names}"
-    assert calls and calls[0]["aux"].shape[0] == len(prompt), "no prefill proposal recorded for the MLA head"
-    return {**calls[0], "sampled": list(out[0].outputs[0].token_ids)}
+    call = first_draft_call(TARGET, MLA_DRAFT, SPEC, prompt)
+    assert call["draft_classes"] == [MLA_CLASS], f"vLLM's draft model class: {call['draft_classes']}"
+    return call
 
 
 def test_vllm_feeds_the_mla_head_what_it_feeds_the_llama_head(mla_vllm_call, vllm_call):
