@@ -131,6 +131,24 @@ def capture_draft(draft_dir: Path, out_dir: Path, superset: Sequence[int], confi
 
 # ----------------------------------------------------------------------------------------------- the engine run
 
+def engine_memory_env(target: Path, draft: Path, progress=print) -> dict[str, str]:
+    """On vLLM-CPU with no memory setting chosen, the KV cache size ``vllm-eagle3 serve`` would choose
+    (:func:`vllm_eagle3.tools.vllm_cpu.memory_setting`): without it vLLM-CPU demands 0.92 x the node's memory free
+    and refuses to start on a box whose page cache or other processes hold a few GB (measured: "Available memory on
+    node 0 (13.02/20.59 GiB) ... less than desired" with two other engines running). Elsewhere: nothing."""
+    from vllm_eagle3.tools.vllm_cpu import is_vllm_cpu, memory_setting
+
+    if not is_vllm_cpu():
+        return {}
+    try:
+        env, line = memory_setting(False, os.environ, [target, draft])
+    except ValueError as exc:
+        raise CaptureSpecError(str(exc)) from None
+    if line:
+        progress(line)
+    return env
+
+
 @dataclasses.dataclass
 class EngineCapture:
     """What one engine start gave: the target run on the sample, which taps it holds, and how long it took."""
@@ -167,6 +185,7 @@ def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: S
     spec.write_text("description: vllm-eagle3 doctor --engine vllm, every tap the candidate wirings need\n"
                     f"taps: {taps_label(taps)}\nnum_layers: {num_layers}\ndraft_ids_convention: vllm\n")
     length = (seqs.shape[1] if seqs is not None else prompts.shape[1] + new_tokens)
+    env = {"VLLM_EAGLE3_SPEC": str(spec), **engine_memory_env(Path(target), vehicle, progress)}
     old = os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION")
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the recorded tensors come back from the worker
     t0 = time.monotonic()
@@ -174,8 +193,14 @@ def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: S
              f"({len(taps)} taps; draft fc widened to match: {vehicle})")
     engine = None
     try:
-        engine = start_engine(Path(target), vehicle, env={"VLLM_EAGLE3_SPEC": str(spec)},
-                              max_model_len=max(256, length + 8))
+        try:
+            engine = start_engine(Path(target), vehicle, env=env, max_model_len=max(256, length + 8))
+        except Exception as exc:  # noqa: BLE001 - vLLM raises a generic RuntimeError; the cause is in its log
+            from vllm_eagle3.tools.process import root_cause
+
+            cause = root_cause(getattr(exc, "engine_log", "")) or f"{type(exc).__name__}: {exc}"
+            raise CaptureSpecError(f"vLLM did not start (--engine vllm; --engine hf needs no engine): "
+                                   f"{' | '.join(cause.splitlines())}") from None
         startup = time.monotonic() - t0
         progress(f"engine ready in {startup:.0f} s (log {engine.log_path})")
         log = engine.log()
