@@ -141,7 +141,7 @@ def _module_hooks(model) -> int:
     return count
 
 
-def worker_install(worker, num_spec: int, torch_profile_steps: int) -> str:
+def worker_install(worker, num_spec: int, torch_profile_steps: int, module_hooks: bool = True) -> str:
     """``collective_rpc`` target: install the step timers in this worker (idempotent)."""
     global _REC
     if _REC is not None:
@@ -185,7 +185,7 @@ def worker_install(worker, num_spec: int, torch_profile_steps: int) -> str:
     _wrap(runner, "_sample", "sample")
     if hasattr(runner, "propose_draft_token_ids"):
         _wrap(runner, "propose_draft_token_ids", "draft")
-    hooks = _module_hooks(runner.get_model())
+    hooks = _module_hooks(runner.get_model()) if module_hooks else 0
     import torch
 
     return f"timers installed in pid {os.getpid()}, {hooks} module hooks, {torch.get_num_threads()} torch threads"
@@ -239,9 +239,9 @@ def _start(label: str, k: int, args):
         draft, spec = HEADS[head]
         engine = start_engine(TARGET, draft, env={"VLLM_EAGLE3_SPEC": str(spec)}, num_speculative_tokens=k,
                               **kwargs)
-    print(f"[profile_step] {label}: engine ready in {engine.startup_s:.0f} s; "
-          f"{engine.llm.collective_rpc(worker_install, args=(0 if head == 'none' else k, args.torch_profile))}",
-          file=sys.stderr)
+    installed = engine.llm.collective_rpc(worker_install, args=(0 if head == "none" else k, args.torch_profile,
+                                                                 args.module_hooks))
+    print(f"[profile_step] {label}: engine ready in {engine.startup_s:.0f} s; {installed}", file=sys.stderr)
     return engine
 
 
@@ -290,13 +290,17 @@ def parse_args(argv):
                                 epilog="Reports medians over steady steps; ratios are measured in one process, "
                                        "engines alternating, so they hold on a shared machine.")
     p.add_argument("--heads", default="none,llama", help="comma list of engines: none (no speculation), "
-                   f"{', '.join(HEADS)} (EAGLE-3 with that head), HEAD@K for K drafts (e.g. llama@2); default none,llama")
+                   f"{', '.join(HEADS)} (EAGLE-3 with that head), HEAD@K for K drafts (e.g. llama@2); "
+                   "default none,llama")
     p.add_argument("--concurrency", default="1,4,16", help="comma list of concurrent requests (default 1,4,16)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, help="drafts per step (default 3)")
     p.add_argument("--max-tokens", type=int, default=48, help="output tokens per request (default 48)")
     p.add_argument("--rounds", type=int, default=2, help="rounds over all (concurrency, engine) cells (default 2)")
     p.add_argument("--torch-profile", type=int, default=0, metavar="N",
                    help="also run the first N steady steps of each cell under torch.profiler (default 0: off)")
+    p.add_argument("--no-module-hooks", dest="module_hooks", action="store_false",
+                   help="leave out the per-module timers (~1,100 Python calls per target forward, a fixed cost that "
+                        "pulls step ratios toward 1); the forward / sample / draft / other split stays")
     p.add_argument("--top-ops", type=int, default=15, help="ops listed per profiled cell (default 15)")
     p.add_argument("--json", type=Path, default=None, help="write the raw summary here")
     args = p.parse_args(argv)
