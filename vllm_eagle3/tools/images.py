@@ -232,8 +232,10 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
             model = "kimi-k25-mini"
             results[name] = {"startup_s": round(ready, 1)}
             for group, conversations in groups.items():
+                load = loadavg()
                 results[name][group] = _run_group(server.base_url, model, conversations, args.max_tokens)
                 row = results[name][group]
+                row["load_before"], row["load_after"] = load, loadavg()  # a shared box: what else was running
                 say(f"{name}, {group} prompts: {row['tokens_per_s']:.2f} tok/s"
                     + (f", acceptance length {row['acceptance_length']:.3f}" if "acceptance_length" in row else ""))
         finally:
