@@ -230,6 +230,7 @@ def stale_keepalive(exc: BaseException, ctx: dict, answered: bool) -> bool:
     closing transport``; 1 x ``ServerDisconnectedError``), on n=2, logprobs, stop, penalties and logit_bias requests
     alike, nothing in the server's log: uvicorn's idle timer starts when the server has written the answer, and a
     client on a loaded box reads it late. Not an engine, streaming or n > 1 defect: the client lacked the retry.
+    With it, the same setup: 97 requests, 3 sent again, 0 transport errors (``bench/soak_keepalive_repro.json``).
     ``tests/unit/test_soak_memory.py`` reproduces it against a server that closes a kept-alive connection when the
     next request arrives on it."""
     import aiohttp
