@@ -1,6 +1,6 @@
-"""Images through the served path: test images, OpenAI chat messages carrying them, and ``vllm-eagle3 image-bench``'s
-measurement (image-prompt acceptance and speed with vs without speculation, next to the same prompts without
-images).
+"""Images through the served path: test images, OpenAI chat messages carrying them, and the measurement of
+``python -m vllm_eagle3.tools.images`` (image-prompt acceptance and speed with vs without speculation, next to the
+same prompts without images).
 
 Data flow position: client side, end to end. An OpenAI chat message with ``image_url`` parts (PNG data URLs made
 here) goes to a server started with ``configs/serve_kimi_k25_mini_vision.yaml``; vLLM's Kimi K2.5 processor turns
