@@ -59,3 +59,17 @@ def test_demo_compares_served_acceptance_with_the_served_walk(tmp_path):
     cfg.write_text(f"speculative-config:\n  model: {draft}\n")
     line = model_card_line(cfg, SpecDecodeCounters(100, 300, 200, (80, 65, 55)))
     assert "served walk, k=3" in line and "3.164" in line and "3.317" not in line and "3.000" in line
+
+
+def test_demo_refuses_a_missing_image_before_starting_a_server(capsys, monkeypatch):
+    """`vllm-eagle3 demo --image PATH` with no such file: exit 2 and one line naming the path and the fix, and no
+    server started (it used to say so only after a ~1 min server start-up)."""
+    from vllm_eagle3.tools import demo
+
+    def no_server(*_args, **_kwargs):
+        raise AssertionError("a server was started for a missing --image file")
+
+    monkeypatch.setattr(demo, "VllmServer", no_server)
+    assert demo.main(["--image", "/nonexistent/cat.png"]) == 2
+    err = capsys.readouterr().err
+    assert "--image /nonexistent/cat.png: no such file" in err and "--image alone" in err

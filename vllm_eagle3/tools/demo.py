@@ -239,10 +239,7 @@ def _image_demo(server: VllmServer, image: str, max_tokens: int, say) -> int:
     from vllm_eagle3.tools.images import ask_image, make_png
 
     if image:
-        path = Path(image)
-        if not path.is_file():
-            say(f"error: --image {image}: no such file")
-            return 2
+        path = Path(image)  # checked by main() before the server starts
         data, mime = path.read_bytes(), {".jpg": "image/jpeg", ".jpeg": "image/jpeg"}.get(path.suffix.lower(),
                                                                                          "image/png")
         say(f"image: {path} ({len(data)} bytes)")
@@ -284,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
                         "given), send one image (PATH, or a generated 168x112 PNG) with a question, print the "
                         "answer and the acceptance over it, and stop (no baseline server)")
     args = p.parse_args(argv)
+    if args.image and not Path(args.image).is_file():  # before a server start, not a minute after
+        print(f"vllm-eagle3: error: --image {args.image}: no such file (give a PNG or JPEG file, or --image alone "
+              "for a generated PNG)", file=sys.stderr)
+        return 2
     if args.image is not None and args.config == DEFAULT_SERVE_CONFIG:
         from vllm_eagle3.tools.images import DEFAULT_VISION_CONFIG
 
