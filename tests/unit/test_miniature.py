@@ -53,7 +53,7 @@ def toy(tmp_path_factory):
     train_draft.main(["--target", str(target), "--out", str(draft), "--spec", str(spec), "--draft-vocab-size", "256",
                       "--max-steps", "30", "--batch", "8", "--lr", "3e-3", "--ttt-steps", "3", "--max-chars", "400000",
                       "--intermediate-size", "64", "--greedy-prompts", "8", "--greedy-prompt-len", "8",
-                      "--greedy-batch", "4", *common])
+                      "--greedy-batch", "4", "--vocab-greedy-weight", "0.5", *common])
     return target, draft, spec
 
 
@@ -76,6 +76,7 @@ def test_draft_loss_falls_and_export_reloads(toy):
     log = json.loads((draft_dir / "train_log.json").read_text())
     assert log["train"][-1]["loss"] < log["train"][0]["loss"]
     assert log["greedy_sequences"] == 8  # half of every batch came from the target's own greedy continuations
+    assert 0.0 < log["draft_vocab_greedy_coverage"] <= 1.0  # the vocabulary was chosen with the greedy tokens
     cfg = json.loads((draft_dir / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [-1, 0, 1]  # taps (0, 1, 2) in SGLang-legacy ids
@@ -341,3 +342,17 @@ def test_naive_mla_equals_the_absorbed_form_the_engines_run():
     out = torch.einsum("htr,hvr->thv", out_lat, w_vc).reshape(1, t, h * dv)
     absorbed = attn.o_proj(out)
     assert torch.allclose(naive, absorbed, atol=1e-5, rtol=0), (naive - absorbed).abs().max()
+
+
+def test_draft_vocab_blends_text_and_greedy_frequencies():
+    """Weight 0 picks the text's most frequent ids; weight 1 the greedy tokens'; coverages are exact fractions."""
+    text = torch.tensor([0, 0, 0, 1, 1, 2])  # text: 0 > 1 > 2
+    greedy = torch.tensor([3, 3, 3, 2])  # the target mostly writes 3, which text never has
+    ids, text_cov, greedy_cov = train_draft.choose_draft_vocab(text, 5, 2)
+    assert ids.tolist() == [0, 1] and text_cov == 5 / 6 and greedy_cov != greedy_cov  # NaN: no greedy tokens given
+    ids, text_cov, greedy_cov = train_draft.choose_draft_vocab(text, 5, 2, greedy, 1.0)
+    assert ids.tolist() == [2, 3] and text_cov == 1 / 6 and greedy_cov == 1.0
+    ids, _, greedy_cov = train_draft.choose_draft_vocab(text, 5, 2, greedy, 0.5)
+    assert ids.tolist() == [0, 3] and greedy_cov == 0.75  # 0: 0.25, 3: 0.375 beat 1: 1/6 and 2: 1/12 + 1/8
+    with pytest.raises(ValueError, match="needs the greedy tokens"):
+        train_draft.choose_draft_vocab(text, 5, 2, None, 0.5)

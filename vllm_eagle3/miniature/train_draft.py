@@ -18,7 +18,8 @@ served draft meets (it drafts after the target's own greedy tokens, not after hu
 "regenerate the data with the target" step. Held-out files are never used.
 
 Text rows and generation prompts come from data.load_training_mix (the target's training mix; ``--data-cache``
-reuses the target run's tokenized copy). The draft vocabulary is its ``--draft-vocab-size`` most frequent tokens.
+reuses the target run's tokenized copy). The draft vocabulary is the ``--draft-vocab-size`` most frequent tokens of
+that text, or (``--vocab-greedy-weight w``) of a blend weighing the target's greedy tokens by ``w``.
 The config's ids are written in the spec file's ``draft_ids_convention`` (configs/kimi_k25_eagle3.yaml:
 SGLang-legacy, so taps (0, 3, 31) become ``[-1, 2, 30]``).
 
@@ -49,11 +50,29 @@ from .teacher import DEFAULT_SPEC, greedy_continue, shifted, target_outputs
 __all__ = ["DEFAULT_SPEC", "main", "shifted", "target_outputs", "ttt_loss"]  # teacher names re-exported
 
 
-def choose_draft_vocab(stream: torch.Tensor, vocab_size: int, draft_vocab_size: int) -> tuple[torch.Tensor, float]:
-    """The ``draft_vocab_size`` most frequent ids of ``stream`` and the fraction of tokens they cover."""
-    counts = torch.bincount(stream.long(), minlength=vocab_size)
-    top = counts.topk(draft_vocab_size).indices.sort().values
-    return top, float(counts[top].sum() / counts.sum())
+def choose_draft_vocab(stream: torch.Tensor, vocab_size: int, draft_vocab_size: int,
+                       greedy: torch.Tensor | None = None, greedy_weight: float = 0.0) -> tuple[torch.Tensor, float, float]:
+    """The ``draft_vocab_size`` ids of highest frequency, and the fractions of text and greedy tokens they cover.
+
+    Frequency is ``(1 - greedy_weight) * share in the text stream + greedy_weight * share in ``greedy`` (the
+    target's own generated tokens)``. With weight 0 this is the text's most frequent tokens (the first heads'
+    vocabulary): it covered 97.5 % of text but only 83.9 % of the target's greedy tokens, and a token outside the
+    draft vocabulary can never be accepted. The greedy coverage is NaN when no greedy tokens are given.
+    """
+    if not 0.0 <= greedy_weight <= 1.0:
+        raise ValueError(f"greedy_weight must lie in [0, 1], got {greedy_weight}")
+    text_counts = torch.bincount(stream.long().flatten(), minlength=vocab_size).double()
+    freq = text_counts / text_counts.sum()
+    greedy_counts = None
+    if greedy is not None and greedy.numel():
+        greedy_counts = torch.bincount(greedy.long().flatten(), minlength=vocab_size).double()
+        freq = (1.0 - greedy_weight) * freq + greedy_weight * greedy_counts / greedy_counts.sum()
+    elif greedy_weight:
+        raise ValueError("greedy_weight > 0 needs the greedy tokens (--greedy-prompts)")
+    top = freq.topk(draft_vocab_size).indices.sort().values
+    text_cov = float(text_counts[top].sum() / text_counts.sum())
+    greedy_cov = float(greedy_counts[top].sum() / greedy_counts.sum()) if greedy_counts is not None else float("nan")
+    return top, text_cov, greedy_cov
 
 
 def ttt_loss(draft: Eagle3Draft, taps: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, steps: int,
@@ -105,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--qk-rope-head-dim", type=int, default=64)
     ap.add_argument("--v-head-dim", type=int, default=64)
     ap.add_argument("--draft-vocab-size", type=int, default=2048)
+    ap.add_argument("--vocab-greedy-weight", type=float, default=0.0,
+                    help="weight of the target's greedy tokens (vs training text) when choosing the draft vocabulary "
+                         "by frequency; needs --greedy-prompts (0: text frequency only, the first heads' choice)")
     ap.add_argument("--intermediate-size", type=int, default=512)
     ap.add_argument("--num-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=32)
@@ -139,6 +161,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error(f"--greedy-prompt-len must lie in 1..{args.seq_len - 1} (--seq-len {args.seq_len})")
     if not 0.0 <= args.greedy_fraction <= 1.0:
         ap.error("--greedy-fraction must lie in [0, 1]")
+    if not 0.0 <= args.vocab_greedy_weight <= 1.0:
+        ap.error("--vocab-greedy-weight must lie in [0, 1]")
+    if args.vocab_greedy_weight and not args.greedy_prompts:
+        ap.error("--vocab-greedy-weight needs --greedy-prompts (the greedy tokens it weighs)")
 
     t_start = time.time()
     device = torch.device(args.device)
@@ -160,9 +186,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     eot = tokenizer.special_ids(tok)[tokenizer.EOS]
     train_files, _ = data.split_files(data.source_files(args.roots or data.default_roots()), args.heldout_fraction)
     mix, mix_stats = data.cached_training_mix(args.data_cache, tok, train_files, eot, args.stdlib_chars, args.max_chars, args.stdlib_weight)
-    vocab_ids, coverage = choose_draft_vocab(mix.tokens, tcfg.vocab_size, args.draft_vocab_size)
-    print(f"[data] {mix_stats}; draft vocab {args.draft_vocab_size} covers {coverage:.4f} of them; "
-          f"taps {spec.label()} written as {convention} ids {list(ids_in_config)}; prep {time.time() - t_start:.0f}s", flush=True)
+    print(f"[data] {mix_stats}; taps {spec.label()} written as {convention} ids {list(ids_in_config)}; "
+          f"prep {time.time() - t_start:.0f}s", flush=True)
 
     greedy = None
     n_greedy = 0
@@ -185,6 +210,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         n_greedy = round(args.batch * args.greedy_fraction)
         print(f"[data] {greedy.shape[0]:,} greedy sequences of {greedy.shape[1]} tokens in {time.time() - t_gen:.0f}s; "
               f"{n_greedy} of every {args.batch} training rows come from them", flush=True)
+    generated = None if greedy is None else greedy[:, args.greedy_prompt_len:]
+    vocab_ids, coverage, greedy_coverage = choose_draft_vocab(mix.tokens, tcfg.vocab_size, args.draft_vocab_size,
+                                                              generated, args.vocab_greedy_weight)
+    print(f"[data] draft vocab {args.draft_vocab_size} (greedy weight {args.vocab_greedy_weight}) covers "
+          f"{coverage:.4f} of the training text and {greedy_coverage:.4f} of the target's greedy tokens", flush=True)
 
     cfg = DraftConfig(hidden_size=tcfg.hidden_size, target_hidden_size=tcfg.hidden_size, num_aux_hidden_states=spec.num_taps,
                       vocab_size=tcfg.vocab_size, draft_vocab_size=args.draft_vocab_size, num_attention_heads=args.num_heads,
@@ -200,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(args.seed + 1)
-    log: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "draft_vocab_coverage": coverage, "data": mix_stats,
+    log: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "draft_vocab_coverage": coverage,
+                 "draft_vocab_greedy_coverage": greedy_coverage, "data": mix_stats,
                  "greedy_sequences": 0 if greedy is None else int(greedy.shape[0]),
                  "params": sum(p.numel() for p in params), "train": []}
     step, t0 = 0, time.time()
