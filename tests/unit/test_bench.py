@@ -197,9 +197,11 @@ def test_request_record_and_counter_deltas():
 
 # ------------------------------------------------------------------------------------------------ analysis
 
-def synthetic_results(spec_speed: float = 2.0, native_slow: float = 1.0) -> dict:
+def synthetic_results(spec_speed: float = 2.0, native_slow: float = 1.0, native_server_slow: float = 1.0) -> dict:
     """A schema-2 results file from the smoke plan with made-up, deterministic timings: plain decode 10 ms per
-    token per prompt (varying by prompt), speculation ``spec_speed`` x faster, tau 3, the incident tau 1."""
+    token per prompt (varying by prompt), speculation ``spec_speed`` x faster, tau 3, the incident tau 1.
+    ``native_slow`` slows the native servers' target forward only (a capture cost), ``native_server_slow`` their
+    forward and draft alike (a slower server process)."""
     p = plans.PLANS["smoke"]()
     variants = []
     for v in p.variants:
@@ -219,9 +221,10 @@ def synthetic_results(spec_speed: float = 2.0, native_slow: float = 1.0) -> dict
             cell_counters = ([n * x for x in counters[:3]] + [[n * y for y in counters[3]]]) if v.k else None
             split = None
             if cell.kind == "split":
-                fwd = (10.0 if v.k == 0 else 14.0) * (native_slow if v.capture in NATIVE_CAPTURES else 1.0)
+                server = native_server_slow if v.capture in NATIVE_CAPTURES else 1.0
+                fwd = (10.0 if v.k == 0 else 14.0) * (native_slow if v.capture in NATIVE_CAPTURES else 1.0) * server
                 split = {"forward_ms": [fwd + 0.1 * (i % 3) for i in range(30)],
-                         "draft_ms": [0.0 if v.k == 0 else 3.0] * 30, "step_ms": [fwd + 5.0] * 29}
+                         "draft_ms": [0.0 if v.k == 0 else 3.0 * server] * 30, "step_ms": [fwd + 5.0] * 29}
             cells.append({"kind": cell.kind, "concurrency": cell.concurrency, "round": 0, "split": split,
                           "wall_s": sum(r["latency_s"] for r in reqs) / cell.concurrency, "requests": reqs,
                           "counters": cell_counters, "draft_timed": v.k > 0})
@@ -263,6 +266,18 @@ def test_capture_verdict_uses_the_interval_and_the_same_config_servers():
     assert [o["tau"][1] for o in same if o["plugin"] == "embed"] == [pytest.approx(1.0)] * 2
     slow = analysis.summarize(synthetic_results(native_slow=1.5))["capture_ab"]
     assert slow and all(o["ratio"]["hi"] < 1.0 for o in slow)
+    assert all(o["normalized"]["ratio"]["hi"] < 1.0 for o in slow)  # a capture cost survives the normalization
+
+
+def test_capture_cost_normalized_by_the_draft_cancels_a_slower_server():
+    """A native server process that is 20 % slower at everything (forward AND draft: the shared VM's per-process
+    speed) shows as a raw forward-time gap, but not once each step's forward is divided by its draft time."""
+    rows = analysis.summarize(synthetic_results(native_server_slow=1.2))["capture_ab"]
+    assert rows and all(o["ratio"]["hi"] < 0.9 for o in rows)
+    assert all(o["normalized"]["ratio"]["value"] == pytest.approx(1.0, abs=0.01) for o in rows)
+    assert all("within noise" in o["normalized"]["verdict"] for o in rows)
+    text = report.capture_block(analysis.summarize(synthetic_results(native_server_slow=1.2)))
+    assert "forward / draft, plugin capture (per server)" in text
 
 
 def test_report_renders_every_slot_and_the_no_run_page(tmp_path):

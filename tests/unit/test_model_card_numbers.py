@@ -15,7 +15,8 @@ from vllm_eagle3.tools import REPO
 pytestmark = pytest.mark.unit
 
 CARD = REPO / "models" / "kimi-k25-mini" / "MODEL_CARD.md"
-SOURCES = ("models/kimi-k25-mini-eagle3/eval.json", "models/kimi-k25-mini/train_log.json",
+SOURCES = ("models/kimi-k25-mini-eagle3/eval.json", "models/kimi-k25-mini-eagle3/eval_replaced_head.json",
+           "models/kimi-k25-mini/train_log.json",
            "models/kimi-k25-mini-eagle3/train_log.json", "models/kimi-k25-mini-eagle3-taps-3-31-59/eval.json",
            "models/kimi-k25-mini-eagle3-taps-3-31-59/train_log.json", "models/kimi-k25-mini-eagle3-mla/eval.json",
            "models/kimi-k25-mini-eagle3-mla/train_log.json", "models/kimi-k25-mini-eagle3-4tap/eval.json",
@@ -23,6 +24,10 @@ SOURCES = ("models/kimi-k25-mini-eagle3/eval.json", "models/kimi-k25-mini/train_
 NOT_IN_A_SHIPPED_FILE = {
     "3.317": "the first target's head (k=3 acceptance length), replaced with the target; eval.json in git history (9e974a8)",
     "5.144": "the first target run's final held-out loss; models/kimi-k25-mini/train_log.json in git history (13edffe)",
+    # The 2,048-id candidate trained next to the shipped default head (2026-12-02, same H200 call), not shipped:
+    "0.851": "the 2,048-id candidate's greedy position-0 acceptance (its eval.json, not shipped)",
+    "3.250": "the 2,048-id candidate's greedy acceptance length at k=3 (its eval.json, not shipped)",
+    "0.933": "the 2,048-id candidate's greedy tokens inside its draft vocabulary (its eval.json, not shipped)",
 }
 
 
@@ -54,7 +59,9 @@ def test_every_three_decimal_number_of_the_card_is_in_its_files():
 
 # Issue 15's heads: each acceptance row of the card must be THAT head's eval.json (the test above only checks that a
 # number exists in some file, so a row copied from the other head would pass it).
-HEAD_ROWS = {"MLA `[embed, 3, 31]`": "models/kimi-k25-mini-eagle3-mla/eval.json",
+HEAD_ROWS = {"default `[embed, 3, 31]`": "models/kimi-k25-mini-eagle3/eval.json",
+             "first default head `[embed, 3, 31]` (replaced)": "models/kimi-k25-mini-eagle3/eval_replaced_head.json",
+             "MLA `[embed, 3, 31]`": "models/kimi-k25-mini-eagle3-mla/eval.json",
              "4-tap `[embed, 3, 31, 59]`": "models/kimi-k25-mini-eagle3-4tap/eval.json"}
 
 

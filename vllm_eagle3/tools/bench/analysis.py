@@ -211,7 +211,13 @@ def capture_ab(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
     The fair pair is the second head on its own taps 3/31/59 both ways (same head, same taps, same acceptance);
     the shipped head's embed tap vs the incident wiring differs in acceptance too, so its gap is not the capture's
     alone (``tau`` of each side is reported to show it). The verdict compares the gap with its interval AND with
-    the gap between two servers of the same configuration."""
+    the gap between two servers of the same configuration.
+
+    Each server process also runs at its own speed on this shared 2-core VM: two identical servers' forward times
+    differed by as much as the plugin / native gap, and their DRAFT times (identical work: same head, same tokens)
+    by as much, in the same direction (the 2026-12-01 run). So each row also gives the target forward per
+    millisecond of draft in the same decode steps (``normalized``: per-step forward / draft), which cancels the
+    server's own speed and leaves the capture's cost. The draft's work is the same on both sides only when tau is."""
     out = []
     for plugin, native in AB_PAIRS:
         for nat_v, _ in res.find(capture=native, replica=1):
@@ -227,18 +233,34 @@ def capture_ab(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
 def _ab_row(a: Sequence[tuple[Variant, dict]], b: Sequence[tuple[Variant, dict]], c: int,
             seed: str) -> dict[str, Any] | None:
     def fw(raws):
-        got, accepted, drafts = [], 0.0, 0.0
+        got, per_draft, accepted, drafts = [], [], 0.0, 0.0
         for _, raw in raws:
             cs = [x for x in cells(raw, "split", c) if x.get("split")]
             if cs and cs[0]["split"]["forward_ms"]:
-                got.append(cs[0]["split"]["forward_ms"])
+                sp = cs[0]["split"]
+                got.append(sp["forward_ms"])
+                per_draft.append([f / d for f, d in zip(sp["forward_ms"], sp.get("draft_ms") or []) if d > 0])
                 if cs[0].get("counters"):
                     drafts, accepted = drafts + cs[0]["counters"][0], accepted + cs[0]["counters"][2]
-        return got, (1 + accepted / drafts if drafts else NAN)
+        return got, per_draft, (1 + accepted / drafts if drafts else NAN)
 
-    (e, tau_a), (n, tau_b) = fw(a), fw(b)
+    (e, e_norm, tau_a), (n, n_norm, tau_b) = fw(a), fw(b)
     if not e or not n:
         return None
+    ratio, same, verdict = _compare(e, n, seed)
+    row = {"servers": [len(e), len(n)], "plugin_forward_ms": [sum(g) / len(g) for g in e],
+           "native_forward_ms": [sum(g) / len(g) for g in n], "tau": [tau_a, tau_b],
+           "ratio": ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in same], "verdict": verdict}
+    if all(e_norm) and all(n_norm):
+        n_ratio, n_same, n_verdict = _compare(e_norm, n_norm, f"{seed}/per-draft")
+        row["normalized"] = {"plugin": [sum(g) / len(g) for g in e_norm], "native": [sum(g) / len(g) for g in n_norm],
+                             "ratio": n_ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in n_same],
+                             "verdict": n_verdict}
+    return row
+
+
+def _compare(e: Sequence[Sequence[float]], n: Sequence[Sequence[float]], seed: str) -> tuple[Estimate, list, str]:
+    """plugin / native over the servers of each side, the same ratio between two servers of one side, a verdict."""
     ratio = stratified_ratio(e, n, seed)
     same = [stratified_ratio([g[0]], [g[1]], f"{seed}/same/{i}") for i, g in enumerate((e, n)) if len(g) > 1]
     gap = abs(math.log(ratio.value)) if finite(ratio.value) and ratio.value > 0 else NAN
@@ -252,9 +274,7 @@ def _ab_row(a: Sequence[tuple[Variant, dict]], b: Sequence[tuple[Variant, dict]]
         verdict = "a real difference: outside the interval and larger than between two identical servers"
     else:
         verdict = "outside the interval (one server per side: server-to-server noise not measured)"
-    return {"servers": [len(e), len(n)], "plugin_forward_ms": [sum(g) / len(g) for g in e],
-            "native_forward_ms": [sum(g) / len(g) for g in n], "tau": [tau_a, tau_b],
-            "ratio": ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in same], "verdict": verdict}
+    return ratio, same, verdict
 
 
 def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -147,9 +147,24 @@ def capture_block(summary: Mapping) -> str:
                      " / ".join(f(t, 2) for t in o["tau"]), o["verdict"]])
     if not rows:
         return "_not measured in this run_"
-    return table(["comparison", "k", "conc.", "target forward ms, plugin capture (per server)", "native (per server)",
-                  "plugin / native", "same configuration: server 1 / server 2 (plugin ; native)",
-                  "tau plugin / native", "verdict"], rows)
+    out = table(["comparison", "k", "conc.", "target forward ms, plugin capture (per server)", "native (per server)",
+                 "plugin / native", "same configuration: server 1 / server 2 (plugin ; native)",
+                 "tau plugin / native", "verdict"], rows)
+    norm = []
+    for o in summary["capture_ab"]:
+        nz = o.get("normalized")
+        if nz:
+            norm.append([AB_NAMES[o["plugin"]], str(o["k"]), str(o["concurrency"]),
+                         " / ".join(f(x, 2) for x in nz["plugin"]), " / ".join(f(x, 2) for x in nz["native"]),
+                         f"**{e(nz['ratio'], 3)}**", " ; ".join(e(s, 3) for s in nz["same_config_ratios"]) or "-",
+                         nz["verdict"]])
+    if norm:
+        out += ("\n\nThe same steps, target forward per millisecond of draft (per step: forward ms / draft ms). The "
+                "draft does the same work on both sides of the fair pair (same head, same tokens), so this cancels "
+                "each server process's own speed on the shared machine and leaves the capture's cost:\n\n")
+        out += table(["comparison", "k", "conc.", "forward / draft, plugin capture (per server)", "native (per server)",
+                      "plugin / native", "same configuration: server 1 / server 2 (plugin ; native)", "verdict"], norm)
+    return out
 
 
 def costs_block(summary: Mapping) -> str:
