@@ -16,6 +16,7 @@ pytestmark = pytest.mark.unit
 
 CARD = REPO / "models" / "kimi-k25-mini" / "MODEL_CARD.md"
 SOURCES = ("models/kimi-k25-mini-eagle3/eval.json", "models/kimi-k25-mini-eagle3/eval_replaced_head.json",
+           "models/kimi-k25-mini-eagle3/candidates.json",
            "models/kimi-k25-mini/train_log.json",
            "models/kimi-k25-mini-eagle3/train_log.json", "models/kimi-k25-mini-eagle3-taps-3-31-59/eval.json",
            "models/kimi-k25-mini-eagle3-taps-3-31-59/train_log.json", "models/kimi-k25-mini-eagle3-mla/eval.json",
@@ -24,10 +25,6 @@ SOURCES = ("models/kimi-k25-mini-eagle3/eval.json", "models/kimi-k25-mini-eagle3
 NOT_IN_A_SHIPPED_FILE = {
     "3.317": "the first target's head (k=3 acceptance length), replaced with the target; eval.json in git history (9e974a8)",
     "5.144": "the first target run's final held-out loss; models/kimi-k25-mini/train_log.json in git history (13edffe)",
-    # The 2,048-id candidate trained next to the shipped default head (2026-12-02, same H200 call), not shipped:
-    "0.851": "the 2,048-id candidate's greedy position-0 acceptance (its eval.json, not shipped)",
-    "3.250": "the 2,048-id candidate's greedy acceptance length at k=3 (its eval.json, not shipped)",
-    "0.933": "the 2,048-id candidate's greedy tokens inside its draft vocabulary (its eval.json, not shipped)",
 }
 
 
