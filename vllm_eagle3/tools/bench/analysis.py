@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 from vllm_eagle3.tools.bench.client import RequestRecord
 from vllm_eagle3.tools.bench.plan import AB_PAIRS, EMBED_TAP, MLA_DEFAULT, NATIVE, NO_SPEC, Variant
 from vllm_eagle3.tools.bench.stats import (NAN, NONE, Estimate, bootstrap, cost_ratio, finite,
-                                           ideal_speedup, mean_ci, median, paired_ratio, stratified_ratio)
+                                           ideal_speedup, mean, mean_ci, median, paired_ratio, stratified_ratio)
 from vllm_eagle3.tools.bench.timers import StepSplit
 
 
@@ -248,12 +248,12 @@ def _ab_row(a: Sequence[tuple[Variant, dict]], b: Sequence[tuple[Variant, dict]]
     if not e or not n:
         return None
     ratio, same, verdict = _compare(e, n, seed)
-    row = {"servers": [len(e), len(n)], "plugin_forward_ms": [sum(g) / len(g) for g in e],
-           "native_forward_ms": [sum(g) / len(g) for g in n], "tau": [tau_a, tau_b],
+    row = {"servers": [len(e), len(n)], "plugin_forward_ms": [mean(g) for g in e],
+           "native_forward_ms": [mean(g) for g in n], "tau": [tau_a, tau_b],
            "ratio": ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in same], "verdict": verdict}
     if all(e_norm) and all(n_norm):
         n_ratio, n_same, n_verdict = _compare(e_norm, n_norm, f"{seed}/per-draft")
-        row["normalized"] = {"plugin": [sum(g) / len(g) for g in e_norm], "native": [sum(g) / len(g) for g in n_norm],
+        row["normalized"] = {"plugin": [mean(g) for g in e_norm], "native": [mean(g) for g in n_norm],
                              "ratio": n_ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in n_same],
                              "verdict": n_verdict}
     return row
