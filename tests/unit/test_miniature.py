@@ -356,3 +356,16 @@ def test_draft_vocab_blends_text_and_greedy_frequencies():
     assert ids.tolist() == [0, 3] and greedy_cov == 0.75  # 0: 0.25, 3: 0.375 beat 1: 1/6 and 2: 1/12 + 1/8
     with pytest.raises(ValueError, match="needs the greedy tokens"):
         train_draft.choose_draft_vocab(text, 5, 2, None, 0.5)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--vocab-greedy-weight", "1.5", "--greedy-prompts", "4"], "--vocab-greedy-weight must lie in [0, 1]"),
+    (["--vocab-greedy-weight", "0.5"], "--vocab-greedy-weight needs --greedy-prompts"),
+])
+def test_vocab_greedy_weight_bad_input_is_refused_before_any_work(tmp_path, capsys, extra, message):
+    """A weight outside [0, 1], or one with no greedy tokens to weigh, is a one-line usage error (exit 2) that names
+    the flag and the fix, before the target is loaded (the target path does not even exist here)."""
+    with pytest.raises(SystemExit) as exc:
+        train_draft.main(["--target", str(tmp_path / "none"), "--out", str(tmp_path / "out"), "--max-steps", "1",
+                          *extra])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
