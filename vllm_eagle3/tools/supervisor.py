@@ -11,19 +11,29 @@ of their own) stay below it in the process tree even when orphaned. On SIGTERM /
 to vLLM's API server (vLLM's own graceful shutdown), waits up to :data:`STOP_GRACE_S`, then SIGKILLs every process
 still below it, and exits
 ``128 + signal number`` with one line saying what happened. A second signal skips the wait. If the supervisor itself
-is killed, the kernel kills vLLM's API server (``PR_SET_PDEATHSIG``). Without a signal, the supervisor exits with
-vLLM's exit code (after killing any engine process that outlived the API server).
+is killed, the kernel kills vLLM's API server (``PR_SET_PDEATHSIG``).
+
+Without a signal vLLM's server ends only when something failed, and vLLM 0.32 exits 0 even after its engine died.
+The supervisor passes vLLM's output through, keeps it in a log file and its end in memory, and then exits
+``failures.EXIT_START_FAILED`` (1) when vLLM never became ready or ``failures.EXIT_ENGINE_DIED`` (3) when it died
+while serving, after one ``vllm-eagle3: error:`` line naming the cause (``failures.py``) and the log file, with
+nothing left running.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
+
+from vllm_eagle3.tools import failures
 
 STOP_GRACE_S = 20.0
 """Seconds vLLM gets to shut down after a stop signal before its process group is killed (the whole stop stays
@@ -102,9 +112,58 @@ def exit_on_stop_signals() -> None:
         signal.signal(s, on_signal)
 
 
+LOG_ENV = "VLLM_EAGLE3_SERVE_LOG"
+"""Where ``serve`` keeps vLLM's whole output (default: a new file in the temp folder, named at start-up)."""
+
+
+class OutputTee:
+    """Copies the child's output to this process's stdout and a log file, keeping the last lines and whether vLLM
+    said it is ready."""
+
+    def __init__(self, stream, log_path: Path, keep: int = 3000) -> None:
+        self.log_path = log_path
+        self.tail: collections.deque[str] = collections.deque(maxlen=keep)
+        self.ready = False
+        self._stream = stream
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        out = sys.stdout.buffer
+        with open(self.log_path, "ab") as log:
+            for raw in iter(self._stream.readline, b""):
+                for sink in (out, log):
+                    try:
+                        sink.write(raw)
+                        sink.flush()
+                    except (OSError, ValueError):
+                        pass
+                line = raw.decode("utf-8", "replace")
+                self.tail.append(line)
+                if failures.READY_MARK in line:
+                    self.ready = True
+
+    def text(self, wait_s: float = 5.0) -> str:
+        self._thread.join(timeout=wait_s)
+        return "".join(self.tail)
+
+
+def _vllm_processes() -> dict[int, str]:
+    """vLLM's processes below this one that named themselves (``VLLM::EngineCore``, ``VLLM::Worker...``)."""
+    out = {}
+    for pid in descendants(os.getpid()):
+        try:
+            name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode("utf-8", "replace")
+        except OSError:
+            continue
+        if name.startswith("VLLM::"):
+            out[pid] = name.strip()
+    return out
+
+
 def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP_GRACE_S) -> int:
     """Run ``argv`` as a child (own process group, this process its subreaper) and return its exit code, or
-    ``128 + signum`` after a stop signal (see the module docstring)."""
+    ``128 + signum`` after a stop signal, or a failure code (see the module docstring)."""
     got: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -112,16 +171,29 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
 
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    log_path = Path(env.get(LOG_ENV) or tempfile.mkstemp(prefix="vllm-eagle3-serve-", suffix=".log")[1])
+    _say(f"vLLM's output is also kept in {log_path}")
     try:
-        child = subprocess.Popen(list(argv), env=dict(env), preexec_fn=_child_setup)
+        child = subprocess.Popen(list(argv), env=dict(env), preexec_fn=_child_setup, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT)
+        tee = OutputTee(child.stdout, log_path)
         deadline = None
         forwarded = 0
+        seen: dict[int, str] = {}
+        gone: list[str] = []
+        next_look = 0.0
         while True:
             try:
                 code = child.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if not got and time.monotonic() >= next_look:  # which vLLM process ends first, when nobody asked
+                now = _vllm_processes()
+                # several gone within one look: the oldest (lowest pid: the engine core before its workers) first
+                gone += [seen[pid] for pid in sorted(seen) if pid not in now and seen[pid] not in gone]
+                seen, next_look = {**seen, **now}, time.monotonic() + 1.0
+                seen = {pid: name for pid, name in seen.items() if pid in now}
             if got and deadline is None:
                 deadline = time.monotonic() + (0.0 if len(got) > 1 else grace_s)
             if got and forwarded < len(got):
@@ -140,7 +212,13 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
             extra = f"; killed {leftovers} leftover process(es)" if leftovers else ""
             _say(f"{signal.Signals(got[0]).name}: vLLM stopped (exit code {code}){extra}")
             return 128 + got[0]
-        return code
+        log = tee.text()
+        if tee.ready:
+            _say(f"error: the engine died while serving: {failures.engine_death(log, gone)}; vLLM exited with code "
+                 f"{code}; full log: {log_path}")
+            return failures.EXIT_ENGINE_DIED
+        _say(f"error: vLLM did not start: {failures.start_failure(log)}; full log: {log_path}")
+        return code if code == 2 else failures.EXIT_START_FAILED
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

