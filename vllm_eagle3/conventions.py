@@ -2,7 +2,7 @@
 
 A draft config's ``eagle_aux_hidden_state_layer_ids`` are meaningless without a stated convention: the same JSON
 ``[0, 3, 31]`` is taps 0/3/31 in vLLM and taps 1/4/32 in SGLang before 0.5.13. Each :class:`Convention` below is
-one row of ``shared/CONVENTIONS.md``, with the code reference that fixes it; :func:`ids_to_taps` and
+one row of ``docs/conventions.md``, with the code reference that fixes it; :func:`ids_to_taps` and
 :func:`taps_to_ids` are the only places in the project where an id is shifted.
 
 Every converter keeps the ids' listed order (``ids[i]`` becomes ``taps[i]``); ``concat_order`` says what the engine

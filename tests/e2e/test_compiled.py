@@ -17,7 +17,7 @@ Inductor's code generation is cached. Start-up is several minutes (cold ~4.5 min
 
 dtype: float32, as configs/serve_kimi_k25_mini.yaml serves. The checkpoint's own dtype is bfloat16 (what ``dtype=auto``
 would pick), but the references — eval_prompts.json's continuations and the taps below — are float32 transformers,
-and in bfloat16 greedy text can flip at near-ties (docs: /work/shared/ENV.md), so only float32 allows exact
+and in bfloat16 greedy text can flip at near-ties (docs/bf16.md), so only float32 allows exact
 equality. Dynamo tracing and Inductor code generation are the same code whatever the dtype.
 
 Tolerances: ``embed`` bit-identical (an embedding lookup, no arithmetic). Taps 3 and 31: every element within

@@ -17,7 +17,7 @@ Real Kimi K2.5 is served with TP=8; under TP every weight is sharded, so the bug
 
 ONE engine (TP=2 + the EAGLE-3 draft + spec ``[embed, 3, 31]``) serves every test: the CI box has 2 cores.
 vLLM-CPU needs ``VLLM_CPU_OMP_THREADS_BIND="0|1"`` (one core per rank) and ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``
-for TP=2 (../shared/ENV.md); the non-speculative reference is transformers' greedy decoding in this process,
+for TP=2 (docs/serving-on-cpu.md); the non-speculative reference is transformers' greedy decoding in this process,
 so no second engine is started (see :func:`test_eagle3_greedy_output_identical_to_non_speculative`).
 
 Tolerances (float32 everywhere, every prompt position), as in the TP=1 parity test:

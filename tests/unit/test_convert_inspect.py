@@ -1,6 +1,6 @@
 """`vllm-eagle3 convert` and `vllm-eagle3 inspect`: translation of draft configs and the trap detector.
 
-Bugs guarded, each seen in the field (shared/CONVENTIONS.md): a config whose ids mean other taps in another engine
+Bugs guarded, each seen in the field (docs/conventions.md): a config whose ids mean other taps in another engine
 (the incident: SGLang-legacy [2, 30, 58] = taps 3/31/59); ids only in the nested eagle_config (vLLM's V2 runner
 silently uses its defaults) or only at top level (SGLang does); a reduced vocabulary without d2t; norm flags that
 disagree with the weights (vLLM silently drops or defaults the norm); the incident's `--speculative-num-steps 1`
@@ -232,7 +232,7 @@ def test_inspect_clean_pair_has_no_warnings(tmp_path, llama_target):
     ({"top": (31, 3, 0), "nested": (31, 3, 0)}, "order"),
 ])
 def test_inspect_each_trap(tmp_path, llama_target, draft_kw, code):
-    """Each trap of shared/CONVENTIONS.md produces its warning code (read as vLLM ids where a convention is needed)."""
+    """Each trap of docs/conventions.md produces its warning code (read as vLLM ids where a convention is needed)."""
     kw = {"top": (0, 3, 31), "nested": (0, 3, 31), **draft_kw}
     d = make_draft(tmp_path, **kw)
     rep = inspect.inspect_pair(llama_target, d, convention="vllm")

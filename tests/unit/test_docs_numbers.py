@@ -25,7 +25,7 @@ FIX = "run `vllm-eagle3 bench --from-json bench/results.json` (or the benchmark 
 SPEEDUP = re.compile(r"(?<![\w.])(\d+\.\d+)x\b")
 TOK_S = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) tok/s")
 # Numbers the template may quote because they are not this benchmark's: the incident's own report
-# (shared/seed/incident.md: 56.8 tok/s with speculation vs 90 without).
+# (docs/conventions.md, The incident: 56.8 tok/s with speculation vs 90 without).
 NOT_OURS = {"56.8", "90"}
 
 

@@ -204,7 +204,7 @@ def test_late_growth_tells_a_plateau_from_a_climb():
 
 
 def test_readme_quotes_the_last_soak_result():
-    """README.md's soak sentence quotes ``bench/soak.json``, the file BENCHMARKS.md renders: its verdict, request
+    """docs/testing.md's soak sentence quotes ``bench/soak.json``, the file BENCHMARKS.md renders: its verdict, request
     count, load, and both memory numbers. When a soak is re-run, this fails until the sentence says the new result."""
     import json
     import re
@@ -213,7 +213,7 @@ def test_readme_quotes_the_last_soak_result():
     from vllm_eagle3.tools.bench.cli import DOCS
 
     r = json.loads((REPO / DOCS["soak"]).read_text())
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "testing.md").read_text()
     start = text.index("`pytest -m slow tests/e2e/test_soak.py`")
     sentence = " ".join(text[start:text.index("\n\n", start)].split())
     quoted = {
@@ -225,5 +225,5 @@ def test_readme_quotes_the_last_soak_result():
         "transport": "no transport errors" if r["transport_errors"] == 0 else f"{r['transport_errors']} transport",
     }
     missing = {k: v for k, v in quoted.items() if v not in sentence}
-    assert not missing, f"README's soak sentence does not quote {DOCS['soak']}: expected {missing} in: {sentence}"
+    assert not missing, f"docs/testing.md's soak sentence does not quote {DOCS['soak']}: expected {missing} in: {sentence}"
     assert not re.search(r"\b\d+ requests\b", sentence.replace(quoted["requests"], "")), "another request count"

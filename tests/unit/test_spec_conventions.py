@@ -1,7 +1,7 @@
 """The capture spec and the engine id conventions (no engine).
 
 Guards the incident's root cause: layer ids mean different taps in different engines, and nothing checked.
-Each row of shared/CONVENTIONS.md is pinned here; SGLang's real code pins the same rows in tests/parity.
+Each row of docs/conventions.md is pinned here; SGLang's real code pins the same rows in tests/parity.
 """
 
 import pytest
@@ -89,7 +89,7 @@ def test_shipped_spec_is_the_incident_head():
 
 # ---------------------------------------------------------------------------------------------- conventions
 
-# (convention, ids written in the draft config, taps they mean on a 61-layer model) — shared/CONVENTIONS.md
+# (convention, ids written in the draft config, taps they mean on a 61-layer model) — docs/conventions.md
 ROWS = [
     ("vllm", [0, 3, 31], (0, 3, 31)),
     ("speculators", [0, 3, 31], (0, 3, 31)),

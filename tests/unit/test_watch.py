@@ -305,7 +305,7 @@ def test_endpoint_allowlist_keeps_default_plugins():
 # ----------------------------------------------------------------------------------------------- the docs' example
 
 EXAMPLE = REPO / "docs" / "wiring_watch_example.txt"
-QUOTING_DOCS = (REPO / "README.md", REPO / "docs" / "DEPLOYMENT.md")
+QUOTING_DOCS = (REPO / "docs" / "wiring-watch.md", REPO / "docs" / "DEPLOYMENT.md")
 REGENERATE = ("regenerate it: flock /tmp/vllm-engine.lock env VLLM_EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt "
               ".venv/bin/python -m pytest tests/e2e/test_wiring_watch.py, then copy its lines into the docs")
 
@@ -326,7 +326,7 @@ def watch_quotes(markdown: str) -> list[list[str]]:
 
 def test_docs_quote_only_lines_the_example_run_wrote():
     """Guards: docs that show an operator a warning line or endpoint body no run produced (typed, or left over from
-    older weights). Every line the README and docs/DEPLOYMENT.md quote from the watch is a line of
+    older weights). Every line docs/wiring-watch.md and docs/DEPLOYMENT.md quote from the watch is a line of
     docs/wiring_watch_example.txt, which tests/e2e/test_wiring_watch.py writes from its servers."""
     lines = {x.strip() for x in EXAMPLE.read_text().splitlines()}
     for doc in QUOTING_DOCS:

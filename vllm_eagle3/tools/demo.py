@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [m for m in MINIATURE if not (REPO / m / "config.json").is_file()]
     if missing and args.config == DEFAULT_SERVE_CONFIG:
         print(f"vllm-eagle3: error: the shipped miniature is missing ({', '.join(missing)}); it is built by "
-              "`python -m vllm_eagle3.miniature.train_target` / `train_draft` (see README)", file=sys.stderr)
+              "`python -m vllm_eagle3.miniature.train_target` / `train_draft` (see models/kimi-k25-mini/MODEL_CARD.md)", file=sys.stderr)
         return 2
     base_args = ["--config", str(config)] + (["--no-enforce-eager"] if args.compile else [])
     say = lambda line: print(f"[demo] {line}", flush=True)  # noqa: E731

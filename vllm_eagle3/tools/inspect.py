@@ -3,7 +3,7 @@
 Data flow position: static, before any engine starts (files and safetensors headers only). It shows the spec
 (``target forward -> taps -> concat -> draft fc``) that :func:`vllm_eagle3.resolve.resolve_capture` resolves, the
 ids in every engine convention, what each engine would actually capture from this draft config, and WARNINGS for
-the traps in ``shared/CONVENTIONS.md``. ``resolve_capture`` stops at the first error (right for start-up); this
+the traps in ``docs/conventions.md``. ``resolve_capture`` stops at the first error (right for start-up); this
 module collects them all (right for a diagnosis), reusing resolve's readers and conventions' converters.
 
 Traps checked (each warning has a ``code`` the tests pin):

