@@ -27,8 +27,12 @@ sglang-env:
 sglang-legacy-env: sglang-env
 	bash scripts/setup_sglang_env.sh .venv-sglang-legacy tests/parity/sglang_harness/requirements-legacy.txt .venv-sglang
 
-test: setup sglang-env sglang-legacy-env
-	$(VPY) -m pytest -v --durations=30 tests
+# Prints the 30 slowest tests and the whole time, installs included (docs/testing.md says what to expect).
+test:
+	@start=$$(date +%s); $(MAKE) --no-print-directory setup sglang-env sglang-legacy-env \
+	  && echo "make test: installs done in $$(( $$(date +%s) - start )) s" \
+	  && $(VPY) -m pytest -v --durations=30 tests; rc=$$?; \
+	  echo "make test: $$(( $$(date +%s) - start )) s in all, installs included (exit code $$rc)"; exit $$rc
 
 test-unit: setup
 	$(VPY) -m pytest -v -m unit tests

