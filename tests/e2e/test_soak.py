@@ -8,7 +8,7 @@ process tree within 200 MiB of its first post-warm-up sample and within 20 MiB o
 writes (bench/soak.json) and links its per-process memory plot (bench/soak_rss.png). The memory checks failed twice
 before ``vllm-eagle3 serve`` set, on vLLM-CPU, glibc's malloc thresholds (the worker's heap fragmenting, ~30 MiB/min)
 and then oneDNN's primitive cache size (a kernel per new batch size, ~20 MiB/min): see
-``vllm_eagle3.tools.vllm_cpu.glibc_malloc_setting`` and ``onednn_cache_setting``.
+``vllm_eagle3.tools.serve.vllm_cpu.glibc_malloc_setting`` and ``onednn_cache_setting``.
 """
 
 import os

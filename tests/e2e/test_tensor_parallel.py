@@ -40,6 +40,7 @@ import pytest
 import torch
 
 from vllm_eagle3.testing.engine import counter_totals, prompt_ids, start_engine, stop_engine
+from vllm_eagle3.testing.taps import assert_is_tap
 from vllm_eagle3.testing.taps import install_recorder, recorded_taps
 from vllm_eagle3.testing.tiny import write_spec_yaml
 
@@ -148,13 +149,7 @@ def test_tp2_taps_equal_transformers_hidden_states(tp2, reference, rank):
             assert torch.equal(got, want), f"rank {rank}: embed tap differs from HF hidden_states[0] (max abs " \
                                            f"{diff:.3g}; {zero_rows} all-zero rows = tokens of another vocab shard)"
             continue
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4,
-                                   msg=lambda m: f"rank {rank} tap {tap} (TP={TP} vs transformers "
-                                                 f"hidden_states[{tap}]), max abs diff {diff:.3g}: {m}")
-        for other in (tap - 1, tap + 1):
-            gap = (got - states[other][0]).abs().max().item()
-            assert gap > 1e-2, f"tap {tap} is within {gap:.3g} of HF hidden_states[{other}]: the test cannot " \
-                               "tell neighbouring taps apart on this model"
+        assert_is_tap(got, states, tap, atol=1e-4, rtol=1e-4, neighbour=1e-2, where=f"rank {rank} (TP={TP})")
 
 
 def test_both_ranks_hold_identical_full_width_taps(tp2):

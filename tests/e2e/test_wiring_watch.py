@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.tools.process import VllmServer, http_get
+from vllm_eagle3.tools.serve.process import VllmServer, http_get
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "models" / "kimi-k25-mini"

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from vllm_eagle3.testing.engine import prompt_ids, start_engine, stop_engine
-from vllm_eagle3.testing.taps import install_recorder, recorded_taps
+from vllm_eagle3.testing.taps import assert_is_tap, install_recorder, recorded_taps
 from vllm_eagle3.testing.tiny import load_kimi_k25_hf, write_spec_yaml
 
 pytestmark = pytest.mark.parity
@@ -51,21 +51,8 @@ def vllm_prefill_taps(target, draft, spec_path) -> tuple[list[torch.Tensor], str
 
 
 def assert_tap_matches(got: torch.Tensor, hf_states: tuple[torch.Tensor, ...], tap: int) -> None:
-    want = hf_states[tap][0]
-    assert got.shape == want.shape, f"tap {tap}: shape {tuple(got.shape)} != HF {tuple(want.shape)}"
-    if tap == 0:
-        assert torch.equal(got, want), f"embed tap differs from HF hidden_states[0]: max abs " \
-                                       f"{(got - want).abs().max().item():.3g}"
-        return
-    diff = (got - want).abs().max().item()
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4,
-                               msg=lambda m: f"tap {tap} (vLLM plugin vs transformers hidden_states[{tap}]), "
-                                             f"shape {tuple(got.shape)}, max abs diff {diff:.3g}: {m}")
-    for other in (tap - 1, tap + 1):
-        if 0 <= other < len(hf_states):
-            gap = (got - hf_states[other][0]).abs().max().item()
-            assert gap > 1e-2, f"tap {tap} is also within {gap:.3g} of HF hidden_states[{other}]; the test " \
-                               "cannot tell neighbouring taps apart on this model"
+    """The module docstring's tolerances, through the shared check (vllm_eagle3/testing/taps.py)."""
+    assert_is_tap(got, hf_states, tap, atol=1e-4, rtol=1e-4, neighbour=1e-2, where="vLLM plugin")
 
 
 @pytest.fixture(scope="module")

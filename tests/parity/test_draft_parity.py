@@ -9,7 +9,7 @@ thing with them, on the shipped miniature pair (trained head, so top-k is meanin
    BEFORE ``fc`` (``cat`` of the taps), the token ids the draft read (the prompt shifted by one plus the sampled
    token), positions, and vLLM's own ``compute_logits`` at every row (target vocabulary, ``d2t``-mapped, -inf
    outside the draft vocabulary).
-2. The training pipeline's head (:class:`vllm_eagle3.miniature.draft.Eagle3Draft`, the code the head was
+2. The training pipeline's head (:class:`vllm_eagle3.reference.Eagle3Draft`, the code the head was
    trained with) on exactly those inputs.
 3. SGLang 0.5.23's own ``LlamaForCausalLMEagle3`` in its own venv (``sglang_harness/draft_runner.py``: a real
    draft ``ModelRunner``, one draft-extend forward with ``spec_info.hidden_states`` = the same aux rows).
@@ -25,7 +25,7 @@ are further apart than the tolerance.
 The MLA head (models/kimi-k25-mini-eagle3-mla, ``Eagle3DeepseekV2ForCausalLM``, ``fc_norm`` + ``norm_output``; issue 15
 item 3) gets the same three-way comparison on its own vLLM run (one more engine start, the plugin's spec
 ``[embed, 3, 31]``): vLLM's ``deepseek_eagle3.py``, SGLang 0.5.23's ``kimi_k25_eagle3.py`` (its real code, through
-``sglang_harness/mla_draft_runner.py``) and the training code (:class:`~vllm_eagle3.miniature.draft.Eagle3Draft` with
+``sglang_harness/mla_draft_runner.py``) and the training code (:class:`~vllm_eagle3.reference.Eagle3Draft` with
 ``arch="mla"``). Tolerance :data:`MLA_ATOL` (see there): the engines run MLA in its absorbed form (``w_kc`` folded
 into the query, scores and values in the 512-wide latent space), the training code in its naive form (per-head keys
 and values from ``kv_b_proj``): the same function, summed in another order.
@@ -117,26 +117,17 @@ def test_vllm_draft_reads_the_trained_wiring(vllm_call, prompt):
     hidden = states[0].shape[-1]
     got_taps = vllm_call["aux"].split(hidden, dim=-1)
     assert len(got_taps) == spec.num_taps, f"vLLM's draft input has {len(got_taps)} slices of {hidden}, spec {spec.label()}"
+    from vllm_eagle3.testing.taps import assert_is_tap
+
     for tap, got in zip(spec.taps, got_taps):
-        want = states[tap][0]
-        assert got.shape == want.shape, f"tap {tap}: vLLM {tuple(got.shape)} vs transformers {tuple(want.shape)}"
-        rel = (got - want).abs().max().item() / want.abs().max().item()
-        print(f"vLLM draft input, tap {tap} slice {tuple(got.shape)}: max abs diff / max |value| = {rel:.3g} "
-              f"(values up to {want.abs().max().item():.0f})")
-        if tap == 0:
-            assert torch.equal(got, want), "vLLM's draft input, embed slice: not transformers' hidden_states[0]"
-            continue
-        assert rel <= TAP_REL, f"vLLM's draft input, tap {tap} slice: relative difference {rel:.3g} > {TAP_REL}"
-        for other in (tap - 1, tap + 1):
-            far = (got - states[other][0]).abs().max().item() / want.abs().max().item()
-            assert far > 100 * TAP_REL, f"tap {tap} is within {far:.3g} of hidden_states[{other}]: cannot tell apart"
+        assert_is_tap(got, states, tap, rel=TAP_REL, where="vLLM's draft input")
     assert vllm_call["input_ids"].tolist() == prompt[1:] + [vllm_call["sampled"][0]]
     assert vllm_call["positions"].tolist() == list(range(len(prompt)))
 
 
 def test_training_head_equals_vllm_head(vllm_call):
     """The code the head was trained with computes, on vLLM's inputs, vLLM's logits."""
-    from vllm_eagle3.miniature.draft import Eagle3Draft
+    from vllm_eagle3.reference import Eagle3Draft
 
     draft = Eagle3Draft.from_dir(DRAFT, target_dir=TARGET).eval()
     with torch.no_grad():
@@ -210,7 +201,7 @@ def test_vllm_feeds_the_mla_head_what_it_feeds_the_llama_head(mla_vllm_call, vll
 
 def test_training_mla_head_equals_vllm_head(mla_vllm_call):
     """The code the MLA head was trained with (naive MLA, fc_norm) computes, on vLLM's inputs, vLLM's logits."""
-    from vllm_eagle3.miniature.draft import Eagle3Draft
+    from vllm_eagle3.reference import Eagle3Draft
 
     draft = Eagle3Draft.from_dir(MLA_DRAFT, target_dir=TARGET).eval()
     assert draft.config.arch == "mla" and draft.config.fc_norm and draft.config.norm_output, draft.config
@@ -224,7 +215,7 @@ def test_sglang_kimi_mla_eagle3_equals_vllm_head(mla_vllm_call, tmp_path):
     """SGLang 0.5.23's own Kimi K2.5 MLA draft (``kimi_k25_eagle3.py``) on vLLM's inputs gives vLLM's logits, and its
     aux output (what it feeds the next draft step) is the POST-norm state, as ``norm_output`` says and as the
     training code feeds it back."""
-    from vllm_eagle3.miniature.draft import Eagle3Draft
+    from vllm_eagle3.reference import Eagle3Draft
 
     record = run_sglang_draft("mla_draft_runner.py", MLA_DRAFT, mla_vllm_call, tmp_path)
     assert record["model_class"] == MLA_CLASS and record["model_module"].endswith("kimi_k25_eagle3"), \

@@ -71,22 +71,10 @@ def require_legacy_env() -> None:
 
 def assert_tap(where: str, got: torch.Tensor, states, tap: int) -> float:
     """``got`` is transformers' ``hidden_states[tap]`` (bit-exact for the embedding), not a neighbour; returns the
-    relative difference."""
-    want = states[tap][0]
-    assert got.shape == want.shape, f"{where} tap {tap_label(tap)}: {tuple(got.shape)} vs transformers {tuple(want.shape)}"
-    scale = want.abs().max().item()
-    rel = (got - want).abs().max().item() / scale
-    print(f"{where} tap {tap_label(tap)} {tuple(got.shape)}: max abs diff / max |value| = {rel:.3g} "
-          f"(values up to {scale:.0f})")
-    if tap == EMBED:
-        assert torch.equal(got, want), f"{where} embed: not bit-identical to transformers' hidden_states[0] ({rel:.3g})"
-    else:
-        assert rel <= TAP_REL, f"{where} tap {tap}: relative difference {rel:.3g} > {TAP_REL} vs transformers"
-    for other in (tap - 1, tap + 1):
-        if 0 <= other < len(states):
-            far = (got - states[other][0]).abs().max().item() / scale
-            assert far > 100 * TAP_REL, f"{where} tap {tap} is within {far:.3g} of hidden_states[{other}]"
-    return rel
+    relative difference (the shared check, vllm_eagle3/testing/taps.py, at this module's TAP_REL)."""
+    from vllm_eagle3.testing.taps import assert_is_tap
+
+    return assert_is_tap(got, states, tap, rel=TAP_REL, where=where)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -104,23 +104,11 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def assert_is_tap(engine: str, got: torch.Tensor, hf_states, tap: int, atol: float = ATOL, rtol: float = RTOL) -> None:
-    """``got`` equals HF ``hidden_states[tap]`` (bit-exact for the embedding) and clearly not its neighbours."""
-    want = hf_states[tap][0]
-    where = f"{engine} tap {tap_label(tap)}"
-    assert got.shape == want.shape, f"{where}: shape {tuple(got.shape)} != transformers {tuple(want.shape)}"
-    diff = max_abs(got, want)
-    if tap == EMBED:
-        assert torch.equal(got, want), (f"{where} vs transformers hidden_states[0]: shapes {tuple(got.shape)} / "
-                                        f"{tuple(want.shape)}, max abs diff {diff:.3g} (must be bit-identical)")
-    else:
-        assert torch.allclose(got, want, atol=atol, rtol=rtol), (
-            f"{where} vs transformers hidden_states[{tap}]: shapes {tuple(got.shape)} / {tuple(want.shape)}, "
-            f"max abs diff {diff:.3g} (atol {atol}, rtol {rtol})")
-    for other in (tap - 1, tap + 1):
-        if 0 <= other < len(hf_states):
-            far = max_abs(got, hf_states[other][0])
-            assert far > NEIGHBOUR_MIN_DIFF, (
-                f"{where}: also within {far:.3g} of hidden_states[{other}] — the tolerance cannot tell taps apart")
+    """``got`` equals HF ``hidden_states[tap]`` (bit-exact for the embedding) and clearly not its neighbours (the
+    shared check, vllm_eagle3/testing/taps.py, with this module's tolerances)."""
+    from vllm_eagle3.testing.taps import assert_is_tap as check
+
+    check(got, hf_states, tap, atol=atol, rtol=rtol, neighbour=NEIGHBOUR_MIN_DIFF, where=engine)
 
 
 # ---------------------------------------------------------------------------------------------------------------

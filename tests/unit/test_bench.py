@@ -18,7 +18,7 @@ from vllm_eagle3.tools.bench.run import make_native_draft, native_taps
 from vllm_eagle3.tools.bench.stats import (Estimate, bootstrap, break_even, cost_ratio, ideal_speedup, paired_ratio,
                                            stratified_ratio)
 from vllm_eagle3.tools.bench.timers import step_split
-from vllm_eagle3.tools.metrics import SpecDecodeCounters
+from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,10 @@ import json
 
 import pytest
 
-from vllm_eagle3.tools import cpu_attention, serve
-from vllm_eagle3.tools.cpu_attention import AMX_MLA, CPU_MLA, BackendChoiceError, choose
-from vllm_eagle3.tools.serve_args import ServeInputError, serve_target_and_draft
+from vllm_eagle3.tools.serve import cli as serve
+from vllm_eagle3.tools.serve import cpu_attention
+from vllm_eagle3.tools.serve.cpu_attention import AMX_MLA, CPU_MLA, BackendChoiceError, choose
+from vllm_eagle3.tools.serve.args import ServeInputError, serve_target_and_draft
 
 pytestmark = pytest.mark.unit
 

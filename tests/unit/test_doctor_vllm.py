@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not all((d / "config.json").is_file() for d in (
 def test_capture_superset_covers_every_candidate_of_both_heads_and_both_wirings():
     from vllm_eagle3.checkpoint import DraftInfo, TargetInfo
     from vllm_eagle3.tools.doctor import engine_taps
-    from vllm_eagle3.tools.wirings import candidate_wirings
+    from vllm_eagle3.tools.doctor.wirings import candidate_wirings
 
     L = TargetInfo.load(TARGET).num_layers
     for draft in (FIRST, SECOND):
@@ -52,7 +52,7 @@ def test_capture_draft_is_the_head_fed_the_configured_wiring_and_passes_the_plug
     from vllm_eagle3.resolve import ENV_SPEC, resolve_from_env
     from vllm_eagle3.spec import taps_label
     from vllm_eagle3.tools.doctor import engine_taps
-    from vllm_eagle3.tools.doctor_vllm import capture_draft
+    from vllm_eagle3.tools.doctor.engine import capture_draft
 
     need, configured = engine_taps(TARGET, FIRST, taps=["embed,3,31", "3,31,59"])
     superset = sorted(need)

@@ -7,7 +7,7 @@ and the fix.
 
 import pytest
 
-from vllm_eagle3.tools import failures
+from vllm_eagle3.tools.serve import failures
 
 pytestmark = pytest.mark.unit
 

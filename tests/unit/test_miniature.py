@@ -30,7 +30,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from vllm_eagle3.miniature import export, train_draft, train_target  # noqa: E402
-from vllm_eagle3.miniature.draft import Eagle3Draft  # noqa: E402
+from vllm_eagle3.reference import Eagle3Draft  # noqa: E402
 from vllm_eagle3.resolve import load_spec_yaml  # noqa: E402
 
 NUM_LAYERS = 3  # toy target: taps embed, 1, 2 play the role of embed, 3, 31 (legacy SGLang ids reach tap L - 1 only)
@@ -189,7 +189,7 @@ def test_norm_output_feeds_the_post_norm_state_to_the_next_step(toy_mla):
 def test_draft_config_refuses_options_the_code_does_not_implement():
     """A head with an EAGLE-3.1 option the training/evaluation code does not compute is refused with its name, not
     evaluated as another network."""
-    from vllm_eagle3.miniature.draft import DraftConfig
+    from vllm_eagle3.reference import DraftConfig
 
     cfg = json.loads((Path(__file__).resolve().parents[2] / "models" / "kimi-k25-mini-eagle3-mla" / "config.json")
                      .read_text())
@@ -219,7 +219,7 @@ def test_cached_greedy_decoding_equals_full_recomputation(toy):
 
 def test_served_walk_visits_anchors_like_a_server():
     """The served-walk simulation advances by accepted + 1 tokens per draft, as vLLM's verify step does."""
-    from vllm_eagle3.miniature.acceptance import served_walk, walk_summary
+    from vllm_eagle3.reference.acceptance import served_walk, walk_summary
 
     t, f = True, False
     match = torch.tensor([[t, t, f], [f, f, f], [f, f, f], [t, f, f], [t, t, t], [t, t, t]])
@@ -316,7 +316,7 @@ def test_naive_mla_equals_the_absorbed_form_the_engines_run():
     which the training code takes in float32 as vLLM does: the outputs (magnitude ~10) agree to 1e-5 (measured 9.3e-7,
     float32 softmax rounding); a wrong formula (rope on the wrong dims, a swapped k/v slice of kv_b_proj) is O(1).
     A mismatch in the engine parity test is then the engines', not the formula's."""
-    from vllm_eagle3.miniature.draft import apply_rope_interleaved, rope_cos_sin
+    from vllm_eagle3.reference.attention import apply_rope_interleaved, rope_cos_sin
 
     head = Path(__file__).resolve().parents[2] / "models" / "kimi-k25-mini-eagle3-mla"
     attn = Eagle3Draft.from_dir(head).double().midlayer.self_attn

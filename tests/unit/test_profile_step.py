@@ -1,4 +1,4 @@
-"""vllm_eagle3/tools/profile_step.py without an engine: step classification, the per-step summary and its options.
+"""vllm_eagle3/tools/bench/profile_step.py without an engine: step classification, the per-step summary and its options.
 
 The bugs it guards: a prefill or mixed step counted as a decode/verify step (its 64-token prompt would dominate the
 "verify" median), an acceptance length read from vLLM's metrics registry (one per process: with several engines in
@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from vllm_eagle3.tools import profile_step as P
+from vllm_eagle3.tools.bench import profile_step as P
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """``vllm-eagle3 serve`` reads the target, the speculative config and the pipeline size exactly as vLLM will.
 
 The wrapper validates in ~0.1 s without importing vLLM (10-18 s), so it reads vLLM's options itself
-(``tools/serve_args.py``). Guards drift from vLLM's own parser: here both read the same command lines and must
+(``tools/serve/args.py``). Guards drift from vLLM's own parser: here both read the same command lines and must
 agree. Found this way (issue 11): a dotted ``--speculative-config.num_speculative_tokens 5`` REPLACES the serve
 config's speculative config in vLLM 0.32 (the draft model is then gone) where the wrapper had merged the two and
 validated a draft vLLM would not load.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.tools.serve_args import ServeInputError, int_option, serve_target_and_draft
+from vllm_eagle3.tools.serve.args import ServeInputError, int_option, serve_target_and_draft
 
 pytestmark = pytest.mark.unit
 

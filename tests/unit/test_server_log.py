@@ -7,7 +7,7 @@ pin that the digest put at the end of :class:`ServerStartError` names the real e
 
 import pytest
 
-from vllm_eagle3.tools.process import VllmServer, root_cause, startup_phase, with_intel_openmp
+from vllm_eagle3.tools.serve.process import VllmServer, root_cause, startup_phase, with_intel_openmp
 
 pytestmark = pytest.mark.unit
 

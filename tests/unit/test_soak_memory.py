@@ -11,7 +11,7 @@ time so the next growth names its process.
 import pytest
 
 from vllm_eagle3.tools.soak import plot_rss, tree_rss_by_process
-from vllm_eagle3.tools.vllm_cpu import (MALLOC_ENV, ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, allocator_setting,
+from vllm_eagle3.tools.serve.vllm_cpu import (MALLOC_ENV, ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, allocator_setting,
                                         onednn_cache_setting)
 
 pytestmark = pytest.mark.unit

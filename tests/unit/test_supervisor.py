@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from vllm_eagle3.tools.supervisor import descendants, supervise
+from vllm_eagle3.tools.serve.supervisor import descendants, supervise
 
 pytestmark = pytest.mark.unit
 
@@ -45,7 +45,7 @@ def _run_in_child(argv, signum, after_s, grace_s):
     """supervise() in a forked helper process (it sets signal handlers and a subreaper flag), signalled after
     ``after_s``; returns (exit code, seconds from signal to exit)."""
     proc = subprocess.Popen([sys.executable, "-c",
-                             "import sys; from vllm_eagle3.tools.supervisor import supervise; "
+                             "import sys; from vllm_eagle3.tools.serve.supervisor import supervise; "
                              f"sys.exit(supervise({argv!r}, dict(__import__('os').environ), grace_s={grace_s}))"])
     time.sleep(after_s)
     t0 = time.monotonic()

@@ -7,7 +7,7 @@ vLLM-CPU without ``VLLM_CPU_KVCACHE_SPACE`` wants 92 % of the NUMA node free. A 
 
 import pytest
 
-from vllm_eagle3.tools.vllm_cpu import KV_ENV, KV_MAX_GIB, mem_available_gib, memory_setting
+from vllm_eagle3.tools.serve.vllm_cpu import KV_ENV, KV_MAX_GIB, mem_available_gib, memory_setting
 
 pytestmark = pytest.mark.unit
 
@@ -49,7 +49,7 @@ def test_demo_compares_served_acceptance_with_the_served_walk(tmp_path):
     import json
 
     from vllm_eagle3.tools.demo import model_card_line
-    from vllm_eagle3.tools.metrics import SpecDecodeCounters
+    from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 
     draft = tmp_path / "draft"
     draft.mkdir()
@@ -101,7 +101,7 @@ def test_cli_hook_answers_only_the_missing_vllm_name(monkeypatch):
 
 
 def test_fix_vllm_cli_writes_checks_and_removes_the_hook(tmp_path, monkeypatch, capsys):
-    from vllm_eagle3.tools import vllm_cpu
+    from vllm_eagle3.tools.serve import vllm_cpu
 
     monkeypatch.setattr(vllm_cpu, "pth_path", lambda: tmp_path / vllm_cpu.PTH_NAME)
     monkeypatch.setattr(vllm_cpu, "is_vllm_cpu", lambda: True)

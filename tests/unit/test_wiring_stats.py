@@ -1,4 +1,4 @@
-"""The doctor's verdict statistics (vllm_eagle3/tools/wiring_stats.py) on synthetic chain matches, no model.
+"""The doctor's verdict statistics (vllm_eagle3/tools/doctor/stats.py) on synthetic chain matches, no model.
 
 The bug it guards: on the shipped pair the doctor answered "inconclusive" and printed config lines for an
 unconfirmed neighbour wiring ([embed, 4, 31] at 0.593 vs 0.580 top-1), so a user following it would rewrite a
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_eagle3.tools import wiring_stats as S
+from vllm_eagle3.tools.doctor import stats as S
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +38,7 @@ def chains(taps, m) -> S.WiringChains:
 
 def test_acceptance_length_matches_the_model_card_definition():
     """AL(k) = 1 + sum of the first k per-position acceptances (acceptance.ChainStats), p0 = first step."""
-    from vllm_eagle3.miniature.acceptance import ChainStats
+    from vllm_eagle3.reference.acceptance import ChainStats
 
     m = matches(12, 50, 0.6, 0)
     stats = ChainStats()

@@ -37,10 +37,10 @@ import torch
 from vllm_eagle3.resolve import load_spec_yaml
 
 from . import data, export, tokenizer
-from .acceptance import MAX_K, chain_eval, walk_summary
-from .draft import Eagle3Draft
+from vllm_eagle3.reference.acceptance import MAX_K, chain_eval, walk_summary
+from vllm_eagle3.reference import Eagle3Draft
 from .target import use_dense_experts
-from .teacher import DEFAULT_SPEC, greedy_continue
+from vllm_eagle3.reference.teacher import DEFAULT_SPEC, greedy_continue
 
 __all__ = ["greedy_continue", "main"]  # greedy_continue: re-exported (it lives in teacher.py)
 

@@ -42,10 +42,10 @@ from vllm_eagle3.conventions import taps_to_ids
 from vllm_eagle3.resolve import load_spec_file
 
 from . import data, export, tokenizer
-from .draft import ARCHITECTURES, DraftConfig, Eagle3Draft
+from vllm_eagle3.reference import ARCHITECTURES, DraftConfig, Eagle3Draft
 from .schedule import lr_at, run_progress, set_lr
 from .target import use_dense_experts
-from .teacher import DEFAULT_SPEC, greedy_continue, shifted, target_outputs
+from vllm_eagle3.reference.teacher import DEFAULT_SPEC, greedy_continue, shifted, target_outputs
 
 __all__ = ["DEFAULT_SPEC", "main", "shifted", "target_outputs", "ttt_loss"]  # teacher names re-exported
 

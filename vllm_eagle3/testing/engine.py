@@ -1,142 +1,15 @@
-"""A real offline vLLM engine for tests, with its processes' output captured (test support).
-
-Data flow position: drives the whole pipeline (target forward -> taps -> draft -> proposer) through vLLM's
-public ``LLM`` API. The engine core and workers are spawned processes: they inherit the environment and
-the stdout/stderr file descriptors at start, so :func:`start_engine` points fds 1/2 at a log file while the
-engine starts and the tests read the start-up log (e.g. the plugin's tap line) from it.
+"""Test support around an offline vLLM engine: the engine itself (re-exported from ``vllm_eagle3.tools.engine``),
+the capture tests' prompt, and functions run in the workers through ``LLM.collective_rpc``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import gc
-import os
-import tempfile
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from vllm_eagle3.tools.engine import Engine, counter_totals, start_engine, stop_engine
 
-@dataclasses.dataclass
-class Engine:
-    llm: Any
-    log_path: Path
-    startup_s: float
-
-    def log(self) -> str:
-        """Everything the engine's processes wrote to stdout/stderr so far."""
-        return self.log_path.read_text(errors="replace")
-
-
-@contextlib.contextmanager
-def _fds_to(path: Path) -> Iterator[None]:
-    """Send fds 1 and 2 to ``path`` (spawned engine processes inherit them and keep writing there)."""
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for f in (fd, *saved):
-            os.close(f)
-
-
-@contextlib.contextmanager
-def _env(overrides: dict[str, str | None]) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in overrides}
-    try:
-        for k, v in overrides.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | None] | None = None,
-                 num_speculative_tokens: int = 3, **kwargs: Any) -> Engine:
-    """A real offline ``vllm.LLM`` (float32, eager, no prefix caching) with its processes' output in a file.
-
-    ``env`` is applied while the engine starts (its processes keep it) and restored afterwards; the
-    plugin's variables (``VLLM_EAGLE3_SPEC``, ``VLLM_EAGLE3_CONVENTION``) default to unset.
-    """
-    import time
-
-    from vllm import LLM
-
-    env = {"VLLM_EAGLE3_SPEC": None, "VLLM_EAGLE3_CONVENTION": None, **(env or {})}
-    log_path = Path(tempfile.mkstemp(prefix="vllm_engine_", suffix=".log")[1])
-    args: dict[str, Any] = dict(model=str(model), dtype="float32", enforce_eager=True, max_model_len=256,
-                                enable_prefix_caching=False, seed=0)
-    if "kimi" in Path(model).name:
-        args["limit_mm_per_prompt"] = {"vision_chunk": 0}  # text-only runs
-    if draft is not None:
-        args["speculative_config"] = {"method": "eagle3", "model": str(draft),
-                                      "num_speculative_tokens": num_speculative_tokens}
-    args.update(kwargs)
-    _cpu_attention_backends(args)
-    t0 = time.monotonic()
-    with _env(env), _fds_to(log_path):
-        try:
-            llm = LLM(**args)
-        except BaseException as exc:
-            exc.engine_log = log_path.read_text(errors="replace")  # type: ignore[attr-defined]
-            raise
-    return Engine(llm, log_path, time.monotonic() - t0)
-
-
-def _cpu_attention_backends(args: dict[str, Any]) -> None:
-    """On vLLM-CPU, the MLA backends ``vllm-eagle3 serve`` would choose on this host (float32 on an AMX host:
-    CPU_MLA for the target and an MLA draft), set in ``args`` and printed (``cpu_attention.choose``)."""
-    import json
-
-    from vllm_eagle3.tools import cpu_attention
-    from vllm_eagle3.tools.vllm_cpu import is_vllm_cpu
-
-    if not is_vllm_cpu():
-        return
-    spec = args.get("speculative_config") or {}
-
-    def mla(folder: Any) -> bool:
-        cfg = Path(str(folder)) / "config.json"
-        return cfg.is_file() and cpu_attention.config_is_mla(json.loads(cfg.read_text()))
-
-    choice = cpu_attention.choose(amx=cpu_attention.host_has_amx(), dtype=args.get("dtype"),
-                                  target_is_mla=mla(args["model"]), draft_is_mla=bool(spec) and mla(spec["model"]),
-                                  target_backend=args.get("attention_backend"),
-                                  draft_backend=spec.get("attention_backend"))
-    if choice.target:
-        args["attention_backend"] = choice.target
-    if choice.draft:
-        args["speculative_config"] = {**spec, "attention_backend": choice.draft}
-    if choice.line and (choice.target or choice.draft):
-        print(choice.line, flush=True)
-
-
-def stop_engine(engine: Engine | None) -> None:
-    if engine is None:
-        return
-    try:
-        engine.llm.llm_engine.engine_core.shutdown()
-    finally:
-        del engine.llm
-        gc.collect()
-
+__all__ = ["Engine", "PROMPT", "counter_totals", "prompt_ids", "start_engine", "stop_engine",
+           "worker_applied_patches", "worker_attention_builders", "worker_mla_verify_calls"]
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 """The prompt of every capture test; its token ids are its UTF-8 bytes (tiny byte-level tokenizer)."""
@@ -167,12 +40,3 @@ def worker_attention_builders(worker: Any) -> dict[str, str]:
             for groups in worker.model_runner.attn_groups for g in groups}
 
 
-def counter_totals(llm: Any) -> dict[str, float]:
-    """The engine's numeric metrics (``LLM.get_metrics``, ``disable_log_stats=False``), summed over label sets, by
-    name without ``_total`` (e.g. ``vllm:spec_decode_num_drafts``)."""
-    totals: dict[str, float] = {}
-    for m in llm.get_metrics():
-        if isinstance(getattr(m, "value", None), (int, float)):
-            name = m.name.removesuffix("_total")
-            totals[name] = totals.get(name, 0) + m.value
-    return totals

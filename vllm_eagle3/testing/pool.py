@@ -1,6 +1,6 @@
 """Servers shared by the whole test session (test support).
 
-Data flow position: outside the engine, like ``tools/process.py``. A server is keyed by what makes servers
+Data flow position: outside the engine, like ``tools/serve/process.py``. A server is keyed by what makes servers
 different - its ``vllm-eagle3 serve`` argv and the environment it adds - so every test that can use the same
 server gets the same running process, whichever module it is in (tests/conftest.py ``server_pool``). At most
 ``capacity`` servers are alive at once, fewer when less than ``min_free_gib`` of memory is available (an idle server
@@ -20,8 +20,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Mapping
 
-from vllm_eagle3.tools.process import VllmServer
-from vllm_eagle3.tools.vllm_cpu import mem_available_gib
+from vllm_eagle3.tools.serve.process import VllmServer
+from vllm_eagle3.tools.serve.vllm_cpu import mem_available_gib
 
 
 @dataclasses.dataclass(frozen=True)

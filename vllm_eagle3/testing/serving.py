@@ -1,6 +1,6 @@
 """`vllm-eagle3 serve` with an EAGLE-3 head and a capture spec, measured from outside (test support).
 
-Data flow position: the user's path end to end. One server (:class:`vllm_eagle3.tools.process.VllmServer`) is
+Data flow position: the user's path end to end. One server (:class:`vllm_eagle3.tools.serve.process.VllmServer`) is
 started, greedy completions of token-id prompts are requested over the OpenAI API (``return_token_ids``, no EOS
 stop, several in flight), vLLM's speculative-decoding counters are read from ``/metrics`` before and after, and the
 server is stopped; the caller compares the token ids and counters with its reference.
@@ -20,7 +20,7 @@ class ServedGreedy:
     """What :func:`serve_greedy` measured."""
 
     token_ids: list[list[int]]  # the greedy continuation of each prompt, in the prompts' order
-    counters: Any  # vllm_eagle3.tools.metrics.SpecDecodeCounters over these requests only
+    counters: Any  # vllm_eagle3.tools.serve.metrics.SpecDecodeCounters over these requests only
     log: str  # the server's whole log
     startup_s: float
 
@@ -49,8 +49,8 @@ def serve_greedy(target: Path, draft: Path, capture_spec: Path, serve_config: Pa
     (``num_speculative_tokens``) and ``--capture-spec``, run :func:`greedy_token_ids` on ``prompts`` (the model
     ``GET /v1/models`` names), read the spec-decode counters over those requests and the log, stop the server (also
     on failure)."""
-    from vllm_eagle3.tools.metrics import SpecDecodeCounters
-    from vllm_eagle3.tools.process import VllmServer, served_model_name
+    from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
+    from vllm_eagle3.tools.serve.process import VllmServer, served_model_name
 
     eagle3 = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": num_speculative_tokens})
     server = VllmServer([str(target), "--config", str(serve_config), "--speculative-config", eagle3,

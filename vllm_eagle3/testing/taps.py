@@ -33,3 +33,38 @@ def install_recorder(model: torch.nn.Module) -> str:
 def recorded_taps(model: torch.nn.Module) -> list[list[torch.Tensor]]:
     """Every recorded forward's aux list (each tensor ``[num_tokens, hidden]``), oldest first."""
     return list(getattr(model, _ATTR, None) or [])
+
+
+def assert_is_tap(got: torch.Tensor, states, tap: int, *, rel: float | None = None, atol: float | None = None,
+                  rtol: float = 0.0, neighbour: float | None = None, where: str = "") -> float:
+    """``got`` is transformers' ``hidden_states[tap]`` (``states[tap][0]``) and not a neighbouring layer's: the one
+    check every capture test makes. Returns the relative difference ``max |got - want| / max |want|``.
+
+    - tap 0 (``embed``): bit-identical (both engines look up the same embedding rows);
+    - other taps: ``rel`` (max abs difference over max |value|, the scale-free form) or ``atol`` / ``rtol``
+      (element-wise, ``torch.allclose``); the calling test justifies its tolerance in its docstring;
+    - each neighbour k +- 1 must be farther than ``neighbour`` (same measure as the tolerance; default 100x it), so
+      an off-by-one capture cannot pass and a tolerance too loose to tell layers apart fails the test."""
+    assert (rel is None) != (atol is None), "give rel or atol"
+    label = "embed" if tap == 0 else str(tap)
+    where = f"{where} tap {label}".strip()
+    want = states[tap][0]
+    assert got.shape == want.shape, f"{where}: shape {tuple(got.shape)} != transformers {tuple(want.shape)}"
+    scale = want.abs().max().item()
+    diff = (got - want).abs().max().item()
+    relative = diff / scale
+    print(f"{where}: max abs diff {diff:.3g}, / max |value| = {relative:.3g} (values up to {scale:.3g})", flush=True)
+    if tap == 0:
+        assert torch.equal(got, want), f"{where} is not bit-identical to transformers' hidden_states[0] ({diff:.3g})"
+    elif rel is not None:
+        assert relative <= rel, f"{where}: relative difference {relative:.3g} > {rel} vs hidden_states[{tap}]"
+    else:
+        assert torch.allclose(got, want, atol=atol, rtol=rtol), (
+            f"{where} vs transformers hidden_states[{tap}]: max abs diff {diff:.3g} (atol {atol}, rtol {rtol})")
+    floor = neighbour if neighbour is not None else 100 * (rel if rel is not None else atol)
+    for other in (tap - 1, tap + 1):
+        if 0 <= other < len(states):
+            far = (got - states[other][0]).abs().max().item() / (scale if rel is not None else 1.0)
+            assert far > floor, (f"{where} is also within {far:.3g} of hidden_states[{other}]: the tolerance cannot "
+                                 "tell neighbouring taps apart")
+    return relative

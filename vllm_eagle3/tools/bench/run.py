@@ -24,18 +24,19 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from vllm_eagle3 import envs
 from vllm_eagle3.tools import REPO
 from vllm_eagle3.tools.bench import client
 from vllm_eagle3.tools.bench.plan import (EMBED_TAP, LAYER_TAPS, MLA_OFF, MLA_ON, NATIVE, NATIVE_CAPTURES,
                                           NATIVE_LAYERS, NO_SPEC, Plan, Variant)
 from vllm_eagle3.tools.bench.timers import step_split
-from vllm_eagle3.tools.process import ServerStartError, VllmServer, served_model_name
+from vllm_eagle3.tools.serve.process import ServerStartError, VllmServer, served_model_name
 
 SCHEMA = 2
 TIMERS_EXTENSION = "vllm_eagle3.tools.bench.StepTimers"
 STOCK_PLUGIN = "vllm_eagle3_model_patches"
 """The project's second ``vllm.general_plugins`` entry: vLLM's CPU patches only, none of the capture classes."""
-MLA_ENV = "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"  # model_patches/vllm_cpu_mla_verify_decode.py
+MLA_ENV = envs.CPU_MLA_VERIFY_AS_DECODE  # model_patches/vllm_cpu_mla_verify_decode.py
 COMPILE_CACHE = ".cache/vllm"
 START_TIMEOUT_S = {"eager": 400.0, "compiled": 1200.0}  # a cold compile takes ~270 s on a quiet 2-core box
 SECOND_HEAD = "models/kimi-k25-mini-eagle3-taps-3-31-59"  # the same-taps capture A/B's head ...

@@ -72,7 +72,7 @@ def start_failure(log: str) -> str:
     for pattern, cause in START_FAILURES:
         if re.search(pattern, log):
             return cause
-    from vllm_eagle3.tools.process import root_cause, startup_phase
+    from vllm_eagle3.tools.serve.process import root_cause, startup_phase
 
     exc = root_cause(log, max_lines=1)
     where = startup_phase(log)
@@ -88,7 +88,7 @@ def engine_death(log: str, gone: list[str] | None = None) -> str:
     if gone:
         return f"vLLM process {gone[0]} ended first (killed or crashed); the engine is dead"
     if _ENGINE_DEAD.search(log):
-        from vllm_eagle3.tools.process import root_cause
+        from vllm_eagle3.tools.serve.process import root_cause
 
         exc = root_cause(log, max_lines=1)
         return f"vLLM's engine core died{': ' + exc if exc else ''}"

@@ -14,10 +14,10 @@ dense MLP, norms, and the logits. Steps are classified: ``decode`` (every reques
 1 + its drafts), anything with a prompt is left out. Optionally (``--torch-profile N``) the first N steady steps of
 each (engine, concurrency) run under ``torch.profiler`` and the top ops by self CPU time are reported.
 
-    python -m vllm_eagle3.tools.profile_step --heads none,llama,mla --concurrency 1,4,16 --rounds 2
-    python -m vllm_eagle3.tools.profile_step --heads none,llama --concurrency 16 --torch-profile 3 --json out.json
+    python -m vllm_eagle3.tools.bench.profile_step --heads none,llama,mla --concurrency 1,4,16 --rounds 2
+    python -m vllm_eagle3.tools.bench.profile_step --heads none,llama --concurrency 16 --torch-profile 3 --json out.json
 
-Engines are started like the tests start them (vllm_eagle3/testing/engine.py); wrap the command in the machine's
+Engines are started like the tests start them (vllm_eagle3/tools/engine.py); wrap the command in the machine's
 engine-slot script when others share it.
 """
 
@@ -228,7 +228,7 @@ def _prompts(n: int) -> list[list[int]]:
 
 
 def _start(label: str, k: int, args):
-    from vllm_eagle3.testing.engine import start_engine
+    from vllm_eagle3.tools.engine import start_engine
 
     head, _, k_text = label.partition("@")
     k = int(k_text) if k_text else k
@@ -285,7 +285,7 @@ def summarize(steps: list[dict]) -> dict:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m vllm_eagle3.tools.profile_step", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="python -m vllm_eagle3.tools.bench.profile_step", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Reports medians over steady steps; ratios are measured in one process, "
                                        "engines alternating, so they hold on a shared machine.")
@@ -320,17 +320,17 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     if __name__ == "__main__":  # worker functions must be pickled by reference to this module, not by value
-        from vllm_eagle3.tools import profile_step
+        from vllm_eagle3.tools.bench import profile_step
 
         return profile_step.main(argv)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     for k, v in {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                  "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}.items():
         os.environ.setdefault(k, v)
-    from vllm_eagle3.tools.serve import openmp_env
+    from vllm_eagle3.tools.serve.cli import openmp_env
 
     os.environ.update(openmp_env())  # as `vllm-eagle3 serve` runs it (Intel OpenMP preloaded)
-    from vllm_eagle3.testing.engine import stop_engine
+    from vllm_eagle3.tools.engine import stop_engine
 
     engines = {}
     try:

@@ -24,20 +24,21 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from vllm_eagle3 import envs
 from vllm_eagle3.checkpoint import read_json
 from vllm_eagle3.conventions import CONVENTIONS
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, check_pipeline_parallel, resolve_capture
 from vllm_eagle3.spec import CaptureSpecError
-from vllm_eagle3.tools import cpu_attention
-from vllm_eagle3.tools.process import intel_openmp_library, with_intel_openmp
-from vllm_eagle3.tools.serve_args import ServeInputError, int_option, option, serve_target_and_draft, take_option
-from vllm_eagle3.tools.supervisor import exit_on_stop_signals, supervise
+from vllm_eagle3.tools.serve import cpu_attention
+from vllm_eagle3.tools.serve.process import intel_openmp_library, with_intel_openmp
+from vllm_eagle3.tools.serve.args import ServeInputError, int_option, option, serve_target_and_draft, take_option
+from vllm_eagle3.tools.serve.supervisor import exit_on_stop_signals, supervise
 from vllm_eagle3.watch import plugins_allowlist_with_endpoint
-from vllm_eagle3.tools.vllm_cpu import allocator_setting, install_vllm_cpu_version_shim, is_vllm_cpu, memory_setting
+from vllm_eagle3.tools.serve.vllm_cpu import allocator_setting, install_vllm_cpu_version_shim, is_vllm_cpu, memory_setting
 
 PROG = "vllm-eagle3 serve"
 EXIT_BAD_INPUT = 2
-CHILD_ENV = "_VLLM_EAGLE3_SERVE_CHILD"
+CHILD_ENV = envs.SERVE_CHILD
 
 USAGE = f"""usage: {PROG} MODEL --speculative-config JSON [--capture-spec YAML | --convention NAME] [vllm serve options]
        {PROG} --config serve.yaml [--capture-spec YAML | --convention NAME] [vllm serve options]

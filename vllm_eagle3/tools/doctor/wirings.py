@@ -7,8 +7,8 @@ the target ONCE on them (transformers, float32, ``output_hidden_states=True``: t
 worth trying (the draft config's ids under every convention, engine defaults, neighbours, the embedding swapped in);
 :func:`first_draft_acceptance` screens every candidate on its first draft, and :func:`chain_matches` drafts chains
 of ``MAX_K`` tokens for the ones that matter exactly as vLLM's proposer does
-(``vllm_eagle3.miniature.acceptance.chain_eval`` replaying the one target run).
-:mod:`vllm_eagle3.tools.wiring_stats` turns the matches into a verdict; ``doctor.py`` prints it.
+(``vllm_eagle3.reference.acceptance.chain_eval`` replaying the one target run).
+:mod:`vllm_eagle3.tools.doctor.stats` turns the matches into a verdict; ``doctor.py`` prints it.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class Sample:
 
     @property
     def anchors(self) -> int:
-        from vllm_eagle3.miniature.acceptance import MAX_K
+        from vllm_eagle3.reference.acceptance import MAX_K
 
         return self.seqs.shape[0] * (self.seqs.shape[1] - MAX_K - self.first_anchor)
 
@@ -304,12 +304,12 @@ def greedy_run(model, prompts, new_tokens: int) -> TargetRun:
 # ----------------------------------------------------------------------------------------------- draft side
 
 def load_draft(draft_dir: Path, draft: DraftInfo, num_taps: int, run: TargetRun):
-    """The draft head as :class:`vllm_eagle3.miniature.draft.Eagle3Draft`, the plain-PyTorch copy of vLLM's
+    """The draft head as :class:`vllm_eagle3.reference.Eagle3Draft`, the plain-PyTorch copy of vLLM's
     ``llama_eagle3`` forward (float32, eval). Its fan-in comes from ``fc.weight`` (not from the config, which is what
     is being diagnosed); the embedding is the target's unless the draft ships its own (as vLLM does)."""
     from safetensors.torch import load_file
 
-    from vllm_eagle3.miniature.draft import DraftConfig, Eagle3Draft
+    from vllm_eagle3.reference import DraftConfig, Eagle3Draft
 
     cfg = dict(draft.config)
     cfg["num_aux_hidden_states"] = num_taps
@@ -353,8 +353,8 @@ def first_draft_acceptance(draft, run: TargetRun, sample: Sample, candidates: Se
     import torch
     from tqdm import tqdm
 
-    from vllm_eagle3.miniature.acceptance import MAX_K
-    from vllm_eagle3.miniature.teacher import shifted
+    from vllm_eagle3.reference.acceptance import MAX_K
+    from vllm_eagle3.reference.teacher import shifted
 
     t = run.input_ids.shape[1]
     a, last = sample.first_anchor, t - MAX_K
@@ -371,7 +371,7 @@ def first_draft_acceptance(draft, run: TargetRun, sample: Sample, candidates: Se
 
 
 class _Replay:
-    """The target as :func:`vllm_eagle3.miniature.acceptance.chain_eval` calls it, answering from the one forward
+    """The target as :func:`vllm_eagle3.reference.acceptance.chain_eval` calls it, answering from the one forward
     already run: chain_eval runs the target for each call, the doctor scores many wirings on one target run."""
 
     def __init__(self, run: TargetRun) -> None:
@@ -386,8 +386,8 @@ class _Replay:
 
 def chain_matches(draft, run: TargetRun, sample: Sample, taps: Sequence[int]):
     """[N, A, MAX_K] bool: at each anchor, which chained draft steps equal the target's greedy tokens, for the
-    draft fed ``cat(taps)`` -- :func:`vllm_eagle3.miniature.acceptance.chain_eval` (the model card's evaluation)."""
-    from vllm_eagle3.miniature.acceptance import chain_eval
+    draft fed ``cat(taps)`` -- :func:`vllm_eagle3.reference.acceptance.chain_eval` (the model card's evaluation)."""
+    from vllm_eagle3.reference.acceptance import chain_eval
     from vllm_eagle3.spec import CaptureSpec
 
     n = run.input_ids.shape[0]

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .draft import Eagle3Draft
+from .core import Eagle3Draft
 from .teacher import shifted, target_outputs
 
 MAX_K = 5

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from vllm_eagle3.tools.process import http_get
+from vllm_eagle3.tools.serve.process import http_get
 
 METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"

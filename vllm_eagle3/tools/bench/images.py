@@ -1,5 +1,5 @@
 """Images through the served path: test images, OpenAI chat messages carrying them, and the measurement of
-``python -m vllm_eagle3.tools.images`` (image-prompt acceptance and speed with vs without speculation, next to the
+``python -m vllm_eagle3.tools.bench.images`` (image-prompt acceptance and speed with vs without speculation, next to the
 same prompts without images).
 
 Data flow position: client side, end to end. An OpenAI chat message with ``image_url`` parts (PNG data URLs made
@@ -140,8 +140,8 @@ def ask_image(base_url: str, image: bytes | str, question: str, max_tokens: int 
     ``/metrics`` counters before and after). Returns the :func:`chat_tokens` result plus ``counters``."""
     from openai import OpenAI
 
-    from vllm_eagle3.tools.metrics import SpecDecodeCounters
-    from vllm_eagle3.tools.process import served_model_name
+    from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
+    from vllm_eagle3.tools.serve.process import served_model_name
 
     url = image if isinstance(image, str) else data_url(image, mime)
     client = OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY", max_retries=0)
@@ -169,7 +169,7 @@ def _run_group(base_url: str, model: str, conversations: Sequence[list], max_tok
     decode rate and, on a speculative server, the spec-decode counters of these requests."""
     from openai import OpenAI
 
-    from vllm_eagle3.tools.metrics import SpecDecodeCounters
+    from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 
     client = OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY", max_retries=0, timeout=600)
     chat_tokens(client, model, conversations[0], 4)
@@ -189,15 +189,15 @@ def _run_group(base_url: str, model: str, conversations: Sequence[list], max_tok
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m vllm_eagle3.tools.images``: see ``--help``."""
+    """``python -m vllm_eagle3.tools.bench.images``: see ``--help``."""
     from vllm_eagle3.tools import REPO
     from vllm_eagle3.tools.bench.run import loadavg, machine_info, now_utc
-    from vllm_eagle3.tools.process import VllmServer
+    from vllm_eagle3.tools.serve.process import VllmServer
 
     p = argparse.ArgumentParser(
-        prog="python -m vllm_eagle3.tools.images",
+        prog="python -m vllm_eagle3.tools.bench.images",
         description="Image-prompt acceptance and speed with vs without EAGLE-3 on the served miniature: serve "
-                    "--config (EAGLE-3 on), send the image prompts of vllm_eagle3.tools.images.image_prompts "
+                    "--config (EAGLE-3 on), send the image prompts of vllm_eagle3.tools.bench.images.image_prompts "
                     "(5 sizes / aspect ratios, two images in one prompt, image + multi-turn text) and the same "
                     "conversations without images, greedy, one at a time; then the same config with "
                     "--speculative-config None and the same requests. Writes acceptance length, per-position "

@@ -1,13 +1,13 @@
 """Is the wiring I serve as good as the best one? Paired statistics and the verdict behind ``vllm-eagle3 doctor``.
 
-Data flow position: after :mod:`vllm_eagle3.tools.wirings` has drafted chains for each candidate wiring on the SAME
+Data flow position: after :mod:`vllm_eagle3.tools.doctor.wirings` has drafted chains for each candidate wiring on the SAME
 sequences and anchors (per anchor: which of the k chained drafts equal the target's greedy tokens). This module
 reduces those matches to what serving depends on, compares the configured wiring with the best one, and returns a
 :class:`Verdict`. No model, no engine: plain tensors, unit-tested on synthetic matches.
 
 What is compared. For k = the served ``num_speculative_tokens``: the acceptance length ``AL(k) = 1 + mean over
 anchors of the leading accepted drafts (at most k)`` (tokens emitted per target forward; the model card's
-definition, :class:`vllm_eagle3.miniature.acceptance.ChainStats`), and position-0 acceptance (first draft
+definition, :class:`vllm_eagle3.reference.acceptance.ChainStats`), and position-0 acceptance (first draft
 accepted). Every wiring is scored at the same anchors, so the difference between two wirings is PAIRED: anchors
 where any wiring fails (hard text) fail for both and cancel out of the difference.
 
@@ -78,7 +78,7 @@ class WiringChains:
     @classmethod
     def from_matches(cls, taps: Sequence[int], label: str, why: str, match: torch.Tensor, k: int) -> "WiringChains":
         """``match`` [N, A, >= k] bool: sequence, anchor, draft step == target's greedy token."""
-        from vllm_eagle3.miniature.acceptance import served_walk
+        from vllm_eagle3.reference.acceptance import served_walk
 
         run = match[..., :k].long().cumprod(-1)  # [N, A, k]: step j and all before it accepted
         walk = torch.tensor([served_walk(m, k) for m in match], dtype=torch.float64).reshape(-1, 2)

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from vllm_eagle3.tools import failures
+from vllm_eagle3 import envs
+from vllm_eagle3.tools.serve import failures
 
 STOP_GRACE_S = 20.0
 """Seconds vLLM gets to shut down after a stop signal before its process group is killed (the whole stop stays
@@ -112,7 +113,7 @@ def exit_on_stop_signals() -> None:
         signal.signal(s, on_signal)
 
 
-LOG_ENV = "VLLM_EAGLE3_SERVE_LOG"
+LOG_ENV = envs.SERVE_LOG
 """Where ``serve`` keeps vLLM's whole output (default: a new file in the temp folder, named at start-up)."""
 
 

@@ -1,0 +1,121 @@
+"""The package's shape, checked on its source: dependencies point down, no import circle, modules stay small, every
+environment variable is named in one place.
+
+Guards issue 26: ``resolve.py`` and ``watch.py`` imported each other, ``tools/`` called ``testing.engine``, a wiring
+tool depended on the training code, modules grew past 500 lines, and environment variables were read under names
+defined in several modules. Reads files only (``ast``), no engine.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("vllm_eagle3", "model_patches")
+MAX_LINES = 450
+CORE = {"vllm_eagle3.spec", "vllm_eagle3.conventions", "vllm_eagle3.checkpoint", "vllm_eagle3.resolve",
+        "vllm_eagle3.capture", "vllm_eagle3.plugin", "vllm_eagle3.compat", "vllm_eagle3.watch",
+        "vllm_eagle3.watch_vllm", "vllm_eagle3.envs", "vllm_eagle3.vllm_cpu_version"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for f in sorted((REPO / pkg).rglob("*.py")):
+            parts = list(f.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = f
+    return out
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports anywhere in its file (function-level imports included)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rsplit(".", 1)[0] if "." in t else ""
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def test_no_import_circle(graph):
+    """Between modules (a package's ``__init__`` re-exporting its own children does not count as a circle)."""
+    def is_parent(a: str, b: str) -> bool:
+        return b.startswith(a + ".")
+
+    edges = {a: {b for b in bs if not is_parent(a, b) and not is_parent(b, a)} for a, bs in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path + [node, nxt]
+            if state.get(nxt) is None and (cycle := visit(nxt, path + [node])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if state.get(node) is None:
+            cycle = visit(node, [])
+            assert cycle is None, "import circle: " + " -> ".join(cycle[cycle.index(cycle[-1]):])
+
+
+def test_dependencies_point_down(graph):
+    """The runtime core imports no tooling, training or test support; nothing in the package imports ``testing``;
+    the tools do not import the miniature's training code (the reference head is ``vllm_eagle3.reference``)."""
+    bad = []
+    for mod, deps in graph.items():
+        for d in deps:
+            if mod in CORE and d.startswith(("vllm_eagle3.tools", "vllm_eagle3.miniature", "vllm_eagle3.testing",
+                                             "vllm_eagle3.reference")):
+                bad.append(f"core {mod} imports {d}")
+            if d.startswith("vllm_eagle3.testing") and not mod.startswith("vllm_eagle3.testing"):
+                bad.append(f"{mod} imports test support {d}")
+            if mod.startswith("vllm_eagle3.reference") and d.startswith(("vllm_eagle3.miniature", "vllm_eagle3.tools")):
+                bad.append(f"the reference head {mod} imports {d}")
+            if mod.startswith("vllm_eagle3.tools.doctor") and d.startswith("vllm_eagle3.miniature.train"):
+                bad.append(f"the doctor {mod} imports training code {d}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_module_over_450_lines():
+    long = {name: n for name, f in modules().items() if (n := len(f.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by role): {long}"
+
+
+def test_every_environment_variable_is_named_in_envs():
+    from vllm_eagle3 import envs
+
+    named = set(envs.ALL)
+    used = set()
+    for f in modules().values():
+        used |= set(re.findall(r"[\"']_?(VLLM_EAGLE3_[A-Z0-9_]+)[\"']", f.read_text()))
+    missing = {u for u in used if u not in named and f"_{u}" not in named}
+    assert not missing, f"read in the package but not listed in vllm_eagle3/envs.py: {sorted(missing)}"
