@@ -127,28 +127,21 @@ def dsv3_eagle3_run(dsv3_dir, make_draft, tmp_path_factory) -> dict:
     from vllm import SamplingParams
 
     from vllm_eagle3.testing.engine import prompt_ids, start_engine, stop_engine
-    from vllm_eagle3.testing.taps import install_recorder, recorded_taps
+    from vllm_eagle3.testing.taps import prefill_taps
     from vllm_eagle3.testing.tiny import write_spec_yaml
 
     spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "kimi_like.yaml", ["embed", 3, 31], num_layers=32,
                            draft_ids_convention="vllm")
-    ids = prompt_ids()
     engine = start_engine(dsv3_dir, make_draft(dsv3_dir, [0, 3, 31]), env={"VLLM_EAGLE3_SPEC": str(spec)})
     try:
-        engine.llm.apply_model(install_recorder)
-        engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=0.0),
-                            use_tqdm=False)
-        records = engine.llm.apply_model(recorded_taps)[0]
+        taps = prefill_taps(engine, prompt_ids())
         params = SamplingParams(max_tokens=OFFLINE_MAX_TOKENS, temperature=0.0, ignore_eos=True)
         outs = engine.llm.generate([{"prompt_token_ids": prompt_ids(p)} for p in OFFLINE_PROMPTS], params,
                                    use_tqdm=False)
         log = engine.log()
     finally:
         stop_engine(engine)
-    prefill = [r for r in records if r and r[0].shape[0] == len(ids)]
-    assert prefill, f"no forward over the {len(ids)}-token prompt recorded; got shapes " \
-                    f"{[[tuple(t.shape) for t in r] for r in records]}"
-    return {"prefill_taps": prefill[0], "greedy": [list(o.outputs[0].token_ids) for o in outs], "log": log,
+    return {"prefill_taps": taps, "greedy": [list(o.outputs[0].token_ids) for o in outs], "log": log,
             "spec": str(spec), "startup_s": engine.startup_s, "prompts": OFFLINE_PROMPTS,
             "max_tokens": OFFLINE_MAX_TOKENS}
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from vllm_eagle3.testing.engine import prompt_ids, start_engine, stop_engine
-from vllm_eagle3.testing.taps import assert_is_tap, install_recorder, recorded_taps
+from vllm_eagle3.testing.taps import assert_is_tap, prefill_taps
 from vllm_eagle3.testing.tiny import load_kimi_k25_hf, write_spec_yaml
 
 pytestmark = pytest.mark.parity
@@ -32,22 +32,11 @@ DRAFT_IDS = [0, 3, 31]  # vLLM convention: tap k is id k
 
 def vllm_prefill_taps(target, draft, spec_path) -> tuple[list[torch.Tensor], str]:
     """Start vLLM with the plugin + draft + spec, prefill the prompt once, return its aux list and the log."""
-    from vllm import SamplingParams
-
-    ids = prompt_ids()
     engine = start_engine(target, draft, env={"VLLM_EAGLE3_SPEC": str(spec_path)})
     try:
-        engine.llm.apply_model(install_recorder)
-        engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=0.0),
-                            use_tqdm=False)
-        records = engine.llm.apply_model(recorded_taps)[0]
-        log = engine.log()
+        return prefill_taps(engine, prompt_ids()), engine.log()
     finally:
         stop_engine(engine)
-    prefill = [r for r in records if r and r[0].shape[0] == len(ids)]
-    assert prefill, f"no forward over the {len(ids)}-token prompt recorded; got shapes " \
-                    f"{[[tuple(t.shape) for t in r] for r in records]}"
-    return prefill[0], log
 
 
 def assert_tap_matches(got: torch.Tensor, hf_states: tuple[torch.Tensor, ...], tap: int) -> None:

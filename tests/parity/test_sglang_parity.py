@@ -22,7 +22,6 @@ Tolerances (float32 in every engine, same weights, same token ids):
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -275,25 +274,17 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def vllm_taps(dsv3_61, make_draft, prompt, tmp_path_factory) -> list[torch.Tensor]:
     """The aux list the vLLM plugin hands the draft for spec [embed, 3, 31] (vLLM ids [0, 3, 31])."""
-    from vllm import SamplingParams
-
     from vllm_eagle3.testing.engine import start_engine, stop_engine
-    from vllm_eagle3.testing.taps import install_recorder, recorded_taps
+    from vllm_eagle3.testing.taps import prefill_taps
     from vllm_eagle3.testing.tiny import write_spec_yaml
 
     spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "spec.yaml", ["embed", 3, 31],
                            num_layers=INCIDENT_LAYERS, draft_ids_convention="vllm")
     engine = start_engine(dsv3_61, make_draft(dsv3_61, [0, 3, 31]), env={"VLLM_EAGLE3_SPEC": str(spec)})
     try:
-        engine.llm.apply_model(install_recorder)
-        engine.llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1, temperature=0.0),
-                            use_tqdm=False)
-        records = engine.llm.apply_model(recorded_taps)[0]
+        return prefill_taps(engine, prompt)
     finally:
         stop_engine(engine)
-    prefill = [r for r in records if r and r[0].shape[0] == len(prompt)]
-    assert prefill, f"vLLM recorded no forward over the {len(prompt)}-token prompt"
-    return prefill[0]
 
 
 def test_sglang_taps_equal_vllm_plugin_taps(dsv3_run, dsv3_hf, vllm_taps):

@@ -369,7 +369,7 @@ def test_inspect_published_head(head, conv, taps, reads, writes, capsys):
     assert inspect.main(["--config-only", "--target", str(KIMI), "--draft", str(HEADS / head), "--convention",
                          conv]) == 1
     out = capsys.readouterr().out
-    assert "config only (weights not read" in out and f"what to write so that each engine captures " in out
+    assert "config only (weights not read" in out and "what to write so that each engine captures " in out
 
 
 def test_published_eagle31_head_options_read_by_both_engines():

@@ -68,3 +68,18 @@ def assert_is_tap(got: torch.Tensor, states, tap: int, *, rel: float | None = No
             assert far > floor, (f"{where} is also within {far:.3g} of hidden_states[{other}]: the tolerance cannot "
                                  "tell neighbouring taps apart")
     return relative
+
+
+def prefill_taps(engine, ids: list[int]) -> list[torch.Tensor]:
+    """The aux list a running offline engine (``vllm_eagle3.tools.engine.Engine`` with an EAGLE-3 draft) hands its
+    draft for the prefill of ``ids``: the recorder installed, one greedy token generated, the forward over exactly
+    ``len(ids)`` tokens picked out."""
+    from vllm import SamplingParams
+
+    engine.llm.apply_model(install_recorder)
+    engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+    records = engine.llm.apply_model(recorded_taps)[0]
+    prefill = [r for r in records if r and r[0].shape[0] == len(ids)]
+    assert prefill, (f"no forward over the {len(ids)}-token prompt recorded; got shapes "
+                     f"{[[tuple(t.shape) for t in r] for r in records]}")
+    return prefill[0]
