@@ -47,7 +47,7 @@ def test_engine_death_names_the_worker_and_signal():
 
 
 def test_engine_death_falls_back_to_the_process_seen_gone_then_to_the_exception():
-    assert "VLLM::EngineCore_DP0 ended first" in failures.engine_death("", ["VLLM::EngineCore_DP0"])
+    assert "VLLM::EngineCore_DP0 ended first (killed" in failures.engine_death("", ["VLLM::EngineCore_DP0"])
     log = "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
     assert failures.engine_death(log).startswith("vLLM's engine core died: ")
     assert "without a stop signal" in failures.engine_death("nothing\n")

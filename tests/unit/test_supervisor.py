@@ -122,3 +122,13 @@ def test_descendants_walks_the_tree():
         for pid in descendants(proc.pid) + [proc.pid]:
             os.kill(pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_the_error_line_starts_a_line_after_output_without_a_newline(tmp_path, capfd):
+    """Seen when the engine core was SIGKILLed: vLLM's last output (a nanobind leak notice) had no newline, and the
+    one error line was glued to it, so a reader looking for lines starting with `vllm-eagle3: error:` found none."""
+    code, out, err = _fake_vllm(tmp_path, "import sys; print('Application startup complete.', flush=True); "
+                                          "sys.stdout.write('See https://nanobind.readthedocs.io'); sys.stdout.flush()",
+                                capfd)
+    assert code == 3 and out.endswith("nanobind.readthedocs.io\n"), repr(out[-80:])
+    assert err.strip().splitlines()[-1].startswith("vllm-eagle3: error: the engine died while serving")

@@ -86,7 +86,8 @@ def engine_death(log: str, gone: list[str] | None = None) -> str:
     if m:
         return f"vLLM worker {m.group(1)} {_signal_name(int(m.group(2)))}"
     if gone:
-        return f"vLLM process {gone[0]} ended first (killed or crashed); the engine is dead"
+        return (f"vLLM process {gone[0]} ended first (killed, e.g. by the kernel's OOM killer, or crashed: its own "
+                "output above says which); the engine is dead")
     if _ENGINE_DEAD.search(log):
         from vllm_eagle3.tools.serve.process import root_cause
 

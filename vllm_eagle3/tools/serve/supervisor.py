@@ -144,9 +144,26 @@ class OutputTee:
                 if failures.READY_MARK in line:
                     self.ready = True
 
+    def end_line(self) -> None:
+        """End vLLM's last line if it had no newline, so that the next line ``serve`` prints starts a line."""
+        if self.tail and not self.tail[-1].endswith("\n"):
+            try:
+                sys.stdout.buffer.write(b"\n")
+                sys.stdout.buffer.flush()
+            except (OSError, ValueError):
+                pass
+
     def text(self, wait_s: float = 5.0) -> str:
         self._thread.join(timeout=wait_s)
         return "".join(self.tail)
+
+
+def _look(seen: dict[int, str], gone: list[str]) -> dict[int, str]:
+    """Add to ``gone`` the vLLM processes of ``seen`` that are no longer there (several at once: the oldest, lowest
+    pid, first: the engine core before its workers); return the processes there now."""
+    now = _vllm_processes()
+    gone += [seen[pid] for pid in sorted(seen) if pid not in now and seen[pid] not in gone]
+    return {**{pid: name for pid, name in seen.items() if pid in now}, **now}
 
 
 def _vllm_processes() -> dict[int, str]:
@@ -190,11 +207,8 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
             except subprocess.TimeoutExpired:
                 pass
             if not got and time.monotonic() >= next_look:  # which vLLM process ends first, when nobody asked
-                now = _vllm_processes()
-                # several gone within one look: the oldest (lowest pid: the engine core before its workers) first
-                gone += [seen[pid] for pid in sorted(seen) if pid not in now and seen[pid] not in gone]
-                seen, next_look = {**seen, **now}, time.monotonic() + 1.0
-                seen = {pid: name for pid, name in seen.items() if pid in now}
+                seen = _look(seen, gone)
+                next_look = time.monotonic() + 1.0
             if got and deadline is None:
                 deadline = time.monotonic() + (0.0 if len(got) > 1 else grace_s)
             if got and forwarded < len(got):
@@ -208,12 +222,15 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
                 _say(f"{signal.Signals(got[0]).name}: vLLM did not stop within {grace_s:.0f} s; killed its "
                      f"{killed} remaining process(es)")
                 return 128 + got[0]
+        if not got:
+            _look(seen, gone)  # the API server may end within a second of the process that died first
         leftovers = kill_descendants()  # engine processes that outlived the API server
         if got:
             extra = f"; killed {leftovers} leftover process(es)" if leftovers else ""
             _say(f"{signal.Signals(got[0]).name}: vLLM stopped (exit code {code}){extra}")
             return 128 + got[0]
         log = tee.text()
+        tee.end_line()
         if tee.ready:
             _say(f"error: the engine died while serving: {failures.engine_death(log, gone)}; vLLM exited with code "
                  f"{code}; full log: {log_path}")
