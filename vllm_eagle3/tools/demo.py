@@ -165,6 +165,18 @@ def _repo_path(path: str) -> Path:
     return p if p.exists() or p.is_absolute() else REPO / p
 
 
+def attention_backend_line(log: str) -> str:
+    """The MLA attention backend the target runs on, as the server said it: serve's choice line (on vLLM-CPU) and
+    vLLM's own ``Using <backend> backend.`` lines."""
+    import re
+
+    chosen = [ln[ln.index("vllm-eagle3:"):] for ln in log.splitlines() if "vllm-eagle3: vLLM-CPU attention:" in ln]
+    used = list(dict.fromkeys(re.findall(r"Using (\w+) backend\.", log)))
+    if chosen:
+        return f"{chosen[-1]} (vLLM: {', '.join(used) or 'no backend line'})"
+    return f"attention backend: {', '.join(used) or 'not named in the log'}"
+
+
 def model_card_line(serve_config: Path, counters: SpecDecodeCounters | None) -> str | None:
     """The draft's recorded served-walk acceptance (its ``eval.json``, written by ``vllm_eagle3.miniature.evaluate``:
     the chains a server visits, on the card's held-out prompts) next to what was just served, or None when either is
@@ -309,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             say("plugin (in the engine): " + taps[-1][taps[-1].index("vllm-eagle3:"):])
         else:
             say("warning: no `vllm-eagle3: capturing taps` line in the server log: is the plugin installed?")
+        say(attention_backend_line(server.log_text()))
         if args.image is not None:
             return _image_demo(server, args.image, args.max_tokens, say)
         _, counters = run_queries(server.base_url, max_tokens=args.max_tokens, out=lambda s: print(s, flush=True))
