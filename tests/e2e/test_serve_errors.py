@@ -13,6 +13,7 @@ static check reads nothing else, so no engine is needed and each case takes abou
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -246,3 +247,26 @@ def test_vllm_cli_runs_through_the_wrapper():
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "usage: vllm serve [model_tag]" in proc.stdout and "--speculative-config" in proc.stdout
+
+
+def test_a_start_up_failure_is_one_line_with_the_cause_and_the_log_file(tmp_path):
+    """Guards issue 27.2: when vLLM could not start, the user read a multi-process traceback. A taken port (a class
+    vLLM reaches within seconds, before any engine starts) must end `vllm-eagle3 serve` with exit code 1 and ONE
+    `vllm-eagle3: error:` line naming the cause, the fix and the file that keeps vLLM's whole output."""
+    import socket
+
+    from vllm_eagle3.testing.shipped import SERVE_CONFIG
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        log = tmp_path / "serve.log"
+        env = {**os.environ, "VLLM_EAGLE3_SERVE_LOG": str(log), "VLLM_CPU_KVCACHE_SPACE": "1"}
+        proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", "--config", str(SERVE_CONFIG),
+                               "--speculative-config", "None", "--port", str(port)],
+                              capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("vllm-eagle3: error:")]
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    assert len(errors) == 1 and "vLLM did not start: the port is in use" in errors[0], proc.stderr[-3000:]
+    assert f"full log: {log}" in errors[0] and "Address already in use" in log.read_text()
