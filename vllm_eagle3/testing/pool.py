@@ -94,11 +94,3 @@ class ServerPool:
         for key in list(self.alive):
             self.stop(key)
 
-
-def log_mark(server: VllmServer) -> int:
-    """The current end of ``server``'s log: pass it to :func:`log_since` to read only what came after."""
-    return len(server.log_text())
-
-
-def log_since(server: VllmServer, mark: int) -> str:
-    return server.log_text()[mark:]

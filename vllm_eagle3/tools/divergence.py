@@ -103,12 +103,6 @@ def judge(prompts: Sequence[Sequence[int]], spec: Sequence[Sequence[int]], plain
     return Report(len(prompts), sum(len(q) for q in plain), found, bound)
 
 
-def top2_gaps(logits: torch.Tensor) -> torch.Tensor:
-    """``[positions, vocab]`` -> the top-1 minus top-2 logit per position, float32."""
-    top = torch.topk(logits.float(), 2, dim=-1).values
-    return top[..., 0] - top[..., 1]
-
-
 def pair_noise(bf16_logprobs: Sequence[Mapping[int, float]], f32_logits: torch.Tensor) -> tuple[float, int]:
     """``(largest |bf16 gap - float32 gap|, positions compared)`` over emitted positions: the gap between float32's
     top-2 tokens (t1, t2) as float32 has it and as the bf16 engine had it (its logprobs of t1 and t2: a difference

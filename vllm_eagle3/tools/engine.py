@@ -53,20 +53,19 @@ def _fds_to(path: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _env(overrides: dict[str, str | None]) -> Iterator[None]:
+    def apply(values: dict[str, str | None]) -> None:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
     old = {k: os.environ.get(k) for k in overrides}
     try:
-        for k, v in overrides.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        apply(overrides)
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        apply(old)
 
 
 def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | None] | None = None,
@@ -104,21 +103,15 @@ def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | No
 def _cpu_attention_backends(args: dict[str, Any]) -> None:
     """On vLLM-CPU, the MLA backends ``vllm-eagle3 serve`` would choose on this host (float32 on an AMX host:
     CPU_MLA for the target and an MLA draft), set in ``args`` and printed (``cpu_attention.choose``)."""
-    import json
-
     from vllm_eagle3.tools.serve import cpu_attention
     from vllm_eagle3.tools.serve.vllm_cpu import is_vllm_cpu
 
     if not is_vllm_cpu():
         return
     spec = args.get("speculative_config") or {}
-
-    def mla(folder: Any) -> bool:
-        cfg = Path(str(folder)) / "config.json"
-        return cfg.is_file() and cpu_attention.config_is_mla(json.loads(cfg.read_text()))
-
     choice = cpu_attention.choose(amx=cpu_attention.host_has_amx(), dtype=args.get("dtype"),
-                                  target_is_mla=mla(args["model"]), draft_is_mla=bool(spec) and mla(spec["model"]),
+                                  target_is_mla=cpu_attention.folder_is_mla(args["model"]),
+                                  draft_is_mla=cpu_attention.folder_is_mla(spec.get("model")),
                                   target_backend=args.get("attention_backend"),
                                   draft_backend=spec.get("attention_backend"))
     if choice.target:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vllm_eagle3 import envs
-from vllm_eagle3.checkpoint import read_json
 from vllm_eagle3.conventions import CONVENTIONS
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, check_pipeline_parallel, resolve_capture
 from vllm_eagle3.spec import CaptureSpecError
@@ -205,14 +204,11 @@ def attention_argv(vllm_argv: Sequence[str], amx: bool | None = None) -> list[st
     if not is_vllm_cpu():
         return list(vllm_argv)
     model, spec_cfg = serve_target_and_draft(vllm_argv)
-    folders = {w: Path(str(n)).expanduser() for w, n in (("target", model), ("draft", (spec_cfg or {}).get("model")))
-               if n}
-    mla = {w: (f / "config.json").is_file() and cpu_attention.config_is_mla(read_json(f / "config.json", w))
-           for w, f in folders.items()}
     try:
         choice = cpu_attention.choose(
             amx=cpu_attention.host_has_amx() if amx is None else amx, dtype=option(vllm_argv, "dtype"),
-            target_is_mla=mla.get("target", False), draft_is_mla=mla.get("draft", False),
+            target_is_mla=cpu_attention.folder_is_mla(model),
+            draft_is_mla=cpu_attention.folder_is_mla((spec_cfg or {}).get("model")),
             target_backend=option(vllm_argv, "attention-backend"),
             draft_backend=(spec_cfg or {}).get("attention_backend"))
     except cpu_attention.BackendChoiceError as exc:

@@ -64,6 +64,14 @@ def config_is_mla(cfg: Mapping[str, Any]) -> bool:
     return cfg.get("kv_lora_rank") is not None or (isinstance(text, Mapping) and text.get("kv_lora_rank") is not None)
 
 
+def folder_is_mla(folder: str | Path | None) -> bool:
+    """A model folder whose config.json vLLM treats as MLA (False when there is no such folder)."""
+    from vllm_eagle3.checkpoint import read_json
+
+    cfg = Path(str(folder)).expanduser() / "config.json" if folder else None
+    return bool(cfg and cfg.is_file() and config_is_mla(read_json(cfg, "model config")))
+
+
 def _norm_backend(value: Any) -> str | None:
     return None if value in (None, "", "None", "auto") else str(value).upper()
 

