@@ -25,8 +25,9 @@ trained on. The subclasses here use vLLM's own hooks instead of copying its forw
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,11 @@ from vllm.model_executor.models.deepseek_v2 import DeepseekV3ForCausalLM as _Vll
 from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration as _VllmKimiK25
 from vllm.sequence import IntermediateTensors
 
-from vllm_eagle3.resolve import Resolution, resolve_from_env
-from vllm_eagle3.spec import EMBED, CaptureSpecError, tap_label
+from vllm_eagle3.checkpoint import DraftInfo
+from vllm_eagle3.resolve import ENV_SPEC, Resolution, load_spec_file, resolve_from_env
+from vllm_eagle3.spec import EMBED, CaptureSpecError, tap_label, taps_label
+from vllm_eagle3.wiring_check import CheckConfig
+from vllm_eagle3.wirings import Candidate, online_candidates
 
 # Under the ``vllm`` logger tree: vLLM configures handlers only for that tree, so a logger named after this
 # module would print nothing in the worker processes.
@@ -80,13 +84,16 @@ class CaptureDeepseekV2Model(_VllmDeepseekV2Model):
     """
 
     capture_taps: tuple[int, ...] = ()
+    check_taps: tuple[int, ...] = ()  # the online wiring check's extra taps, returned after the spec's
 
-    def set_capture_taps(self, taps: Sequence[int]) -> None:
+    def set_capture_taps(self, taps: Sequence[int], check_taps: Sequence[int] = ()) -> None:
         taps = tuple(int(k) for k in taps)
+        check_taps = tuple(int(k) for k in check_taps if int(k) not in taps)
         pp = get_pp_group()
         check_pipeline_stage(taps, self.start_layer, self.end_layer, pp.is_first_rank, pp.is_last_rank)
         self.capture_taps = taps
-        self.aux_hidden_state_layers = tuple(sorted(k for k in taps if k != EMBED))
+        self.check_taps = check_taps
+        self.aux_hidden_state_layers = tuple(sorted(k for k in taps + check_taps if k != EMBED))
 
     def forward(
         self,
@@ -99,7 +106,7 @@ class CaptureDeepseekV2Model(_VllmDeepseekV2Model):
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
 
         embed = None
-        if EMBED in self.capture_taps and get_pp_group().is_first_rank:
+        if EMBED in self.capture_taps + self.check_taps and get_pp_group().is_first_rank:
             if inputs_embeds is None:
                 inputs_embeds = self.embed_input_ids(input_ids)  # [num_tokens, hidden]
             embed = inputs_embeds  # tap 0; for Kimi the merged multimodal embeddings
@@ -115,7 +122,8 @@ class CaptureDeepseekV2Model(_VllmDeepseekV2Model):
         by_tap = dict(zip(layer_taps, layer_aux))
         if embed is not None:
             by_tap[EMBED] = embed
-        return hidden_states, [by_tap[k] for k in self.capture_taps]  # spec order, each [num_tokens, hidden]
+        # Spec order, each [num_tokens, hidden]; the check's taps after them (the causal LM takes them off).
+        return hidden_states, [by_tap[k] for k in self.capture_taps + self.check_taps]
 
 
 def _target_for_resolution(vllm_config: VllmConfig) -> str | dict[str, Any]:
@@ -149,6 +157,61 @@ def rank_label() -> str:
         return "tp 0/1, pp 0/1"
 
 
+def get_tp_group_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return get_tp_group().rank_in_group
+    except (AssertionError, RuntimeError):
+        return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckPlan:
+    """What the online wiring check scores in this engine (:mod:`vllm_eagle3.wiring_check`), or why it is off."""
+
+    config: CheckConfig
+    candidates: tuple[Candidate, ...] = ()
+    extra_taps: tuple[int, ...] = ()  # taps of the candidates that the spec does not capture
+    off_because: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.off_because is None
+
+    def log_line(self) -> str:
+        if not self.enabled:
+            return f"vllm-eagle3 wiring check: off ({self.off_because})"
+        return (f"vllm-eagle3 wiring check: scoring {len(self.candidates)} wirings on 1 in {self.config.sample_every} "
+                f"requests at temperature <= {self.config.max_temperature} (configured "
+                f"{self.candidates[0].label}; also {', '.join(c.label for c in self.candidates[1:])}); extra taps "
+                f"captured: {taps_label(self.extra_taps)}; budget {self.config.budget:.0%} of engine time")
+
+
+def check_config_from_env(environ: Mapping[str, str] | None = None) -> CheckConfig:
+    """The ``check:`` mapping of the capture spec named by ``VLLM_EAGLE3_SPEC``, or the defaults."""
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_SPEC)
+    sf = load_spec_file(path) if path else None
+    return getattr(sf, "check", None) or CheckConfig()
+
+
+def plan_check(resolution: Resolution, vllm_config: VllmConfig) -> CheckPlan:
+    """The candidates the check scores next to the resolved taps, and the extra taps that needs."""
+    cfg = check_config_from_env()
+    if not cfg.enabled:
+        return CheckPlan(cfg, off_because="check.enabled is false in the capture spec")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        return CheckPlan(cfg, off_because="pipeline parallelism: the extra taps of earlier stages would be dropped")
+    draft = vllm_config.speculative_config.model
+    cands = online_candidates(resolution.spec.taps, DraftInfo.load(draft, weights=False),
+                              resolution.target.num_layers)
+    if len(cands) < 2:
+        return CheckPlan(cfg, tuple(cands), off_because="no other wiring to compare with")
+    extra = sorted({k for c in cands for k in c.taps} - set(resolution.spec.taps))
+    return CheckPlan(cfg, tuple(cands), tuple(extra))
+
+
 class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
     """vLLM's DeepSeek-V2 causal LM whose EAGLE-3 aux states are the capture spec's taps, in its order."""
 
@@ -158,6 +221,20 @@ class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self._eagle3_vllm_config = vllm_config
         self.capture_resolution: Resolution | None = None
+        self.check_plan: CheckPlan | None = None
+        self.check_hidden: dict[int, torch.Tensor] = {}  # the check's taps of the last forward, [num_tokens, hidden]
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        """vLLM's forward; on a check-enabled engine the check's extra taps are taken off the aux list (the runner
+        concatenates all of it for the draft's fc) and kept in :attr:`check_hidden` for the check."""
+        out = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        extra = self.model.check_taps
+        if extra and isinstance(out, tuple):
+            hidden_states, aux = out
+            n = len(aux) - len(extra)
+            self.check_hidden = dict(zip(extra, aux[n:]))
+            return hidden_states, aux[:n]
+        return out
 
     def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
         """Called by vLLM's runner with the draft config's ids; captures the spec's taps instead, if they agree."""
@@ -166,10 +243,13 @@ class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
             resolution.check_runner_ids(tuple(layers))
         except CaptureSpecError as exc:
             raise CaptureSpecError(f"vllm-eagle3: {exc}") from None
-        self.model.set_capture_taps(resolution.spec.taps)
+        self.check_plan = plan_check(resolution, self._eagle3_vllm_config)
+        self.model.set_capture_taps(resolution.spec.taps, self.check_plan.extra_taps if self.check_plan.enabled else ())
         self.capture_resolution = resolution
         # Every rank logs (each holds its own copy of the spec): a rank without this line lacks the plugin.
         logger.info("%s [%s, pid %d]", resolution.log_line(), rank_label(), os.getpid())
+        if get_tp_group_rank() == 0:
+            logger.info("%s", self.check_plan.log_line())
 
     def get_eagle3_aux_hidden_state_layers(self) -> tuple[int, ...]:
         if self.capture_resolution is not None:

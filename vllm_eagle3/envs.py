@@ -29,6 +29,10 @@ SERVE_LOG = "VLLM_EAGLE3_SERVE_LOG"
 """File where ``vllm-eagle3 serve`` keeps vLLM's whole output; default: a new file in the temp folder, named at
 start-up."""
 
+CHECK_DIR = "VLLM_EAGLE3_CHECK_DIR"
+"""Folder where each engine's online wiring check writes ``engine<i>.json`` (read by ``GET /v1/eagle3/wiring`` and the
+gauges); default: a new folder in the temp folder, made by the first vLLM process and inherited by the engine's."""
+
 SERVE_CHILD = "_VLLM_EAGLE3_SERVE_CHILD"
 """Internal: marks the supervised child process of ``vllm-eagle3 serve`` (never set it yourself)."""
 
@@ -56,5 +60,5 @@ MALLOC_KNOBS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_
 ONEDNN_CACHE = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
 """oneDNN's primitive cache size: set means ``serve`` leaves it alone (else 64 on vLLM-CPU)."""
 
-ALL = (SPEC, CONVENTION, SKIP_PATCHES, CPU_MLA_VERIFY_AS_DECODE, SERVE_LOG, SERVE_CHILD, VLLM_PLUGINS,
+ALL = (SPEC, CONVENTION, SKIP_PATCHES, CPU_MLA_VERIFY_AS_DECODE, SERVE_LOG, CHECK_DIR, SERVE_CHILD, VLLM_PLUGINS,
        CPU_KVCACHE_SPACE, PP_LAYER_PARTITION, ALLOW_INSECURE_SERIALIZATION, LD_PRELOAD, *MALLOC_KNOBS, *ONEDNN_CACHE)

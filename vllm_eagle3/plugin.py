@@ -2,8 +2,9 @@
 
 Data flow position: runs in every vLLM process (API server, EngineCore, workers) before a model is built.
 It (1) checks the vLLM version (``compat.py``), (2) applies the upstream patches in ``model_patches``
-(recorded; idempotent) and (3) points vLLM's registry at the capture subclasses in ``capture.py``, which
-make the DeepSeek/Kimi target capture the spec's taps. Registration is lazy ("module:Class" strings): no
+(recorded; idempotent), (3) points vLLM's registry at the capture subclasses in ``capture.py``, which
+make the DeepSeek/Kimi target capture the spec's taps, and (4) hooks the online wiring check into vLLM's runner
+(``online/engine_hook.py``; it reads each step and changes nothing). Registration is lazy ("module:Class" strings): no
 model code is imported here. Calling :func:`register` twice is a no-op.
 """
 
@@ -37,7 +38,26 @@ def register() -> None:
     # ``type(target).__name__ == "KimiK25ForConditionalGeneration"`` to read ``media_placeholder_token_id``.
     for arch in TAP_CAPTURE_ARCHITECTURES:
         ModelRegistry.register_model(arch, f"{CAPTURE_MODULE}:{arch}")
+    _install_wiring_check()
     _registered = True
+
+
+def _install_wiring_check() -> None:
+    """The online wiring check's hook in vLLM's runner (``vllm_eagle3.online.engine_hook``) and the folder its
+    verdicts go to: made by the first vLLM process (the API server) and inherited by the engine processes."""
+    import os
+    import tempfile
+
+    from vllm.logger import init_logger
+
+    from vllm_eagle3 import envs
+    from vllm_eagle3.online.engine_hook import install
+
+    if not os.environ.get(envs.CHECK_DIR):
+        os.environ[envs.CHECK_DIR] = tempfile.mkdtemp(prefix="vllm-eagle3-check-")
+    done = install()
+    if done.startswith("not installed"):
+        init_logger("vllm.vllm_eagle3").warning("vllm-eagle3 wiring check: %s", done)
 
 
 def _log_patches(records: list[str]) -> None:

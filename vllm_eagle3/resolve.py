@@ -38,6 +38,7 @@ class SpecFile:
     num_layers: int | None = None
     draft_ids_convention: str | None = None
     watch: Any = None  # vllm_eagle3.watch.WatchConfig when the YAML has a `watch:` mapping
+    check: Any = None  # vllm_eagle3.wiring_check.CheckConfig when the YAML has a `check:` mapping
 
 
 SPEC_FILE_KEYS = {
@@ -47,6 +48,8 @@ SPEC_FILE_KEYS = {
     "description": "optional free text",
     "watch": "optional mapping: the runtime wiring watch (vllm_eagle3.watch.WATCH_KEYS: enabled, window, min_drafts, "
              "floor, warn_interval_s)",
+    "check": "optional mapping: the online wiring check in the engine (vllm_eagle3.wiring_check.CHECK_KEYS: enabled, "
+             "sample_every, max_temperature, max_positions, budget, false_alarm, min_requests, warn_interval_s)",
 }
 
 
@@ -87,7 +90,12 @@ def load_spec_file(path: str | Path) -> SpecFile:
         from vllm_eagle3.watch import WatchConfig
 
         watch = WatchConfig.from_mapping(data["watch"], where=f"capture spec {path}: `watch`")
-    return SpecFile(spec=spec, num_layers=num_layers, draft_ids_convention=convention, watch=watch)
+    check = None
+    if "check" in data:
+        from vllm_eagle3.wiring_check import CheckConfig
+
+        check = CheckConfig.from_mapping(data["check"], where=f"capture spec {path}: `check`")
+    return SpecFile(spec=spec, num_layers=num_layers, draft_ids_convention=convention, watch=watch, check=check)
 
 
 def load_spec_yaml(path: str | Path) -> CaptureSpec:

@@ -23,6 +23,8 @@ from typing import Any, Mapping
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from vllm_eagle3 import watch as _watch
+from vllm_eagle3 import wiring_check as _check
+from vllm_eagle3.wiring_check import read_reports
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, resolve_from_env
 from vllm_eagle3.spec import CaptureSpecError
 
@@ -98,6 +100,21 @@ class WiringCollector:
                                              "only the floor applies)")
         cut = fam("collapse_threshold", "collapsed when the 99.95% upper bound of position-0 acceptance is below this")
         info = fam("info", "resolved taps and their source (value 1)", ("taps", "source"))
+        check = fam("check_verdict", "vllm-eagle3 online wiring check: -1 pending/undecided, 0 ok, 1 costs, 2 wrong, "
+                                     "3 off", ("served_taps", "best_taps"))
+        check_req = fam("check_requests", "requests the online wiring check has scored")
+        check_p0 = fam("check_position0", "first-draft acceptance the online check measured", ("wiring", "taps"))
+        check_loss = fam("check_loss", "1 - configured / better first-draft acceptance (the COSTS x)")
+        check_cost = fam("check_cost_fraction", "fraction of the engine's time the online check has used")
+        for idx, r in read_reports().items():
+            lb = [self.model_names.get(int(idx), "") if idx.isdigit() else "", idx]
+            level = 3 if r.get("verdict") == "off" else _check.VERDICT_LEVEL.get(r.get("verdict"), -1)
+            check.add_metric([*lb, r["configured"]["taps"], r["best"]["taps"]], level)
+            check_req.add_metric(lb, r.get("requests", 0))
+            for role in ("configured", "best"):
+                check_p0.add_metric([*lb, role, r[role]["taps"]], r[role]["position0"])
+            check_loss.add_metric(lb, r.get("loss", 0.0))
+            check_cost.add_metric(lb, r.get("cost", {}).get("fraction_of_engine_time", 0.0))
         for w in _watch.active_watches():
             lb = [self.model_names.get(w.engine_index, ""), str(w.engine_index)]
             verdict.add_metric(lb, _watch.VERDICT_LEVEL[w.verdict])
@@ -110,7 +127,8 @@ class WiringCollector:
             expected.add_metric(lb, e.position0 if e.position0 is not None else float("nan"))
             cut.add_metric(lb, e.collapse_below)
             info.add_metric([*lb, str(w.wiring.get("taps")), str(w.wiring.get("source"))[:200]], 1)
-        yield from (verdict, drafts, rate, length, expected, cut, info)
+        yield from (verdict, drafts, rate, length, expected, cut, info, check, check_req, check_p0, check_loss,
+                    check_cost)
 
 
 # ----------------------------------------------------------------------------------------------- stat logger
@@ -199,7 +217,7 @@ class WiringEndpoint:
 
         @router.get(ROUTE)
         async def eagle3_wiring() -> JSONResponse:
-            return JSONResponse(_watch.report())
+            return JSONResponse({**_watch.report(), "check": read_reports()})
 
         app.include_router(router)
 

@@ -211,7 +211,8 @@ def test_incident_wiring_is_caught_while_serving(server_pool, shipped_keys, inci
 
 def test_right_wiring_is_left_alone(server_pool, shipped_keys, example, record_property):
     """Guards: false alarms. The shipped head with its own spec [embed, 3, 31] serves 64 requests: no wiring
-    line in the log, verdict ok, the window's position-0 acceptance above the suspicious threshold."""
+    line in the log, verdict ok, the window's position-0 acceptance above the suspicious threshold; the online wiring
+    check raises nothing either."""
     server = fresh(server_pool, shipped_keys["plugin"])
     dt = complete(server, prompts(64))
     body, raw = wiring(server)
@@ -228,6 +229,12 @@ def test_right_wiring_is_left_alone(server_pool, shipped_keys, example, record_p
     assert engine["expected"]["position0"] == round(served_walk_p0(DRAFT), 4), engine["expected"]
     assert engine["window"]["position0"] > engine["expected"]["suspicious_below"]
     assert engine["lines_logged"] == 0 and metrics.get("vllm_eagle3_wiring_verdict") == 0, metrics
+    # the online wiring check, on by default, followed 1 in 4 of these requests: no false alarm
+    check = body["check"]["0"]
+    say(f"online check: {check['verdict']} after {check['requests']} scored requests, cost {check['cost']}")
+    assert "vllm-eagle3 wiring check [engine 0]: the served taps" not in log
+    assert check["verdict"] in ("ok", "undecided", "pending") and check["configured"]["taps"] == "[embed, 3, 31]", check
+    assert check["requests"] >= 8, check
     example["right"] = {"what": "right wiring [embed, 3, 31], after 64 requests", "body": json.dumps(body, indent=1)}
 
 

@@ -62,15 +62,15 @@ def chained_attention(q: torch.Tensor, k1: torch.Tensor, v1: torch.Tensor,
     own index: in serving, draft step j at anchor i sits at position i + j - 1 and sees the cache of positions <= i
     (step 1) plus the chain's own positions i + 1 .. i + j - 1 (steps 2..j). Returns [B, h, T, dv].
     """
-    t = q.shape[2]
+    t, tk = q.shape[2], k1.shape[2]  # fewer queries than keys: the queries are the LAST t rows
     s1 = torch.matmul(q, k1.transpose(-1, -2)) * scale  # [B, h, T, T]
-    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    mask = torch.ones(t, tk, dtype=torch.bool, device=q.device).tril(tk - t)
     s1 = s1.masked_fill(~mask, float("-inf"))
     sd = [((q * k).sum(-1, keepdim=True) * scale) for k, _ in diag]  # each [B, h, T, 1]
     p = torch.softmax(torch.cat([s1, *sd], dim=-1).float(), dim=-1).to(q.dtype)
-    out = torch.matmul(p[..., :t], v1)
+    out = torch.matmul(p[..., :tk], v1)
     for n, (_, v) in enumerate(diag):
-        out = out + p[..., t + n : t + n + 1] * v
+        out = out + p[..., tk + n : tk + n + 1] * v
     return out
 
 

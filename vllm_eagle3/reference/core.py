@@ -147,6 +147,7 @@ class Eagle3Draft(nn.Module):
         steps: int = 1,
         next_embeds: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        query_from: int | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Training-time test: ``steps`` chained draft steps over every anchor of a sequence at once.
 
@@ -155,7 +156,8 @@ class Eagle3Draft(nn.Module):
         row i holds token i + 1. Step j at anchor i reads ``next[i + j - 1]`` (zero past the end), sits at
         position ``positions[i] + j - 1`` and predicts token i + j + 1. Returns, per step, (draft-vocab
         logits [B, T, Vd], the state fed to the next step [B, T, H]: pre-norm, or post-norm with ``norm_output``);
-        rows whose inputs ran past the end are padding.
+        rows whose inputs ran past the end are padding. ``query_from`` (one step only): rows from it on are the only
+        queries, so attention output, MLP and logits cover them alone (keys and values still cover every row).
         """
         if next_embeds is None:
             if next_ids is None:
@@ -175,6 +177,10 @@ class Eagle3Draft(nn.Module):
                 emb[:, : t - (j - 1)] = next_embeds[:, j - 1 :]
             x, residual = layer.attn_input(emb.to(hidden.dtype), hidden)  # [B, T, 2H]
             q, k, v = layer.self_attn.qkv(x, positions + (j - 1))
+            if query_from is not None:
+                if steps != 1:
+                    raise ValueError("query_from scores the first draft step only (steps=1)")
+                q, residual = q[:, :, query_from:], residual[:, query_from:]
             if j == 1:
                 k1, v1 = k, v
             else:

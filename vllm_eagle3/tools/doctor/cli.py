@@ -5,49 +5,18 @@ exit codes (the measurement is ``diagnose.py``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Sequence
 
-from vllm_eagle3.resolve import ids_for_engines
-from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, taps_label
+from vllm_eagle3.spec import CaptureSpecError, taps_label
 from vllm_eagle3.tools.doctor.wirings import (EXHAUSTIVE_LIMIT)
+from vllm_eagle3.wirings import config_lines
 from vllm_eagle3.tools.doctor.stats import (TOLERANCE, Verdict, exit_code, needed_tokens)
 
 from vllm_eagle3.tools.doctor.diagnose import MAX_TOKENS, WINDOW, CHAINED, DEFAULT_K, Diagnosis, diagnose
 
 
 # ----------------------------------------------------------------------------------------------- output
-
-def config_lines(taps: Sequence[int], num_layers: int) -> list[str]:
-    """The exact lines that make each engine capture ``taps`` (via :func:`vllm_eagle3.resolve.ids_for_engines`)."""
-    spec = CaptureSpec(tuple(taps), source="doctor")
-    ids = ids_for_engines(spec, num_layers)
-
-    def j(v):
-        return json.dumps(list(v)) if isinstance(v, tuple) else None
-
-    lines = [f"vllm-eagle3 capture spec (YAML): taps: {spec.label()}   num_layers: {num_layers}",
-             f'vLLM (draft config.json, top level): "eagle_aux_hidden_state_layer_ids": {j(ids["vllm"])}, '
-             f'"num_aux_hidden_states": {spec.num_taps}']
-    if spec.has_embed:
-        lines.append("  (tap embed on DeepSeek/Kimi needs the vllm-eagle3 plugin: stock vLLM 0.32 crashes on id 0)")
-    for conv, name in (("sglang", "SGLang >= 0.5.13"),
-                       ("sglang-legacy", "SGLang <= 0.5.12.post1 (+ embed patch for -1)")):
-        if j(ids[conv]):
-            lines.append(f'{name} (draft config.json): "eagle_config": {{"eagle_aux_hidden_state_layer_ids": '
-                         f'{j(ids[conv])}, "use_aux_hidden_state": true}}')
-        else:
-            lines.append(f"{name}: {ids[conv]}")
-    lines.append(f'speculators (config.json): "eagle_aux_hidden_state_layer_ids": {j(ids["speculators"])}'
-                 if j(ids["speculators"]) else f"speculators: {ids['speculators']}")
-    lines.append(f"SpecForge: {j(ids['specforge']) or ids['specforge']}")
-    if list(taps) != sorted(taps):
-        lines.append(f"  NOTE: the draft expects the order {spec.label()}; vLLM and SGLang concatenate ascending, "
-                     "only the vllm-eagle3 capture spec keeps this order")
-    return lines
-
 
 def verdict_line(name: str, v: Verdict, k: int, tokens: int) -> str:
     c, b = v.configured, v.best

@@ -183,7 +183,8 @@ def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: S
     vehicle = capture_draft(Path(draft), work / "capture-draft", taps, configured)
     spec = work / "capture_spec.yaml"
     spec.write_text("description: vllm-eagle3 doctor --engine vllm, every tap the candidate wirings need\n"
-                    f"taps: {taps_label(taps)}\nnum_layers: {num_layers}\ndraft_ids_convention: vllm\n")
+                    f"taps: {taps_label(taps)}\nnum_layers: {num_layers}\ndraft_ids_convention: vllm\n"
+                    "check: {enabled: false}  # the doctor scores every wiring itself, offline\n")
     length = (seqs.shape[1] if seqs is not None else prompts.shape[1] + new_tokens)
     env = {"VLLM_EAGLE3_SPEC": str(spec), **engine_memory_env(Path(target), vehicle, progress)}
     old = os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION")

@@ -15,93 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import sys
-from itertools import combinations
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from vllm_eagle3.checkpoint import DraftInfo, read_json
-from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, ids_to_taps
-from vllm_eagle3.spec import EMBED, CaptureSpecError, taps_label
-
-EXHAUSTIVE_LIMIT = 400
-"""Search every ordered-ascending tap set when there are at most this many (tiny targets)."""
-
-
-
-# ----------------------------------------------------------------------------------------------- candidates
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    taps: tuple[int, ...]
-    why: str
-
-    @property
-    def label(self) -> str:
-        return taps_label(self.taps)
-
-
-def _valid(taps: Sequence[int], num_layers: int, n: int) -> bool:
-    return len(taps) == n and len(set(taps)) == n and all(0 <= t <= num_layers for t in taps)
-
-
-def candidate_wirings(draft: DraftInfo, num_layers: int, num_taps: int,
-                      extra: Mapping[str, Sequence[int]] | None = None,
-                      exhaustive: bool | None = None) -> list[Candidate]:
-    """Every wiring worth scoring, deduplicated (order matters: the draft's fc is order-sensitive)."""
-    L, n = num_layers, num_taps
-    bases: list[Candidate] = []
-    lists = {}
-    if draft.top_ids is not None:
-        lists["top-level ids"] = draft.top_ids
-    if draft.nested_ids is not None and draft.nested_ids != draft.top_ids:
-        lists["eagle_config ids"] = draft.nested_ids
-    for where, ids in lists.items():
-        for conv in CONVENTIONS:
-            try:
-                bases.append(Candidate(ids_to_taps(ids, conv, L), f"{where} {list(ids)} read as {conv}"))
-            except CaptureSpecError:
-                pass
-    default = tuple(engine_default_ids(L))
-    bases.append(Candidate(default, f"engine default {list(default)}"))
-    for name, taps in (extra or {}).items():
-        bases.append(Candidate(tuple(taps), name))
-
-    out: dict[tuple[int, ...], Candidate] = {}
-
-    def add(taps: Iterable[int], why: str) -> None:
-        taps = tuple(taps)
-        if _valid(taps, L, n) and taps not in out:
-            out[taps] = Candidate(taps, why)
-
-    bases = [b for b in bases if _valid(b.taps, L, n)]
-    for b in bases:
-        add(b.taps, b.why)
-    for b in bases:
-        t = b.taps
-        variants = [(tuple(x + d for x in t), f"all taps {d:+d} of {b.label}") for d in (-1, 1)]
-        for i in range(len(t)):
-            for d in (-1, 1):
-                variants.append((t[:i] + (t[i] + d,) + t[i + 1:], f"tap {i + 1} {d:+d} of {b.label}"))
-        if EMBED not in t:
-            variants.append(((EMBED,) + t[:-1], f"embed prepended to {b.label}, last tap dropped"))
-            variants.append(((EMBED,) + t[1:], f"embed in place of the first tap of {b.label}"))
-        else:
-            rest = tuple(x for x in t if x != EMBED)
-            nxt = max(t) + (max(t) - min(rest) if rest else 1)
-            variants.append((rest + (nxt,), f"{b.label} without embed, one tap appended"))
-        for taps, why in variants:
-            add(taps, why)
-    if exhaustive is None:
-        exhaustive = math.comb(L + 1, n) <= EXHAUSTIVE_LIMIT
-    if exhaustive:
-        for taps in combinations(range(L + 1), n):
-            add(taps, "exhaustive search")
-    for c in list(out.values()):
-        add(sorted(c.taps), f"sorted order of {c.label}")
-    return list(out.values())
+from vllm_eagle3.spec import CaptureSpecError
+# Candidate wirings live in the core: the online check in the serving engine lists them too.
+from vllm_eagle3.wirings import EXHAUSTIVE_LIMIT, Candidate, candidate_wirings  # noqa: F401  (re-exported)
 
 
 # ----------------------------------------------------------------------------------------------- text side

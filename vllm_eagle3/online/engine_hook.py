@@ -1,0 +1,229 @@
+"""The online wiring check inside vLLM's worker: sees each step's rows, follows a sample of requests, scores them,
+logs the verdict and writes it where the API server reads it.
+
+Data flow position: vLLM's ``GPUModelRunner.sample_tokens`` (the CPU runner is a subclass) -> ``propose_draft_token_ids``
+-> **this hook** (reads the step, returns nothing, changes nothing) -> vLLM's own ``propose_draft_token_ids`` -> the
+EAGLE proposer. :func:`install` wraps that method once per process (``vllm_eagle3.plugin.register``); the wrapper
+finds the capture model's :class:`vllm_eagle3.capture.CheckPlan` (the candidates, set when vLLM asked the target for
+its aux states) and runs a :class:`Checker` on tensor-parallel rank 0 only (its taps are complete there, and the check
+runs no collective). Rows come from the runner's own buffers (``input_batch.req_ids``, ``query_start_loc``,
+``input_ids``, ``positions``), the count of confirmed rows from the sampled tokens (:mod:`vllm_eagle3.online.traces`).
+
+Never fatal: an exception inside the check turns the check off with one WARNING naming it (the engine serves on);
+``report.json`` then says ``"verdict": "off"`` and why. Cost: time spent here is measured; while it exceeds
+``check.budget`` of the engine's wall time since the first step, no new request is followed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_eagle3.online.traces import RowSpan, Trace, Tracker
+from vllm_eagle3.wiring_check import COSTS, WRONG, Judge, report_path
+from vllm_eagle3.wirings import config_lines
+
+logger = logging.getLogger("vllm.vllm_eagle3.check")
+
+_MARK = "_vllm_eagle3_wiring_check"
+EXPECTED_PARAMS = ("self", "scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
+                   "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata")
+
+
+def install() -> str:
+    """Wrap ``GPUModelRunner.propose_draft_token_ids`` (idempotent); returns what was done, for the patch log."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    fn = GPUModelRunner.propose_draft_token_ids
+    if getattr(fn, _MARK, False):
+        return "already installed"
+    sig = inspect.signature(fn)
+    if tuple(sig.parameters)[: len(EXPECTED_PARAMS)] != EXPECTED_PARAMS:
+        return (f"not installed: GPUModelRunner.propose_draft_token_ids{sig} no longer starts with "
+                f"{EXPECTED_PARAMS}; the online wiring check is off on this vLLM")
+
+    @functools.wraps(fn)
+    def propose_draft_token_ids(self, *args, **kwargs):
+        checker = _checker_for(self)
+        if checker is not None:
+            bound = sig.bind(self, *args, **kwargs).arguments
+            checker.observe_safely(self, bound)
+        return fn(self, *args, **kwargs)
+
+    setattr(propose_draft_token_ids, _MARK, True)
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+    return "installed"
+
+
+def _checker_for(runner) -> "Checker | None":
+    checker = runner.__dict__.get(_MARK, False)
+    if checker is False:
+        checker = None
+        try:
+            checker = Checker.for_runner(runner)
+        except Exception as exc:  # noqa: BLE001 - a check that cannot start must not stop the engine
+            logger.warning("vllm-eagle3 wiring check: off, it could not start: %s: %s", type(exc).__name__, exc)
+        runner.__dict__[_MARK] = checker
+    return checker
+
+
+def _capture_model(runner):
+    model = runner.get_model()
+    return getattr(model, "language_model", model)
+
+
+class Checker:
+    def __init__(self, plan, scorer, engine_index: int, num_spec_tokens: int, num_layers: int,
+                 report: Path | None) -> None:
+        cfg = plan.config
+        self.plan, self.cfg, self.scorer = plan, cfg, scorer
+        self.engine_index, self.k, self.num_layers, self.report = engine_index, num_spec_tokens, num_layers, report
+        self.tracker = Tracker(cfg.sample_every, cfg.max_temperature, cfg.max_positions, cfg.max_followed)
+        self.judge = Judge([c.taps for c in plan.candidates], cfg)
+        self.whys = [c.why for c in plan.candidates]
+        self.started = time.monotonic()
+        self.spent = 0.0
+        self.scored = 0
+        self.last_warning = -math.inf
+        self.warned_kind: str | None = None
+        self.off_because: str | None = None
+
+    @classmethod
+    def for_runner(cls, runner) -> "Checker | None":
+        from vllm_eagle3.capture import get_tp_group_rank
+        from vllm_eagle3.online.scorer import Scorer
+
+        lm = _capture_model(runner)
+        plan = getattr(lm, "check_plan", None)
+        if plan is None or not plan.enabled or get_tp_group_rank() != 0:
+            return None
+        cfg = runner.vllm_config
+        scorer = Scorer(cfg.speculative_config.model, cfg.model_config.model, [c.taps for c in plan.candidates])
+        index = cfg.parallel_config.data_parallel_rank or 0
+        checker = cls(plan, scorer, index, cfg.speculative_config.num_speculative_tokens,
+                      lm.capture_resolution.target.num_layers, report_path(index))
+        checker.write_report()
+        return checker
+
+    # ------------------------------------------------------------------------------------------- per step
+    def observe_safely(self, runner, args: dict[str, Any]) -> None:
+        if self.off_because is not None:
+            return
+        t0 = time.monotonic()
+        try:
+            self.observe(runner, args)
+        except Exception as exc:  # noqa: BLE001 - the engine serves on; the check says why it stopped
+            self.off_because = f"stopped after an error: {type(exc).__name__}: {exc}"
+            logger.warning("vllm-eagle3 wiring check [engine %d]: %s (serving is not affected)", self.engine_index,
+                           self.off_because, exc_info=True)
+            self.write_report()
+        finally:
+            self.spent += time.monotonic() - t0
+
+    def within_budget(self) -> bool:
+        return self.spent <= self.cfg.budget * max(time.monotonic() - self.started, 1e-9)
+
+    def observe(self, runner, args: dict[str, Any]) -> None:
+        sched = args["scheduler_output"]
+        for trace in self.tracker.finish(sched.finished_req_ids):
+            self.score(trace)
+        req_ids = list(runner.input_batch.req_ids)
+        if not req_ids:
+            return
+        n = sched.total_num_scheduled_tokens
+        qsl = runner.query_start_loc.cpu[: len(req_ids) + 1].tolist()
+        sampled = args["sampled_token_ids"]
+        if isinstance(sampled, torch.Tensor):
+            counts = (sampled != -1).sum(-1).tolist()
+        else:
+            counts = [len(x) for x in sampled]
+        meta = args["spec_decode_metadata"]
+        drafts = list(meta.num_draft_tokens) if meta is not None else [0] * len(req_ids)
+        positions = None
+        chosen = []
+        allow_new = self.within_budget()
+        for i, rid in enumerate(req_ids):
+            s, e = qsl[i], qsl[i + 1]
+            state = runner.requests.get(rid)
+            if e <= s or state is None or state.sampling_params is None:
+                continue
+            if positions is None:
+                positions = runner.positions[:n].tolist() if runner.positions.dim() == 1 else runner.positions[0, :n].tolist()
+            valid = counts[i] if drafts[i] > 0 else e - s
+            valid = max(0, min(valid, e - s))
+            sp = state.sampling_params
+            pos = int(positions[s])
+            done = sp.max_tokens is not None and pos + valid + 1 - state.num_prompt_tokens >= sp.max_tokens
+            span = RowSpan(rid, s, valid, pos, state.num_prompt_tokens, float(sp.temperature or 0.0), done)
+            if valid and self.tracker.wants(span, allow_new):
+                chosen.append(span)
+        if not chosen:
+            return
+        tokens = runner.input_ids.gpu[:n].to("cpu", torch.long)
+        lm = _capture_model(runner)
+        by_tap = dict(zip(self.plan.candidates[0].taps, args["aux_hidden_states"]))
+        by_tap.update(lm.check_hidden)
+        for span in chosen:
+            rows = slice(span.first_row, span.first_row + span.valid)
+            done = self.tracker.record(span, tokens[rows].clone(),
+                                       {k: h[rows].to("cpu", copy=True) for k, h in by_tap.items()})  # served dtype
+            if done is not None:
+                self.score(done)
+
+    # ------------------------------------------------------------------------------------------- verdicts
+    def score(self, trace: Trace) -> None:
+        anchors, matches = self.scorer.score(trace)
+        if not anchors:
+            return
+        self.scored += 1
+        v = self.judge.add(anchors, matches)
+        self.write_report()
+        if v.kind in (COSTS, WRONG) and v.flagged is not None:
+            now = time.monotonic()
+            if self.warned_kind != v.kind or now - self.last_warning >= self.cfg.warn_interval_s:
+                self.warned_kind, self.last_warning = v.kind, now
+                logger.warning("%s", self.warning_line())
+
+    def warning_line(self) -> str:
+        v, c = self.judge.verdict, self.plan.candidates
+        conf, better = c[0], c[v.flagged]
+        what = ("WRONG: they keep under a quarter of" if v.kind == WRONG
+                else f"COSTS {v.loss:.0%}: they lose {v.loss:.0%} of")
+        fix = "; ".join(config_lines(better.taps, self.num_layers)[:2])
+        return (f"vllm-eagle3 wiring check [engine {self.engine_index}]: the served taps {conf.label} are {what} the "
+                f"draft's first-token acceptance that {better.label} gets ({better.why}): {v.p0[0]:.3f} vs "
+                f"{v.p0[v.flagged]:.3f} over {v.requests} requests ({v.anchors} positions; false-alarm bound "
+                f"{self.cfg.false_alarm:g}). To serve {better.label}: {fix}. Confirm offline with `vllm-eagle3 doctor`; "
+                "GET /v1/eagle3/wiring lists every candidate")
+
+    def status(self) -> dict[str, Any]:
+        t = self.tracker
+        wall = max(time.monotonic() - self.started, 1e-9)
+        out = self.judge.report(self.whys, self.k)
+        if self.off_because is not None:
+            out["verdict"] = "off"
+            out["off_because"] = self.off_because
+        out.update(engine=self.engine_index, scored_requests=self.scored, followed=t.followed,
+                   followed_now=len(t.traces), eligible_seen=t.eligible_seen, too_hot=t.too_hot, dropped=t.dropped,
+                   cost={"seconds": round(self.spent, 3), "fraction_of_engine_time": round(self.spent / wall, 5),
+                         "budget": self.cfg.budget},
+                   settings={"sample_every": self.cfg.sample_every, "max_temperature": self.cfg.max_temperature,
+                             "max_followed": self.cfg.max_followed, "min_requests": self.cfg.min_requests},
+                   extra_taps=[int(k) for k in self.plan.extra_taps], updated=time.time())
+        return out
+
+    def write_report(self) -> None:
+        if self.report is None:
+            return
+        tmp = self.report.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.status(), indent=1) + "\n")
+        os.replace(tmp, self.report)

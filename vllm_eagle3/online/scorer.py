@@ -1,0 +1,52 @@
+"""Scores a recorded request on every candidate wiring: the draft's first step, teacher-forced, as vLLM runs it.
+
+Data flow position: inside the engine, when a followed request ends (:mod:`vllm_eagle3.online.engine_hook`).
+Input: a :class:`vllm_eagle3.online.traces.Trace` (confirmed tokens, the target's taps at each position). Output:
+the anchor count and, per candidate, how many anchors the draft's first token equals the token the target produced
+there. The head is the plain-PyTorch reference (:class:`vllm_eagle3.reference.Eagle3Draft`, the same forward as vLLM's
+``llama_eagle3`` / ``deepseek_eagle3`` first step, held to vLLM by tests/parity/test_draft_parity.py) loaded in
+float32 from the served draft's folder, with the target's embedding table (vLLM shares it with the draft).
+
+At row i the draft reads the target's taps at position i (in the candidate's order) and the token at i + 1, attends
+causally over the recorded rows, and predicts the token at i + 2. Rows before the first recorded position (a
+prefix-cache hit) are not seen by this replay; every candidate is scored on the same rows, so the comparison stays
+paired. Queries, MLP and logits are computed from the first anchor row on (keys and values for every row), one
+candidate at a time (memory: one candidate's attention).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from vllm_eagle3.online.traces import Trace
+from vllm_eagle3.reference import Eagle3Draft
+
+
+class Scorer:
+    def __init__(self, draft_dir: str | Path, target_dir: str | Path, candidates: Sequence[Sequence[int]]) -> None:
+        self.head = Eagle3Draft.from_dir(Path(draft_dir), Path(target_dir), dtype=torch.float32)
+        self.candidates = [tuple(c) for c in candidates]
+
+    @torch.no_grad()
+    def score(self, trace: Trace) -> tuple[int, list[int]]:
+        """(anchors, matches per candidate) of one trace; (0, []) when it has no anchor."""
+        tokens, taps = trace.materialize()
+        t = int(tokens.numel())
+        a0, a1 = max(0, trace.prompt_len - 2 - trace.start), t - 2  # anchor rows: labels at a0+2 .. t-1
+        if a1 <= a0:
+            return 0, []
+        head = self.head
+        nxt = tokens[1:].long()[None]  # row i reads token i + 1
+        positions = (trace.start + torch.arange(t - 1))[None]
+        embeds = head.embed_tokens(nxt)
+        labels = tokens[a0 + 2:].long()
+        matches = []
+        for cand in self.candidates:
+            aux = torch.cat([taps[k][: t - 1] for k in cand], -1)[None].float()  # [1, t-1, n * H]
+            logits, _ = head.unroll(aux, next_embeds=embeds, positions=positions, query_from=a0)[0]
+            pred = head.draft_to_target[logits[0, : a1 - a0].argmax(-1)]  # the last row has no label yet
+            matches.append(int((pred == labels).sum()))
+        return a1 - a0, matches

@@ -1,0 +1,289 @@
+"""Online wiring check: is the wiring being served the best one, judged on live traffic? Config and statistics.
+
+Data flow position: beside the proposer, inside the serving engine. target forward -> taps (the configured ones
+feed the draft as always; on a check-enabled server the target also keeps the taps of the candidate wirings,
+:func:`vllm_eagle3.wirings.online_candidates`) -> on a sample of requests the worker records every confirmed
+position and scores the draft's FIRST step on each candidate wiring against the token the target actually
+produced (:mod:`vllm_eagle3.online`) -> **this module's** :class:`Judge` -> verdict: one WARNING line from the
+engine, ``GET /v1/eagle3/wiring`` (``check``), ``vllm_eagle3_wiring_check_*`` gauges.
+
+Why: the wiring watch (:mod:`vllm_eagle3.watch`) catches a collapse, but an EAGLE-3.1 ``fc_norm`` head fed the
+incident's taps [3, 31, 59] keeps an acceptance length of ~1.3-1.5 instead of ~2.7-3.4: half the gain lost, no
+collapse, and a hub head has no ``eval.json`` to compare with. Comparing wirings with each other on the same
+positions needs no expectation at all.
+
+What is scored. A tracked request contributes its anchors: positions i whose label (the token at i + 2) was
+produced by the target. At anchor i the draft reads the target's taps at i (in the candidate's order) and the token
+at i + 1, and predicts i + 2: exactly the first draft step vLLM's proposer runs, so a match is a first-position
+acceptance of greedy verification. Only requests sampled at ``temperature <= max_temperature`` are tracked: their
+label is (nearly) the target's argmax, so sampled traffic raises no alarm; hotter requests are not looked at.
+
+The test, per candidate c against the configured wiring 0, on per-request sums (a request is the independent
+unit: neighbouring anchors of one request are correlated, so the test clusters by request, never by anchor):
+``d_r = a * m_c,r - m_0,r`` with ``m`` = matches of request r. ``mean(d) > 0`` means ``M_0 < a * M_c``:
+
+- ``COSTS``: ``a = 1 - TOLERANCE`` (the configured wiring's first-draft acceptance is more than 2 % below c's; the
+  doctor's tolerance, :data:`vllm_eagle3.tools.doctor.stats.TOLERANCE`, same reasoning);
+- ``WRONG``: ``a = COLLAPSE_RATIO`` (under a quarter of c's: the incident);
+- ``OK``: the reverse test ``m_0,r - (1 - TOLERANCE) * m_c,r > 0`` passes for EVERY candidate.
+
+Each is a one-sided t-test of the cluster sums (``t = sum d / sqrt(R / (R - 1) * sum (d - mean)^2)``, Student
+quantile by its Cornish-Fisher expansion), run after every scored request once ``min_requests`` have been scored.
+False alarms are bounded by spending ``false_alarm`` over candidates (Bonferroni) and over looks: look j gets
+``false_alarm * 6 / (pi^2 j^2)``, a series summing to ``false_alarm``, so the probability that a server whose
+configured wiring is within tolerance of every candidate EVER says COSTS or WRONG is at most ``false_alarm``
+(default 0.001), however long it runs. The price is a slowly growing threshold (t > 4.6 at look 10, > 5.3 at look
+1,000 for 12 candidates): the incident (first-draft acceptance ~0.2 vs ~0.7) is decided at the first look, a 5 %
+loss takes a few hundred requests. The verdict never decides from anchors of one request alone.
+
+Acceptance terms: reported per wiring as first-draft acceptance ``p0 = M / anchors`` and, under the geometric
+approximation of a chain (each further draft accepted with the same p0), acceptance length
+``AL(k) = 1 + p0 + ... + p0^k`` at the served k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any, Mapping, Sequence
+
+from vllm_eagle3 import envs
+from vllm_eagle3.spec import CaptureSpecError, taps_label
+
+PENDING, OK, UNDECIDED, COSTS, WRONG = "pending", "ok", "undecided", "costs", "wrong"
+VERDICT_LEVEL = {PENDING: -1, UNDECIDED: -1, OK: 0, COSTS: 1, WRONG: 2}
+
+TOLERANCE = 0.02
+"""COSTS when the configured wiring's first-draft acceptance is more than 2 % below another candidate's: the
+doctor's tolerance (tokens per forward scale with acceptance; below what a serving benchmark resolves)."""
+
+COLLAPSE_RATIO = 0.25
+"""WRONG when it keeps less than a quarter of another candidate's first-draft acceptance (the incident keeps ~0 %)."""
+
+CHECK_KEYS = {
+    "enabled": "bool (default true): score candidate wirings on a sample of live requests inside the engine",
+    "sample_every": "int >= 1 (default 4): track one in this many eligible requests",
+    "max_temperature": "number >= 0 (default 0.3): requests sampled hotter are not tracked",
+    "max_positions": "int >= 32 (default 2048): positions recorded per tracked request; it is scored when it ends "
+                     "or reaches this many",
+    "max_followed": "int >= 1 (default 4): requests followed at the same time (memory: each holds its positions x "
+                    "candidate taps x hidden size in the served dtype)",
+    "budget": "number in (0, 0.5] (default 0.02): at most this fraction of the engine's time goes to the check; "
+              "no new request is tracked while it is spent",
+    "false_alarm": "number in (0, 0.1) (default 0.001): probability that a server with a right wiring ever reports "
+                   "COSTS or WRONG",
+    "min_requests": "int >= 8 (default 12): scored requests before any verdict",
+    "warn_interval_s": "number >= 0 (default 600): at least this long between two WARNING lines",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckConfig:
+    """The ``check:`` mapping of a capture spec, validated (see :data:`CHECK_KEYS`)."""
+
+    enabled: bool = True
+    sample_every: int = 4
+    max_temperature: float = 0.3
+    max_positions: int = 2048
+    max_followed: int = 4
+    budget: float = 0.02
+    false_alarm: float = 0.001
+    min_requests: int = 12
+    warn_interval_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        def bad(key: str) -> CaptureSpecError:
+            return CaptureSpecError(f"check.{key} = {getattr(self, key)!r} is invalid: {CHECK_KEYS[key]}")
+
+        def number(key: str) -> float:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(key)
+            return float(v)
+
+        def integer(key: str, low: int) -> None:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise bad(key)
+
+        if not isinstance(self.enabled, bool):
+            raise bad("enabled")
+        integer("sample_every", 1)
+        integer("max_positions", 32)
+        integer("max_followed", 1)
+        integer("min_requests", 8)
+        if number("max_temperature") < 0:
+            raise bad("max_temperature")
+        if not 0 < number("budget") <= 0.5:
+            raise bad("budget")
+        if not 0 < number("false_alarm") < 0.1:
+            raise bad("false_alarm")
+        if number("warn_interval_s") < 0:
+            raise bad("warn_interval_s")
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str = "check") -> "CheckConfig":
+        """``check:`` YAML value -> config; unknown keys and bad values raise :class:`CaptureSpecError`."""
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise CaptureSpecError(f"{where} must be a mapping such as {{enabled: true, sample_every: 4}}, got {data!r}")
+        unknown = sorted(set(map(str, data)) - set(CHECK_KEYS))
+        if unknown:
+            raise CaptureSpecError(f"{where}: unknown key(s) {unknown}; known keys: {', '.join(CHECK_KEYS)}")
+        try:
+            return cls(**{str(k): v for k, v in data.items()})
+        except CaptureSpecError as exc:
+            raise CaptureSpecError(f"{where}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------------------- statistics
+
+def t_quantile(p_upper: float, df: int) -> float:
+    """Student-t quantile with upper tail ``p_upper`` (Cornish-Fisher expansion to 1/df^2 around the normal one:
+    within 1 % of the exact value for df >= 10 and tails down to 1e-8, conservative below that)."""
+    z = NormalDist().inv_cdf(1.0 - p_upper)
+    g1 = (z ** 3 + z) / 4
+    g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
+    return z + g1 / df + g2 / df ** 2
+
+
+def geometric_length(p0: float, k: int) -> float:
+    """Acceptance length at ``k`` drafts if every draft position were accepted with ``p0``: 1 + p0 + ... + p0^k."""
+    return sum(p0 ** i for i in range(k + 1))
+
+
+class _Sums:
+    """Running sums of one candidate's per-request matches, paired with the configured wiring's."""
+
+    __slots__ = ("m", "mm", "m0")
+
+    def __init__(self) -> None:
+        self.m = self.mm = self.m0 = 0.0  # sum m_c, sum m_c^2, sum m_c * m_0
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    kind: str  # pending | ok | undecided | costs | wrong
+    requests: int
+    anchors: int
+    looks: int
+    threshold: float  # the t a test had to pass at the last look
+    p0: tuple[float, ...]  # per candidate, candidate 0 = configured
+    best: int  # index of the candidate with the most matches
+    flagged: int | None  # the candidate the COSTS/WRONG test rejected against (the best such), else None
+    loss: float  # point estimate of 1 - M_0 / M_flagged (or / M_best)
+    t_costs: tuple[float, ...]
+    t_ok: tuple[float, ...]
+
+
+class Judge:
+    """Accumulates scored requests (per candidate matches + anchors) and decides, after each one, the verdict."""
+
+    def __init__(self, candidates: Sequence[Sequence[int]], cfg: CheckConfig | None = None) -> None:
+        if len(candidates) < 2:
+            raise ValueError("a wiring check needs the configured wiring and at least one other candidate")
+        self.cfg = cfg or CheckConfig()
+        self.taps = [tuple(c) for c in candidates]
+        self.sums = [_Sums() for _ in candidates]
+        self.requests = 0
+        self.anchors = 0
+        self.m0m0 = 0.0
+        self.looks = 0
+        self.verdict = Verdict(PENDING, 0, 0, 0, math.inf, (0.0,) * len(candidates), 0, None, 0.0, (), ())
+
+    def add(self, anchors: int, matches: Sequence[int]) -> Verdict:
+        """One scored request: its anchor count and each candidate's matches (candidate order). Returns the verdict."""
+        if len(matches) != len(self.sums):
+            raise ValueError(f"{len(matches)} match counts for {len(self.sums)} candidates")
+        if anchors <= 0:
+            return self.verdict
+        m0 = float(matches[0])
+        for s, m in zip(self.sums, matches):
+            s.m += m
+            s.mm += float(m) * m
+            s.m0 += float(m) * m0
+        self.m0m0 += m0 * m0
+        self.requests += 1
+        self.anchors += anchors
+        self.verdict = self._decide()
+        return self.verdict
+
+    def _t(self, c: int, a: float, b: float) -> float:
+        """t statistic of the per-request sums d_r = a * m_c,r - b * m_0,r (0 when they do not vary)."""
+        s, r = self.sums[c], self.requests
+        total = a * s.m - b * self.sums[0].m
+        sq = a * a * s.mm - 2 * a * b * s.m0 + b * b * self.m0m0  # sum d_r^2
+        var = sq - total * total / r
+        if var <= 1e-12:
+            return math.inf if total > 0 else (-math.inf if total < 0 else 0.0)
+        return total / math.sqrt(r / (r - 1) * var)
+
+    def _decide(self) -> Verdict:
+        n, r = len(self.sums), self.requests
+        p0 = tuple(s.m / self.anchors for s in self.sums)
+        best = max(range(n), key=lambda c: (self.sums[c].m, -c))
+        if r < self.cfg.min_requests:
+            return Verdict(PENDING, r, self.anchors, self.looks, math.inf, p0, best, None, 0.0, (), ())
+        self.looks += 1
+        level = self.cfg.false_alarm * 6 / (math.pi ** 2 * self.looks ** 2) / (n - 1)
+        thr = t_quantile(level, r - 1)
+        others = range(1, n)
+        t_wrong = [self._t(c, COLLAPSE_RATIO, 1.0) for c in others]
+        t_costs = [self._t(c, 1.0 - TOLERANCE, 1.0) for c in others]
+        t_ok = [self._t(c, -(1.0 - TOLERANCE), -1.0) for c in others]  # m_0 - (1 - tol) m_c
+        kind, flagged = UNDECIDED, None
+        for name, ts in ((WRONG, t_wrong), (COSTS, t_costs)):
+            hits = [c for c, t in zip(others, ts) if t > thr]
+            if hits:
+                kind, flagged = name, max(hits, key=lambda c: self.sums[c].m)
+                break
+        if kind == UNDECIDED and all(t > thr for t in t_ok):
+            kind = OK
+        ref = flagged if flagged is not None else best
+        loss = 1.0 - self.sums[0].m / self.sums[ref].m if self.sums[ref].m > 0 else 0.0
+        return Verdict(kind, r, self.anchors, self.looks, thr, p0, best, flagged, loss, tuple(t_costs), tuple(t_ok))
+
+    def report(self, whys: Sequence[str], k: int) -> dict[str, Any]:
+        """The verdict as JSON-ready data (what the engine writes for the API server's endpoint and gauges)."""
+        v = self.verdict
+
+        def wiring(c: int) -> dict[str, Any]:
+            return {"taps": taps_label(self.taps[c]), "why": whys[c], "position0": round(v.p0[c], 4),
+                    "acceptance_length_geometric": round(geometric_length(v.p0[c], k), 3)}
+
+        return {"verdict": v.kind, "requests": v.requests, "anchors": v.anchors, "looks": v.looks,
+                "t_threshold": None if math.isinf(v.threshold) else round(v.threshold, 2),
+                "configured": wiring(0), "best": wiring(v.best),
+                "better": wiring(v.flagged) if v.flagged is not None else None,
+                "loss": round(v.loss, 4), "tolerance": TOLERANCE, "collapse_ratio": COLLAPSE_RATIO,
+                "false_alarm": self.cfg.false_alarm, "num_speculative_tokens": k,
+                "candidates": [wiring(c) for c in range(len(self.taps))]}
+
+
+# ----------------------------------------------------------------------------------------------- reports
+
+def report_path(engine_index: int, environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where engine ``engine_index``'s check writes its verdict: ``$VLLM_EAGLE3_CHECK_DIR/engine<i>.json``."""
+    env = os.environ if environ is None else environ
+    folder = env.get(envs.CHECK_DIR)
+    return Path(folder) / f"engine{engine_index}.json" if folder else None
+
+
+def read_reports(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every engine's latest check report, by engine index (the API server's view; empty before the first step)."""
+    env = os.environ if environ is None else environ
+    folder = env.get(envs.CHECK_DIR)
+    out: dict[str, Any] = {}
+    if not folder or not Path(folder).is_dir():
+        return out
+    for f in sorted(Path(folder).glob("engine*.json")):
+        try:
+            out[f.stem.removeprefix("engine")] = json.loads(f.read_text())
+        except (OSError, ValueError):  # being replaced right now: the next read has it
+            continue
+    return out
