@@ -167,6 +167,60 @@ def test_variant_validation_and_labels():
     assert Variant.from_dict(json.loads(json.dumps(v.as_dict()))) == v
 
 
+def test_check_off_variant_key_label_and_old_results():
+    """A check-off server must never be mistaken for the shipped one (its own key and label), and a results file
+    written before the field reads as the check on (no check-off variant), so old runs render as they did."""
+    off = Variant(3, EMBED_TAP, check=False, replica=2, cells=(Cell("throughput", 1),))
+    assert off.key == "embed-k3+check-off#2" and off.config_key == "embed-k3+check-off"
+    assert Variant(3, EMBED_TAP, check=False, compiled=True).key == "embed-k3+check-off+compiled"
+    assert ", online wiring check off" in off.label and "check" not in Variant(3).label
+    assert Variant(3).key == "embed-k3"
+    old = Variant(3, cells=(Cell("throughput", 4),)).as_dict()
+    del old["check"]
+    assert Variant.from_dict(old).check is True
+    assert Variant.from_dict(json.loads(json.dumps(off.as_dict()))) == off
+    for k, capture in ((0, NO_SPEC), (3, NATIVE)):  # the check runs in the plugin's capture only
+        with pytest.raises(ValueError, match="check=False needs"):
+            Variant(k, capture, check=False)
+
+
+def test_check_plan_measures_the_shipped_server_with_the_check_on_and_off(capsys):
+    """Plan ``check``: EAGLE-3 k=3 with the embed tap, eager, the check on vs off, two servers each started on,
+    off, off, on (a drift of the machine falls on both sides), throughput cells at 1/4/16 with the headline's
+    sizes, in the 20-30 minutes the brief allows; the headline-only flags are refused, not silently ignored."""
+    p = plans.PLANS["check"]()
+    assert [v.key for v in p.variants] == ["embed-k3", "embed-k3+check-off", "embed-k3+check-off#2", "embed-k3#2"]
+    assert all(v.k == 3 and v.capture == EMBED_TAP and not v.compiled for v in p.variants)
+    assert all([(c.kind, c.concurrency) for c in v.cells] == [("throughput", c) for c in (1, 4, 16)]
+               for v in p.variants)
+    assert (p.prompts, p.waves, p.max_tokens) == (16, 4, 128)
+    assert 20 * 60 <= plans.estimate_seconds(p) <= 30 * 60
+    assert main(["--plan", "check", "--dry-run", "--concurrency", "1", "4"]) == 0
+    assert "embed-k3+check-off#2" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--plan", "check", "--dry-run", "--sweep", "2"])
+
+
+def test_check_off_server_gets_its_capture_spec_with_the_check_disabled(tmp_path):
+    """The check-off server differs from its twin in ``check.enabled`` only: the spec's taps and its other check
+    settings are kept, and the check-on server keeps the spec it was given."""
+    from vllm_eagle3.resolve import load_spec_file
+    from vllm_eagle3.tools.bench.run import REPO, Wiring, serve_args
+
+    shipped = REPO / "configs/kimi_k25_eagle3.yaml"
+    wiring = Wiring(tmp_path, ("--capture-spec", str(shipped)))
+    assert serve_args(Variant(3), wiring, tmp_path / "s.yaml", tmp_path) == [
+        "--config", str(tmp_path / "s.yaml"), "--capture-spec", str(shipped)]
+    args = serve_args(Variant(3, check=False, replica=2), wiring, tmp_path / "s.yaml", tmp_path)
+    sf, orig = load_spec_file(args[-1]), load_spec_file(shipped)
+    assert sf.check.enabled is False and sf.spec.taps == orig.spec.taps and sf.num_layers == orig.num_layers
+    own = tmp_path / "own.yaml"
+    own.write_text(shipped.read_text() + "check: {sample_every: 2}\n")
+    args = serve_args(Variant(3, check=False), Wiring(tmp_path, ("--capture-spec", str(own))), own, tmp_path)
+    sf = load_spec_file(args[-1])
+    assert (sf.check.enabled, sf.check.sample_every) == (False, 2)
+
+
 def test_native_taps_are_the_incident_default_and_written_in_vllm_ids(tmp_path):
     """The comparison must capture the incident engine's default taps 3/31/59 (SGLang's +1 on (2, L//2, L-3)),
     and the draft copy must name them in vLLM's convention (no shift) with the same weights."""
@@ -197,15 +251,18 @@ def test_request_record_and_counter_deltas():
 
 # ------------------------------------------------------------------------------------------------ analysis
 
-def synthetic_results(spec_speed: float = 2.0, native_slow: float = 1.0, native_server_slow: float = 1.0) -> dict:
-    """A schema-2 results file from the smoke plan with made-up, deterministic timings: plain decode 10 ms per
+def synthetic_results(spec_speed: float = 2.0, native_slow: float = 1.0, native_server_slow: float = 1.0,
+                      plan: str = "smoke", check_slow: float = 1.0, second_server_slow: float = 1.0) -> dict:
+    """A schema-2 results file from ``plan`` (smoke) with made-up, deterministic timings: plain decode 10 ms per
     token per prompt (varying by prompt), speculation ``spec_speed`` x faster, tau 3, the incident tau 1.
     ``native_slow`` slows the native servers' target forward only (a capture cost), ``native_server_slow`` their
-    forward and draft alike (a slower server process)."""
-    p = plans.PLANS["smoke"]()
+    forward and draft alike (a slower server process); ``check_slow`` the requests of servers with the online
+    wiring check on, ``second_server_slow`` those of every replica-2 server (server-to-server noise)."""
+    p = plans.PLANS[plan]()
     variants = []
     for v in p.variants:
         speed = 1.0 if v.k == 0 else 0.5 if v.capture == NATIVE else spec_speed
+        speed /= (check_slow if v.check else 1.0) * (second_server_slow if v.replica == 2 else 1.0)
         cells = []
         for cell in v.cells:
             n = {"throughput": p.prompts, "stream": p.stream_prompts}.get(cell.kind, p.split_requests(cell.concurrency))
@@ -278,6 +335,27 @@ def test_capture_cost_normalized_by_the_draft_cancels_a_slower_server():
     assert all("within noise" in o["normalized"]["verdict"] for o in rows)
     text = report.capture_block(analysis.summarize(synthetic_results(native_server_slow=1.2)))
     assert "forward / draft, plugin capture (per server)" in text
+
+
+def test_check_cost_is_a_paired_ratio_set_against_two_identical_servers():
+    """Check on / off throughput per concurrency: servers 25 % slower with the check read 0.80 [0.80-0.80], a real
+    difference; a gap smaller than between two servers of one side is not called one; no check-off server, no
+    section (a headline run's page is unchanged). No advice from a plan without a no-speculation server."""
+    s = analysis.summarize(synthetic_results(plan="check", check_slow=1.25))
+    rows = s["check_cost"]
+    assert [o["concurrency"] for o in rows] == [1, 4, 16] and all(o["servers"] == [2, 2] for o in rows)
+    assert all(o["ratio"]["value"] == pytest.approx(0.8) and o["ratio"]["hi"] == pytest.approx(0.8) for o in rows)
+    assert all("a real difference" in o["verdict"] for o in rows)
+    assert s["advice"] == []
+    text = report.render(synthetic_results(plan="check", check_slow=1.25))
+    assert "### What the online wiring check costs" in text and "**0.800 [0.800-0.800]**" in text and "{{" not in text
+    noisy = analysis.summarize(synthetic_results(plan="check", check_slow=1.1, second_server_slow=1.3))["check_cost"]
+    assert all(o["ratio"]["value"] == pytest.approx(1 / 1.1) for o in noisy)
+    assert all("within server-to-server noise" in o["verdict"] for o in noisy)
+    assert [o["ratio"]["value"] for o in analysis.summarize(synthetic_results(plan="check"))["check_cost"]] == \
+        [pytest.approx(1.0)] * 3
+    assert analysis.summarize(synthetic_results())["check_cost"] == []
+    assert "wiring check costs" not in report.render(synthetic_results())
 
 
 def test_report_renders_every_slot_and_the_no_run_page(tmp_path):

@@ -190,6 +190,7 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
                 rows[str(c)] = row
         entry = {"key": key, "label": v.label, "variant": v.as_dict(), "ready_s": raw.get("ready_s"),
                  "error": raw.get("error"), "capture_line": raw.get("capture_line", ""),
+                 "check_line": raw.get("check_line", ""),
                  "mla_verify_on_decode_kernel": mla_verify_patched(raw.get("mla_calls") or {}),
                  "acceptance": acc, "by_concurrency": rows}
         st = cells(raw, "stream", 1)
@@ -200,6 +201,7 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
                                "cost": speedup(st, cells(raw, "throughput", 1), f"{key}/stream").as_dict()}
         out["variants"].append(entry)
     out["capture_ab"] = capture_ab(res, concs)
+    out["check_cost"] = check_cost(res, concs)
     out["advice"] = advice(out)
     return out
 
@@ -221,7 +223,7 @@ def capture_ab(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
     out = []
     for plugin, native in AB_PAIRS:
         for nat_v, _ in res.find(capture=native, replica=1):
-            same = dict(k=nat_v.k, compiled=nat_v.compiled, mla_verify=nat_v.mla_verify)
+            same = dict(k=nat_v.k, compiled=nat_v.compiled, mla_verify=nat_v.mla_verify, check=nat_v.check)
             a, b = res.find(capture=plugin, **same), res.find(capture=native, **same)
             for c in concs:
                 row = _ab_row(a, b, c, f"ab/{plugin}/{nat_v.k}/{c}")
@@ -263,6 +265,12 @@ def _compare(e: Sequence[Sequence[float]], n: Sequence[Sequence[float]], seed: s
     """plugin / native over the servers of each side, the same ratio between two servers of one side, a verdict."""
     ratio = stratified_ratio(e, n, seed)
     same = [stratified_ratio([g[0]], [g[1]], f"{seed}/same/{i}") for i, g in enumerate((e, n)) if len(g) > 1]
+    return ratio, same, _verdict(ratio, same)
+
+
+def _verdict(ratio: Estimate, same: Sequence[Estimate]) -> str:
+    """Whether ``ratio`` (one configuration / the other) is a difference: its interval excludes 1 AND it is larger
+    than the ratio between two servers of one configuration (``same``)."""
     gap = abs(math.log(ratio.value)) if finite(ratio.value) and ratio.value > 0 else NAN
     noise = max((abs(math.log(s.value)) for s in same if finite(s.value) and s.value > 0), default=NAN)
     if not ratio.excludes(1.0):
@@ -274,7 +282,31 @@ def _compare(e: Sequence[Sequence[float]], n: Sequence[Sequence[float]], seed: s
         verdict = "a real difference: outside the interval and larger than between two identical servers"
     else:
         verdict = "outside the interval (one server per side: server-to-server noise not measured)"
-    return ratio, same, verdict
+    return verdict
+
+
+def check_cost(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
+    """Throughput with the online wiring check on / off (the ``check`` plan), per configuration with a check-off
+    server and per concurrency: the speedup statistic of speculation vs none (paired over prompts), here over the
+    servers of each side pooled (each prompt's tokens and seconds summed over them), and the same ratio between two
+    servers of one side, for the verdict of the capture A/B (:func:`_verdict`). Below 1: the check costs."""
+    out = []
+    for off_v, _ in res.find(check=False, replica=1):
+        same = dict(k=off_v.k, capture=off_v.capture, compiled=off_v.compiled, mla_verify=off_v.mla_verify)
+        for c in concs:
+            on = [cs for _, raw in res.find(check=True, **same) if (cs := cells(raw, "throughput", c))]
+            off = [cs for _, raw in res.find(check=False, **same) if (cs := cells(raw, "throughput", c))]
+            if not on or not off:
+                continue
+            seed = f"check/{off_v.config_key}/{c}"
+            ratio = speedup([x for cs in on for x in cs], [x for cs in off for x in cs], seed)
+            same_servers = [speedup(g[0], g[1], f"{seed}/same/{i}") for i, g in enumerate((on, off)) if len(g) > 1]
+            out.append({"config": off_v.config_key.replace("+check-off", ""), "k": off_v.k, "mode": off_v.mode,
+                        "concurrency": c, "servers": [len(on), len(off)],
+                        "on_tok_s": [wall_tok_s(cs) for cs in on], "off_tok_s": [wall_tok_s(cs) for cs in off],
+                        "ratio": ratio.as_dict(), "same_config_ratios": [x.as_dict() for x in same_servers],
+                        "verdict": _verdict(ratio, same_servers)})
+    return out
 
 
 def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -282,7 +314,7 @@ def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     acceptance length, break-even acceptance length, ideal and achieved speedup."""
     out = []
     pool = [v for v in summary["variants"] if v["variant"]["capture"] in (NO_SPEC, EMBED_TAP)
-            and v["variant"]["mla_verify"] == MLA_DEFAULT and v["variant"]["replica"] == 1]
+            and v["variant"]["mla_verify"] == MLA_DEFAULT and v["variant"]["check"] and v["variant"]["replica"] == 1]
     for mode in ("eager", "compiled"):
         vs = [v for v in pool if v["variant"]["compiled"] == (mode == "compiled")]
         for c in summary["concurrencies"]:
@@ -290,7 +322,7 @@ def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                     if "tok_s" in v["by_concurrency"].get(str(c), {})]
             cand = [(t, v) for t, v in cand if finite(t)]
             if not cand or not any(v["variant"]["k"] == 0 for _, v in cand):
-                if cand:  # speculative cells but no baseline (its server failed): no advice, say why
+                if cand and any(v["variant"]["k"] == 0 for v in vs):  # its server failed: no advice, say why
                     out.append({"mode": mode, "concurrency": c, "best_k": None, "missing_base": True})
                 continue
             best_t, best = max(cand, key=lambda tv: tv[0])

@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
                    help="smoke: a few minutes, every code path, numbers meaningless; quick: eager only, c=1/4, "
                         "8 prompts x 64 tokens; default: the headline cells (~1 h); full: + k sweep 1..5 at "
-                        "c=1/4, incident and opt-out at every concurrency, 2 rounds (~3 h)")
+                        "c=1/4, incident and opt-out at every concurrency, 2 rounds (~3 h); check: what the online "
+                        "wiring check costs, k=3 with it on vs off, eager, c=1/4/16, two servers each (~30 min)")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
@@ -80,13 +81,19 @@ def parser() -> argparse.ArgumentParser:
 def build_plan(args: argparse.Namespace) -> plans.Plan:
     """The named plan with the command line's changes (k, concurrencies, sizes, variants left out or kept)."""
     kw = dict(plans.PLAN_ARGS[args.plan])
+    headline = args.plan not in plans.BUILDERS
+    if not headline:  # these flags change variants that only the headline plans have
+        given = [flag for flag, on in (("--sweep", args.sweep is not None), ("--no-opt-out", args.no_opt_out),
+                                       ("--no-capture-ab", args.no_capture_ab)) if on]
+        if given:
+            raise ValueError(f"{', '.join(given)}: not part of --plan {args.plan}")
     if args.k is not None:
         kw["k"] = args.k
     if args.concurrency:
         cs = tuple(sorted(set(args.concurrency)))
         kw["concurrencies"] = cs
-        for key in ("incident_throughput", "opt_out_throughput"):  # keep those that remain, else the highest
-            kept = tuple(c for c in kw.get(key, (16,)) if c in cs)
+        for key in ("incident_throughput", "opt_out_throughput") if headline else ():
+            kept = tuple(c for c in kw.get(key, (16,)) if c in cs)  # keep those that remain, else the highest
             kw[key] = kept or (cs[-1],)
     if args.compiled is not None:
         kw["compiled"] = args.compiled
@@ -99,7 +106,7 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
     sizes = {"prompts": args.prompts_per_cell, "max_tokens": args.max_tokens, "rounds": args.rounds,
              "waves": args.waves}
     kw.update({k: v for k, v in sizes.items() if v is not None})
-    plan = plans.headline_plan(args.plan, **kw)
+    plan = plans.build(args.plan, **kw)
     if args.only:
         keys = [v.key for v in plan.variants]
         unknown = sorted(set(args.only) - set(keys))

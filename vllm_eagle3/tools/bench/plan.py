@@ -19,6 +19,9 @@ Cell kinds (what each costs the server is stated in the report):
   what the timers cost.
 - ``stream``: ``plan.stream_prompts`` streamed requests at concurrency 1 (usage only in the last chunk): time to
   first token and inter-token latency, and what streaming costs next to the plain client on the same prompts.
+
+Plans: :func:`headline_plan` (smoke, quick, default, full: speculation vs none and what the capture costs) and
+:func:`check_plan` (``check``: what the online wiring check costs, the same server with it on and off).
 """
 
 from __future__ import annotations
@@ -54,8 +57,9 @@ class Cell:
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """One server: ``k`` speculative tokens (0 = none), how the taps are captured, the CPU MLA verify path,
-    eager or compiled, and a replica number (2 = the same server started again, to measure server-to-server
-    noise)."""
+    eager or compiled, whether the online wiring check runs (``check``: on, as shipped; off = the capture spec
+    with ``check: {enabled: false}``, to measure what it costs), and a replica number (2 = the same server started
+    again, to measure server-to-server noise)."""
 
     k: int
     capture: str = EMBED_TAP
@@ -63,6 +67,7 @@ class Variant:
     compiled: bool = False
     replica: int = 1
     cells: tuple[Cell, ...] = ()
+    check: bool = True  # as shipped; results files written before this field have no check-off variant
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURES:
@@ -74,13 +79,16 @@ class Variant:
             raise ValueError(f"mla_verify must be default, off or on, got {self.mla_verify!r}")
         if self.replica < 1:
             raise ValueError(f"replica must be >= 1, got {self.replica}")
+        if not self.check and (self.k == 0 or self.capture in NATIVE_CAPTURES):
+            raise ValueError(f"check=False needs a server with the plugin's capture: the online wiring check runs "
+                             f"there only (got k={self.k}, capture={self.capture!r})")
 
     @property
     def config_key(self) -> str:
         """Same for two replicas of one configuration."""
         base = "nospec" if self.k == 0 else f"{self.capture}-k{self.k}"
         mla = "" if self.mla_verify == MLA_DEFAULT else f"+mla-{self.mla_verify}"
-        return base + mla + ("+compiled" if self.compiled else "")
+        return base + mla + ("" if self.check else "+check-off") + ("+compiled" if self.compiled else "")
 
     @property
     def key(self) -> str:
@@ -106,6 +114,8 @@ class Variant:
             s += ", MLA verify-as-decode opted out (vLLM's own verify path)"
         elif self.mla_verify == MLA_ON:
             s += ", MLA verify-as-decode forced on"
+        if not self.check:
+            s += ", online wiring check off"
         s += f", {self.mode}"
         return s + (f" (server #{self.replica})" if self.replica > 1 else "")
 
@@ -191,6 +201,21 @@ def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3
     return Plan(name, tuple(vs), **sizes)
 
 
+def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, compiled: bool = False,
+               **sizes) -> Plan:
+    """What the online wiring check costs: the shipped configuration (EAGLE-3 k, the capture spec's taps with the
+    embed tap) with the check on, as shipped, and off, throughput cells only (the cost a client sees).
+
+    Two servers of each, as in the capture A/B, so that the on / off ratio can be set against the ratio between two
+    identical servers (on this shared 2-core VM a server process's own speed moves throughput by a few percent, as
+    much as the check's 2 % time budget). Started in the order on, off, off, on: a drift of the machine during the
+    run falls on both sides alike (on, off, on, off would put it on the check-off side). No speculation-free
+    server: the check's cost is relative to the same speculating server without it."""
+    cells = _cells("throughput", concurrencies)
+    return Plan(name, tuple(Variant(k, EMBED_TAP, compiled=compiled, replica=r, check=on, cells=cells)
+                            for r, on in ((1, True), (1, False), (2, False), (2, True))), **sizes)
+
+
 PLAN_ARGS = {
     # smoke: a few minutes, proves every code path end to end (eager only), numbers meaningless
     "smoke": dict(concurrencies=(1, 2), compiled=False, incident_throughput=(2,), opt_out_throughput=(1,), prompts=4,
@@ -199,8 +224,21 @@ PLAN_ARGS = {
                   max_tokens=64, split_tokens=32),
     "default": dict(),
     "full": dict(sweep=(1, 2, 4, 5), incident_throughput=(1, 4, 16), opt_out_throughput=(1, 4, 16), rounds=2),
+    # check: eager (what `make demo` serves; a compiled server would add ~9 min of compilation per configuration),
+    # the headline's cell sizes (16 prompts, 4 waves, 128 tokens: the requests an interval needs at each
+    # concurrency), 4 servers: ~29 min by the estimate below, most of it the concurrency-1 cells
+    "check": dict(concurrencies=(1, 4, 16), compiled=False, prompts=16, waves=4, max_tokens=128),
 }
-PLANS = {name: (lambda name=name: headline_plan(name, **PLAN_ARGS[name])) for name in PLAN_ARGS}
+BUILDERS = {"check": check_plan}
+"""Plans not built by :func:`headline_plan`."""
+
+
+def build(name: str, **kw) -> Plan:
+    """The plan ``name`` from ``kw`` (its :data:`PLAN_ARGS`, changed by the command line)."""
+    return BUILDERS.get(name, headline_plan)(name, **kw)
+
+
+PLANS = {name: (lambda name=name: build(name, **PLAN_ARGS[name])) for name in PLAN_ARGS}
 
 
 # ------------------------------------------------------------------------------------------------ duration

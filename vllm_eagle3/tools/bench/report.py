@@ -61,7 +61,7 @@ def headline(summary: Mapping) -> str:
     rows = []
     for mode in (False, True):
         base = _v(summary, k=0, compiled=mode, replica=1, mla_verify="default")
-        for v in _v(summary, capture="embed", compiled=mode, replica=1, mla_verify="default"):
+        for v in _v(summary, capture="embed", compiled=mode, replica=1, mla_verify="default", check=True):
             if not base:
                 continue
             for c, row in v["by_concurrency"].items():
@@ -167,6 +167,28 @@ def capture_block(summary: Mapping) -> str:
     return out
 
 
+def check_block(summary: Mapping) -> str:
+    """The online wiring check's cost (plan ``check``), with its heading; empty for a run without check-off
+    servers, so that a headline run's page has no such section."""
+    rows = [[o["config"], o["mode"], str(o["concurrency"]), " / ".join(f(x, 1) for x in o["on_tok_s"]),
+             " / ".join(f(x, 1) for x in o["off_tok_s"]), f"**{e(o['ratio'], 3)}**",
+             " ; ".join(e(s, 3) for s in o["same_config_ratios"]) or "-", o["verdict"]]
+            for o in summary["check_cost"]]
+    if not rows:
+        return ""
+    logged = [f"- {v['key']}: " + (f"`{v['check_line']}`" if v["check_line"] else "_no wiring check line in its log_")
+              for v in summary["variants"] if v["variant"]["k"] and v["variant"]["capture"] == "embed"]
+    return "\n\n".join([
+        "### What the online wiring check costs",
+        "The same speculating server with the check on (as shipped) and off (its capture spec plus `check: "
+        "{enabled: false}`), the same prompts: throughput with / without the check, paired over prompts, each "
+        "side's servers pooled (below 1: the server is slower with the check), next to the same ratio between two "
+        "servers of one side (the server-to-server noise of this machine).",
+        table(["configuration", "mode", "conc.", "tok/s, check on (per server)", "check off (per server)",
+               "check on / off", "same configuration: server 1 / server 2 (on ; off)", "verdict"], rows),
+        "What each server's check did, from its log:\n\n" + "\n".join(logged)])
+
+
 def costs_block(summary: Mapping) -> str:
     rows = []
     for v in summary["variants"]:
@@ -244,7 +266,7 @@ def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path
         s = summarize(data)
         slots = {"run": run_block(data["meta"], data["plan"]), "headline": headline(s), "advice": advice_block(s),
                  "cells": all_cells(s), "split": split_block(s), "capture": capture_block(s),
-                 "costs": costs_block(s), "capture_lines": capture_lines(s),
+                 "check": check_block(s), "costs": costs_block(s), "capture_lines": capture_lines(s),
                  "plot": f"![benchmark plot]({png_rel})"}
     slots["soak"] = soak_block(soak)
     missing = set(SLOT.findall(text)) - set(slots)
@@ -259,7 +281,7 @@ def printed_advice(data: Mapping) -> str:
 
     s = summarize(data)
     return "\n".join(["", "=== vllm-eagle3 bench: advice ===", advice_block(s), "", "=== headline ===", headline(s),
-                      "", "=== plugin capture vs native capture ===", capture_block(s), ""])
+                      "", "=== plugin capture vs native capture ===", capture_block(s), "", check_block(s), ""])
 
 
 def plot(data: Mapping, path: Path) -> None:

@@ -43,6 +43,7 @@ SECOND_HEAD = "models/kimi-k25-mini-eagle3-taps-3-31-59"  # the same-taps captur
 SECOND_SPEC = "configs/kimi_k25_eagle3_taps_3_31_59.yaml"  # ... and its capture spec
 PLUGIN_LINE = "vllm-eagle3: capturing taps"  # capture.py, in the worker
 STOCK_LINE = "Using auxiliary layers from speculative config"  # vLLM's runner, stock model classes
+CHECK_LINE = "vllm-eagle3 wiring check:"  # capture.py at load: what the online check scores, or why it is off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +115,27 @@ def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path
     return out
 
 
+def check_off_spec(spec: Path, out: Path) -> Path:
+    """``spec`` with the online wiring check off: its keys as they are, plus ``check: {enabled: false}`` (or
+    ``enabled: false`` set in its own ``check:`` mapping, its other check settings kept)."""
+    import yaml
+
+    data = yaml.safe_load(spec.read_text()) or {}
+    data["check"] = {**(data.get("check") or {}), "enabled": False}
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def serve_args(variant: Variant, wiring: Wiring, yml: Path, work: Path) -> list[str]:
+    """``vllm-eagle3 serve``'s arguments: the serve YAML and the wiring's (a check-off variant's capture spec is
+    rewritten under ``work``, so the server differs from its check-on twin in that one key)."""
+    args = list(wiring.args if variant.k else ())
+    if not variant.check:
+        i = args.index("--capture-spec") + 1
+        args[i] = str(check_off_spec(Path(args[i]), work / f"spec-{variant.key.replace('#', '-')}.yaml"))
+    return ["--config", str(yml), *args]
+
+
 def server_env(variant: Variant) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # POST /collective_rpc, to start/stop/read the StepTimers
@@ -152,9 +174,10 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
                 say: Callable[[str], None], start_timeout: float | None = None) -> dict[str, Any]:
     """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured."""
     res: dict[str, Any] = {"key": variant.key, "variant": variant.as_dict(), "label": variant.label,
-                           "ready_s": None, "error": None, "capture_line": "", "mla_calls": {}, "cells": []}
+                           "ready_s": None, "error": None, "capture_line": "", "check_line": "", "mla_calls": {},
+                           "cells": []}
     yml = serve_yaml(base_cfg, variant, wiring.draft, work / f"serve-{variant.key.replace('#', '-')}.yaml")
-    args = ["--config", str(yml), *(wiring.args if variant.k else ())]
+    args = serve_args(variant, wiring, yml, work)
     env = server_env(variant)
     log = log_dir / f"server-{variant.key.replace('#', '-')}.log"
     server = VllmServer(args, env=env, log_path=log, cwd=REPO)
@@ -188,10 +211,13 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
         res["mla_calls"] = calls[0] if calls else {}
         if variant.capture != NO_SPEC:
             needle = STOCK_LINE if env.get("VLLM_PLUGINS") == STOCK_PLUGIN else PLUGIN_LINE
-            taps = [ln for ln in server.log_text().splitlines() if needle in ln]
+            lines = server.log_text().splitlines()
+            taps = [ln for ln in lines if needle in ln]
             res["capture_line"] = taps[-1][taps[-1].index(needle):] if taps else ""
             if not taps:
                 say(f"{variant.key}: warning: no `{needle}` line in {log}")
+            checks = [ln for ln in lines if CHECK_LINE in ln]
+            res["check_line"] = checks[0][checks[0].index(CHECK_LINE):] if checks else ""
     except Exception as exc:  # noqa: BLE001 - one broken variant must not lose the others' results
         res["error"] = f"{type(exc).__name__}: {exc}"
         say(f"{variant.key}: failed: {res['error']} (server log {log})")
