@@ -120,3 +120,13 @@ def test_every_environment_variable_is_named_in_envs():
         used |= set(re.findall(r"[\"']_?(VLLM_EAGLE3_[A-Z0-9_]+)[\"']", f.read_text()))
     missing = {u for u in used if u not in named and f"_{u}" not in named}
     assert not missing, f"read in the package but not listed in vllm_eagle3/envs.py: {sorted(missing)}"
+
+
+def test_test_modules_have_unique_names():
+    """The test folders are not packages: two test files with one basename stop pytest at collection ("import file
+    mismatch"), the whole suite with them (it happened: tests/unit and tests/e2e both had test_wiring_check.py)."""
+    seen: dict[str, list[str]] = {}
+    for f in sorted((REPO / "tests").rglob("test_*.py")):
+        seen.setdefault(f.name, []).append(str(f.relative_to(REPO)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not clashes, f"test files sharing a basename: {clashes}"

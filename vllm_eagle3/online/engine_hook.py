@@ -148,7 +148,8 @@ class Checker:
             counts = [len(x) for x in sampled]
         meta = args["spec_decode_metadata"]
         drafts = list(meta.num_draft_tokens) if meta is not None else [0] * len(req_ids)
-        positions = None
+        pos_buf = runner.positions if runner.positions.dim() == 1 else runner.positions[0]
+        first_pos = pos_buf[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))].tolist()
         chosen = []
         allow_new = self.within_budget()
         for i, rid in enumerate(req_ids):
@@ -156,12 +157,10 @@ class Checker:
             state = runner.requests.get(rid)
             if e <= s or state is None or state.sampling_params is None:
                 continue
-            if positions is None:
-                positions = runner.positions[:n].tolist() if runner.positions.dim() == 1 else runner.positions[0, :n].tolist()
             valid = counts[i] if drafts[i] > 0 else e - s
             valid = max(0, min(valid, e - s))
             sp = state.sampling_params
-            pos = int(positions[s])
+            pos = int(first_pos[i])
             done = sp.max_tokens is not None and pos + valid + 1 - state.num_prompt_tokens >= sp.max_tokens
             span = RowSpan(rid, s, valid, pos, state.num_prompt_tokens, float(sp.temperature or 0.0), done)
             if valid and self.tracker.wants(span, allow_new):

@@ -3,7 +3,7 @@ the target's taps there.
 
 Data flow position: inside the engine, after the target forward and sampling, before the proposer (the hook in
 :mod:`vllm_eagle3.online.engine_hook` hands each step's rows here). No vLLM import: a step is described by
-:class:`RowSpan` records, so the bookkeeping is unit-tested on synthetic steps (tests/unit/test_wiring_check.py).
+:class:`RowSpan` records, so the bookkeeping is unit-tested on synthetic steps (tests/unit/test_online_check_parts.py).
 
 What a step's rows are. vLLM lays the scheduled tokens of the batch's requests out contiguously. For a request:
 

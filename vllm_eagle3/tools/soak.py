@@ -20,7 +20,9 @@ prompts. Verdict:
   ``vllm_cpu.glibc_malloc_setting``), then oneDNN's primitive cache filling with a ~265 KiB matmul kernel per new
   batch size up to 1024 of them, ~20 MiB/min in anonymous mmapped memory (capped by ``serve``,
   ``vllm_cpu.onednn_cache_setting``);
-- the greedy reference unchanged at the end, ``/health`` still 200, the spec-decode counters advanced.
+- the greedy reference unchanged at the end, ``/health`` still 200, the spec-decode counters advanced;
+- no wiring alarm: neither the watch's collapse WARNING nor the online wiring check's COSTS/WRONG WARNING (a right
+  wiring under mixed traffic); the check's report at the end is kept (``wiring_check``).
 Writes a JSON result (``--out``, default ``bench/soak.json``, committed) and renders it into BENCHMARKS.md.
 """
 
@@ -306,13 +308,32 @@ def late_growth(memory: list[tuple[float, float]]) -> float:
     return memory[-1][1] - next(mb for t, mb in memory if t >= mid)
 
 
+WIRING_ALARMS = ("EAGLE-3 acceptance COLLAPSED", "vllm-eagle3 wiring check [engine")
+"""Log lines of the wiring watch's collapse WARNING and of the online wiring check's COSTS/WRONG WARNING: a soak of
+a right wiring must raise none (sampled traffic is no excuse: the check follows only cool requests)."""
+
+
+def wiring_alarms(log: str) -> list[str]:
+    return [ln for ln in log.splitlines() if "WARNING" in ln and any(m in ln for m in WIRING_ALARMS)]
+
+
+def serve_args(draft: str | None) -> list[str]:
+    """The shipped serve config and spec; with ``draft``, that EAGLE-3 head (k=3) instead of the config's."""
+    if not draft:
+        return list(SERVE_ARGS)
+    spec = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
+    return [*SERVE_ARGS, "--speculative-config", spec]
+
+
 def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: float, say=print,
-         max_late_growth_mb: float = 20.0) -> dict:
+         max_late_growth_mb: float = 20.0, draft: str | None = None) -> dict:
     from vllm_eagle3.tools.bench.run import loadavg, machine_info
+    from vllm_eagle3.tools.serve.process import http_get
 
     load_before, machine = loadavg(), machine_info()  # the code that runs: HEAD (and dirty?) when the soak starts
-    server = VllmServer(SERVE_ARGS, cwd=REPO, kv_cache_gib=None).start()
-    say(f"[soak] starting the shipped pair (EAGLE-3, eager) on {server.base_url}; log {server.log_path}")
+    server = VllmServer(serve_args(draft), cwd=REPO, kv_cache_gib=None).start()
+    say(f"[soak] starting the shipped pair (EAGLE-3 {draft or 'head of the serve config'}, eager) on "
+        f"{server.base_url}; log {server.log_path}")
     try:
         server.wait_ready(timeout=900, progress=say)
         base, model = server.base_url, served_model_name(server.base_url)
@@ -344,6 +365,10 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
         after_ref = greedy_reference(base, model)
         counters = SpecDecodeCounters.fetch(base) - before
         healthy = server.healthy()
+        status, body = http_get(base + "/v1/eagle3/wiring")
+        check = json.loads(body).get("check", {}) if status == 200 else {"error": f"GET /v1/eagle3/wiring -> {status}"}
+        time.sleep(1.0)  # the log file is written by the server process
+        alarms = wiring_alarms(server.log_text())
     finally:
         server.stop()
     five_xx = sum(n for s, n in tally.by_status.items() if s.startswith("5"))
@@ -355,10 +380,12 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
         "only_expected_4xx": not tally.unexpected_4xx,
         "memory_bounded": bool(growth <= max_growth_mb), "memory_levels_off": bool(late <= max_late_growth_mb),
         "greedy_unchanged": reference == after_ref,
-        "healthy_at_end": healthy, "speculation_ran": counters.drafts > 0,
+        "healthy_at_end": healthy, "speculation_ran": counters.drafts > 0, "no_wiring_alarm": not alarms,
     }
     return {
         "what": "vllm-eagle3 soak: mixed traffic against one speculative server (shipped pair, eager, k=3)",
+        "draft": str(draft) if draft else "the serve config's (models/kimi-k25-mini-eagle3)",
+        "wiring_alarms": alarms, "wiring_check": check,
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "commit": machine["commit"],
         "dirty": machine["dirty"], "load_before": load_before, "duration_s": duration_s,
@@ -387,10 +414,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-late-growth-mb", type=float, default=20,
                    help="allowed growth over the second half of the sampled period, MiB (default 20): the memory "
                         "must level off, not just stay under --max-growth-mb for this long")
+    p.add_argument("--draft", default=None, metavar="DIR",
+                   help="serve this EAGLE-3 head (k=3) instead of the serve config's, e.g. "
+                        "models/kimi-k25-mini-eagle3-mla (same capture spec, configs/kimi_k25_eagle3.yaml)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"result JSON (default {DEFAULT_OUT})")
     args = p.parse_args(argv)
     result = soak(args.duration, args.concurrency, args.warmup, args.max_growth_mb,
-                  max_late_growth_mb=args.max_late_growth_mb)
+                  max_late_growth_mb=args.max_late_growth_mb, draft=args.draft)
     out = Path(args.out) if Path(args.out).is_absolute() else REPO / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
@@ -398,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     plot_rss(result, png)
     print(f"[soak] resident memory per process plotted in {png}")
     print(json.dumps({k: result[k] for k in ("requests", "by_status", "transport_errors", "stale_keepalive_retries",
-                                             "rss_growth_mb", "rss_late_growth_mb",
+                                             "rss_growth_mb", "rss_late_growth_mb", "wiring_alarms",
                                              "verdict", "passed")}, indent=1))
     print(f"[soak] result written to {out}")
     if out == REPO / DEFAULT_OUT:

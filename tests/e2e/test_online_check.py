@@ -8,7 +8,7 @@ compares wirings with each other on the same live positions, inside the engine.
 
 Server: the session pool's, all defaults (the check is on by default: 1 in 4 greedy requests followed, 2 % budget,
 12 requests before a verdict, false-alarm bound 0.001). 64 held-out prompts (the head's eval_prompts.json, which its
-training never saw), 64 tokens each, 8 in flight. The right wiring under the same defaults is judged by
+training never saw), 48 tokens each, 8 in flight. The right wiring under the same defaults is judged by
 tests/e2e/test_wiring_watch.py::test_right_wiring_is_left_alone (the Llama head, 64 requests: ``ok``, no line).
 """
 

@@ -3,7 +3,7 @@ bounded, the incident decided at the first look, a 10 % loss found), the bookkee
 prefill, verify and preemption, and the shortened first draft step it scores with.
 
 The served check (a real `vllm-eagle3 serve` with the MLA fc_norm head on the incident's taps) is
-tests/e2e/test_wiring_watch.py::test_online_check_*.
+tests/e2e/test_online_check.py.
 """
 
 from __future__ import annotations
