@@ -241,27 +241,42 @@ class AcceptanceWindow:
         self.steps: collections.deque[tuple[int, tuple[int, ...]]] = collections.deque()
         self.drafts = 0
         self.accepted = [0] * num_positions
+        self.drafted = [0] * num_positions  # drafts that reached position i (all of them under a fixed k)
         self.total_drafts = 0  # since start, for the report
 
-    def add(self, drafts: int, accepted_per_pos: Sequence[int]) -> None:
+    def add(self, drafts: int, accepted_per_pos: Sequence[int],
+            drafted_per_pos: Sequence[int] | None = None) -> None:
+        """One step's counts. ``drafted_per_pos[i]``: drafts of >= i + 1 tokens (vLLM's ``num_draft_tokens_per_pos``;
+        None: all of them, a fixed k). Under k per batch size drafts differ in length, so the rate at position i is
+        accepted over drafted there. Every counted draft has position 0 (vLLM counts no 0-token draft)."""
         if drafts <= 0:
             return
         per = tuple(int(x) for x in accepted_per_pos)
-        if len(per) > len(self.accepted):  # the engine reports more positions than configured: widen
-            self.accepted.extend([0] * (len(per) - len(self.accepted)))
-        self.steps.append((drafts, per))
+        made = tuple(int(x) for x in drafted_per_pos) if drafted_per_pos is not None else (drafts,) * len(per)
+        n = max(len(per), len(made))
+        if n > len(self.accepted):  # the engine reports more positions than configured: widen
+            self.accepted.extend([0] * (n - len(self.accepted)))
+            self.drafted.extend([0] * (n - len(self.drafted)))
+        self.steps.append((drafts, per, made))
         self.drafts += drafts
         self.total_drafts += drafts
         for i, x in enumerate(per):
             self.accepted[i] += x
+        for i, x in enumerate(made):
+            self.drafted[i] += x
         while self.steps and self.drafts - self.steps[0][0] >= self.size:
-            old_d, old_per = self.steps.popleft()
+            old_d, old_per, old_made = self.steps.popleft()
             self.drafts -= old_d
             for i, x in enumerate(old_per):
                 self.accepted[i] -= x
+            for i, x in enumerate(old_made):
+                self.drafted[i] -= x
 
     def rates(self) -> list[float]:
-        return [a / self.drafts for a in self.accepted] if self.drafts else []
+        """Per position: accepted / drafted there (0.0 where no draft reached it in the window)."""
+        if not self.drafts:
+            return []
+        return [a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted)]
 
     def acceptance_length(self) -> float | None:
         return 1.0 + sum(self.accepted) / self.drafts if self.drafts else None
@@ -291,14 +306,16 @@ class WiringWatch:
         self.last_warning: str | None = None
         self._announced: set[str] = set()  # lines of the current bad episode (ok -> ... -> ok)
 
-    def observe(self, num_drafts: int, accepted_per_pos: Sequence[int]) -> str:
-        """One scheduler step's spec-decode counts (``SpecDecodingStats``); returns the verdict.
+    def observe(self, num_drafts: int, accepted_per_pos: Sequence[int],
+                draft_tokens_per_pos: Sequence[int] | None = None) -> str:
+        """One scheduler step's spec-decode counts (``SpecDecodingStats``; ``draft_tokens_per_pos`` where vLLM has
+        it, see :meth:`AcceptanceWindow.add`); returns the verdict.
 
         At most one WARNING (collapsed) and one INFO line (suspicious) per bad episode, an episode ending when the
         verdict is ok again; the suspicious line waits until the lower bound rules a collapse out, so a collapse
         in progress gives its WARNING alone; nothing is logged once a collapse was announced, nor on recovery.
         """
-        self.window.add(num_drafts, accepted_per_pos)
+        self.window.add(num_drafts, accepted_per_pos, draft_tokens_per_pos)
         self.verdict = self._judge()
         if self.verdict == OK:
             self._announced.clear()

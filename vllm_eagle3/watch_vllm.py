@@ -183,7 +183,8 @@ class WiringWatchStatLogger(StatLoggerBase):
         if sd is None or not sd.num_drafts:
             return
         try:
-            self.watch.observe(sd.num_drafts, sd.num_accepted_tokens_per_pos)
+            self.watch.observe(sd.num_drafts, sd.num_accepted_tokens_per_pos,
+                               getattr(sd, "num_draft_tokens_per_pos", None))
         except Exception:  # noqa: BLE001 - never break vLLM's output loop; stand down after saying why
             _watch.logger.exception("vllm-eagle3 wiring watch [engine %d]: failed; stopped", self.engine_index)
             _watch.unregister_watch(self.watch)

@@ -3,7 +3,7 @@
 Guards the bug of issue 12: BENCHMARKS.md and README.md quoted speedups that no results file backed (a finding
 edited by hand after the run, a README number from an older run or an older harness). BENCHMARKS.md is generated:
 it must be exactly ``vllm-eagle3 bench --from-json bench/results.json``'s rendering of the committed results file
-(and of the last soak, ``bench/soak.json``);
+(and of the last soak, ``bench/soak.json``, and the last adaptive-k run, ``bench/adaptive/results.json``);
 its template may quote no measured number; every speed number README.md quotes (``1.23x``, ``45.6 tok/s``) must be
 one the results file gives. Reads files only; no engine.
 """
@@ -35,7 +35,8 @@ def _results():
 
 def test_benchmarks_md_is_the_rendering_of_the_results_file():
     """Any number in BENCHMARKS.md that differs from the results file (hand edit, stale run) fails here."""
-    expected = report.render(_results(), DOCS["png"], soak=report.load_soak(REPO / DOCS["soak"]))
+    expected = report.render(_results(), DOCS["png"], soak=report.load_soak(REPO / DOCS["soak"]),
+                             adaptive_data=report.load_optional(REPO / DOCS["adaptive"]))
     actual = (REPO / "BENCHMARKS.md").read_text()
     if actual != expected:
         for i, (a, b) in enumerate(zip(actual.splitlines(), expected.splitlines()), 1):

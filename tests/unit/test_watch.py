@@ -114,7 +114,8 @@ def test_window_slides_over_whole_steps():
         kept = list(win.steps)
         assert win.drafts == sum(s[0] for s in kept)
         assert win.accepted == [sum(s[1][i] for s in kept) for i in range(K)]
-        assert [tuple(p) for _, p in history[-len(kept):]] == [p for _, p in kept]
+        assert [tuple(p) for _, p in history[-len(kept):]] == [s[1] for s in kept]
+        assert win.drafted == [win.drafts] * K  # no per-position counts given: every draft had every position
         assert win.drafts - kept[0][0] < 100 <= win.drafts or len(kept) == len(history)
     assert win.total_drafts == sum(d for d, _ in history)
     assert win.acceptance_length() == pytest.approx(1 + sum(win.accepted) / win.drafts)

@@ -203,6 +203,7 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
     out["capture_ab"] = capture_ab(res, concs)
     out["check_cost"] = check_cost(res, concs)
     out["advice"] = advice(out)
+    out["adaptive"] = adaptive(res, out)
     return out
 
 
@@ -309,12 +310,72 @@ def check_cost(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
     return out
 
 
+WITHIN_BEST = 0.90  # issue 29: the adaptive schedule within 10 % of the best static k at every concurrency
+
+
+def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per concurrency, for a run with an adaptive server (``--plan adaptive``): no speculation, static k = 3, the
+    best static k (highest measured throughput), the adaptive schedule's k there and its throughput: speedups over
+    no speculation paired over prompts, adaptive / best static paired the same way, and whether the two targets hold
+    (adaptive >= 1.0x no speculation at the interval's lower end; adaptive >= 0.9 x the best static k). Greedy
+    identity of every speculative cell with no speculation's (same prompt, same text), and the second
+    no-speculation server against the first (how far the machine drifted while the run went on)."""
+    from vllm_eagle3.tools.bench.plan import k_at
+
+    ad = [(v, raw) for v, raw in res.variants if v.adaptive and v.replica == 1]
+    if not ad:
+        return []
+    out = []
+    by_key = {v["key"]: v for v in summary["variants"]}
+    for v, raw in ad:
+        base = res.base(v)
+        again = res.find(k=0, compiled=v.compiled, replica=2, mla_verify=MLA_DEFAULT)
+        statics = [(sv, sraw) for sv, sraw in res.find(capture=EMBED_TAP, compiled=v.compiled, replica=1,
+                                                       mla_verify=MLA_DEFAULT, check=True, adaptive=False)]
+        for c in summary["concurrencies"]:
+            mine = cells(raw, "throughput", c)
+            if not mine or base is None or not cells(base, "throughput", c):
+                continue
+            cand = [(wall_tok_s(cells(sraw, "throughput", c)), sv, sraw) for sv, sraw in statics
+                    if cells(sraw, "throughput", c)]
+            cand = [x for x in cand if finite(x[0])]
+            seed = f"adaptive/{v.key}/{c}"
+            row: dict[str, Any] = {"mode": v.mode, "concurrency": c, "k": k_at(v.schedule, c) if v.schedule else None,
+                                   "nospec_tok_s": wall_tok_s(cells(base, "throughput", c)),
+                                   "tok_s": wall_tok_s(mine),
+                                   "speedup": speedup(mine, cells(base, "throughput", c), seed).as_dict(),
+                                   "same_text": by_key[v.key]["by_concurrency"].get(str(c), {}).get("same_text")}
+            k3 = [x for x in cand if x[1].k == 3]
+            if k3:
+                row["k3_speedup"] = speedup(cells(k3[0][2], "throughput", c), cells(base, "throughput", c),
+                                            seed + "/k3").as_dict()
+            if cand:
+                _, bv, braw = max(cand, key=lambda x: (x[0], -x[1].k))
+                row["best_static_k"] = bv.k
+                row["best_static_speedup"] = speedup(cells(braw, "throughput", c), cells(base, "throughput", c),
+                                                     seed + "/best").as_dict()
+                row["vs_best_static"] = speedup(mine, cells(braw, "throughput", c), seed + "/vs-best").as_dict()
+                row["measured_k"] = sorted(x[1].k for x in cand)
+                row["static_same_text"] = {str(x[1].k): by_key[x[1].key]["by_concurrency"].get(str(c), {})
+                                           .get("same_text") for x in cand}
+            if again and cells(again[0][1], "throughput", c):
+                row["nospec_drift"] = speedup(cells(again[0][1], "throughput", c), cells(base, "throughput", c),
+                                              seed + "/drift").as_dict()
+            lo = row["speedup"]["lo"]
+            row["never_slower"] = bool(finite(lo) and lo >= 1.0)
+            vb = row.get("vs_best_static", {}).get("value", NAN)
+            row["within_best"] = bool(finite(vb) and vb >= WITHIN_BEST)
+            out.append(row)
+    return out
+
+
 def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per mode and concurrency: the k with the highest measured throughput (shipped wiring and MLA path), its
     acceptance length, break-even acceptance length, ideal and achieved speedup."""
     out = []
     pool = [v for v in summary["variants"] if v["variant"]["capture"] in (NO_SPEC, EMBED_TAP)
-            and v["variant"]["mla_verify"] == MLA_DEFAULT and v["variant"]["check"] and v["variant"]["replica"] == 1]
+            and v["variant"]["mla_verify"] == MLA_DEFAULT and v["variant"]["check"] and v["variant"]["replica"] == 1
+            and not v["variant"].get("adaptive")]
     for mode in ("eager", "compiled"):
         vs = [v for v in pool if v["variant"]["compiled"] == (mode == "compiled")]
         for c in summary["concurrencies"]:

@@ -23,7 +23,8 @@ from vllm_eagle3.tools.bench import plan as plans
 DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
 DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
 DEFAULT_PROMPTS = "models/kimi-k25-mini-eagle3/eval_prompts.json"
-DOCS = {"md": "BENCHMARKS.md", "png": "docs/bench.png", "json": "bench/results.json", "soak": "bench/soak.json"}
+DOCS = {"md": "BENCHMARKS.md", "png": "docs/bench.png", "json": "bench/results.json", "soak": "bench/soak.json",
+        "adaptive": "bench/adaptive/results.json"}
 SCRATCH = ".cache/bench-{plan}"  # where plans other than default/full write (gitignored)
 
 
@@ -40,7 +41,9 @@ def parser() -> argparse.ArgumentParser:
                    help="smoke: a few minutes, every code path, numbers meaningless; quick: eager only, c=1/4, "
                         "8 prompts x 64 tokens; default: the headline cells (~1 h); full: + k sweep 1..5 at "
                         "c=1/4, incident and opt-out at every concurrency, 2 rounds (~3 h); check: what the online "
-                        "wiring check costs, k=3 with it on vs off, eager, c=1/4/16, two servers each (~30 min)")
+                        "wiring check costs, k=3 with it on vs off, eager, c=1/4/16, two servers each (~30 min); adaptive: "
+                        "speculation that adapts to load: no speculation, k=1..3 and a k search up to 5, then k per "
+                        "batch size chosen from them, c=1/4/16/32/64, on held-out prompts (~1 h)")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
@@ -65,7 +68,9 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("inputs and outputs")
     g.add_argument("--config", default=DEFAULT_SERVE_CONFIG, help=f"base serve YAML ({DEFAULT_SERVE_CONFIG})")
     g.add_argument("--capture-spec", default=DEFAULT_CAPTURE_SPEC, help=f"({DEFAULT_CAPTURE_SPEC})")
-    g.add_argument("--prompts", default=DEFAULT_PROMPTS, help=f"prompt token ids ({DEFAULT_PROMPTS})")
+    g.add_argument("--prompts", default=None,
+                   help=f"prompt token ids (default {DEFAULT_PROMPTS}; --plan adaptive: "
+                        f"{plans.PLAN_PROMPTS['adaptive']}, prompts no shipped model trained on)")
     g.add_argument("--out-dir", default=None,
                    help="write results.json, BENCHMARKS.md and bench.png here (default: the repository's "
                         f"{DOCS['json']}, {DOCS['md']}, {DOCS['png']} for --plan default/full, else "
@@ -75,6 +80,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder, printed)")
     g.add_argument("--from-json", default=None, metavar="RESULTS",
                    help="run nothing: write BENCHMARKS.md and the plot again from a results file")
+    g.add_argument("--advise", action="store_true",
+                   help="with --from-json: print the k-per-batch-size table its static-k servers give, as the "
+                        "speculative-config lines of a serve YAML, and write nothing")
     return p
 
 
@@ -142,8 +150,10 @@ def write_docs(data: dict, md: Path, png: Path) -> None:
 
     report.plot(data, png)
     md.parent.mkdir(parents=True, exist_ok=True)
-    soak = report.load_soak(REPO / DOCS["soak"]) if md.resolve() == (REPO / DOCS["md"]).resolve() else None
-    md.write_text(report.render(data, os.path.relpath(png, md.parent), soak=soak))
+    main_page = md.resolve() == (REPO / DOCS["md"]).resolve()
+    soak = report.load_soak(REPO / DOCS["soak"]) if main_page else None
+    adaptive = report.load_optional(REPO / DOCS["adaptive"]) if main_page else None
+    md.write_text(report.render(data, os.path.relpath(png, md.parent), soak=soak, adaptive_data=adaptive))
     print(report.printed_advice(data))
     print(f"[bench] wrote {md} and {png}")
 
@@ -154,13 +164,22 @@ def render_repo_benchmarks_md() -> Path:
 
     results, md = REPO / DOCS["json"], REPO / DOCS["md"]
     md.write_text(report.render(report.load(results) if results.exists() else None, DOCS["png"],
-                                soak=report.load_soak(REPO / DOCS["soak"])))
+                                soak=report.load_soak(REPO / DOCS["soak"]),
+                                adaptive_data=report.load_optional(REPO / DOCS["adaptive"])))
     return md
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     results, md, png = outputs(args)
+    if args.advise and not args.from_json:
+        parser().error("--advise reads a results file: give --from-json RESULTS")
+    if args.from_json and args.advise:
+        from vllm_eagle3.tools.bench import advise, report
+
+        print(advise.config_lines(advise.from_results(report.load(Path(args.from_json))), source=args.from_json),
+              end="")
+        return 0
     if args.from_json:
         from vllm_eagle3.tools.bench import report
 
@@ -189,6 +208,7 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     draft = run.repo_path(str((base_cfg.get("speculative-config") or {}).get("model",
                                                                               "models/kimi-k25-mini-eagle3")))
     num_layers = TargetInfo.load(target).num_layers
+    args.prompts = args.prompts or plans.PLAN_PROMPTS.get(plan.name, DEFAULT_PROMPTS)
     prompts = run.load_prompts(run.repo_path(args.prompts))
     need = max([plan.prompts, plan.stream_prompts] + [plan.split_requests(c.concurrency) for v in plan.variants
                                                       for c in v.cells]
@@ -209,8 +229,18 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     def say(msg: str) -> None:
         print(f"[bench {time.monotonic() - t0:6.0f} s] {msg}", flush=True)
 
-    raws = [run.run_variant(v, plan, base_cfg, wirings[v.capture], prompts, work, log_dir, say, args.start_timeout)
-            for v in plan.variants]
+    from vllm_eagle3.tools.bench import advise
+
+    raws = []
+    for v in plan.variants:
+        v = advise.resolve(v, raws)  # a k search's cells, an adaptive server's table: from the servers before it
+        if v.adaptive:
+            say(f"{v.key}: k per batch size from the static-k servers above: {plans.schedule_text(v.schedule)}")
+        if not v.cells:
+            say(f"{v.key}: skipped: k={v.k - 1} was not the best at any concurrency")
+            continue
+        raws.append(run.run_variant(v, plan, base_cfg, wirings[v.capture], prompts, work, log_dir, say,
+                                    args.start_timeout))
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = {"date": run.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
             "load_before": load_before, "load_after": run.loadavg(), "machine": run.machine_info()}

@@ -68,6 +68,12 @@ class Variant:
     replica: int = 1
     cells: tuple[Cell, ...] = ()
     check: bool = True  # as shipped; results files written before this field have no check-off variant
+    # adaptive: k per batch size (vLLM's num_speculative_tokens_per_batch_size), filled in by the run from the
+    # static-k servers measured before it (``schedule``: its (first batch size, last, k) ranges; k = the most it may
+    # draft). search: a static k above the plan's grid, run only at the concurrencies where k - 1 was the best so far
+    adaptive: bool = False
+    schedule: tuple[tuple[int, int, int], ...] = ()
+    search: bool = False
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURES:
@@ -79,6 +85,12 @@ class Variant:
             raise ValueError(f"mla_verify must be default, off or on, got {self.mla_verify!r}")
         if self.replica < 1:
             raise ValueError(f"replica must be >= 1, got {self.replica}")
+        if (self.adaptive or self.search) and (self.k == 0 or self.capture != EMBED_TAP):
+            raise ValueError(f"adaptive and search variants speculate with the capture spec's taps: k >= 1 and "
+                             f"capture={EMBED_TAP!r} (got k={self.k}, capture={self.capture!r})")
+        if self.schedule and (not self.adaptive or max(e[2] for e in self.schedule) > self.k):
+            raise ValueError(f"a schedule belongs to an adaptive variant and drafts at most its k={self.k}: "
+                             f"{self.schedule}")
         if not self.check and (self.k == 0 or self.capture in NATIVE_CAPTURES):
             raise ValueError(f"check=False needs a server with the plugin's capture: the online wiring check runs "
                              f"there only (got k={self.k}, capture={self.capture!r})")
@@ -86,7 +98,8 @@ class Variant:
     @property
     def config_key(self) -> str:
         """Same for two replicas of one configuration."""
-        base = "nospec" if self.k == 0 else f"{self.capture}-k{self.k}"
+        base = ("nospec" if self.k == 0 else f"{self.capture}-adaptive" if self.adaptive
+                else f"{self.capture}-k{self.k}")
         mla = "" if self.mla_verify == MLA_DEFAULT else f"+mla-{self.mla_verify}"
         return base + mla + ("" if self.check else "+check-off") + ("+compiled" if self.compiled else "")
 
@@ -102,6 +115,9 @@ class Variant:
     def label(self) -> str:
         if self.k == 0:
             s = "no speculation"
+        elif self.adaptive:
+            s = (f"EAGLE-3, k per batch size {schedule_text(self.schedule)}" if self.schedule else
+                 f"EAGLE-3, k per batch size (up to {self.k}) from this run's static-k servers")
         elif self.capture == NATIVE:
             s = f"EAGLE-3 k={self.k}, taps 3/31/59 by vLLM's native capture (the incident wiring)"
         elif self.capture == LAYER_TAPS:
@@ -125,11 +141,32 @@ class Variant:
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["cells"] = [[c.kind, c.concurrency] for c in self.cells]
+        d["schedule"] = [list(e) for e in self.schedule]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Variant":
-        return cls(**{**d, "cells": tuple(Cell(k, c) for k, c in d["cells"])})
+        return cls(**{**d, "cells": tuple(Cell(k, c) for k, c in d["cells"]),
+                      "schedule": tuple(tuple(int(x) for x in e) for e in d.get("schedule", ()))})
+
+
+def k_at(schedule, batch: int) -> int:
+    """The k ``schedule`` drafts at ``batch`` requests per step (vLLM's lookup: gaps and the tail carry the k
+    before them)."""
+    k = schedule[0][2]
+    for a, _, kk in schedule:
+        if a <= batch:
+            k = kk
+    return k
+
+
+def schedule_text(schedule) -> str:
+    """``1-2: k=3, 3-8: k=2, 9+: k=0`` (the last range open-ended)."""
+    parts = []
+    for i, (a, b, k) in enumerate(schedule):
+        rng = f"{a}+" if i == len(schedule) - 1 else (f"{a}" if a == b else f"{a}-{b}")
+        parts.append(f"{rng}: k={k}")
+    return ", ".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +253,25 @@ def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, com
                             for r, on in ((1, True), (1, False), (2, False), (2, True))), **sizes)
 
 
+def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), ks=(1, 2, 3), search=(4, 5),
+                  compiled: bool = False, **sizes) -> Plan:
+    """Speculation that adapts to load: no speculation, static k = ``ks`` at every concurrency, each k of ``search``
+    only where the k below it was the best so far (a k sweep that stops where longer drafts stop paying), then ONE
+    server with k per batch size chosen from those measurements (vLLM's ``num_speculative_tokens_per_batch_size``,
+    :mod:`.advise`), and no speculation again: the two no-speculation servers, first and last, bound how far the
+    machine drifted during the run. Throughput cells everywhere; the static servers also run timed cells (worker
+    timers: per-step draft and verify cost, hence the break-even acceptance length and the ideal speedup per k)."""
+    cells = _cells("throughput", concurrencies)
+    timed = cells + _cells("split", concurrencies)  # the worker timers: break-even tau and tau / (v + k c) per k
+    top = max((*ks, *search))
+    vs = [Variant(0, NO_SPEC, compiled=compiled, cells=timed)]
+    vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=timed) for k in ks]
+    vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=timed, search=True) for k in search]
+    vs += [Variant(top, EMBED_TAP, compiled=compiled, cells=cells, adaptive=True),
+           Variant(0, NO_SPEC, compiled=compiled, cells=cells, replica=2)]
+    return Plan(name, tuple(vs), **sizes)
+
+
 PLAN_ARGS = {
     # smoke: a few minutes, proves every code path end to end (eager only), numbers meaningless
     "smoke": dict(concurrencies=(1, 2), compiled=False, incident_throughput=(2,), opt_out_throughput=(1,), prompts=4,
@@ -228,8 +284,13 @@ PLAN_ARGS = {
     # the headline's cell sizes (16 prompts, 4 waves, 128 tokens: the requests an interval needs at each
     # concurrency), 4 servers: ~29 min by the estimate below, most of it the concurrency-1 cells
     "check": dict(concurrencies=(1, 4, 16), compiled=False, prompts=16, waves=4, max_tokens=128),
+    # adaptive: eager, c=1..64 on held-out prompts (bench/heldout_prompts.json); 2 waves (a c=64 cell is 128
+    # requests), 128 tokens; ~8 servers
+    "adaptive": dict(concurrencies=(1, 4, 16, 32, 64), compiled=False, prompts=16, waves=2, max_tokens=128),
 }
-BUILDERS = {"check": check_plan}
+BUILDERS = {"check": check_plan, "adaptive": adaptive_plan}
+PLAN_PROMPTS = {"adaptive": "bench/heldout_prompts.json"}
+"""Plans whose prompts are not the default (the shipped head's eval_prompts.json)."""
 """Plans not built by :func:`headline_plan`."""
 
 

@@ -19,6 +19,7 @@ TEMPLATE = Path(__file__).with_name("template.md")
 SLOT = re.compile(r"\{\{(\w+)\}\}")
 NO_RUN = "_No run of this benchmark yet: run `make bench` (see above)._"
 NO_SOAK = "_No soak result yet: run `vllm-eagle3 soak` (see above)._"
+NO_ADAPTIVE = "_No adaptive-k run yet: run `vllm-eagle3 bench --plan adaptive --out-dir bench/adaptive`._"
 
 
 def e(d: Mapping | None, digits: int = 2) -> str:
@@ -189,6 +190,52 @@ def check_block(summary: Mapping) -> str:
         "What each server's check did, from its log:\n\n" + "\n".join(logged)])
 
 
+def adaptive_block(summary: Mapping, run: str = "") -> str:
+    """Speculation that adapts to load (plan ``adaptive``), with its heading; empty for a run without an adaptive
+    server."""
+    rows = summary.get("adaptive") or []
+    if not rows:
+        return ""
+    ad = next(v for v in summary["variants"] if v["variant"].get("adaptive"))
+    k3 = {c: r for v in _v(summary, capture="embed", k=3, replica=1, mla_verify="default", check=True, adaptive=False)
+          for c, r in v["by_concurrency"].items()}
+
+    def same(x) -> str:
+        return f"{x[0]}/{x[1]}" if x else "n/a"
+
+    def statics_same(d: Mapping | None) -> str:
+        return ", ".join(f"k={k} {same(x)}" for k, x in sorted((d or {}).items())) or "n/a"
+
+    table_rows = []
+    for o in rows:
+        c = str(o["concurrency"])
+        kr = k3.get(c, {})
+        table_rows.append([
+            c, f(o["nospec_tok_s"], 1), e(o.get("k3_speedup")),
+            f"k={o.get('best_static_k', 'n/a')}: {e(o.get('best_static_speedup'))}",
+            f"k={o['k']}: **{e(o['speedup'])}**", e(o.get("vs_best_static")),
+            "yes" if o["never_slower"] else "**no**", "yes" if o["within_best"] else "**no**",
+            e(kr.get("break_even")), f(kr.get("model_verify")), f(kr.get("ideal")),
+            same(o.get("same_text")) + " (static: " + statics_same(o.get("static_same_text")) + ")",
+            e(o.get("nospec_drift"), 3)])
+    tau = {v["variant"]["k"]: (v.get("acceptance") or {}).get("tau") for v in
+           _v(summary, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False)}
+    return "\n\n".join([x for x in [
+        "### Speculation that adapts to load: k per batch size",
+        run,
+        f"The adaptive server: {ad['label']} (vLLM's `num_speculative_tokens_per_batch_size`, chosen by "
+        "`vllm_eagle3/tools/bench/advise.py` from the static-k servers of this same run). Speedups are over the "
+        "first no-speculation server, paired over prompts; *adaptive / best* pairs the adaptive server with the "
+        "static k that measured fastest at that concurrency. Targets: adaptive >= 1.0x at the interval's lower end, "
+        "and >= 0.9 x the best static k. Break-even acceptance length and the models tau / (v + k c), tau / (1 + k c) "
+        "are k = 3's, from its timed cells. Greedy: requests whose text equals no speculation's, of all.",
+        table(["conc.", "no spec tok/s", "k=3", "best static k", "adaptive", "adaptive / best", ">= 1.0x (lower end)",
+               "within 10 % of best", "break-even tau (k=3)", "tau/(v+kc) (k=3)", "tau/(1+kc) (k=3)", "greedy same",
+               "no spec #2 / #1"], table_rows),
+        "Acceptance length per static k (concurrency-1 requests): "
+        + ", ".join(f"k={k} {e(t)}" for k, t in sorted(tau.items())) + "."] if x])
+
+
 def costs_block(summary: Mapping) -> str:
     rows = []
     for v in summary["variants"]:
@@ -254,9 +301,10 @@ def soak_block(soak: Mapping | None) -> str:
 
 
 def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path = TEMPLATE,
-           soak: Mapping | None = None) -> str:
-    """The whole ``BENCHMARKS.md``: the template with its slots filled from the results (or the no-run note) and
-    from the last soak result (``soak``, see :func:`load_soak`)."""
+           soak: Mapping | None = None, adaptive_data: Mapping | None = None) -> str:
+    """The whole ``BENCHMARKS.md``: the template with its slots filled from the results (or the no-run note), from
+    the last soak result (``soak``, see :func:`load_soak`) and from the last ``--plan adaptive`` results
+    (``adaptive_data``; a results file of that plan renders its own)."""
     text = template.read_text()
     if data is None:
         slots = {name: NO_RUN if name == "run" else "" for name in set(SLOT.findall(text))}
@@ -269,6 +317,16 @@ def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path
                  "check": check_block(s), "costs": costs_block(s), "capture_lines": capture_lines(s),
                  "plot": f"![benchmark plot]({png_rel})"}
     slots["soak"] = soak_block(soak)
+    # the repository's page (it has the soak) says when there is no adaptive run yet; other runs' pages say nothing
+    slots["adaptive"] = NO_ADAPTIVE if soak is not None and adaptive_data is None else ""
+    for d in (adaptive_data, data):
+        if d is not None:
+            from vllm_eagle3.tools.bench.analysis import summarize
+
+            block = adaptive_block(summarize(d), run_block(d["meta"], d["plan"]))
+            if block:
+                slots["adaptive"] = block
+                break
     missing = set(SLOT.findall(text)) - set(slots)
     if missing:
         raise KeyError(f"template {template} has slots the report does not fill: {sorted(missing)}")
@@ -336,6 +394,11 @@ def plot(data: Mapping, path: Path) -> None:
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def load_optional(path: Path) -> dict | None:
+    """A results file, or None when there is none (the adaptive plan's, for the repository's page)."""
+    return load(path) if path.exists() else None
 
 
 def load_soak(path: Path) -> dict | None:

@@ -111,6 +111,9 @@ def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path
         spec = dict(base.get("speculative-config") or {})
         cfg["speculative-config"] = {**spec, "method": "eagle3", "model": str(draft.resolve()),
                                      "num_speculative_tokens": variant.k}
+        cfg["speculative-config"].pop("num_speculative_tokens_per_batch_size", None)  # static k unless adaptive
+        if variant.schedule:
+            cfg["speculative-config"]["num_speculative_tokens_per_batch_size"] = [list(e) for e in variant.schedule]
     out.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return out
 

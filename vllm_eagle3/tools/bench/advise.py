@@ -1,0 +1,123 @@
+"""Measured throughput per (k, concurrency) -> a k-per-batch-size table for vLLM's
+``speculative_config.num_speculative_tokens_per_batch_size``, and the serve-config lines that carry it.
+
+Data flow position: inside a run of ``--plan adaptive`` (``cli.execute`` asks :func:`resolve` for each variant
+before starting its server: a ``search`` variant learns at which concurrencies to run, the ``adaptive`` variant gets
+its table from the servers measured before it) and after one (``bench --from-json R --advise``, and the unit test that
+checks the shipped serve configs carry the table of the committed results).
+
+What vLLM does with the table (0.32, read in its source): ``Scheduler.__init__`` expands it into a dense lookup
+``batch size -> k`` (``v1/spec_decode/dynamic/utils.py``: ranges inclusive, the first must start at 1, gaps and the
+tail carry the previous k, every k capped at ``num_speculative_tokens``); each step ``Scheduler.schedule`` reads
+``lookup[number of requests scheduled]`` into ``SchedulerOutput.num_spec_tokens_to_schedule``, and the model runner
+(the CPU runner inherits ``GPUModelRunner.propose_draft_token_ids``) passes it to the EAGLE proposer as the number of
+tokens to draft for the next step. k = 0 drafts nothing but still runs the draft's first forward over the step's
+tokens (``llm_base_proposer.propose``: "keep the drafter KV cache in sync"), so k = 0 is not free: it is chosen only
+where it measured faster than every k >= 1.
+
+How the table is chosen: at each measured concurrency C the k with the highest measured throughput (no speculation
+counts as k = 0); the batch sizes between two measured concurrencies C1 < C2 are split at their geometric mean
+(``floor(sqrt(C1 * C2))``: throughput moves with log C); the last range is open-ended; neighbouring ranges with the
+same k are merged. In a closed loop with C requests in flight vLLM's batch is C requests most of the time (fewer
+while a wave drains), so concurrency and batch size are the same axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_DEFAULT, NO_SPEC, Variant
+
+OPEN_END = 4096  # the last range's end: vLLM caps it at max_num_seqs
+Schedule = tuple[tuple[int, int, int], ...]
+
+
+def _static(v: Variant) -> bool:
+    """A server whose throughput may choose k: no speculation (replica 1) or the capture spec's taps at a fixed k,
+    as shipped (check on, default MLA path, eager/compiled as the others)."""
+    if v.replica != 1 or v.adaptive or v.mla_verify != MLA_DEFAULT or not v.check:
+        return False
+    return v.capture in (NO_SPEC, EMBED_TAP)
+
+
+def points(raws: Sequence[Mapping[str, Any]]) -> dict[int, dict[int, float]]:
+    """concurrency -> {k: tok/s} over the static servers in ``raws`` (results-file variant records)."""
+    from vllm_eagle3.tools.bench.analysis import cells, wall_tok_s
+
+    out: dict[int, dict[int, float]] = {}
+    for raw in raws:
+        if raw.get("error"):
+            continue
+        v = Variant.from_dict(raw["variant"])
+        if not _static(v):
+            continue
+        for cell in raw.get("cells", []):
+            if cell["kind"] == "throughput":
+                c = cell["concurrency"]
+                t = wall_tok_s(cells(raw, "throughput", c))
+                if math.isfinite(t):
+                    out.setdefault(c, {})[v.k] = t
+    return out
+
+
+def best_k(per_k: Mapping[int, float]) -> int:
+    return max(per_k, key=lambda k: (per_k[k], -k))  # a tie goes to the smaller k (less draft work)
+
+
+def schedule(pts: Mapping[int, Mapping[int, float]]) -> Schedule:
+    """The table (see the module docstring) from measured points; needs at least one concurrency."""
+    cs = sorted(c for c in pts if pts[c])
+    if not cs:
+        raise ValueError("no measured throughput to choose k from (every static server failed?)")
+    ks = [best_k(pts[c]) for c in cs]
+    ends = [math.floor(math.sqrt(a * b)) for a, b in zip(cs, cs[1:])] + [OPEN_END]
+    ranges: list[list[int]] = []
+    start = 1
+    for end, k in zip(ends, ks):
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = end
+        else:
+            ranges.append([start, end, k])
+        start = end + 1
+    return tuple(tuple(r) for r in ranges)
+
+
+def search_cells(v: Variant, raws: Sequence[Mapping[str, Any]]) -> tuple:
+    """A search variant's cells: those at concurrencies where k - 1 measured the best of the k >= 1 so far."""
+    pts = points(raws)
+    keep = []
+    for cell in v.cells:
+        per_k = {k: t for k, t in pts.get(cell.concurrency, {}).items() if k >= 1}
+        if per_k and (v.k - 1) in per_k and best_k(per_k) == v.k - 1:
+            keep.append(cell)
+    return tuple(keep)
+
+
+def resolve(v: Variant, raws: Sequence[Mapping[str, Any]]) -> Variant:
+    """The variant as it will run, given the servers already measured (search: its cells; adaptive: its table and
+    k = the table's largest, at least 1)."""
+    if v.search:
+        return dataclasses.replace(v, cells=search_cells(v, raws))
+    if v.adaptive and not v.schedule:
+        table = schedule(points(raws))
+        return dataclasses.replace(v, schedule=table, k=max(1, max(k for _, _, k in table)))
+    return v
+
+
+def from_results(data: Mapping[str, Any]) -> Schedule:
+    """The table a results file's static servers give (what its adaptive server ran, when it has one)."""
+    return schedule(points(data["variants"]))
+
+
+def config_lines(table: Schedule, draft: str = "models/kimi-k25-mini-eagle3", source: str = "") -> str:
+    """The ``speculative-config:`` block of a serve YAML carrying ``table``."""
+    k = max(1, max(kk for _, _, kk in table))
+    rows = ", ".join(f"[{a}, {b}, {kk}]" for a, b, kk in table)
+    lines = ["speculative-config:", "  method: eagle3", f"  model: {draft}",
+             f"  num_speculative_tokens: {k}                 # the most any batch size drafts",
+             f"  num_speculative_tokens_per_batch_size: [{rows}]   # [first batch size, last, k]"]
+    if source:
+        lines.insert(0, f"# k per batch size measured by {source}")
+    return "\n".join(lines) + "\n"
