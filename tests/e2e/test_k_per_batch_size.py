@@ -111,3 +111,31 @@ def test_watch_and_check_read_steps_without_drafts_as_healthy(server):
     say(f"online check: {check.get('verdict')} after {check.get('requests')} scored requests")
     assert check.get("verdict") in ("ok", "undecided", "pending"), f"the online check raised an alarm: {check}"
     assert "COLLAPSED" not in server.log_text()
+
+
+def test_sampled_verification_gets_each_requests_parameters_while_k_changes(server):
+    """Sampled requests with top_k=1 (temperature 0.8, top_p 0.9): the target's distribution after top-k is one-hot
+    on its argmax, so the rejection sampler may accept a draft token only when it is the greedy token and must
+    sample the greedy token otherwise: the output equals greedy. Run alone (k=3) and three at once (k=1, then 0 as
+    they overlap): a per-draft-token expansion of temperature / top-k / top-p that read the wrong request's values
+    or uninitialised memory (model_patches/vllm_cpu_spec_expand.py) would break it as draft lengths change."""
+    from openai import OpenAI
+
+    from vllm_eagle3.testing.shipped import MODEL_NAME
+
+    items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"]
+    client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=300)
+
+    def one(i: int) -> list[int]:
+        r = client.completions.create(model=MODEL_NAME, prompt=items[i]["prompt_token_ids"], max_tokens=32,
+                                      temperature=0.8, top_p=0.9, seed=i,
+                                      extra_body={"top_k": 1, "ignore_eos": True, "return_token_ids": True})
+        return [int(t) for t in r.choices[0].model_extra["token_ids"]]
+
+    alone = one(30)
+    with ThreadPoolExecutor(3) as ex:
+        together = list(ex.map(one, (31, 32, 33)))
+    for i, got in zip((30, 31, 32, 33), [alone, *together]):
+        assert got == items[i]["continuation_token_ids"][:32], f"prompt {i}: top_k=1 sampling is not greedy"
+    status, _ = http_get(server.base_url + "/health")
+    assert status == 200
