@@ -158,6 +158,15 @@ def test_bf16_speculation_ran_and_was_accepted(runs, assert_speculation_accepted
     assert_speculation_accepted(runs["counters"])
 
 
+def test_the_online_wiring_check_runs_on_bf16(runs):
+    """The online wiring check (on by default) scores bf16 hidden states with its float32 reference head: it starts
+    on this engine's backend, and neither stops with an error nor raises an alarm for the right wiring."""
+    log = runs["log"]
+    assert "vllm-eagle3 wiring check: scoring" in log, "the check did not start on the bf16 engine"
+    assert "vllm-eagle3 wiring check [engine 0]: stopped after an error" not in log, log[-3000:]
+    assert "vllm-eagle3 wiring check [engine 0]: the served taps" not in log, "an alarm for the right wiring"
+
+
 def test_the_verify_path_is_the_one_documented(runs):
     """Which code verifies the k + 1 rows of a speculative step: on CPU_MLA the project's verify-as-decode builder
     (model_patches/vllm_cpu_mla_verify_decode.py, on by default); on AMX_MLA vLLM's own builder, whose prefill branch

@@ -371,6 +371,13 @@ def test_tp2_served_acceptance_matches_tp1(pool, prompts, reference, served, rec
     assert any("[tp 0/2," in line for line in rank_lines) and any("[tp 1/2," in line for line in rank_lines), \
         f"expected a taps line from each of the 2 TP ranks, got {rank_lines}"
     assert counters.drafts >= 100, f"only {counters.drafts:.0f} drafts measured: too few to compare"
+    # the online wiring check (on by default) runs once per engine, on TP rank 0, with the taps gathered there
+    checks = [line for line in log.splitlines() if "vllm-eagle3 wiring check: scoring" in line]
+    assert len(checks) == 1, f"one online-check start-up line (TP rank 0) expected, got {checks}"
+    status, raw = http_get(pool.get("plugin_tp2").base_url + "/v1/eagle3/wiring")
+    check = json.loads(raw)["check"].get("0") if status == 200 else None
+    assert check and check["anchors"] > 0 and check["verdict"] in ("pending", "undecided", "ok"), \
+        f"the online check did not score (or raised an alarm) under TP=2: {status} {raw[:2000]}"
     assert texts == reference, "greedy output under TP=2 + EAGLE-3 differs from the target alone"
     assert abs(counters.acceptance_length - tp1.acceptance_length) <= TP_ACCEPTANCE_TOL, (
         f"TP=2 acceptance length {counters.acceptance_length:.3f} differs from TP=1's {tp1.acceptance_length:.3f} "

@@ -213,7 +213,8 @@ def adaptive_block(summary: Mapping, run: str = "") -> str:
         table_rows.append([
             c, f(o["nospec_tok_s"], 1), e(o.get("k3_speedup")),
             f"k={o.get('best_static_k', 'n/a')}: {e(o.get('best_static_speedup'))}",
-            f"k={o['k']}: **{e(o['speedup'])}**", e(o.get("vs_best_static")),
+            f"k={o['k']}: **{e(o['speedup'])}**",
+            e(o.get("vs_best_static")) + (" (same k: two servers)" if o["k"] == o.get("best_static_k") else ""),
             "yes" if o["never_slower"] else "**no**", "yes" if o["within_best"] else "**no**",
             e(kr.get("break_even")), f(kr.get("model_verify")), f(kr.get("ideal")),
             same(o.get("same_text")) + " (static: " + statics_same(o.get("static_same_text")) + ")",
@@ -226,7 +227,8 @@ def adaptive_block(summary: Mapping, run: str = "") -> str:
         f"The adaptive server: {ad['label']} (vLLM's `num_speculative_tokens_per_batch_size`, chosen by "
         "`vllm_eagle3/tools/bench/advise.py` from the static-k servers of this same run). Speedups are over the "
         "first no-speculation server, paired over prompts; *adaptive / best* pairs the adaptive server with the "
-        "static k that measured fastest at that concurrency. Targets: adaptive >= 1.0x at the interval's lower end, "
+        "static k that measured fastest at that concurrency; where both ran the same k, it is the ratio between two "
+        "servers of one configuration, which the last column shows for no speculation. Targets: adaptive >= 1.0x at the interval's lower end, "
         "and >= 0.9 x the best static k. Break-even acceptance length and the models tau / (v + k c), tau / (1 + k c) "
         "are k = 3's, from its timed cells. Greedy: requests whose text equals no speculation's, of all.",
         table(["conc.", "no spec tok/s", "k=3", "best static k", "adaptive", "adaptive / best", ">= 1.0x (lower end)",
