@@ -238,7 +238,7 @@ class AcceptanceWindow:
 
     def __init__(self, size: int, num_positions: int) -> None:
         self.size = size
-        self.steps: collections.deque[tuple[int, tuple[int, ...]]] = collections.deque()
+        self.steps: collections.deque[tuple[int, tuple[int, ...], tuple[int, ...]]] = collections.deque()
         self.drafts = 0
         self.accepted = [0] * num_positions
         self.drafted = [0] * num_positions  # drafts that reached position i (all of them under a fixed k)

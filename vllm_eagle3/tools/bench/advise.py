@@ -28,18 +28,10 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
-from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_DEFAULT, NO_SPEC, Variant
+from vllm_eagle3.tools.bench.plan import Variant
 
 OPEN_END = 4096  # the last range's end: vLLM caps it at max_num_seqs
 Schedule = tuple[tuple[int, int, int], ...]
-
-
-def _static(v: Variant) -> bool:
-    """A server whose throughput may choose k: no speculation (replica 1) or the capture spec's taps at a fixed k,
-    as shipped (check on, default MLA path, eager/compiled as the others)."""
-    if v.replica != 1 or v.adaptive or v.mla_verify != MLA_DEFAULT or not v.check:
-        return False
-    return v.capture in (NO_SPEC, EMBED_TAP)
 
 
 def points(raws: Sequence[Mapping[str, Any]]) -> dict[int, dict[int, float]]:
@@ -51,7 +43,7 @@ def points(raws: Sequence[Mapping[str, Any]]) -> dict[int, dict[int, float]]:
         if raw.get("error"):
             continue
         v = Variant.from_dict(raw["variant"])
-        if not _static(v):
+        if not v.chooses_k:
             continue
         for cell in raw.get("cells", []):
             if cell["kind"] == "throughput":

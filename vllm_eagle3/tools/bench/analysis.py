@@ -17,7 +17,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from vllm_eagle3.tools.bench.client import RequestRecord
-from vllm_eagle3.tools.bench.plan import AB_PAIRS, EMBED_TAP, MLA_DEFAULT, NATIVE, NO_SPEC, Variant
+from vllm_eagle3.tools.bench.plan import AB_PAIRS, MLA_DEFAULT, NATIVE, Variant
 from vllm_eagle3.tools.bench.stats import (NAN, NONE, Estimate, bootstrap, cost_ratio, finite,
                                            ideal_speedup, mean, mean_ci, median, paired_ratio, stratified_ratio)
 from vllm_eagle3.tools.bench.timers import StepSplit
@@ -330,8 +330,7 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     for v, raw in ad:
         base = res.base(v)
         again = res.find(k=0, compiled=v.compiled, replica=2, mla_verify=MLA_DEFAULT)
-        statics = [(sv, sraw) for sv, sraw in res.find(capture=EMBED_TAP, compiled=v.compiled, replica=1,
-                                                       mla_verify=MLA_DEFAULT, check=True, adaptive=False)]
+        statics = [(sv, sraw) for sv, sraw in res.variants if sv.chooses_k and sv.k and sv.compiled == v.compiled]
         for c in summary["concurrencies"]:
             mine = cells(raw, "throughput", c)
             if not mine or base is None or not cells(base, "throughput", c):
@@ -373,9 +372,7 @@ def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per mode and concurrency: the k with the highest measured throughput (shipped wiring and MLA path), its
     acceptance length, break-even acceptance length, ideal and achieved speedup."""
     out = []
-    pool = [v for v in summary["variants"] if v["variant"]["capture"] in (NO_SPEC, EMBED_TAP)
-            and v["variant"]["mla_verify"] == MLA_DEFAULT and v["variant"]["check"] and v["variant"]["replica"] == 1
-            and not v["variant"].get("adaptive")]
+    pool = [v for v in summary["variants"] if Variant.from_dict(v["variant"]).chooses_k]
     for mode in ("eager", "compiled"):
         vs = [v for v in pool if v["variant"]["compiled"] == (mode == "compiled")]
         for c in summary["concurrencies"]:

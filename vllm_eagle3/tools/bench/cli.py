@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     results, md, png = outputs(args)
     if args.advise and not args.from_json:
         parser().error("--advise reads a results file: give --from-json RESULTS")
-    if args.from_json and args.advise:
+    if args.advise:
         from vllm_eagle3.tools.bench import advise, report
 
         print(advise.config_lines(advise.from_results(report.load(Path(args.from_json))), source=args.from_json),

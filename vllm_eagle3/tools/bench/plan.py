@@ -108,6 +108,13 @@ class Variant:
         return self.config_key + (f"#{self.replica}" if self.replica > 1 else "")
 
     @property
+    def chooses_k(self) -> bool:
+        """A server whose throughput may choose k (the advice, the adaptive table): no speculation or the capture
+        spec's taps at a fixed k, as shipped (check on, default MLA path), first replica."""
+        return (self.capture in (NO_SPEC, EMBED_TAP) and self.mla_verify == MLA_DEFAULT and self.check
+                and self.replica == 1 and not self.adaptive)
+
+    @property
     def mode(self) -> str:
         return "compiled" if self.compiled else "eager"
 
@@ -289,9 +296,9 @@ PLAN_ARGS = {
     "adaptive": dict(concurrencies=(1, 4, 16, 32, 64), compiled=False, prompts=16, waves=2, max_tokens=128),
 }
 BUILDERS = {"check": check_plan, "adaptive": adaptive_plan}
+"""Plans not built by :func:`headline_plan`."""
 PLAN_PROMPTS = {"adaptive": "bench/heldout_prompts.json"}
 """Plans whose prompts are not the default (the shipped head's eval_prompts.json)."""
-"""Plans not built by :func:`headline_plan`."""
 
 
 def build(name: str, **kw) -> Plan:

@@ -321,14 +321,13 @@ def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path
     slots["soak"] = soak_block(soak)
     # the repository's page (it has the soak) says when there is no adaptive run yet; other runs' pages say nothing
     slots["adaptive"] = NO_ADAPTIVE if soak is not None and adaptive_data is None else ""
-    for d in (adaptive_data, data):
-        if d is not None:
-            from vllm_eagle3.tools.bench.analysis import summarize
+    if adaptive_data is not None:
+        from vllm_eagle3.tools.bench.analysis import summarize
 
-            block = adaptive_block(summarize(d), run_block(d["meta"], d["plan"]))
-            if block:
-                slots["adaptive"] = block
-                break
+        block = adaptive_block(summarize(adaptive_data), run_block(adaptive_data["meta"], adaptive_data["plan"]))
+    else:  # a results file of the adaptive plan renders its own section
+        block = adaptive_block(s, run_block(data["meta"], data["plan"])) if data is not None else ""
+    slots["adaptive"] = block or slots["adaptive"]
     missing = set(SLOT.findall(text)) - set(slots)
     if missing:
         raise KeyError(f"template {template} has slots the report does not fill: {sorted(missing)}")
