@@ -132,3 +132,27 @@ def test_the_error_line_starts_a_line_after_output_without_a_newline(tmp_path, c
                                 capfd)
     assert code == 3 and out.endswith("nanobind.readthedocs.io\n"), repr(out[-80:])
     assert err.strip().splitlines()[-1].startswith("vllm-eagle3: error: the engine died while serving")
+
+
+def test_of_two_processes_ended_between_looks_the_killed_one_is_named_first():
+    """CI saw it: the worker SIGKILLed, the engine core shut down within the same 1 s look, and the older engine
+    core was named as the process that died. A zombie still says what ended it, so the killed one comes first
+    whatever the pids."""
+    from vllm_eagle3.tools.serve.supervisor import _look
+
+    exits = subprocess.Popen([sys.executable, "-c", "pass"])  # lower pid: would win on age alone
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    seen = {exits.pid: "VLLM::EngineCore", killed.pid: "VLLM::Worker"}
+    gone: list[str] = []
+    try:
+        os.kill(killed.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z" for p in seen):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert _look(seen, gone, rescan=False) == {}
+        assert gone == ["VLLM::Worker", "VLLM::EngineCore"]
+    finally:
+        for p in (exits, killed):
+            p.kill()
+            p.wait()

@@ -158,12 +158,33 @@ class OutputTee:
         return "".join(self.tail)
 
 
-def _look(seen: dict[int, str], gone: list[str]) -> dict[int, str]:
-    """Add to ``gone`` the vLLM processes of ``seen`` that are no longer there (several at once: the oldest, lowest
-    pid, first: the engine core before its workers); return the processes there now."""
-    now = _vllm_processes()
-    gone += [seen[pid] for pid in sorted(seen) if pid not in now and seen[pid] not in gone]
-    return {**{pid: name for pid, name in seen.items() if pid in now}, **now}
+def _ended(pid: int) -> int | None:
+    """``None`` while ``pid`` runs; once it has ended: the signal that killed it if it is a zombie whose parent has
+    not reaped it yet (``/proc/<pid>/stat`` field 52, the ``waitpid`` status), else 0."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    if fields[0] != "Z":
+        return None
+    status = int(fields[49]) if len(fields) > 49 else 0
+    return status & 0x7F
+
+
+def _look(seen: dict[int, str], gone: list[str], rescan: bool = True) -> dict[int, str]:
+    """Add to ``gone`` the vLLM processes of ``seen`` that have ended since the last look, and return the processes
+    running now (``rescan``: also look for new ones, a walk of /proc; without it only ``seen``'s few stat files are
+    read, cheap enough for every 0.2 s). Processes that end between two looks are ordered by what ended them: one
+    killed by a signal (a zombie not yet reaped says which) before one that exited, then the oldest (lowest pid)
+    first. A SIGKILLed worker and the engine core that shuts down because of it can end within one look; the
+    signal says which went first."""
+    ended = {pid: _ended(pid) for pid in seen}
+    now = {pid: name for pid, name in seen.items() if ended[pid] is None}
+    new = sorted((pid for pid, how in ended.items() if how is not None), key=lambda pid: (not ended[pid], pid))
+    gone += [seen[pid] for pid in new if seen[pid] not in gone]
+    if rescan:
+        now.update({pid: name for pid, name in _vllm_processes().items() if _ended(pid) is None})
+    return now
 
 
 def _vllm_processes() -> dict[int, str]:
@@ -206,9 +227,11 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
                 break
             except subprocess.TimeoutExpired:
                 pass
-            if not got and time.monotonic() >= next_look:  # which vLLM process ends first, when nobody asked
-                seen = _look(seen, gone)
-                next_look = time.monotonic() + 1.0
+            if not got:  # which vLLM process ends first, when nobody asked: every 0.2 s, new ones every 1 s
+                rescan = time.monotonic() >= next_look
+                seen = _look(seen, gone, rescan)
+                if rescan:
+                    next_look = time.monotonic() + 1.0
             if got and deadline is None:
                 deadline = time.monotonic() + (0.0 if len(got) > 1 else grace_s)
             if got and forwarded < len(got):
