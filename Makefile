@@ -27,11 +27,13 @@ sglang-env:
 sglang-legacy-env: sglang-env
 	bash scripts/setup_sglang_env.sh .venv-sglang-legacy tests/parity/sglang_harness/requirements-legacy.txt .venv-sglang
 
-# Prints the 30 slowest tests and the whole time, installs included (docs/testing.md says what to expect).
+# Prints the 30 slowest tests and the whole time, installs included (docs/testing.md says what to expect). Two
+# pytest-xdist workers, one per core of CI's 2-core box (tests/conftest.py groups the tests that share a server).
+TEST_WORKERS ?= 2
 test:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup sglang-env sglang-legacy-env \
 	  && echo "make test: installs done in $$(( $$(date +%s) - start )) s" \
-	  && $(VPY) -m pytest -v --durations=30 tests; rc=$$?; \
+	  && $(VPY) -m pytest -v -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30 tests; rc=$$?; \
 	  echo "make test: $$(( $$(date +%s) - start )) s in all, installs included (exit code $$rc)"; exit $$rc
 
 test-unit: setup

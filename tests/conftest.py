@@ -4,6 +4,11 @@ Engines are expensive on the 2-core CI box (~30-90 s each even with ``enforce_ea
 whole session (``server_pool``, keyed by argv + env: the shipped pair as `make demo` serves it is started once for
 every module that asks for it); offline engines are started once per configuration in a fixture, one at a time.
 Modules run in :data:`MODULE_ORDER` so that modules sharing a server run back to back.
+
+`make test` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): each test carries an
+``xdist_group`` (:data:`GROUPS`: modules that share a session's server or engine go to one worker together), the
+groups are handed out longest first, and each worker's engines are bound to a core of their own
+(``VLLM_CPU_OMP_THREADS_BIND``). Plain ``pytest`` runs the same order on one process.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ for _k, _v in {
 }.items():
     os.environ.setdefault(_k, _v)
 
+# Under pytest-xdist (make test: two workers on two cores) each worker's engines get a core of their own; vLLM-CPU's
+# "auto" would bind both workers' engines to the same last core. Tests that need both cores (TP=2) set "0|1".
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(_WORKER[2:]) % (os.cpu_count() or 1)))
+
 SESSION_ENV = dict(os.environ)
 """The environment before any in-process engine ran (vLLM leaves its own LD_PRELOAD in os.environ): every pooled
 server starts from it, so a server is the same whichever test started it."""
@@ -32,23 +43,66 @@ server starts from it, so a server is the same whichever test started it."""
 REPO = Path(__file__).resolve().parents[1]
 
 MODULE_ORDER = (
-    "tests/unit/",  # no engine: fails fast
     # the shipped pair's servers, in one stretch: the watch first (it judges a fresh server's whole log)
     "tests/e2e/test_wiring_watch.py", "tests/e2e/test_serving.py", "tests/e2e/test_sampling_options.py",
     "tests/e2e/test_offline_eagle3.py", "tests/parity/test_capture_vllm.py",  # the tiny DeepSeek-V3 + EAGLE-3 engine
 )
-"""Modules run in this order (prefixes; the rest after them, in pytest's order)."""
+"""Modules of one group run in this order (the rest after them, in pytest's order)."""
+
+
+GROUPS: dict[str, tuple[float, tuple[str, ...]]] = {
+    # group: (seconds it took on CI's 2-core box, its modules). Modules in one group share a session server or
+    # engine (the shipped pair's pooled servers; the tiny DeepSeek-V3 + EAGLE-3 engine), so one worker runs them.
+    "shipped pair servers": (580, ("tests/e2e/test_wiring_watch.py", "tests/e2e/test_serving.py",
+                                   "tests/e2e/test_sampling_options.py")),
+    "tiny DeepSeek-V3 + EAGLE-3 engine": (150, ("tests/e2e/test_offline_eagle3.py",
+                                                "tests/parity/test_capture_vllm.py")),
+}
+"""Test groups for pytest-xdist's ``--dist loadgroup``; every other module is a group of its own, and each case of
+``test_serve_lifecycle.py`` too (each starts its own server)."""
+
+MODULE_SECONDS = {
+    # seconds per module on CI's 2-core box (junit of a fresh-clone `make test`, 2026-12-03): the order groups are
+    # handed out in, longest first, so the last group to start is a short one. Unlisted modules count 40 s.
+    "tests/e2e/test_compiled.py": 315, "tests/e2e/test_doctor.py": 182, "tests/e2e/test_images.py": 130,
+    "tests/parity/test_draft_parity.py": 113, "tests/e2e/test_online_check.py": 110,
+    "tests/parity/test_sglang_parity.py": 99, "tests/e2e/test_bf16.py": 98, "tests/parity/test_sglang_legacy.py": 86,
+    "tests/e2e/test_four_taps.py": 79, "tests/e2e/test_mla_verify_decode.py": 70,
+    "tests/e2e/test_k_per_batch_size.py": 66, "tests/e2e/test_mla_head.py": 65, "tests/unit/": 55,
+    "tests/e2e/test_serve_lifecycle.py": 40,  # per case (8 cases, 319 s in all)
+}
+PER_CASE = ("tests/e2e/test_serve_lifecycle.py",)
+
+
+def _path(item) -> str:
+    return Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
+
+
+def _group(item) -> tuple[str, float]:
+    """(xdist group, its seconds) of a test."""
+    path = _path(item)
+    for name, (seconds, modules) in GROUPS.items():
+        if path in modules:
+            return name, seconds
+    seconds = next((v for k, v in MODULE_SECONDS.items() if path.startswith(k)), 40)
+    if path in PER_CASE:
+        return item.nodeid, seconds
+    return ("tests/unit/" if path.startswith("tests/unit/") else path), seconds
 
 
 def _module_rank(item) -> int:
-    path = Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
+    path = _path(item)
     return next((i for i, prefix in enumerate(MODULE_ORDER) if path.startswith(prefix)), len(MODULE_ORDER))
 
 
 def pytest_collection_modifyitems(config, items):
-    """Modules in :data:`MODULE_ORDER` (stable: pytest's order within and after them). Tests marked ``slow`` (the
-    10-minute soak, measurements) run only when selected: ``pytest -m slow``."""
-    items.sort(key=_module_rank)
+    """Groups longest first, modules within a group in :data:`MODULE_ORDER` (stable: pytest's order within them);
+    each test marked with its ``xdist_group``. Tests marked ``slow`` (the 10-minute soak, measurements) run only
+    when selected: ``pytest -m slow``."""
+    groups = {id(item): _group(item) for item in items}
+    items.sort(key=lambda item: (-groups[id(item)][1], groups[id(item)][0], _module_rank(item)))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[id(item)][0]))
     if "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="slow: run with `pytest -m slow`")
