@@ -33,7 +33,7 @@ TEST_WORKERS ?= 2
 test:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup sglang-env sglang-legacy-env \
 	  && echo "make test: installs done in $$(( $$(date +%s) - start )) s" \
-	  && $(VPY) -m pytest -v -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30 tests; rc=$$?; \
+	  && $(VPY) -m pytest -v -n $(TEST_WORKERS) --no-loadscope-reorder --durations=30 tests; rc=$$?; \
 	  echo "make test: $$(( $$(date +%s) - start )) s in all, installs included (exit code $$rc)"; exit $$rc
 
 test-unit: setup

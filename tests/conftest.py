@@ -5,9 +5,9 @@ whole session (``server_pool``, keyed by argv + env: the shipped pair as `make d
 every module that asks for it); offline engines are started once per configuration in a fixture, one at a time.
 Modules run in :data:`MODULE_ORDER` so that modules sharing a server run back to back.
 
-`make test` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): each test carries an
-``xdist_group`` (:data:`GROUPS`: modules that share a session's server or engine go to one worker together), the
-groups are handed out longest first, and each worker's engines are bound to a core of their own
+`make test` runs the suite on two pytest-xdist workers (``-n 2``): a worker gets whole groups of tests
+(:data:`GROUPS`: modules that share a session's server or engine go to one worker together), the groups are handed
+out longest first, and each worker's engines are bound to a core of their own
 (``VLLM_CPU_OMP_THREADS_BIND``). Plain ``pytest`` runs the same order on one process.
 """
 
@@ -58,8 +58,8 @@ GROUPS: dict[str, tuple[float, tuple[str, ...]]] = {
     "tiny DeepSeek-V3 + EAGLE-3 engine": (150, ("tests/e2e/test_offline_eagle3.py",
                                                 "tests/parity/test_capture_vllm.py")),
 }
-"""Test groups for pytest-xdist's ``--dist loadgroup``; every other module is a group of its own, and each case of
-``test_serve_lifecycle.py`` too (each starts its own server)."""
+"""Test groups a pytest-xdist worker runs whole (:func:`pytest_xdist_make_scheduler`); every other module is a group
+of its own, and each case of ``test_serve_lifecycle.py`` too (each starts its own server)."""
 
 MODULE_SECONDS = {
     # seconds per module on CI's 2-core box (junit of a fresh-clone `make test`, 2026-12-03): the order groups are
@@ -78,15 +78,15 @@ def _path(item) -> str:
     return Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
 
 
-def _group(item) -> tuple[str, float]:
-    """(xdist group, its seconds) of a test."""
-    path = _path(item)
+def _group(nodeid: str) -> tuple[str, float]:
+    """(group, its seconds) of a test, from its node id (``tests/e2e/test_x.py::test_y[case]``)."""
+    path = nodeid.split("::")[0]
     for name, (seconds, modules) in GROUPS.items():
         if path in modules:
             return name, seconds
     seconds = next((v for k, v in MODULE_SECONDS.items() if path.startswith(k)), 40)
     if path in PER_CASE:
-        return item.nodeid, seconds
+        return nodeid, seconds
     return ("tests/unit/" if path.startswith("tests/unit/") else path), seconds
 
 
@@ -96,19 +96,29 @@ def _module_rank(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Groups longest first, modules within a group in :data:`MODULE_ORDER` (stable: pytest's order within them);
-    each test marked with its ``xdist_group``. Tests marked ``slow`` (the 10-minute soak, measurements) run only
-    when selected: ``pytest -m slow``."""
-    groups = {id(item): _group(item) for item in items}
+    """Groups longest first, modules within a group in :data:`MODULE_ORDER` (stable: pytest's order within them).
+    Tests marked ``slow`` (the 10-minute soak, measurements) run only when selected: ``pytest -m slow``."""
+    groups = {id(item): _group(f"{_path(item)}::{item.nodeid.split('::', 1)[-1]}") for item in items}
     items.sort(key=lambda item: (-groups[id(item)][1], groups[id(item)][0], _module_rank(item)))
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[id(item)][0]))
     if "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="slow: run with `pytest -m slow`")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist hands out whole :func:`_group` s, in collection order (run with ``--no-loadscope-reorder``).
+    (xdist's own ``--dist loadgroup`` renames node ids, which pytest 9.2 no longer lets it do.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)[0]
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
