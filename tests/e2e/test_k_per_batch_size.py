@@ -82,7 +82,13 @@ def test_drafts_follow_the_table_and_greedy_is_unchanged(server, record_property
     assert c1.drafts >= 8 and c1.draft_tokens / c1.drafts > 2.8, f"1 request per step should draft k=3: {c1.summary()}"
     assert c1.draft_tokens <= 3 * c1.drafts
     assert c2.drafts >= 16 and c2.draft_tokens / c2.drafts < 1.2, f"2 per step should draft k=1: {c2.summary()}"
-    assert c4.drafts <= 8, f"4 per step should draft nothing (k=0), drafts only while batches form: {c4.summary()}"
+    # 4 per step drafts nothing (k=0): drafts only in the steps before all four requests are in the batch, and
+    # how many such steps there are depends on how fast the API server hands them over (seen: 21 draft tokens for
+    # 192 output tokens while another engine loaded the box). k >= 1 at every step would draft at least one token
+    # per two output tokens (a step verifies k + 1 and drafts k), so a third separates the two with room.
+    out4 = 4 * MAX_TOKENS
+    assert c4.draft_tokens < out4 / 3, (f"4 per step should draft nothing (k=0), drafts only while batches form: "
+                                        f"{c4.draft_tokens:.0f} draft tokens for {out4} output tokens; {c4.summary()}")
     for got, n in ((one, 1), (two, 2), (four, 4)):
         bad = greedy_mismatch(got, want[:n])
         assert bad is None, f"{n} requests at once: {bad}"

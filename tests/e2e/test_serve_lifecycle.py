@@ -117,7 +117,8 @@ def vllm_process(root: int, title: str) -> int:
     raise AssertionError(f"no {title} process below {root}")
 
 
-@pytest.mark.parametrize("title, named", [("VLLM::Worker", "VllmWorker"), ("VLLM::EngineCore", "EngineCore")])
+@pytest.mark.parametrize("title, named", [("VLLM::Worker", ("VllmWorker", "VLLM::Worker")),
+                                          ("VLLM::EngineCore", ("VLLM::EngineCore",))])
 def test_engine_death_exits_3_naming_the_process(title, named):
     import threading
     import urllib.request
@@ -153,6 +154,10 @@ def test_engine_death_exits_3_naming_the_process(title, named):
     print(f"{title} killed: exit {code} after {took:.1f} s; {errors}")
     assert code == 3, f"exit code {code} after the engine died\n{log[-3000:]}"
     assert took < STOP_BOUND_S, f"serve took {took:.1f} s to exit after the engine died"
-    assert len(errors) == 1 and "the engine died while serving" in errors[0] and named in errors[0], errors
+    # the worker is named by vLLM's own line (VllmWorker-0, when the engine core logged it in time) or by the
+    # process the supervisor saw end first (its title, VLLM::Worker_...; a process that ended within the same
+    # 0.2 s look is named with it)
+    assert len(errors) == 1 and "the engine died while serving" in errors[0], errors
+    assert any(n in errors[0] for n in named), f"{errors[0]!r} does not name the killed process ({named})"
     assert "full log: " in errors[0]
     assert not left, f"processes left after the engine died: {left}"

@@ -48,6 +48,8 @@ def test_engine_death_names_the_worker_and_signal():
 
 def test_engine_death_falls_back_to_the_process_seen_gone_then_to_the_exception():
     assert "VLLM::EngineCore_DP0 ended first (killed" in failures.engine_death("", ["VLLM::EngineCore_DP0"])
+    both = failures.engine_death("", ["VLLM::Worker_TP0", "VLLM::EngineCore_DP0"], ["VLLM::EngineCore_DP0"])
+    assert "VLLM::Worker_TP0 ended first (with VLLM::EngineCore_DP0 within 0.2 s) (killed" in both
     log = "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
     assert failures.engine_death(log).startswith("vLLM's engine core died: ")
     assert "without a stop signal" in failures.engine_death("nothing\n")

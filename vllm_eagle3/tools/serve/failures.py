@@ -79,15 +79,17 @@ def start_failure(log: str) -> str:
     return f"{exc or 'vLLM exited without naming an exception'} (start-up reached: {where})"
 
 
-def engine_death(log: str, gone: list[str] | None = None) -> str:
+def engine_death(log: str, gone: list[str] | None = None, together: list[str] | None = None) -> str:
     """Which process died while serving and why, from vLLM's output (``gone``: names of vLLM processes the
-    supervisor saw disappear first, e.g. ``VLLM::Worker``)."""
+    supervisor saw disappear, first first, e.g. ``VLLM::Worker``; ``together``: those that ended in the same look
+    as the first, whose order is the supervisor's best guess: a process killed by a signal before one that exited)."""
     m = _WORKER_DIED.search(log)
     if m:
         return f"vLLM worker {m.group(1)} {_signal_name(int(m.group(2)))}"
     if gone:
-        return (f"vLLM process {gone[0]} ended first (killed, e.g. by the kernel's OOM killer, or crashed: its own "
-                "output above says which); the engine is dead")
+        also = f" (with {', '.join(together)} within 0.2 s)" if together else ""
+        return (f"vLLM process {gone[0]} ended first{also} (killed, e.g. by the kernel's OOM killer, or crashed: its "
+                "own output above says which); the engine is dead")
     if _ENGINE_DEAD.search(log):
         from vllm_eagle3.tools.serve.process import root_cause
 

@@ -171,6 +171,10 @@ def _ended(pid: int) -> int | None:
     return status & 0x7F
 
 
+_TOGETHER: list[str] = []
+"""The processes that ended in the same look as the first one to end (the order between them is a guess)."""
+
+
 def _look(seen: dict[int, str], gone: list[str], rescan: bool = True) -> dict[int, str]:
     """Add to ``gone`` the vLLM processes of ``seen`` that have ended since the last look, and return the processes
     running now (``rescan``: also look for new ones, a walk of /proc; without it only ``seen``'s few stat files are
@@ -181,7 +185,10 @@ def _look(seen: dict[int, str], gone: list[str], rescan: bool = True) -> dict[in
     ended = {pid: _ended(pid) for pid in seen}
     now = {pid: name for pid, name in seen.items() if ended[pid] is None}
     new = sorted((pid for pid, how in ended.items() if how is not None), key=lambda pid: (not ended[pid], pid))
-    gone += [seen[pid] for pid in new if seen[pid] not in gone]
+    names = [seen[pid] for pid in new if seen[pid] not in gone]
+    if names and not gone:
+        _TOGETHER[:] = names[1:]  # ended in the same look as the first: said in the error line
+    gone += names
     if rescan:
         now.update({pid: name for pid, name in _vllm_processes().items() if _ended(pid) is None})
     return now
@@ -220,6 +227,7 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
         forwarded = 0
         seen: dict[int, str] = {}
         gone: list[str] = []
+        _TOGETHER.clear()
         next_look = 0.0
         while True:
             try:
@@ -255,7 +263,7 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
         log = tee.text()
         tee.end_line()
         if tee.ready:
-            _say(f"error: the engine died while serving: {failures.engine_death(log, gone)}; vLLM exited with code "
+            _say(f"error: the engine died while serving: {failures.engine_death(log, gone, _TOGETHER)}; vLLM exited with code "
                  f"{code}; full log: {log_path}")
             return failures.EXIT_ENGINE_DIED
         _say(f"error: vLLM did not start: {failures.start_failure(log)}; full log: {log_path}")
