@@ -39,6 +39,14 @@ def test_schedule_takes_the_fastest_k_per_concurrency_and_splits_at_geometric_me
         advise.schedule({})
 
 
+def test_schedule_never_raises_k_with_the_batch():
+    """The run of 2026-12-03 measured k = 3, 1, 3, 1, 1 best at 1, 4, 16, 32, 64 (k = 1 and 3 within 1 % at 16):
+    a k that rises with load is noise, and the table keeps the lower concurrency's k."""
+    pts = {1: {0: 19.9, 1: 30.9, 3: 39.9}, 4: {0: 53.8, 1: 91.1, 3: 83.7}, 16: {0: 123.7, 1: 142.3, 3: 143.8},
+           32: {0: 136.1, 1: 167.8, 3: 146.9}, 64: {0: 143.0, 1: 143.8, 3: 143.5}}
+    assert advise.schedule(pts) == ((1, 2, 3), (3, advise.OPEN_END, 1))
+
+
 def test_vllm_reads_the_table_as_the_advice_means_it():
     """vLLM 0.32's own expansion of the table (the scheduler's dense lookup) gives k_at at every batch size, with
     num_speculative_tokens = the table's largest k, as config_lines writes it."""
@@ -103,6 +111,30 @@ def test_plan_searches_k_only_where_it_still_pays_and_serves_the_measured_table(
     assert advise.from_results(data) == ad.schedule
     serve = plans.PLAN_PROMPTS["adaptive"]
     assert serve == "bench/heldout_prompts.json"
+
+
+def test_side_by_side_stretch_runs_the_statics_the_adaptive_server_is_compared_with():
+    """The second stretch: no speculation again, each static k only where the table serves it or where it measured
+    the best (k >= 1) one at a time, and the adaptive server; the adaptive rows are judged against those servers."""
+    data = _run(lambda c, k: SPEEDS[k][c])
+    side = {r["key"]: [c["concurrency"] for c in r["cells"]] for r in data["variants"] if r["variant"]["together"]}
+    # table 1-2: k=3, 3-8: k=2, 9-32: k=1, 33+: k=0; best k >= 1: 3 at 1, 2 at 4, 1 at 16 and 64
+    assert side == {"nospec#2": [1, 4, 16, 64], "embed-k1#2": [16, 64], "embed-k2#2": [4], "embed-k3#2": [1],
+                    "embed-adaptive": [1, 4, 16, 64]}
+    rows = {r["concurrency"]: r for r in analysis.summarize(data)["adaptive"]}
+    assert all(r["side_by_side"] and r["best_static_side_by_side"] for r in rows.values())
+    assert "side by side" in report.adaptive_block(analysis.summarize(data), "run")
+
+
+def test_side_by_side_turns_mirror_and_cover_every_prompt():
+    from vllm_eagle3.tools.bench.run import chunks, turn_order
+
+    assert [list(r) for r in chunks(16, 1)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert [list(r) for r in chunks(16, 4)] == [list(range(8)), list(range(8, 16))]
+    assert [len(r) for r in chunks(128, 64)] == [64, 64] and [len(r) for r in chunks(64, 64)] == [64]
+    assert [turn_order(3, i) for i in range(3)] == [[0, 1, 2], [2, 1, 0], [0, 1, 2]]
+    with pytest.raises(ValueError, match="throughput cells only"):
+        Variant(0, plans.NO_SPEC, together=True, cells=(plans.Cell("split", 1),))
 
 
 def test_adaptive_verdicts_follow_the_intervals():

@@ -16,7 +16,11 @@ tokens (``llm_base_proposer.propose``: "keep the drafter KV cache in sync"), so 
 where it measured faster than every k >= 1.
 
 How the table is chosen: at each measured concurrency C the k with the highest measured throughput (no speculation
-counts as k = 0); the batch sizes between two measured concurrencies C1 < C2 are split at their geometric mean
+counts as k = 0), then k is made non-increasing in C: where a higher concurrency measured a larger k than a lower one,
+the lower one's k is kept. Why: a larger batch makes the verify of k + 1 tokens per request more of a compute
+cost and never a cheaper one, so the best k can only fall with load; a rise is measurement noise (the run of
+2026-12-03 measured k = 1 and k = 3 within 1 % of each other at C = 16, and k = 3, 1, 3, 1 at C = 1, 4, 16, 32).
+The batch sizes between two measured concurrencies C1 < C2 are split at their geometric mean
 (``floor(sqrt(C1 * C2))``: throughput moves with log C); the last range is open-ended; neighbouring ranges with the
 same k are merged. In a closed loop with C requests in flight vLLM's batch is C requests most of the time (fewer
 while a wave drains), so concurrency and batch size are the same axis.
@@ -25,10 +29,11 @@ while a wave drains), so concurrency and batch size are the same axis.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any, Mapping, Sequence
 
-from vllm_eagle3.tools.bench.plan import Variant
+from vllm_eagle3.tools.bench.plan import Variant, k_at
 
 OPEN_END = 4096  # the last range's end: vLLM caps it at max_num_seqs
 Schedule = tuple[tuple[int, int, int], ...]
@@ -63,7 +68,7 @@ def schedule(pts: Mapping[int, Mapping[int, float]]) -> Schedule:
     cs = sorted(c for c in pts if pts[c])
     if not cs:
         raise ValueError("no measured throughput to choose k from (every static server failed?)")
-    ks = [best_k(pts[c]) for c in cs]
+    ks = list(itertools.accumulate((best_k(pts[c]) for c in cs), min))  # k never rises with the batch
     ends = [math.floor(math.sqrt(a * b)) for a, b in zip(cs, cs[1:])] + [OPEN_END]
     ranges: list[list[int]] = []
     start = 1
@@ -87,11 +92,27 @@ def search_cells(v: Variant, raws: Sequence[Mapping[str, Any]]) -> tuple:
     return tuple(keep)
 
 
+def side_cells(v: Variant, raws: Sequence[Mapping[str, Any]]) -> tuple:
+    """A side-by-side static server's cells: those at concurrencies where its k is the table's, or the best of the
+    k >= 1 the one-at-a-time servers measured (what the adaptive server is compared with)."""
+    pts = points(raws)
+    table = schedule(pts)
+    keep = []
+    for cell in v.cells:
+        c = cell.concurrency
+        per_k = {k: t for k, t in pts.get(c, {}).items() if k >= 1}
+        if k_at(table, c) == v.k or (per_k and best_k(per_k) == v.k):
+            keep.append(cell)
+    return tuple(keep)
+
+
 def resolve(v: Variant, raws: Sequence[Mapping[str, Any]]) -> Variant:
     """The variant as it will run, given the servers already measured (search: its cells; adaptive: its table and
-    k = the table's largest, at least 1)."""
+    k = the table's largest, at least 1; a side-by-side static k: its cells)."""
     if v.search:
         return dataclasses.replace(v, cells=search_cells(v, raws))
+    if v.together and v.k and not v.adaptive:
+        return dataclasses.replace(v, cells=side_cells(v, raws))
     if v.adaptive and not v.schedule:
         table = schedule(points(raws))
         return dataclasses.replace(v, schedule=table, k=max(1, max(k for _, _, k in table)))

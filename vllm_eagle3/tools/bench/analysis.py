@@ -37,7 +37,10 @@ class Results:
         return [(v, raw) for v, raw in self.variants if all(getattr(v, k) == x for k, x in want.items())]
 
     def base(self, v: Variant) -> dict | None:
-        b = self.find(k=0, compiled=v.compiled, replica=1, mla_verify=MLA_DEFAULT)
+        """The no-speculation server ``v`` is compared with: the one that ran side by side with it (``together``),
+        else the first one."""
+        b = self.find(k=0, compiled=v.compiled, together=True, mla_verify=MLA_DEFAULT) if v.together else []
+        b = b or self.find(k=0, compiled=v.compiled, replica=1, mla_verify=MLA_DEFAULT)
         return b[0][1] if b else None
 
 
@@ -315,11 +318,13 @@ WITHIN_BEST = 0.90  # issue 29: the adaptive schedule within 10 % of the best st
 
 def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per concurrency, for a run with an adaptive server (``--plan adaptive``): no speculation, static k = 3, the
-    best static k (highest measured throughput), the adaptive schedule's k there and its throughput: speedups over
-    no speculation paired over prompts, adaptive / best static paired the same way, and whether the two targets hold
-    (adaptive >= 1.0x no speculation at the interval's lower end; adaptive >= 0.9 x the best static k). Greedy
-    identity of every speculative cell with no speculation's (same prompt, same text), and the second
-    no-speculation server against the first (how far the machine drifted while the run went on)."""
+    best static k (the highest throughput of the one-at-a-time static servers, which chose the table), the adaptive
+    schedule's k there and its throughput. Where the adaptive server ran side by side with no speculation and with
+    the best static k (``together``), its speedups are over those servers (paired over prompts, measured in turns);
+    otherwise over the one-at-a-time servers. The two targets: adaptive >= 1.0x no speculation at the interval's
+    lower end; adaptive >= 0.9 x the best static k. Greedy identity of every speculative cell with no speculation's
+    (same prompt, same text), and the last no-speculation server against the first (how far the machine drifted
+    while the run went on)."""
     from vllm_eagle3.tools.bench.plan import k_at
 
     ad = [(v, raw) for v, raw in res.variants if v.adaptive and v.replica == 1]
@@ -329,36 +334,44 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     by_key = {v["key"]: v for v in summary["variants"]}
     for v, raw in ad:
         base = res.base(v)
-        again = res.find(k=0, compiled=v.compiled, replica=2, mla_verify=MLA_DEFAULT)
+        first = res.find(k=0, compiled=v.compiled, replica=1, mla_verify=MLA_DEFAULT, together=False)
+        first = first[0][1] if first else None
+        again = [r for sv, r in res.find(k=0, compiled=v.compiled, replica=2, mla_verify=MLA_DEFAULT)]
         statics = [(sv, sraw) for sv, sraw in res.variants if sv.chooses_k and sv.k and sv.compiled == v.compiled]
+        side = {sv.k: sraw for sv, sraw in res.variants
+                if sv.together and sv.k and not sv.adaptive and sv.compiled == v.compiled}
         for c in summary["concurrencies"]:
             mine = cells(raw, "throughput", c)
             if not mine or base is None or not cells(base, "throughput", c):
                 continue
+            bcs = cells(base, "throughput", c)
             cand = [(wall_tok_s(cells(sraw, "throughput", c)), sv, sraw) for sv, sraw in statics
                     if cells(sraw, "throughput", c)]
             cand = [x for x in cand if finite(x[0])]
             seed = f"adaptive/{v.key}/{c}"
             row: dict[str, Any] = {"mode": v.mode, "concurrency": c, "k": k_at(v.schedule, c) if v.schedule else None,
-                                   "nospec_tok_s": wall_tok_s(cells(base, "throughput", c)),
-                                   "tok_s": wall_tok_s(mine),
-                                   "speedup": speedup(mine, cells(base, "throughput", c), seed).as_dict(),
+                                   "nospec_tok_s": wall_tok_s(bcs), "tok_s": wall_tok_s(mine),
+                                   "speedup": speedup(mine, bcs, seed).as_dict(),
+                                   "side_by_side": v.together and base is not first,
                                    "same_text": by_key[v.key]["by_concurrency"].get(str(c), {}).get("same_text")}
             k3 = [x for x in cand if x[1].k == 3]
-            if k3:
-                row["k3_speedup"] = speedup(cells(k3[0][2], "throughput", c), cells(base, "throughput", c),
+            if k3 and first is not None:
+                row["k3_speedup"] = speedup(cells(k3[0][2], "throughput", c), cells(first, "throughput", c),
                                             seed + "/k3").as_dict()
             if cand:
                 _, bv, braw = max(cand, key=lambda x: (x[0], -x[1].k))
                 row["best_static_k"] = bv.k
-                row["best_static_speedup"] = speedup(cells(braw, "throughput", c), cells(base, "throughput", c),
+                paired = side.get(bv.k) if side.get(bv.k) and cells(side[bv.k], "throughput", c) else None
+                bcells = cells(paired if paired else braw, "throughput", c)
+                row["best_static_side_by_side"] = paired is not None
+                row["best_static_speedup"] = speedup(bcells, bcs if paired else cells(first or base, "throughput", c),
                                                      seed + "/best").as_dict()
-                row["vs_best_static"] = speedup(mine, cells(braw, "throughput", c), seed + "/vs-best").as_dict()
+                row["vs_best_static"] = speedup(mine, bcells, seed + "/vs-best").as_dict()
                 row["measured_k"] = sorted(x[1].k for x in cand)
                 row["static_same_text"] = {str(x[1].k): by_key[x[1].key]["by_concurrency"].get(str(c), {})
                                            .get("same_text") for x in cand}
-            if again and cells(again[0][1], "throughput", c):
-                row["nospec_drift"] = speedup(cells(again[0][1], "throughput", c), cells(base, "throughput", c),
+            if again and first is not None and cells(again[0], "throughput", c):
+                row["nospec_drift"] = speedup(cells(again[0], "throughput", c), cells(first, "throughput", c),
                                               seed + "/drift").as_dict()
             lo = row["speedup"]["lo"]
             row["never_slower"] = bool(finite(lo) and lo >= 1.0)

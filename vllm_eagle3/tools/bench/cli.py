@@ -43,7 +43,8 @@ def parser() -> argparse.ArgumentParser:
                         "c=1/4, incident and opt-out at every concurrency, 2 rounds (~3 h); check: what the online "
                         "wiring check costs, k=3 with it on vs off, eager, c=1/4/16, two servers each (~30 min); adaptive: "
                         "speculation that adapts to load: no speculation, k=1..3 and a k search up to 5, then k per "
-                        "batch size chosen from them, c=1/4/16/32/64, on held-out prompts (~1 h)")
+                        "batch size chosen from them, served side by side with no speculation and the static k it "
+                        "is judged against, c=1/4/16/32/64, on held-out prompts (~1 h)")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
@@ -129,7 +130,10 @@ def describe(plan: plans.Plan) -> str:
              f"{plan.max_tokens} tokens per throughput cell at concurrency C, {plan.rounds} round(s)"]
     for v in plan.variants:
         cells = ", ".join(f"{c.kind} c={c.concurrency}" for c in v.cells)
-        lines.append(f"  {v.key:<24} {cells}")
+        when = (" (at most: where k-1 was the best so far)" if v.search else
+                " (at most: where the table or the best static k is this k; side by side)"
+                if v.together and v.k and not v.adaptive else " (side by side)" if v.together else "")
+        lines.append(f"  {v.key:<24} {cells}{when}")
     warm, cold = plans.estimate_seconds(plan, True) / 60, plans.estimate_seconds(plan) / 60
     compiled = any(v.compiled for v in plan.variants)
     lines.append(f"estimated duration on a quiet 2-core box: ~{warm:.0f} min"
@@ -232,15 +236,25 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     from vllm_eagle3.tools.bench import advise
 
     raws = []
-    for v in plan.variants:
-        v = advise.resolve(v, raws)  # a k search's cells, an adaptive server's table: from the servers before it
-        if v.adaptive:
-            say(f"{v.key}: k per batch size from the static-k servers above: {plans.schedule_text(v.schedule)}")
+    for v in (v for v in plan.variants if not v.together):
+        v = advise.resolve(v, raws)  # a k search's cells: from the servers before it
         if not v.cells:
             say(f"{v.key}: skipped: k={v.k - 1} was not the best at any concurrency")
             continue
         raws.append(run.run_variant(v, plan, base_cfg, wirings[v.capture], prompts, work, log_dir, say,
                                     args.start_timeout))
+    side = []
+    for v in (v for v in plan.variants if v.together):
+        v = advise.resolve(v, raws)  # the adaptive server's table, where a static k runs: from the servers above
+        if v.adaptive:
+            say(f"{v.key}: k per batch size from the static-k servers above: {plans.schedule_text(v.schedule)}")
+        if v.cells:
+            side.append(v)
+        else:
+            say(f"{v.key}: not run side by side: k={v.k} is neither the table's nor the best anywhere")
+    if side:
+        say(f"side by side: {', '.join(v.key for v in side)}")
+        raws += run.run_together(side, plan, base_cfg, wirings, prompts, work, log_dir, say, args.start_timeout)
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = {"date": run.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
             "load_before": load_before, "load_after": run.loadavg(), "machine": run.machine_info()}

@@ -74,6 +74,11 @@ class Variant:
     adaptive: bool = False
     schedule: tuple[tuple[int, int, int], ...] = ()
     search: bool = False
+    # together: started with the plan's other ``together`` servers, all alive at once, their throughput cells run in
+    # turns (a cell's prompts in chunks, the servers' order mirrored from chunk to chunk), so that a drift of the
+    # machine falls on all of them alike (run.run_together). A together static-k server runs only where the
+    # adaptive table or the static servers before it chose its k (advise.resolve)
+    together: bool = False
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURES:
@@ -91,6 +96,8 @@ class Variant:
         if self.schedule and (not self.adaptive or max(e[2] for e in self.schedule) > self.k):
             raise ValueError(f"a schedule belongs to an adaptive variant and drafts at most its k={self.k}: "
                              f"{self.schedule}")
+        if self.together and any(c.kind != "throughput" for c in self.cells):
+            raise ValueError(f"together servers run throughput cells only (got {self.cells})")
         if not self.check and (self.k == 0 or self.capture in NATIVE_CAPTURES):
             raise ValueError(f"check=False needs a server with the plugin's capture: the online wiring check runs "
                              f"there only (got k={self.k}, capture={self.capture!r})")
@@ -140,7 +147,8 @@ class Variant:
         if not self.check:
             s += ", online wiring check off"
         s += f", {self.mode}"
-        return s + (f" (server #{self.replica})" if self.replica > 1 else "")
+        s += f" (server #{self.replica})" if self.replica > 1 else ""
+        return s + (", run in turns with the other servers of the side-by-side stretch" if self.together else "")
 
     def cell_list(self, kind: str) -> list[int]:
         return [c.concurrency for c in self.cells if c.kind == kind]
@@ -262,20 +270,28 @@ def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, com
 
 def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), ks=(1, 2, 3), search=(4, 5),
                   compiled: bool = False, **sizes) -> Plan:
-    """Speculation that adapts to load: no speculation, static k = ``ks`` at every concurrency, each k of ``search``
-    only where the k below it was the best so far (a k sweep that stops where longer drafts stop paying), then ONE
-    server with k per batch size chosen from those measurements (vLLM's ``num_speculative_tokens_per_batch_size``,
-    :mod:`.advise`), and no speculation again: the two no-speculation servers, first and last, bound how far the
-    machine drifted during the run. Throughput cells everywhere; the static servers also run timed cells (worker
-    timers: per-step draft and verify cost, hence the break-even acceptance length and the ideal speedup per k)."""
+    """Speculation that adapts to load, in two stretches.
+
+    First, one server at a time: no speculation and static k = ``ks`` at every concurrency, each k of ``search``
+    only where the k below it was the best so far (a k sweep that stops where longer drafts stop paying); their
+    throughput chooses the table (:mod:`.advise`). Throughput cells everywhere, and timed cells (worker timers:
+    per-step draft and verify cost, hence the break-even acceptance length and the ideal speedup per k).
+
+    Then side by side (``together``): no speculation again, the static k servers that were the best somewhere or
+    that the table serves somewhere (at those concurrencies only), and ONE server with the table (vLLM's
+    ``num_speculative_tokens_per_batch_size``), all alive at once and measured in turns, so that "adaptive vs no
+    speculation" and "adaptive vs the best static k" are not the difference between two moments of a shared VM
+    (the run of 2026-12-03 measured two servers of one configuration, one after the other, 0.73-1.10 apart). The
+    first no-speculation server against the second bounds how far the machine drifted."""
     cells = _cells("throughput", concurrencies)
     timed = cells + _cells("split", concurrencies)  # the worker timers: break-even tau and tau / (v + k c) per k
     top = max((*ks, *search))
     vs = [Variant(0, NO_SPEC, compiled=compiled, cells=timed)]
     vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=timed) for k in ks]
     vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=timed, search=True) for k in search]
-    vs += [Variant(top, EMBED_TAP, compiled=compiled, cells=cells, adaptive=True),
-           Variant(0, NO_SPEC, compiled=compiled, cells=cells, replica=2)]
+    vs += [Variant(0, NO_SPEC, compiled=compiled, cells=cells, replica=2, together=True)]
+    vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=cells, replica=2, together=True) for k in (*ks, *search)]
+    vs += [Variant(top, EMBED_TAP, compiled=compiled, cells=cells, adaptive=True, together=True)]
     return Plan(name, tuple(vs), **sizes)
 
 
@@ -329,15 +345,20 @@ def _tok_s(v: Variant, c: int) -> float:
 def estimate_seconds(plan: Plan, compile_cache_warm: bool = False) -> float:
     """Rough duration of ``plan`` (see the assumptions above): server starts + tokens / assumed speed."""
     total = 0.0
+    # resolved at run time (advise.resolve): a k search runs about one concurrency in all; the side-by-side static
+    # k servers about two servers' worth of cells in all (each concurrency's best k and table k, mostly the same)
+    sides = sum(1 for v in plan.variants if v.together and v.k and not v.adaptive)
     for v in plan.variants:
-        total += START_S["eager" if not v.compiled else "compiled-warm" if compile_cache_warm else "compiled-cold"]
-        total += 10.0  # warm-up
+        share = (1.0 / max(1, len(v.cell_list("throughput"))) if v.search else
+                 2.0 / sides if v.together and v.k and not v.adaptive else 1.0)
+        total += (START_S["eager" if not v.compiled else "compiled-warm" if compile_cache_warm else "compiled-cold"]
+                  + 10.0) * min(1.0, share * 2)  # + warm-up
         for cell in v.cells:
             c = cell.concurrency
             if cell.kind in ("split", "untimed"):
-                total += plan.split_requests(c) * plan.split_tokens / _tok_s(v, c)
+                total += share * plan.split_requests(c) * plan.split_tokens / _tok_s(v, c)
             elif cell.kind == "throughput":
-                total += plan.rounds * plan.throughput_requests(c) * plan.max_tokens / _tok_s(v, c)
+                total += share * plan.rounds * plan.throughput_requests(c) * plan.max_tokens / _tok_s(v, c)
             else:
-                total += plan.stream_prompts * plan.max_tokens / _tok_s(v, 1) * 1.2
+                total += share * plan.stream_prompts * plan.max_tokens / _tok_s(v, 1) * 1.2
     return total

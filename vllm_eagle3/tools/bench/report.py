@@ -214,23 +214,37 @@ def adaptive_block(summary: Mapping, run: str = "") -> str:
             c, f(o["nospec_tok_s"], 1), e(o.get("k3_speedup")),
             f"k={o.get('best_static_k', 'n/a')}: {e(o.get('best_static_speedup'))}",
             f"k={o['k']}: **{e(o['speedup'])}**",
-            e(o.get("vs_best_static")) + (" (same k: two servers)" if o["k"] == o.get("best_static_k") else ""),
+            e(o.get("vs_best_static")) + (" (same k: two servers)" if o["k"] == o.get("best_static_k") else "")
+            + ("" if o.get("best_static_side_by_side", True) else " (not side by side)"),
             "yes" if o["never_slower"] else "**no**", "yes" if o["within_best"] else "**no**",
             e(kr.get("break_even")), f(kr.get("model_verify")), f(kr.get("ideal")),
             same(o.get("same_text")) + " (static: " + statics_same(o.get("static_same_text")) + ")",
             e(o.get("nospec_drift"), 3)])
     tau = {v["variant"]["k"]: (v.get("acceptance") or {}).get("tau") for v in
            _v(summary, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False)}
+    side = any(o.get("side_by_side") for o in rows)
+    how = ("The adaptive server ran **side by side** with a second no-speculation server and the static k servers "
+           "it is compared with: all alive at once, each concurrency's prompts in turns (2 chunks, 4 at "
+           "concurrency 1; the servers' order reversed from one chunk to the next), so that a drift of the machine "
+           "falls on all of them alike. Its speedup is over that no-speculation server; *adaptive / best* pairs it "
+           "with the side-by-side server of the static k that measured fastest at that concurrency when the static "
+           "servers ran one at a time (the measurement that chose the table); where both ran the same k, that is "
+           "the ratio between two servers of one configuration measured in turns. k = 3 and the break-even columns "
+           "are from the one-at-a-time servers, over the first no-speculation server; the last column is the "
+           "second no-speculation server over the first (how far the machine drifted between the two stretches)."
+           if side else
+           "Speedups are over the first no-speculation server, paired over prompts; *adaptive / best* pairs the "
+           "adaptive server with the static k that measured fastest at that concurrency; where both ran the same k, "
+           "it is the ratio between two servers of one configuration, which the last column shows for no "
+           "speculation.")
     return "\n\n".join([x for x in [
         "### Speculation that adapts to load: k per batch size",
         run,
         f"The adaptive server: {ad['label']} (vLLM's `num_speculative_tokens_per_batch_size`, chosen by "
-        "`vllm_eagle3/tools/bench/advise.py` from the static-k servers of this same run). Speedups are over the "
-        "first no-speculation server, paired over prompts; *adaptive / best* pairs the adaptive server with the "
-        "static k that measured fastest at that concurrency; where both ran the same k, it is the ratio between two "
-        "servers of one configuration, which the last column shows for no speculation. Targets: adaptive >= 1.0x at the interval's lower end, "
-        "and >= 0.9 x the best static k. Break-even acceptance length and the models tau / (v + k c), tau / (1 + k c) "
-        "are k = 3's, from its timed cells. Greedy: requests whose text equals no speculation's, of all.",
+        "`vllm_eagle3/tools/bench/advise.py` from the static-k servers of this same run). " + how
+        + " Targets: adaptive >= 1.0x at the interval's lower end, and >= 0.9 x the best static k. Break-even "
+        "acceptance length and the models tau / (v + k c), tau / (1 + k c) are k = 3's, from its timed cells. "
+        "Greedy: requests whose text equals no speculation's, of all.",
         table(["conc.", "no spec tok/s", "k=3", "best static k", "adaptive", "adaptive / best", ">= 1.0x (lower end)",
                "within 10 % of best", "break-even tau (k=3)", "tau/(v+kc) (k=3)", "tau/(1+kc) (k=3)", "greedy same",
                "no spec #2 / #1"], table_rows),

@@ -1,4 +1,6 @@
-"""Orchestration of ``vllm-eagle3 bench``: one server per variant, its cells in order, the results file.
+"""Orchestration of ``vllm-eagle3 bench``: one server per variant, its cells in order, the results file; or, for the
+plan's ``together`` variants, their servers all alive at once and their throughput cells run in turns
+(:func:`run_together`).
 
 Data flow position: between the plan (``plan.py``) and the analysis (``analysis.py``). For each
 :class:`~.plan.Variant`: write its serve YAML (the shipped ``configs/serve_kimi_k25_mini.yaml`` with k, the draft,
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import itertools
 import json
 import os
 import platform
@@ -172,13 +175,14 @@ def wirings(draft: Path, capture_spec: Path, plan: Plan, work: Path, num_layers:
     return out
 
 
-def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wiring: Wiring,
-                prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
-                say: Callable[[str], None], start_timeout: float | None = None) -> dict[str, Any]:
-    """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured."""
-    res: dict[str, Any] = {"key": variant.key, "variant": variant.as_dict(), "label": variant.label,
-                           "ready_s": None, "error": None, "capture_line": "", "check_line": "", "mla_calls": {},
-                           "cells": []}
+def _record(variant: Variant) -> dict[str, Any]:
+    return {"key": variant.key, "variant": variant.as_dict(), "label": variant.label, "ready_s": None,
+            "error": None, "capture_line": "", "check_line": "", "mla_calls": {}, "cells": []}
+
+
+def _start(variant: Variant, base_cfg: Mapping[str, Any], wiring: Wiring, work: Path, log_dir: Path,
+           say: Callable[[str], None]) -> tuple[VllmServer, dict[str, str], Path]:
+    """Write the variant's serve YAML and start its server (not waited for)."""
     yml = serve_yaml(base_cfg, variant, wiring.draft, work / f"serve-{variant.key.replace('#', '-')}.yaml")
     args = serve_args(variant, wiring, yml, work)
     env = server_env(variant)
@@ -186,20 +190,53 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
     server = VllmServer(args, env=env, log_path=log, cwd=REPO)
     say(f"{variant.key}: starting the server (log {log})")
     server.start()
+    return server, env, log
+
+
+def _ready(variant: Variant, server: VllmServer, res: dict[str, Any], say: Callable[[str], None],
+           start_timeout: float | None, prompts: Sequence[Sequence[int]]) -> bool:
+    """Wait for the server, then warm it up (not recorded); False (and ``res["error"]``) if it did not start."""
     try:
-        try:
-            timeout = start_timeout or START_TIMEOUT_S["compiled" if variant.compiled else "eager"]
-            res["ready_s"] = server.wait_ready(timeout=timeout,
-                                               progress=lambda s: say(f"{variant.key}:{s}"), progress_every=30)
-        except ServerStartError as exc:
-            res["error"] = str(exc).splitlines()[0]
-            say(f"{variant.key}: server did not start: {exc}")
+        timeout = start_timeout or START_TIMEOUT_S["compiled" if variant.compiled else "eager"]
+        res["ready_s"] = server.wait_ready(timeout=timeout,
+                                           progress=lambda s: say(f"{variant.key}:{s}"), progress_every=30)
+    except ServerStartError as exc:
+        res["error"] = str(exc).splitlines()[0]
+        say(f"{variant.key}: server did not start: {exc}")
+        return False
+    say(f"{variant.key}: ready after {res['ready_s']:.0f} s")
+    top = max(c.concurrency for c in variant.cells)
+    client.plain_cell(server.base_url, served_model_name(server.base_url), list(enumerate(prompts[:top])), top, 16)
+    return True
+
+
+def _finish(variant: Variant, server: VllmServer, env: Mapping[str, str], log: Path, res: dict[str, Any],
+            say: Callable[[str], None]) -> None:
+    """What the server says of its MLA verify path, its capture and its online check (read before stopping)."""
+    calls = client.worker_rpc(server.base_url, "bench_mla_calls")
+    res["mla_calls"] = calls[0] if calls else {}
+    if variant.capture != NO_SPEC:
+        needle = STOCK_LINE if env.get("VLLM_PLUGINS") == STOCK_PLUGIN else PLUGIN_LINE
+        lines = server.log_text().splitlines()
+        taps = [ln for ln in lines if needle in ln]
+        res["capture_line"] = taps[-1][taps[-1].index(needle):] if taps else ""
+        if not taps:
+            say(f"{variant.key}: warning: no `{needle}` line in {log}")
+        checks = [ln for ln in lines if CHECK_LINE in ln]
+        res["check_line"] = checks[0][checks[0].index(CHECK_LINE):] if checks else ""
+
+
+def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wiring: Wiring,
+                prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
+                say: Callable[[str], None], start_timeout: float | None = None) -> dict[str, Any]:
+    """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured."""
+    res = _record(variant)
+    server, env, log = _start(variant, base_cfg, wiring, work, log_dir, say)
+    try:
+        if not _ready(variant, server, res, say, start_timeout, prompts):
             return res
-        say(f"{variant.key}: ready after {res['ready_s']:.0f} s")
         url = server.base_url
         model = served_model_name(url)
-        top = max(c.concurrency for c in variant.cells)
-        client.plain_cell(url, model, list(enumerate(prompts[:top])), top, 16)  # warm-up (not recorded)
         for cell in variant.cells:
             for rnd in range(plan.rounds if cell.kind == "throughput" else 1):
                 t = time.monotonic()
@@ -210,17 +247,7 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
                 say(f"{variant.key}: {cell.kind} c={cell.concurrency}"
                     + (f" round {rnd + 1}" if plan.rounds > 1 and cell.kind == "throughput" else "")
                     + f": {len(rec['requests'])} requests, {toks} tokens in {time.monotonic() - t:.1f} s")
-        calls = client.worker_rpc(url, "bench_mla_calls")
-        res["mla_calls"] = calls[0] if calls else {}
-        if variant.capture != NO_SPEC:
-            needle = STOCK_LINE if env.get("VLLM_PLUGINS") == STOCK_PLUGIN else PLUGIN_LINE
-            lines = server.log_text().splitlines()
-            taps = [ln for ln in lines if needle in ln]
-            res["capture_line"] = taps[-1][taps[-1].index(needle):] if taps else ""
-            if not taps:
-                say(f"{variant.key}: warning: no `{needle}` line in {log}")
-            checks = [ln for ln in lines if CHECK_LINE in ln]
-            res["check_line"] = checks[0][checks[0].index(CHECK_LINE):] if checks else ""
+        _finish(variant, server, env, log, res, say)
     except Exception as exc:  # noqa: BLE001 - one broken variant must not lose the others' results
         res["error"] = f"{type(exc).__name__}: {exc}"
         say(f"{variant.key}: failed: {res['error']} (server log {log})")
@@ -228,6 +255,107 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
         say(f"{variant.key}: stopping")
         server.stop()
     return res
+
+
+def chunks(n: int, concurrency: int) -> list[range]:
+    """A side-by-side throughput cell's ``n`` prompts in turns: 4 chunks at concurrency 1 (requests are seconds
+    long there), else 2 (each at least one wave of ``concurrency`` requests)."""
+    parts = 4 if concurrency == 1 else 2
+    parts = max(1, min(parts, n // max(1, concurrency)))
+    size = -(-n // parts)
+    return [range(i, min(n, i + size)) for i in range(0, n, size)]
+
+
+def turn_order(count: int, chunk: int) -> list[int]:
+    """The servers' order for chunk ``chunk``: as listed, then reversed, alternately (A B C, C B A, A B C, ...): a
+    linear drift of the machine over two chunks falls on every server alike."""
+    order = list(range(count))
+    return order if chunk % 2 == 0 else order[::-1]
+
+
+def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str, Any],
+                 wirings: Mapping[str, Wiring], prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
+                 say: Callable[[str], None], start_timeout: float | None = None) -> list[dict[str, Any]]:
+    """Start every variant's server (one after the other, each warmed up), keep them all alive, and run their
+    throughput cells side by side: per concurrency, the cell's prompts in :func:`chunks`, each chunk on every server
+    that has the cell, in :func:`turn_order`. One record per variant, its chunks merged into one cell per
+    concurrency (requests of all chunks, ``wall_s`` their sum, counters their sum, ``chunks`` their count). A server
+    that fails to start or dies is recorded with its error; the others go on."""
+    recs = [_record(v) for v in variants]
+    live: list[tuple[Variant, dict, VllmServer, dict, Path]] = []
+    try:
+        for v, res in zip(variants, recs):
+            server, env, log = _start(v, base_cfg, wirings[v.capture], work, log_dir, say)
+            live.append((v, res, server, env, log))
+            try:
+                ok = _ready(v, server, res, say, start_timeout, prompts)
+            except Exception as exc:  # noqa: BLE001 - a warm-up that fails: recorded, the others go on
+                res["error"], ok = f"{type(exc).__name__}: {exc}", False
+                say(f"{v.key}: failed: {res['error']} (server log {log})")
+            if not ok:
+                server.stop()
+                live.pop()
+        concs = sorted({c.concurrency for v, *_ in live for c in v.cells})
+        for c in concs:
+            at = [x for x in live if c in x[0].cell_list("throughput") and not x[1]["error"]]
+            n = plan.throughput_requests(c)
+            merged = {x[0].key: {"kind": "throughput", "concurrency": c, "round": 0, "split": None, "wall_s": 0.0,
+                                 "requests": [], "counters": None, "chunks": 0} for x in at}
+            t = time.monotonic()
+            for i, part in enumerate(chunks(n, c)):
+                for j in turn_order(len(at), i):
+                    v, res, server, _, log = at[j]
+                    if res["error"]:
+                        continue
+                    try:
+                        rec = _run_chunk(server, v, c, plan, [(p, prompts[p]) for p in part])
+                    except Exception as exc:  # noqa: BLE001 - one broken server must not lose the others' cells
+                        res["error"] = f"{type(exc).__name__}: {exc}"
+                        say(f"{v.key}: failed: {res['error']} (server log {log})")
+                        continue
+                    m = merged[v.key]
+                    m["wall_s"] += rec["wall_s"]
+                    m["requests"] += rec["requests"]
+                    m["chunks"] += 1
+                    if rec["counters"] is not None:
+                        m["counters"] = rec["counters"] if m["counters"] is None else _add(m["counters"],
+                                                                                           rec["counters"])
+            for v, res, *_ in at:
+                if not res["error"]:
+                    res["cells"].append(merged[v.key])
+            say(f"side by side c={c}: {len(at)} servers x {n} requests in {len(chunks(n, c))} turns, "
+                f"{time.monotonic() - t:.1f} s")
+        for v, res, server, env, log in live:
+            if not res["error"]:
+                try:
+                    _finish(v, server, env, log, res, say)
+                except Exception as exc:  # noqa: BLE001
+                    res["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        for v, _, server, _, _ in live:
+            say(f"{v.key}: stopping")
+            server.stop()
+    return recs
+
+
+def _add(a: list, b: list) -> list:
+    """Two cells' counter lists (drafts, draft tokens, accepted, accepted per position) summed."""
+    per = [x + y for x, y in itertools.zip_longest(a[3], b[3], fillvalue=0)]
+    return [a[0] + b[0], a[1] + b[1], a[2] + b[2], per]
+
+
+def _run_chunk(server: VllmServer, variant: Variant, c: int, plan: Plan,
+               prompts: Sequence[tuple[int, Sequence[int]]]) -> dict[str, Any]:
+    url = server.base_url
+    before = client.counters(url)
+    wall, reqs = client.plain_cell(url, served_model_name(url), list(prompts), c, plan.max_tokens,
+                                   per_request_metrics=(c == 1))
+    after = client.counters(url)
+    rec: dict[str, Any] = {"wall_s": wall, "requests": [r.as_dict() for r in reqs], "counters": None}
+    if before is not None and after is not None:
+        d = after - before
+        rec["counters"] = [d.drafts, d.draft_tokens, d.accepted, list(d.accepted_per_pos)]
+    return rec
 
 
 def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: Plan,
