@@ -18,8 +18,9 @@ where it measured faster than every k >= 1.
 How the table is chosen: at each measured concurrency C the k with the highest measured throughput (no speculation
 counts as k = 0), then k is made non-increasing in C: where a higher concurrency measured a larger k than a lower one,
 the lower one's k is kept. Why: a larger batch makes the verify of k + 1 tokens per request more of a compute
-cost and never a cheaper one, so the best k can only fall with load; a rise is measurement noise (the run of
-2026-12-03 measured k = 1 and k = 3 within 1 % of each other at C = 16, and k = 3, 1, 3, 1 at C = 1, 4, 16, 32).
+cost and never a cheaper one, so the best k can only fall with load; a rise is measurement noise (the one-at-a-time
+run of 2026-12-03 08:04 UTC measured k = 1 and k = 3 within 1 % of each other at C = 16, and k = 3, 1, 3, 1 at
+C = 1, 4, 16, 32).
 The batch sizes between two measured concurrencies C1 < C2 are split at their geometric mean
 (``floor(sqrt(C1 * C2))``: throughput moves with log C); the last range is open-ended; neighbouring ranges with the
 same k are merged. In a closed loop with C requests in flight vLLM's batch is C requests most of the time (fewer
