@@ -74,10 +74,6 @@ MODULE_SECONDS = {
 PER_CASE = ("tests/e2e/test_serve_lifecycle.py",)
 
 
-def _path(item) -> str:
-    return Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
-
-
 def _group(nodeid: str) -> tuple[str, float]:
     """(group, its seconds) of a test, from its node id (``tests/e2e/test_x.py::test_y[case]``)."""
     path = nodeid.split("::")[0]
@@ -91,14 +87,14 @@ def _group(nodeid: str) -> tuple[str, float]:
 
 
 def _module_rank(item) -> int:
-    path = _path(item)
+    path = item.nodeid.split("::")[0]
     return next((i for i, prefix in enumerate(MODULE_ORDER) if path.startswith(prefix)), len(MODULE_ORDER))
 
 
 def pytest_collection_modifyitems(config, items):
     """Groups longest first, modules within a group in :data:`MODULE_ORDER` (stable: pytest's order within them).
     Tests marked ``slow`` (the 10-minute soak, measurements) run only when selected: ``pytest -m slow``."""
-    groups = {id(item): _group(f"{_path(item)}::{item.nodeid.split('::', 1)[-1]}") for item in items}
+    groups = {id(item): _group(item.nodeid) for item in items}  # repo-relative node ids, as the scheduler sees
     items.sort(key=lambda item: (-groups[id(item)][1], groups[id(item)][0], _module_rank(item)))
     if "slow" in (config.getoption("-m") or ""):
         return

@@ -143,7 +143,7 @@ def test_of_two_processes_ended_between_looks_the_killed_one_is_named_first():
     exits = subprocess.Popen([sys.executable, "-c", "pass"])  # lower pid: would win on age alone
     killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     seen = {exits.pid: "VLLM::EngineCore", killed.pid: "VLLM::Worker"}
-    gone: list[str] = []
+    gone: list[list[str]] = []
     try:
         os.kill(killed.pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
@@ -151,7 +151,7 @@ def test_of_two_processes_ended_between_looks_the_killed_one_is_named_first():
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert _look(seen, gone, rescan=False) == {}
-        assert gone == ["VLLM::Worker", "VLLM::EngineCore"]
+        assert gone == [["VLLM::Worker", "VLLM::EngineCore"]]  # one look, the killed one first
     finally:
         for p in (exits, killed):
             p.kill()

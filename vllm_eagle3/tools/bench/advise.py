@@ -112,7 +112,7 @@ def resolve(v: Variant, raws: Sequence[Mapping[str, Any]]) -> Variant:
     k = the table's largest, at least 1; a side-by-side static k: its cells)."""
     if v.search:
         return dataclasses.replace(v, cells=search_cells(v, raws))
-    if v.together and v.k and not v.adaptive:
+    if v.side_static:
         return dataclasses.replace(v, cells=side_cells(v, raws))
     if v.adaptive and not v.schedule:
         table = schedule(points(raws))

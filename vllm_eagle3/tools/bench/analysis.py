@@ -339,7 +339,7 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
         again = [r for sv, r in res.find(k=0, compiled=v.compiled, replica=2, mla_verify=MLA_DEFAULT)]
         statics = [(sv, sraw) for sv, sraw in res.variants if sv.chooses_k and sv.k and sv.compiled == v.compiled]
         side = {sv.k: sraw for sv, sraw in res.variants
-                if sv.together and sv.k and not sv.adaptive and sv.compiled == v.compiled}
+                if sv.side_static and sv.compiled == v.compiled}
         for c in summary["concurrencies"]:
             mine = cells(raw, "throughput", c)
             if not mine or base is None or not cells(base, "throughput", c):

@@ -132,7 +132,7 @@ def describe(plan: plans.Plan) -> str:
         cells = ", ".join(f"{c.kind} c={c.concurrency}" for c in v.cells)
         when = (" (at most: where k-1 was the best so far)" if v.search else
                 " (at most: where the table or the best static k is this k; side by side)"
-                if v.together and v.k and not v.adaptive else " (side by side)" if v.together else "")
+                if v.side_static else " (side by side)" if v.together else "")
         lines.append(f"  {v.key:<24} {cells}{when}")
     warm, cold = plans.estimate_seconds(plan, True) / 60, plans.estimate_seconds(plan) / 60
     compiled = any(v.compiled for v in plan.variants)

@@ -122,6 +122,11 @@ class Variant:
                 and self.replica == 1 and not self.adaptive)
 
     @property
+    def side_static(self) -> bool:
+        """A static-k server of the side-by-side stretch (what the adaptive server is judged against there)."""
+        return self.together and self.k > 0 and not self.adaptive
+
+    @property
     def mode(self) -> str:
         return "compiled" if self.compiled else "eager"
 
@@ -347,10 +352,10 @@ def estimate_seconds(plan: Plan, compile_cache_warm: bool = False) -> float:
     total = 0.0
     # resolved at run time (advise.resolve): a k search runs about one concurrency in all; the side-by-side static
     # k servers about two servers' worth of cells in all (each concurrency's best k and table k, mostly the same)
-    sides = sum(1 for v in plan.variants if v.together and v.k and not v.adaptive)
+    sides = sum(1 for v in plan.variants if v.side_static)
     for v in plan.variants:
         share = (1.0 / max(1, len(v.cell_list("throughput"))) if v.search else
-                 2.0 / sides if v.together and v.k and not v.adaptive else 1.0)
+                 2.0 / sides if v.side_static else 1.0)
         total += (START_S["eager" if not v.compiled else "compiled-warm" if compile_cache_warm else "compiled-cold"]
                   + 10.0) * min(1.0, share * 2)  # + warm-up
         for cell in v.cells:

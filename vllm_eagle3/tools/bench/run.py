@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import itertools
 import json
 import os
 import platform
@@ -295,12 +294,15 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
             if not ok:
                 server.stop()
                 live.pop()
+        models = {v.key: served_model_name(server.base_url) for v, _, server, _, _ in live}
         concs = sorted({c.concurrency for v, *_ in live for c in v.cells})
         for c in concs:
             at = [x for x in live if c in x[0].cell_list("throughput") and not x[1]["error"]]
             n = plan.throughput_requests(c)
             merged = {x[0].key: {"kind": "throughput", "concurrency": c, "round": 0, "split": None, "wall_s": 0.0,
                                  "requests": [], "counters": None, "chunks": 0} for x in at}
+            # a server's counters move only with its own chunks: one difference over the concurrency's turns
+            before = {x[0].key: client.counters(x[2].base_url) for x in at}
             t = time.monotonic()
             for i, part in enumerate(chunks(n, c)):
                 for j in turn_order(len(at), i):
@@ -308,20 +310,20 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                     if res["error"]:
                         continue
                     try:
-                        rec = _run_chunk(server, v, c, plan, [(p, prompts[p]) for p in part])
+                        wall, reqs = client.plain_cell(server.base_url, models[v.key],
+                                                       [(p, prompts[p]) for p in part], c, plan.max_tokens,
+                                                       per_request_metrics=(c == 1))
                     except Exception as exc:  # noqa: BLE001 - one broken server must not lose the others' cells
                         res["error"] = f"{type(exc).__name__}: {exc}"
                         say(f"{v.key}: failed: {res['error']} (server log {log})")
                         continue
                     m = merged[v.key]
-                    m["wall_s"] += rec["wall_s"]
-                    m["requests"] += rec["requests"]
+                    m["wall_s"] += wall
+                    m["requests"] += [r.as_dict() for r in reqs]
                     m["chunks"] += 1
-                    if rec["counters"] is not None:
-                        m["counters"] = rec["counters"] if m["counters"] is None else _add(m["counters"],
-                                                                                           rec["counters"])
-            for v, res, *_ in at:
+            for v, res, server, *_ in at:
                 if not res["error"]:
+                    merged[v.key]["counters"] = _counter_delta(before[v.key], client.counters(server.base_url))
                     res["cells"].append(merged[v.key])
             say(f"side by side c={c}: {len(at)} servers x {n} requests in {len(chunks(n, c))} turns, "
                 f"{time.monotonic() - t:.1f} s")
@@ -338,24 +340,12 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
     return recs
 
 
-def _add(a: list, b: list) -> list:
-    """Two cells' counter lists (drafts, draft tokens, accepted, accepted per position) summed."""
-    per = [x + y for x, y in itertools.zip_longest(a[3], b[3], fillvalue=0)]
-    return [a[0] + b[0], a[1] + b[1], a[2] + b[2], per]
-
-
-def _run_chunk(server: VllmServer, variant: Variant, c: int, plan: Plan,
-               prompts: Sequence[tuple[int, Sequence[int]]]) -> dict[str, Any]:
-    url = server.base_url
-    before = client.counters(url)
-    wall, reqs = client.plain_cell(url, served_model_name(url), list(prompts), c, plan.max_tokens,
-                                   per_request_metrics=(c == 1))
-    after = client.counters(url)
-    rec: dict[str, Any] = {"wall_s": wall, "requests": [r.as_dict() for r in reqs], "counters": None}
-    if before is not None and after is not None:
-        d = after - before
-        rec["counters"] = [d.drafts, d.draft_tokens, d.accepted, list(d.accepted_per_pos)]
-    return rec
+def _counter_delta(before, after) -> list | None:
+    """What a cell moved of the spec-decode counters: [drafts, draft tokens, accepted, accepted per position]."""
+    if before is None or after is None:
+        return None
+    d = after - before
+    return [d.drafts, d.draft_tokens, d.accepted, list(d.accepted_per_pos)]
 
 
 def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: Plan,
@@ -377,10 +367,7 @@ def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: P
             records = client.worker_rpc(url, "bench_timers_stop")
             rec["split"] = (step_split(records[0], c * (variant.k + 1)).as_dict()
                             if records and isinstance(records[0], list) else None)
-    after = client.counters(url)
-    if before is not None and after is not None:
-        d = after - before
-        rec["counters"] = [d.drafts, d.draft_tokens, d.accepted, list(d.accepted_per_pos)]
+    rec["counters"] = _counter_delta(before, client.counters(url))
     rec["wall_s"] = wall
     rec["requests"] = [r.as_dict() for r in reqs]
     return rec

@@ -171,26 +171,22 @@ def _ended(pid: int) -> int | None:
     return status & 0x7F
 
 
-_TOGETHER: list[str] = []
-"""The processes that ended in the same look as the first one to end (the order between them is a guess)."""
-
-
-def _look(seen: dict[int, str], gone: list[str], rescan: bool = True) -> dict[int, str]:
-    """Add to ``gone`` the vLLM processes of ``seen`` that have ended since the last look, and return the processes
-    running now (``rescan``: also look for new ones, a walk of /proc; without it only ``seen``'s few stat files are
-    read, cheap enough for every 0.2 s). Processes that end between two looks are ordered by what ended them: one
-    killed by a signal (a zombie not yet reaped says which) before one that exited, then the oldest (lowest pid)
-    first. A SIGKILLed worker and the engine core that shuts down because of it can end within one look; the
-    signal says which went first."""
+def _look(seen: dict[int, str], gone: list[list[str]], rescan: bool = True) -> dict[int, str]:
+    """Add to ``gone`` the vLLM processes of ``seen`` that have ended since the last look (one list per look), and
+    return the processes running now (``rescan``: also look for new ones, a walk of /proc; without it only
+    ``seen``'s few stat files are read, cheap enough for every 0.2 s). Processes that end between two looks are
+    ordered by what ended them: one killed by a signal (a zombie not yet reaped says which) before one that exited,
+    then the oldest (lowest pid) first. A SIGKILLed worker and the engine core that shuts down because of it can end
+    within one look; the signal says which went first."""
     ended = {pid: _ended(pid) for pid in seen}
     now = {pid: name for pid, name in seen.items() if ended[pid] is None}
     new = sorted((pid for pid, how in ended.items() if how is not None), key=lambda pid: (not ended[pid], pid))
-    names = [seen[pid] for pid in new if seen[pid] not in gone]
-    if names and not gone:
-        _TOGETHER[:] = names[1:]  # ended in the same look as the first: said in the error line
-    gone += names
-    if rescan:
-        now.update({pid: name for pid, name in _vllm_processes().items() if _ended(pid) is None})
+    named = {name for group in gone for name in group}
+    names = [seen[pid] for pid in new if seen[pid] not in named]
+    if names:
+        gone.append(names)
+    if rescan:  # a zombie's cmdline is empty: only running processes are listed
+        now.update(_vllm_processes())
     return now
 
 
@@ -226,8 +222,7 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
         deadline = None
         forwarded = 0
         seen: dict[int, str] = {}
-        gone: list[str] = []
-        _TOGETHER.clear()
+        gone: list[list[str]] = []  # the vLLM processes that ended, one list per look
         next_look = 0.0
         while True:
             try:
@@ -263,8 +258,8 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
         log = tee.text()
         tee.end_line()
         if tee.ready:
-            _say(f"error: the engine died while serving: {failures.engine_death(log, gone, _TOGETHER)}; vLLM exited with code "
-                 f"{code}; full log: {log_path}")
+            death = failures.engine_death(log, [name for group in gone for name in group], gone[0][1:] if gone else [])
+            _say(f"error: the engine died while serving: {death}; vLLM exited with code {code}; full log: {log_path}")
             return failures.EXIT_ENGINE_DIED
         _say(f"error: vLLM did not start: {failures.start_failure(log)}; full log: {log_path}")
         return code if code == 2 else failures.EXIT_START_FAILED
