@@ -1,6 +1,6 @@
 """Speculation that adapts to load (issue 29), without an engine: the k-per-batch-size table chosen from measured
 throughput, read the way vLLM 0.32 reads it, the run-time resolution of the plan's search and adaptive servers, the
-report's verdicts, the held-out prompts, and the shipped serve configs carrying the measured table.
+report's verdicts, the KV cache and memory each side-by-side server is given, the held-out prompts, and the shipped serve configs carrying the measured table.
 
 Guards: a table vLLM would read differently from what the advice meant (ranges off by one, a first range not
 starting at 1, k above ``num_speculative_tokens``); an adaptive server judged against a different baseline than the
@@ -78,22 +78,26 @@ def _raw(v: Variant, tok_s: dict[int, float], text=lambda i: f"t{i}") -> dict:
 
 SPEEDS = {  # k -> {concurrency: tok/s}: k=3 best at 1, k=2 at 4, k=1 at 16, no speculation at 64
     0: {1: 10, 4: 30, 16: 80, 64: 120}, 1: {1: 15, 4: 45, 16: 100, 64: 110}, 2: {1: 18, 4: 52, 16: 95, 64: 100},
-    3: {1: 20, 4: 50, 16: 90, 64: 85}, 4: {1: 19}, 5: {1: 17}}
+    3: {1: 20, 4: 50, 16: 90, 64: 85}, 4: {1: 19, 4: 40, 16: 70, 64: 60}, 5: {1: 17, 4: 35, 16: 60, 64: 50}}
 
 
 def _run(adaptive_speed, concs=(1, 4, 16, 64)) -> dict:
-    """What ``cli.execute`` does with the plan, on made-up speeds: resolve each variant from the records before it."""
+    """What ``cli.execute`` does with the plan, on made-up speeds: stretch by stretch, resolve each variant from the
+    records of the stretches before it."""
     p = plans.adaptive_plan(concurrencies=concs, prompts=4, waves=1, max_tokens=100)
     raws = []
-    for v in p.variants:
-        v = advise.resolve(v, raws)
-        if not v.cells:
-            continue
-        if v.adaptive:
-            speeds = {c: adaptive_speed(c, k_at(v.schedule, c)) for c in concs}
-        else:
-            speeds = SPEEDS[v.k]
-        raws.append(_raw(v, speeds))
+    for stretch in sorted({v.stretch for v in p.variants}):
+        ran = []
+        for v in (v for v in p.variants if v.stretch == stretch):
+            v = advise.resolve(v, raws)
+            if not v.cells:
+                continue
+            if v.adaptive:
+                speeds = {c: adaptive_speed(c, k_at(v.schedule, c)) for c in concs}
+            else:
+                speeds = SPEEDS[v.k]
+            ran.append(_raw(v, speeds))
+        raws += ran
     meta = {"date": "2026-12-03 08:00 UTC", "command": "vllm-eagle3 bench --plan adaptive", "duration_min": 60.0,
             "load_before": "0.1 0.1 0.1", "load_after": "2.0 1.9 1.5",
             "machine": {"cpu": "CPU", "nproc": "2", "memory": "23 GiB", "flags": "avx2", "python": "3.11",
@@ -101,29 +105,46 @@ def _run(adaptive_speed, concs=(1, 4, 16, 64)) -> dict:
     return {"schema": 2, "meta": meta, "plan": p.as_dict(), "variants": raws}
 
 
-def test_plan_searches_k_only_where_it_still_pays_and_serves_the_measured_table():
+def test_plan_chooses_k_side_by_side_and_serves_the_measured_table():
+    """Every k at the light concurrencies; under load only the k the light table left possible (k never rises with
+    the batch: the table drafts 1 at 16, so k >= 2 cannot be chosen at 64); the adaptive server gets the table."""
     data = _run(lambda c, k: SPEEDS[k][c])
-    ran = {r["key"]: r for r in data["variants"]}
-    assert [c["concurrency"] for c in ran["embed-k4"]["cells"]] == [1]  # k=3 was best only at 1
-    assert "embed-k5" not in ran  # k=4 was not the best anywhere: skipped
-    ad = Variant.from_dict(ran["embed-adaptive"]["variant"])
+    ran = {r["key"]: [c["concurrency"] for c in r["cells"] if c["kind"] == "throughput"] for r in data["variants"]}
+    assert all(ran[f"embed-k{k}@1"] == [1, 4, 16] for k in range(1, 6)) and ran["nospec@1"] == [1, 4, 16]
+    assert ran["nospec@2"] == [64] and ran["embed-k1@2"] == [64]
+    assert not any(f"embed-k{k}@2" in ran for k in range(2, 6))
+    ad = Variant.from_dict(next(r for r in data["variants"] if r["key"] == "embed-adaptive@3")["variant"])
     assert ad.schedule == ((1, 2, 3), (3, 8, 2), (9, 32, 1), (33, advise.OPEN_END, 0)) and ad.k == 3
     assert advise.from_results(data) == ad.schedule
     serve = plans.PLAN_PROMPTS["adaptive"]
     assert serve == "bench/heldout_prompts.json"
 
 
-def test_side_by_side_stretch_runs_the_statics_the_adaptive_server_is_compared_with():
-    """The second stretch: no speculation again, each static k only where the table serves it or where it measured
-    the best (k >= 1) one at a time, and the adaptive server; the adaptive rows are judged against those servers."""
+def test_judging_stretch_runs_the_statics_the_adaptive_server_is_compared_with():
+    """The judging stretch: no speculation again, each static k only where the table serves it or where it measured
+    the best (k >= 1) in the choosing stretches, and the adaptive server; the adaptive rows are judged against
+    those servers."""
     data = _run(lambda c, k: SPEEDS[k][c])
-    side = {r["key"]: [c["concurrency"] for c in r["cells"]] for r in data["variants"] if r["variant"]["together"]}
+    side = {r["key"]: [c["concurrency"] for c in r["cells"]] for r in data["variants"]
+            if r["variant"]["stretch"] == plans.JUDGE}
     # table 1-2: k=3, 3-8: k=2, 9-32: k=1, 33+: k=0; best k >= 1: 3 at 1, 2 at 4, 1 at 16 and 64
-    assert side == {"nospec#2": [1, 4, 16, 64], "embed-k1#2": [16, 64], "embed-k2#2": [4], "embed-k3#2": [1],
-                    "embed-adaptive": [1, 4, 16, 64]}
+    assert side == {"nospec@3": [1, 4, 16, 64], "embed-k1@3": [16, 64], "embed-k2@3": [4], "embed-k3@3": [1],
+                    "embed-adaptive@3": [1, 4, 16, 64]}
     rows = {r["concurrency"]: r for r in analysis.summarize(data)["adaptive"]}
     assert all(r["side_by_side"] and r["best_static_side_by_side"] for r in rows.values())
     assert "side by side" in report.adaptive_block(analysis.summarize(data), "run")
+
+
+def test_side_by_side_servers_get_the_kv_cache_of_their_busiest_cell_and_start_only_if_they_fit():
+    """A 1 GiB KV cache holds ~38 requests of 64 + 128 tokens: a c=64 cell would queue a third of its requests.
+    A server that would not fit next to the others is not started (recorded), instead of an OOM kill mid-stretch."""
+    from vllm_eagle3.tools.bench.run import kv_cache_gib, memory_short
+
+    p = plans.PLANS["adaptive"]()
+    kv = {v.key: kv_cache_gib(v, p, 64) for v in p.variants}
+    assert kv["embed-k5@1"] == 1 and kv["nospec@2"] == 2 and kv["embed-adaptive@3"] == 2
+    assert memory_short(2, "MemAvailable:   6000000 kB\n") == ""
+    assert "4.8 GiB of memory available" in memory_short(2, "MemAvailable:   5000000 kB\n")
 
 
 def test_side_by_side_turns_mirror_and_cover_every_prompt():
@@ -133,8 +154,8 @@ def test_side_by_side_turns_mirror_and_cover_every_prompt():
     assert [list(r) for r in chunks(16, 4)] == [list(range(8)), list(range(8, 16))]
     assert [len(r) for r in chunks(128, 64)] == [64, 64] and [len(r) for r in chunks(64, 64)] == [64]
     assert [turn_order(3, i) for i in range(3)] == [[0, 1, 2], [2, 1, 0], [0, 1, 2]]
-    with pytest.raises(ValueError, match="throughput cells only"):
-        Variant(0, plans.NO_SPEC, together=True, cells=(plans.Cell("split", 1),))
+    with pytest.raises(ValueError, match="throughput and split cells only"):
+        Variant(0, plans.NO_SPEC, stretch=plans.JUDGE, cells=(plans.Cell("stream", 1),))
 
 
 def test_adaptive_verdicts_follow_the_intervals():
@@ -161,19 +182,21 @@ def test_adaptive_verdicts_follow_the_intervals():
 def test_greedy_difference_is_counted():
     data = _run(lambda c, k: SPEEDS[k][c])
     for raw in data["variants"]:
-        if raw["key"] == "embed-adaptive":
+        if raw["key"] == "embed-adaptive@3":
             raw["cells"][0]["requests"][1]["text"] = "different"
     rows = {r["concurrency"]: r for r in analysis.summarize(data)["adaptive"]}
     assert rows[1]["same_text"] == [3, 4] and rows[4]["same_text"] == [4, 4]
 
 
 def test_variant_rules():
-    with pytest.raises(ValueError, match="adaptive and search"):
+    with pytest.raises(ValueError, match="adaptive variants"):
         Variant(0, plans.NO_SPEC, adaptive=True)
     with pytest.raises(ValueError, match="drafts at most"):
         Variant(2, plans.EMBED_TAP, adaptive=True, schedule=((1, 4096, 3),))
     v = Variant(3, plans.EMBED_TAP, adaptive=True, schedule=((1, 2, 3), (3, 4096, 1)))
     assert v.key == "embed-adaptive" and Variant.from_dict(json.loads(json.dumps(v.as_dict()))) == v
+    with pytest.raises(ValueError, match="stretch must be one of"):
+        Variant(0, plans.NO_SPEC, stretch=7)
 
 
 # ------------------------------------------------------------------------------------------------ held-out prompts

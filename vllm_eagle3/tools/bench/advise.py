@@ -2,8 +2,8 @@
 ``speculative_config.num_speculative_tokens_per_batch_size``, and the serve-config lines that carry it.
 
 Data flow position: inside a run of ``--plan adaptive`` (``cli.execute`` asks :func:`resolve` for each variant
-before starting its server: a ``search`` variant learns at which concurrencies to run, the ``adaptive`` variant gets
-its table from the servers measured before it) and after one (``bench --from-json R --advise``, and the unit test that
+before starting its stretch: a static k of the loaded stretch learns whether it can still be chosen, one of the
+judging stretch where it runs, the ``adaptive`` variant gets its table from the servers measured before it) and after one (``bench --from-json R --advise``, and the unit test that
 checks the shipped serve configs carry the table of the committed results).
 
 What vLLM does with the table (0.32, read in its source): ``Scheduler.__init__`` expands it into a dense lookup
@@ -20,7 +20,8 @@ counts as k = 0), then k is made non-increasing in C: where a higher concurrency
 the lower one's k is kept. Why: a larger batch makes the verify of k + 1 tokens per request more of a compute
 cost and never a cheaper one, so the best k can only fall with load; a rise is measurement noise (the one-at-a-time
 run of 2026-12-03 08:04 UTC measured k = 1 and k = 3 within 1 % of each other at C = 16, and k = 3, 1, 3, 1 at
-C = 1, 4, 16, 32).
+C = 1, 4, 16, 32). The same rule lets the loaded stretch of the plan skip every k above the table's k at the last
+light concurrency (:func:`loaded_cells`).
 The batch sizes between two measured concurrencies C1 < C2 are split at their geometric mean
 (``floor(sqrt(C1 * C2))``: throughput moves with log C); the last range is open-ended; neighbouring ranges with the
 same k are merged. In a closed loop with C requests in flight vLLM's batch is C requests most of the time (fewer
@@ -34,7 +35,7 @@ import itertools
 import math
 from typing import Any, Mapping, Sequence
 
-from vllm_eagle3.tools.bench.plan import Variant, k_at
+from vllm_eagle3.tools.bench.plan import CHOOSE_LOADED, Variant, k_at
 
 OPEN_END = 4096  # the last range's end: vLLM caps it at max_num_seqs
 Schedule = tuple[tuple[int, int, int], ...]
@@ -82,20 +83,19 @@ def schedule(pts: Mapping[int, Mapping[int, float]]) -> Schedule:
     return tuple(tuple(r) for r in ranges)
 
 
-def search_cells(v: Variant, raws: Sequence[Mapping[str, Any]]) -> tuple:
-    """A search variant's cells: those at concurrencies where k - 1 measured the best of the k >= 1 so far."""
+def loaded_cells(v: Variant, raws: Sequence[Mapping[str, Any]]) -> tuple:
+    """A static k of the loaded stretch: all its cells while ``v.k`` is at most the table's k at the highest
+    concurrency measured so far (k never rises with the batch, so a larger k cannot be chosen at more load), else
+    none. No speculation always runs (the baseline, and k = 0 may be chosen)."""
     pts = points(raws)
-    keep = []
-    for cell in v.cells:
-        per_k = {k: t for k, t in pts.get(cell.concurrency, {}).items() if k >= 1}
-        if per_k and (v.k - 1) in per_k and best_k(per_k) == v.k - 1:
-            keep.append(cell)
-    return tuple(keep)
+    if v.k == 0 or not pts:
+        return v.cells
+    return v.cells if v.k <= k_at(schedule(pts), max(pts)) else ()
 
 
 def side_cells(v: Variant, raws: Sequence[Mapping[str, Any]]) -> tuple:
-    """A side-by-side static server's cells: those at concurrencies where its k is the table's, or the best of the
-    k >= 1 the one-at-a-time servers measured (what the adaptive server is compared with)."""
+    """A judging static server's cells: those at concurrencies where its k is the table's, or the best of the
+    k >= 1 the choosing servers measured (what the adaptive server is compared with)."""
     pts = points(raws)
     table = schedule(pts)
     keep = []
@@ -108,10 +108,10 @@ def side_cells(v: Variant, raws: Sequence[Mapping[str, Any]]) -> tuple:
 
 
 def resolve(v: Variant, raws: Sequence[Mapping[str, Any]]) -> Variant:
-    """The variant as it will run, given the servers already measured (search: its cells; adaptive: its table and
-    k = the table's largest, at least 1; a side-by-side static k: its cells)."""
-    if v.search:
-        return dataclasses.replace(v, cells=search_cells(v, raws))
+    """The variant as it will run, given the servers already measured (a loaded-stretch or judging static k: its
+    cells; adaptive: its table and k = the table's largest, at least 1)."""
+    if v.stretch == CHOOSE_LOADED:
+        return dataclasses.replace(v, cells=loaded_cells(v, raws))
     if v.side_static:
         return dataclasses.replace(v, cells=side_cells(v, raws))
     if v.adaptive and not v.schedule:

@@ -37,10 +37,10 @@ class Results:
         return [(v, raw) for v, raw in self.variants if all(getattr(v, k) == x for k, x in want.items())]
 
     def base(self, v: Variant) -> dict | None:
-        """The no-speculation server ``v`` is compared with: the one that ran side by side with it (``together``),
-        else the first one."""
-        b = self.find(k=0, compiled=v.compiled, together=True, mla_verify=MLA_DEFAULT) if v.together else []
-        b = b or self.find(k=0, compiled=v.compiled, replica=1, mla_verify=MLA_DEFAULT)
+        """The no-speculation server ``v`` is compared with: the one that ran side by side with it (same stretch),
+        else the first one run alone."""
+        b = self.find(k=0, compiled=v.compiled, stretch=v.stretch, mla_verify=MLA_DEFAULT) if v.stretch else []
+        b = b or self.find(k=0, compiled=v.compiled, replica=1, stretch=0, mla_verify=MLA_DEFAULT)
         return b[0][1] if b else None
 
 
@@ -192,7 +192,7 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
             if row:
                 rows[str(c)] = row
         entry = {"key": key, "label": v.label, "variant": v.as_dict(), "ready_s": raw.get("ready_s"),
-                 "error": raw.get("error"), "capture_line": raw.get("capture_line", ""),
+                 "error": raw.get("error"), "skipped": raw.get("skipped"), "capture_line": raw.get("capture_line", ""),
                  "check_line": raw.get("check_line", ""),
                  "mla_verify_on_decode_kernel": mla_verify_patched(raw.get("mla_calls") or {}),
                  "acceptance": acc, "by_concurrency": rows}
@@ -318,13 +318,13 @@ WITHIN_BEST = 0.90  # issue 29: the adaptive schedule within 10 % of the best st
 
 def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per concurrency, for a run with an adaptive server (``--plan adaptive``): no speculation, static k = 3, the
-    best static k (the highest throughput of the one-at-a-time static servers, which chose the table), the adaptive
-    schedule's k there and its throughput. Where the adaptive server ran side by side with no speculation and with
-    the best static k (``together``), its speedups are over those servers (paired over prompts, measured in turns);
-    otherwise over the one-at-a-time servers. The two targets: adaptive >= 1.0x no speculation at the interval's
-    lower end; adaptive >= 0.9 x the best static k. Greedy identity of every speculative cell with no speculation's
-    (same prompt, same text), and the last no-speculation server against the first (how far the machine drifted
-    while the run went on)."""
+    best static k (the highest throughput of the static servers that chose the table), the adaptive schedule's k
+    there and its throughput. Its speedups are over the servers that ran side by side with it in the judging
+    stretch (no speculation, and the best static k again where it ran there; paired over prompts, measured in
+    turns); k = 3's is over the no-speculation server of its own choosing stretch. The two targets: adaptive >= 1.0x
+    no speculation at the interval's lower end; adaptive >= 0.9 x the best static k. Greedy identity of every
+    speculative cell with no speculation's (same prompt, same text), and the judging stretch's no-speculation server
+    against the choosing stretches' (how far the machine drifted while the run went on)."""
     from vllm_eagle3.tools.bench.plan import k_at
 
     ad = [(v, raw) for v, raw in res.variants if v.adaptive and v.replica == 1]
@@ -334,25 +334,22 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     by_key = {v["key"]: v for v in summary["variants"]}
     for v, raw in ad:
         base = res.base(v)
-        first = res.find(k=0, compiled=v.compiled, replica=1, mla_verify=MLA_DEFAULT, together=False)
-        first = first[0][1] if first else None
-        again = [r for sv, r in res.find(k=0, compiled=v.compiled, replica=2, mla_verify=MLA_DEFAULT)]
-        statics = [(sv, sraw) for sv, sraw in res.variants if sv.chooses_k and sv.k and sv.compiled == v.compiled]
-        side = {sv.k: sraw for sv, sraw in res.variants
-                if sv.side_static and sv.compiled == v.compiled}
+        choosers = [(sv, sraw) for sv, sraw in res.variants if sv.chooses_k and sv.compiled == v.compiled]
+        side = {sv.k: sraw for sv, sraw in res.variants if sv.side_static and sv.compiled == v.compiled}
         for c in summary["concurrencies"]:
             mine = cells(raw, "throughput", c)
             if not mine or base is None or not cells(base, "throughput", c):
                 continue
             bcs = cells(base, "throughput", c)
-            cand = [(wall_tok_s(cells(sraw, "throughput", c)), sv, sraw) for sv, sraw in statics
-                    if cells(sraw, "throughput", c)]
+            at_c = [(sv, sraw) for sv, sraw in choosers if cells(sraw, "throughput", c)]
+            first = next((sraw for sv, sraw in at_c if sv.k == 0), None)
+            cand = [(wall_tok_s(cells(sraw, "throughput", c)), sv, sraw) for sv, sraw in at_c if sv.k]
             cand = [x for x in cand if finite(x[0])]
             seed = f"adaptive/{v.key}/{c}"
             row: dict[str, Any] = {"mode": v.mode, "concurrency": c, "k": k_at(v.schedule, c) if v.schedule else None,
                                    "nospec_tok_s": wall_tok_s(bcs), "tok_s": wall_tok_s(mine),
                                    "speedup": speedup(mine, bcs, seed).as_dict(),
-                                   "side_by_side": v.together and base is not first,
+                                   "side_by_side": bool(v.stretch) and base is not first,
                                    "same_text": by_key[v.key]["by_concurrency"].get(str(c), {}).get("same_text")}
             k3 = [x for x in cand if x[1].k == 3]
             if k3 and first is not None:
@@ -370,9 +367,8 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                 row["measured_k"] = sorted(x[1].k for x in cand)
                 row["static_same_text"] = {str(x[1].k): by_key[x[1].key]["by_concurrency"].get(str(c), {})
                                            .get("same_text") for x in cand}
-            if again and first is not None and cells(again[0], "throughput", c):
-                row["nospec_drift"] = speedup(cells(again[0], "throughput", c), cells(first, "throughput", c),
-                                              seed + "/drift").as_dict()
+            if first is not None and base is not first:
+                row["nospec_drift"] = speedup(bcs, cells(first, "throughput", c), seed + "/drift").as_dict()
             lo = row["speedup"]["lo"]
             row["never_slower"] = bool(finite(lo) and lo >= 1.0)
             vb = row.get("vs_best_static", {}).get("value", NAN)

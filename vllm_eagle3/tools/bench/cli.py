@@ -42,13 +42,14 @@ def parser() -> argparse.ArgumentParser:
                         "8 prompts x 64 tokens; default: the headline cells (~1 h); full: + k sweep 1..5 at "
                         "c=1/4, incident and opt-out at every concurrency, 2 rounds (~3 h); check: what the online "
                         "wiring check costs, k=3 with it on vs off, eager, c=1/4/16, two servers each (~30 min); adaptive: "
-                        "speculation that adapts to load: no speculation, k=1..3 and a k search up to 5, then k per "
-                        "batch size chosen from them, served side by side with no speculation and the static k it "
-                        "is judged against, c=1/4/16/32/64, on held-out prompts (~1 h)")
+                        "speculation that adapts to load: no speculation and k=1..5 side by side (c=1/4/16, then c=32/64 "
+                        "for the k still possible), k per batch size chosen from them, served side by side with no "
+                        "speculation and the static k it is judged against, on held-out prompts (~80 min)")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
-    g.add_argument("--k", type=int, default=None, help="speculative tokens of the headline variants (default 3)")
+    g.add_argument("--k", type=int, default=None, help="speculative tokens of the headline variants (default 3); --plan adaptive: the largest k "
+                        "tried (5)")
     g.add_argument("--concurrency", type=int, nargs="+", default=None, help="default 1 4 16")
     g.add_argument("--prompts-per-cell", type=int, default=None, help="different prompts per throughput cell (16)")
     g.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (128)")
@@ -96,8 +97,8 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
                                        ("--no-capture-ab", args.no_capture_ab)) if on]
         if given:
             raise ValueError(f"{', '.join(given)}: not part of --plan {args.plan}")
-    if args.k is not None:
-        kw["k"] = args.k
+    if args.k is not None:  # the adaptive plan tries every k from 1 to this one
+        kw.update({"ks": tuple(range(1, args.k + 1))} if args.plan == "adaptive" else {"k": args.k})
     if args.concurrency:
         cs = tuple(sorted(set(args.concurrency)))
         kw["concurrencies"] = cs
@@ -130,9 +131,10 @@ def describe(plan: plans.Plan) -> str:
              f"{plan.max_tokens} tokens per throughput cell at concurrency C, {plan.rounds} round(s)"]
     for v in plan.variants:
         cells = ", ".join(f"{c.kind} c={c.concurrency}" for c in v.cells)
-        when = (" (at most: where k-1 was the best so far)" if v.search else
-                " (at most: where the table or the best static k is this k; side by side)"
-                if v.side_static else " (side by side)" if v.together else "")
+        when = (" (at most: where the table or the best static k is this k)" if v.side_static else
+                " (only if the light stretch's table allows this k)" if v.stretch == plans.CHOOSE_LOADED and v.k
+                else "")
+        when += f" [side-by-side stretch {v.stretch}]" if v.stretch else ""
         lines.append(f"  {v.key:<24} {cells}{when}")
     warm, cold = plans.estimate_seconds(plan, True) / 60, plans.estimate_seconds(plan) / 60
     compiled = any(v.compiled for v in plan.variants)
@@ -236,25 +238,26 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     from vllm_eagle3.tools.bench import advise
 
     raws = []
-    for v in (v for v in plan.variants if not v.together):
-        v = advise.resolve(v, raws)  # a k search's cells: from the servers before it
-        if not v.cells:
-            say(f"{v.key}: skipped: k={v.k - 1} was not the best at any concurrency")
-            continue
+    for v in (v for v in plan.variants if not v.stretch):
         raws.append(run.run_variant(v, plan, base_cfg, wirings[v.capture], prompts, work, log_dir, say,
                                     args.start_timeout))
-    side = []
-    for v in (v for v in plan.variants if v.together):
-        v = advise.resolve(v, raws)  # the adaptive server's table, where a static k runs: from the servers above
-        if v.adaptive:
-            say(f"{v.key}: k per batch size from the static-k servers above: {plans.schedule_text(v.schedule)}")
-        if v.cells:
-            side.append(v)
-        else:
-            say(f"{v.key}: not run side by side: k={v.k} is neither the table's nor the best anywhere")
-    if side:
-        say(f"side by side: {', '.join(v.key for v in side)}")
-        raws += run.run_together(side, plan, base_cfg, wirings, prompts, work, log_dir, say, args.start_timeout)
+    for stretch in sorted({v.stretch for v in plan.variants if v.stretch}):
+        side = []
+        for v in (v for v in plan.variants if v.stretch == stretch):
+            v = advise.resolve(v, raws)  # its cells, the adaptive server's table: from the stretches before it
+            if v.adaptive:
+                say(f"{v.key}: k per batch size from the static-k servers above: {plans.schedule_text(v.schedule)}")
+            if v.cells:
+                side.append(v)
+            elif v.stretch == plans.CHOOSE_LOADED:
+                say(f"{v.key}: not run: the table measured so far drafts fewer than {v.k} tokens at the highest "
+                    "concurrency, and k never rises with the batch")
+            else:
+                say(f"{v.key}: not run: k={v.k} is neither the table's nor the best anywhere")
+        if side:
+            say(f"side by side (stretch {stretch}): {', '.join(v.key for v in side)}")
+            raws += run.run_together(side, plan, base_cfg, wirings, prompts, work, log_dir, say,
+                                     args.start_timeout)
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = {"date": run.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
             "load_before": load_before, "load_after": run.loadavg(), "machine": run.machine_info()}

@@ -37,6 +37,13 @@ CAPTURES = (NO_SPEC, EMBED_TAP, NATIVE, LAYER_TAPS, NATIVE_LAYERS)
 NATIVE_CAPTURES = (NATIVE, NATIVE_LAYERS)  # served with VLLM_PLUGINS=<patches only>: vLLM's own capture code
 AB_PAIRS = ((LAYER_TAPS, NATIVE_LAYERS), (EMBED_TAP, NATIVE))  # (plugin, native) pairs the capture A/B compares
 MLA_DEFAULT, MLA_OFF, MLA_ON = "default", "off", "on"
+# side-by-side stretches of --plan adaptive (0: one server at a time): the one that chooses k at light load (every k,
+# concurrency <= LIGHT_MAX), the one that chooses it under load (only the k the light stretch left possible: k never
+# rises with the batch), and the one that judges the table (no speculation, the static k it is compared with, the
+# adaptive server)
+CHOOSE_LIGHT, CHOOSE_LOADED, JUDGE = 1, 2, 3
+STRETCHES = (0, CHOOSE_LIGHT, CHOOSE_LOADED, JUDGE)
+LIGHT_MAX = 16
 CELL_KINDS = ("throughput", "untimed", "split", "stream")
 
 
@@ -70,15 +77,15 @@ class Variant:
     check: bool = True  # as shipped; results files written before this field have no check-off variant
     # adaptive: k per batch size (vLLM's num_speculative_tokens_per_batch_size), filled in by the run from the
     # static-k servers measured before it (``schedule``: its (first batch size, last, k) ranges; k = the most it may
-    # draft). search: a static k above the plan's grid, run only at the concurrencies where k - 1 was the best so far
+    # draft)
     adaptive: bool = False
     schedule: tuple[tuple[int, int, int], ...] = ()
-    search: bool = False
-    # together: started with the plan's other ``together`` servers, all alive at once, their throughput cells run in
-    # turns (a cell's prompts in chunks, the servers' order mirrored from chunk to chunk), so that a drift of the
-    # machine falls on all of them alike (run.run_together). A together static-k server runs only where the
-    # adaptive table or the static servers before it chose its k (advise.resolve)
-    together: bool = False
+    # stretch: 0 = one server at a time; n >= 1 = the n-th side-by-side stretch: started with the plan's other servers
+    # of that stretch, all alive at once, their throughput cells run in turns (a cell's prompts in chunks, the
+    # servers' order mirrored from chunk to chunk), so that a drift of the machine falls on all of them alike
+    # (run.run_together). Which cells a server of the CHOOSE_LOADED or JUDGE stretch runs is decided from the
+    # stretches before it (advise.resolve)
+    stretch: int = 0
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURES:
@@ -90,14 +97,16 @@ class Variant:
             raise ValueError(f"mla_verify must be default, off or on, got {self.mla_verify!r}")
         if self.replica < 1:
             raise ValueError(f"replica must be >= 1, got {self.replica}")
-        if (self.adaptive or self.search) and (self.k == 0 or self.capture != EMBED_TAP):
-            raise ValueError(f"adaptive and search variants speculate with the capture spec's taps: k >= 1 and "
+        if self.adaptive and (self.k == 0 or self.capture != EMBED_TAP):
+            raise ValueError(f"adaptive variants speculate with the capture spec's taps: k >= 1 and "
                              f"capture={EMBED_TAP!r} (got k={self.k}, capture={self.capture!r})")
         if self.schedule and (not self.adaptive or max(e[2] for e in self.schedule) > self.k):
             raise ValueError(f"a schedule belongs to an adaptive variant and drafts at most its k={self.k}: "
                              f"{self.schedule}")
-        if self.together and any(c.kind != "throughput" for c in self.cells):
-            raise ValueError(f"together servers run throughput cells only (got {self.cells})")
+        if self.stretch and any(c.kind not in ("throughput", "split") for c in self.cells):
+            raise ValueError(f"side-by-side servers run throughput and split cells only (got {self.cells})")
+        if self.stretch not in STRETCHES:
+            raise ValueError(f"stretch must be one of {STRETCHES}, got {self.stretch}")
         if not self.check and (self.k == 0 or self.capture in NATIVE_CAPTURES):
             raise ValueError(f"check=False needs a server with the plugin's capture: the online wiring check runs "
                              f"there only (got k={self.k}, capture={self.capture!r})")
@@ -112,19 +121,21 @@ class Variant:
 
     @property
     def key(self) -> str:
-        return self.config_key + (f"#{self.replica}" if self.replica > 1 else "")
+        """Unique in a plan: the configuration, its replica number, its side-by-side stretch (``nospec@3``)."""
+        return (self.config_key + (f"#{self.replica}" if self.replica > 1 else "")
+                + (f"@{self.stretch}" if self.stretch else ""))
 
     @property
     def chooses_k(self) -> bool:
         """A server whose throughput may choose k (the advice, the adaptive table): no speculation or the capture
         spec's taps at a fixed k, as shipped (check on, default MLA path), first replica."""
         return (self.capture in (NO_SPEC, EMBED_TAP) and self.mla_verify == MLA_DEFAULT and self.check
-                and self.replica == 1 and not self.adaptive)
+                and self.replica == 1 and not self.adaptive and self.stretch != JUDGE)
 
     @property
     def side_static(self) -> bool:
-        """A static-k server of the side-by-side stretch (what the adaptive server is judged against there)."""
-        return self.together and self.k > 0 and not self.adaptive
+        """A static-k server of the judging stretch (what the adaptive server is judged against there)."""
+        return self.stretch == JUDGE and self.k > 0 and not self.adaptive
 
     @property
     def mode(self) -> str:
@@ -153,7 +164,8 @@ class Variant:
             s += ", online wiring check off"
         s += f", {self.mode}"
         s += f" (server #{self.replica})" if self.replica > 1 else ""
-        return s + (", run in turns with the other servers of the side-by-side stretch" if self.together else "")
+        return s + (f", run in turns with the other servers of side-by-side stretch {self.stretch}"
+                    if self.stretch else "")
 
     def cell_list(self, kind: str) -> list[int]:
         return [c.concurrency for c in self.cells if c.kind == kind]
@@ -166,6 +178,10 @@ class Variant:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Variant":
+        # results files of 2026-12-02/03 carry ``search`` and ``together`` (a bool: their one side-by-side stretch,
+        # which judged) instead of ``stretch``
+        d = {**{k: v for k, v in d.items() if k not in ("search", "together")},
+             **({"stretch": JUDGE} if d.get("together") else {})}
         return cls(**{**d, "cells": tuple(Cell(k, c) for k, c in d["cells"]),
                       "schedule": tuple(tuple(int(x) for x in e) for e in d.get("schedule", ()))})
 
@@ -273,30 +289,36 @@ def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, com
                             for r, on in ((1, True), (1, False), (2, False), (2, True))), **sizes)
 
 
-def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), ks=(1, 2, 3), search=(4, 5),
+def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), ks=(1, 2, 3, 4, 5),
                   compiled: bool = False, **sizes) -> Plan:
-    """Speculation that adapts to load, in two stretches.
+    """Speculation that adapts to load, in three side-by-side stretches (each: its servers all alive at once and
+    measured in turns, ``run.run_together``), because on a shared VM two servers of one configuration measured one
+    after the other differ by more than the k choice is worth (the run of 2026-12-03 12:53: 0.57-1.10 apart, and the
+    table it chose from one-at-a-time servers gave 0.97x no speculation side by side at concurrency 16).
 
-    First, one server at a time: no speculation and static k = ``ks`` at every concurrency, each k of ``search``
-    only where the k below it was the best so far (a k sweep that stops where longer drafts stop paying); their
-    throughput chooses the table (:mod:`.advise`). Throughput cells everywhere, and timed cells (worker timers:
-    per-step draft and verify cost, hence the break-even acceptance length and the ideal speedup per k).
-
-    Then side by side (``together``): no speculation again, the static k servers that were the best somewhere or
-    that the table serves somewhere (at those concurrencies only), and ONE server with the table (vLLM's
-    ``num_speculative_tokens_per_batch_size``), all alive at once and measured in turns, so that "adaptive vs no
-    speculation" and "adaptive vs the best static k" are not the difference between two moments of a shared VM
-    (the run of 2026-12-03 measured two servers of one configuration, one after the other, 0.73-1.10 apart). The
-    first no-speculation server against the second bounds how far the machine drifted."""
-    cells = _cells("throughput", concurrencies)
-    timed = cells + _cells("split", concurrencies)  # the worker timers: break-even tau and tau / (v + k c) per k
-    top = max((*ks, *search))
-    vs = [Variant(0, NO_SPEC, compiled=compiled, cells=timed)]
-    vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=timed) for k in ks]
-    vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=timed, search=True) for k in search]
-    vs += [Variant(0, NO_SPEC, compiled=compiled, cells=cells, replica=2, together=True)]
-    vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=cells, replica=2, together=True) for k in (*ks, *search)]
-    vs += [Variant(top, EMBED_TAP, compiled=compiled, cells=cells, adaptive=True, together=True)]
+    1. CHOOSE_LIGHT: no speculation and every k of ``ks`` at the concurrencies <= LIGHT_MAX, throughput cells in turns,
+       then each server's timed cells (worker timers: per-step draft and verify cost, hence the break-even acceptance
+       length and the ideal speedup per k), one server at a time.
+    2. CHOOSE_LOADED: the same at the higher concurrencies, for no speculation and the k up to the table's k at the
+       last light concurrency (k never rises with the batch: a larger k cannot be chosen there; advise.resolve).
+       Two stretches rather than one because every server holds a KV cache for its highest concurrency: six servers
+       with room for 64 requests each do not fit a 23 GiB machine.
+    Their throughput chooses the table (:mod:`.advise`).
+    3. JUDGE: no speculation again, the static k servers the table is compared with (where the table or the best
+       static k is theirs) and ONE server with the table (vLLM's ``num_speculative_tokens_per_batch_size``). The
+       first no-speculation servers against this one bound how far the machine drifted."""
+    light = tuple(c for c in concurrencies if c <= LIGHT_MAX)
+    loaded = tuple(c for c in concurrencies if c > LIGHT_MAX)
+    vs = []
+    for stretch, concs in ((CHOOSE_LIGHT, light), (CHOOSE_LOADED, loaded)):
+        if concs:  # throughput cells (run in turns) + timed cells (the worker timers: break-even tau per k)
+            timed = _cells("throughput", concs) + _cells("split", concs)
+            vs += [Variant(k, EMBED_TAP if k else NO_SPEC, compiled=compiled, cells=timed, stretch=stretch)
+                   for k in (0, *ks)]
+    cells = _cells("throughput", concurrencies)  # started in this order: a server that would not fit is the last k
+    vs += [Variant(0, NO_SPEC, compiled=compiled, cells=cells, stretch=JUDGE),
+           Variant(max(ks), EMBED_TAP, compiled=compiled, cells=cells, adaptive=True, stretch=JUDGE)]
+    vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=cells, stretch=JUDGE) for k in ks]
     return Plan(name, tuple(vs), **sizes)
 
 
@@ -313,7 +335,7 @@ PLAN_ARGS = {
     # concurrency), 4 servers: ~29 min by the estimate below, most of it the concurrency-1 cells
     "check": dict(concurrencies=(1, 4, 16), compiled=False, prompts=16, waves=4, max_tokens=128),
     # adaptive: eager, c=1..64 on held-out prompts (bench/heldout_prompts.json); 2 waves (a c=64 cell is 128
-    # requests), 128 tokens; ~8 servers
+    # requests), 128 tokens; ~15 servers in three side-by-side stretches
     "adaptive": dict(concurrencies=(1, 4, 16, 32, 64), compiled=False, prompts=16, waves=2, max_tokens=128),
 }
 BUILDERS = {"check": check_plan, "adaptive": adaptive_plan}
@@ -350,12 +372,13 @@ def _tok_s(v: Variant, c: int) -> float:
 def estimate_seconds(plan: Plan, compile_cache_warm: bool = False) -> float:
     """Rough duration of ``plan`` (see the assumptions above): server starts + tokens / assumed speed."""
     total = 0.0
-    # resolved at run time (advise.resolve): a k search runs about one concurrency in all; the side-by-side static
-    # k servers about two servers' worth of cells in all (each concurrency's best k and table k, mostly the same)
+    # resolved at run time (advise.resolve): the judging stretch's static k servers about two servers' worth of
+    # cells in all (each concurrency's best k and table k, mostly the same); the loaded stretch about 4 of its ks
     sides = sum(1 for v in plan.variants if v.side_static)
+    loaded = sum(1 for v in plan.variants if v.stretch == CHOOSE_LOADED and v.k)
     for v in plan.variants:
-        share = (1.0 / max(1, len(v.cell_list("throughput"))) if v.search else
-                 2.0 / sides if v.side_static else 1.0)
+        share = (2.0 / sides if v.side_static else min(1.0, 3.0 / loaded) if v.stretch == CHOOSE_LOADED and v.k
+                 else 1.0)
         total += (START_S["eager" if not v.compiled else "compiled-warm" if compile_cache_warm else "compiled-cold"]
                   + 10.0) * min(1.0, share * 2)  # + warm-up
         for cell in v.cells:

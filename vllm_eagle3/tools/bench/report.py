@@ -118,6 +118,7 @@ def all_cells(summary: Mapping) -> str:
                          "decode kernel" if v["mla_verify_on_decode_kernel"] else "vLLM's own"
                          if v["variant"]["k"] else "-"])
     failed = [f"**Failed:** {v['key']}: {v['error']}" for v in summary["variants"] if v["error"]]
+    failed += [f"**Not started:** {v['key']}: {v['skipped']}" for v in summary["variants"] if v.get("skipped")]
     return "\n\n".join(failed + [table(["variant", "conc.", "tok/s", "latency ms (median)", "ms per token (median)", "speedup",
                   "speedup, timed cells", "tau", "per-position acceptance", "MLA verify ran on"], rows)])
 
@@ -220,23 +221,41 @@ def adaptive_block(summary: Mapping, run: str = "") -> str:
             e(kr.get("break_even")), f(kr.get("model_verify")), f(kr.get("ideal")),
             same(o.get("same_text")) + " (static: " + statics_same(o.get("static_same_text")) + ")",
             e(o.get("nospec_drift"), 3)])
-    tau = {v["variant"]["k"]: (v.get("acceptance") or {}).get("tau") for v in
-           _v(summary, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False)}
+    tau: dict[int, Any] = {}  # the light stretch's (per-request intervals at concurrency 1) where a k has both
+    for v in _v(summary, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False):
+        tau.setdefault(v["variant"]["k"], (v.get("acceptance") or {}).get("tau"))
     side = any(o.get("side_by_side") for o in rows)
-    how = ("The adaptive server ran **side by side** with a second no-speculation server and the static k servers "
-           "it is compared with: all alive at once, each concurrency's prompts in turns (2 chunks, 4 at "
-           "concurrency 1; the servers' order reversed from one chunk to the next), so that a drift of the machine "
-           "falls on all of them alike. Its speedup is over that no-speculation server; *adaptive / best* pairs it "
-           "with the side-by-side server of the static k that measured fastest at that concurrency when the static "
-           "servers ran one at a time (the measurement that chose the table); where both ran the same k, that is "
-           "the ratio between two servers of one configuration measured in turns. k = 3 and the break-even columns "
-           "are from the one-at-a-time servers, over the first no-speculation server; the last column is the "
-           "second no-speculation server over the first (how far the machine drifted between the two stretches)."
-           if side else
-           "Speedups are over the first no-speculation server, paired over prompts; *adaptive / best* pairs the "
-           "adaptive server with the static k that measured fastest at that concurrency; where both ran the same k, "
-           "it is the ratio between two servers of one configuration, which the last column shows for no "
-           "speculation.")
+    chosen_side = any(v["variant"].get("stretch") for v in summary["variants"]
+                      if v["variant"]["k"] == 0 and v["variant"].get("stretch") != 3)
+    if side and chosen_side:
+        how = ("Every server ran **side by side**: all alive at once, each concurrency's prompts in turns (2 chunks, 4 "
+               "at concurrency 1; the servers' order reversed from one chunk to the next), so that a drift of the "
+               "machine falls on all of them alike. Three stretches: no speculation and every k at concurrencies up "
+               "to 16; then at 32 and 64 no speculation and the k the first stretch left possible (k never rises "
+               "with the batch); their throughput chose the table. Then the judging stretch: no speculation again, "
+               "the static k servers the adaptive server is compared with and the adaptive server. Its speedup is "
+               "over that stretch's no-speculation server; *adaptive / best* pairs it with that stretch's server of "
+               "the static k that measured fastest at that concurrency in the choosing stretches; where both ran the "
+               "same k, that is the ratio between two servers of one configuration measured in turns. k = 3 and the "
+               "break-even columns are from the choosing stretches, over their no-speculation server; the last "
+               "column is the judging stretch's no-speculation server over the choosing one's (how far the machine "
+               "drifted between them).")
+    elif side:  # results of 2026-12-03 12:53: the static servers that chose the table ran one at a time
+        how = ("The adaptive server ran **side by side** with a second no-speculation server and the static k "
+               "servers it is compared with: all alive at once, each concurrency's prompts in turns (2 chunks, 4 at "
+               "concurrency 1; the servers' order reversed from one chunk to the next), so that a drift of the "
+               "machine falls on all of them alike. Its speedup is over that no-speculation server; *adaptive / "
+               "best* pairs it with the side-by-side server of the static k that measured fastest at that "
+               "concurrency when the static servers ran one at a time (the measurement that chose the table); where "
+               "both ran the same k, that is the ratio between two servers of one configuration measured in turns. "
+               "k = 3 and the break-even columns are from the one-at-a-time servers, over the first no-speculation "
+               "server; the last column is the second no-speculation server over the first (how far the machine "
+               "drifted between the two stretches).")
+    else:
+        how = ("Speedups are over the first no-speculation server, paired over prompts; *adaptive / best* pairs the "
+               "adaptive server with the static k that measured fastest at that concurrency; where both ran the "
+               "same k, it is the ratio between two servers of one configuration, which the last column shows for "
+               "no speculation.")
     return "\n\n".join([x for x in [
         "### Speculation that adapts to load: k per batch size",
         run,

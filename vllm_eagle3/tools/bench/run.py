@@ -1,5 +1,5 @@
-"""Orchestration of ``vllm-eagle3 bench``: one server per variant, its cells in order, the results file; or, for the
-plan's ``together`` variants, their servers all alive at once and their throughput cells run in turns
+"""Orchestration of ``vllm-eagle3 bench``: one server per variant, its cells in order, the results file; or, for a
+side-by-side stretch of the plan, its servers all alive at once and their throughput cells run in turns
 (:func:`run_together`).
 
 Data flow position: between the plan (``plan.py``) and the analysis (``analysis.py``). For each
@@ -179,14 +179,42 @@ def _record(variant: Variant) -> dict[str, Any]:
             "error": None, "capture_line": "", "check_line": "", "mla_calls": {}, "cells": []}
 
 
+KV_TOKENS_PER_GIB = 7584
+"""Tokens of KV cache per GiB of ``VLLM_CPU_KVCACHE_SPACE`` for the miniature target + its EAGLE-3 draft in float32
+(vLLM's "CPU KV cache size: 7,584 tokens" line at 1 GiB; 7,632 without the draft): 61 MLA layers x 576 floats."""
+BLOCK_TOKENS = 16  # a request's last KV block is allocated whole
+
+
+def kv_cache_gib(variant: Variant, plan: Plan, prompt_tokens: int) -> int:
+    """GiB of KV cache that hold every request of the variant's busiest cell at once (prompt + output + the drafts
+    of a step + a block), so that a cell at concurrency C runs C requests per step instead of queueing the rest: a
+    1 GiB cache holds ~38 requests of 64 + 128 tokens, and the run of 2026-12-03 12:53 measured its c=64 cells so."""
+    need = 0
+    for cell in variant.cells:
+        out = plan.split_tokens if cell.kind in ("split", "untimed") else plan.max_tokens
+        need = max(need, cell.concurrency * (prompt_tokens + out + variant.k + 1 + BLOCK_TOKENS))
+    return max(1, -(-need // KV_TOKENS_PER_GIB))
+
+
+def memory_short(kv_gib: int, meminfo: str | None = None) -> str:
+    """Why one more server with ``kv_gib`` of KV cache does not fit next to the ones running ('' if it does): it
+    needs its KV cache, vllm_cpu.RUNTIME_GIB of processes, and 1 GiB is left for the client and the page cache."""
+    from vllm_eagle3.tools.serve.vllm_cpu import RUNTIME_GIB, mem_available_gib
+
+    avail, need = mem_available_gib(meminfo), kv_gib + RUNTIME_GIB + 1.0
+    return "" if avail >= need else (f"{avail:.1f} GiB of memory available, a server with {kv_gib} GiB of KV cache "
+                                     f"needs ~{need:.0f} GiB next to the servers already running")
+
+
 def _start(variant: Variant, base_cfg: Mapping[str, Any], wiring: Wiring, work: Path, log_dir: Path,
-           say: Callable[[str], None]) -> tuple[VllmServer, dict[str, str], Path]:
-    """Write the variant's serve YAML and start its server (not waited for)."""
+           say: Callable[[str], None], kv_gib: int = 1) -> tuple[VllmServer, dict[str, str], Path]:
+    """Write the variant's serve YAML and start its server (not waited for) with ``kv_gib`` of KV cache (unless
+    the caller's environment sets VLLM_CPU_KVCACHE_SPACE)."""
     yml = serve_yaml(base_cfg, variant, wiring.draft, work / f"serve-{variant.key.replace('#', '-')}.yaml")
     args = serve_args(variant, wiring, yml, work)
     env = server_env(variant)
     log = log_dir / f"server-{variant.key.replace('#', '-')}.log"
-    server = VllmServer(args, env=env, log_path=log, cwd=REPO)
+    server = VllmServer(args, env=env, log_path=log, cwd=REPO, kv_cache_gib=kv_gib)
     say(f"{variant.key}: starting the server (log {log})")
     server.start()
     return server, env, log
@@ -230,7 +258,8 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
                 say: Callable[[str], None], start_timeout: float | None = None) -> dict[str, Any]:
     """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured."""
     res = _record(variant)
-    server, env, log = _start(variant, base_cfg, wiring, work, log_dir, say)
+    kv = kv_cache_gib(variant, plan, max(map(len, prompts)))
+    server, env, log = _start(variant, base_cfg, wiring, work, log_dir, say, kv)
     try:
         if not _ready(variant, server, res, say, start_timeout, prompts):
             return res
@@ -278,13 +307,21 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
     """Start every variant's server (one after the other, each warmed up), keep them all alive, and run their
     throughput cells side by side: per concurrency, the cell's prompts in :func:`chunks`, each chunk on every server
     that has the cell, in :func:`turn_order`. One record per variant, its chunks merged into one cell per
-    concurrency (requests of all chunks, ``wall_s`` their sum, counters their sum, ``chunks`` their count). A server
-    that fails to start or dies is recorded with its error; the others go on."""
+    concurrency (requests of all chunks, ``wall_s`` their sum, counters their sum, ``chunks`` their count). Then
+    each server's other cells (the worker timers' split cells: per-step costs within one server), one server at a
+    time. A server that fails to start or dies is recorded with its error; the others go on."""
     recs = [_record(v) for v in variants]
     live: list[tuple[Variant, dict, VllmServer, dict, Path]] = []
+    top = max(map(len, prompts))
     try:
         for v, res in zip(variants, recs):
-            server, env, log = _start(v, base_cfg, wirings[v.capture], work, log_dir, say)
+            kv = kv_cache_gib(v, plan, top)
+            short = memory_short(kv)
+            if short:  # all servers stay alive: one more than the machine holds would be OOM-killed mid-stretch
+                res["skipped"] = short
+                say(f"{v.key}: not started: {short}")
+                continue
+            server, env, log = _start(v, base_cfg, wirings[v.capture], work, log_dir, say, kv)
             live.append((v, res, server, env, log))
             try:
                 ok = _ready(v, server, res, say, start_timeout, prompts)
@@ -295,7 +332,7 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                 server.stop()
                 live.pop()
         models = {v.key: served_model_name(server.base_url) for v, _, server, _, _ in live}
-        concs = sorted({c.concurrency for v, *_ in live for c in v.cells})
+        concs = sorted({c for v, *_ in live for c in v.cell_list("throughput")})
         for c in concs:
             at = [x for x in live if c in x[0].cell_list("throughput") and not x[1]["error"]]
             n = plan.throughput_requests(c)
@@ -327,6 +364,17 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                     res["cells"].append(merged[v.key])
             say(f"side by side c={c}: {len(at)} servers x {n} requests in {len(chunks(n, c))} turns, "
                 f"{time.monotonic() - t:.1f} s")
+        for v, res, server, env, log in live:
+            for cell in (c for c in v.cells if c.kind != "throughput" and not res["error"]):
+                try:
+                    rec = _run_cell(server.base_url, models[v.key], v, cell.kind, cell.concurrency, plan, prompts)
+                except Exception as exc:  # noqa: BLE001
+                    res["error"] = f"{type(exc).__name__}: {exc}"
+                    say(f"{v.key}: failed: {res['error']} (server log {log})")
+                    break
+                rec["round"] = 0
+                res["cells"].append(rec)
+                say(f"{v.key}: {cell.kind} c={cell.concurrency}: {len(rec['requests'])} requests")
         for v, res, server, env, log in live:
             if not res["error"]:
                 try:
