@@ -270,3 +270,12 @@ def test_watch_rates_divide_by_the_drafts_that_reached_each_position():
     w2.add(10, [5, 0, 0], [10, 0, 0])
     w2.add(10, [5, 0, 0], [10, 0, 0])
     assert w2.drafts == 20 and w2.rates() == pytest.approx([0.5, 0.0, 0.0])
+
+
+def test_k_flag_sets_the_adaptive_plans_largest_k_and_refuses_zero():
+    from vllm_eagle3.tools.bench import cli
+
+    plan = cli.build_plan(cli.parser().parse_args(["--plan", "adaptive", "--k", "2"]))
+    assert sorted({v.k for v in plan.variants if v.stretch == plans.CHOOSE_LIGHT}) == [0, 1, 2]
+    with pytest.raises(ValueError, match="--k 0: speculative tokens must be >= 1"):
+        cli.build_plan(cli.parser().parse_args(["--plan", "adaptive", "--k", "0"]))

@@ -98,6 +98,8 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
         if given:
             raise ValueError(f"{', '.join(given)}: not part of --plan {args.plan}")
     if args.k is not None:  # the adaptive plan tries every k from 1 to this one
+        if args.k < 1:
+            raise ValueError(f"--k {args.k}: speculative tokens must be >= 1 (no speculation is in every plan already)")
         kw.update({"ks": tuple(range(1, args.k + 1))} if args.plan == "adaptive" else {"k": args.k})
     if args.concurrency:
         cs = tuple(sorted(set(args.concurrency)))
