@@ -3,8 +3,9 @@
 
 Data flow position: inside a run of ``--plan adaptive`` (``cli.execute`` asks :func:`resolve` for each variant
 before starting its stretch: a static k of the loaded stretch learns whether it can still be chosen, one of the
-judging stretch where it runs, the ``adaptive`` variant gets its table from the servers measured before it) and after one (``bench --from-json R --advise``, and the unit test that
-checks the shipped serve configs carry the table of the committed results).
+judging stretch where it runs, the ``adaptive`` variant gets its table from the servers measured before it) and
+after one (``bench --from-json R --advise``, and the unit test that checks the shipped serve configs carry the
+table of the committed results).
 
 What vLLM does with the table (0.32, read in its source): ``Scheduler.__init__`` expands it into a dense lookup
 ``batch size -> k`` (``v1/spec_decode/dynamic/utils.py``: ranges inclusive, the first must start at 1, gaps and the

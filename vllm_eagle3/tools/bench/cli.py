@@ -42,13 +42,14 @@ def parser() -> argparse.ArgumentParser:
                         "8 prompts x 64 tokens; default: the headline cells (~1 h); full: + k sweep 1..5 at "
                         "c=1/4, incident and opt-out at every concurrency, 2 rounds (~3 h); check: what the online "
                         "wiring check costs, k=3 with it on vs off, eager, c=1/4/16, two servers each (~30 min); adaptive: "
-                        "speculation that adapts to load: no speculation and k=1..5 side by side (c=1/4/16, then c=32/64 "
-                        "for the k still possible), k per batch size chosen from them, served side by side with no "
-                        "speculation and the static k it is judged against, on held-out prompts (~80 min)")
+                        "speculation that adapts to load: no speculation and k=1..5 side by side (c=1/4/16, then "
+                        "c=32/64 for the k still possible), k per batch size chosen from them, served side by side "
+                        "with no speculation and the static k it is judged against, on held-out prompts (~80 min)")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
-    g.add_argument("--k", type=int, default=None, help="speculative tokens of the headline variants (default 3); --plan adaptive: the largest k "
+    g.add_argument("--k", type=int, default=None,
+                   help="speculative tokens of the headline variants (default 3); --plan adaptive: the largest k "
                         "tried (5)")
     g.add_argument("--concurrency", type=int, nargs="+", default=None, help="default 1 4 16")
     g.add_argument("--prompts-per-cell", type=int, default=None, help="different prompts per throughput cell (16)")
@@ -99,7 +100,8 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
             raise ValueError(f"{', '.join(given)}: not part of --plan {args.plan}")
     if args.k is not None:  # the adaptive plan tries every k from 1 to this one
         if args.k < 1:
-            raise ValueError(f"--k {args.k}: speculative tokens must be >= 1 (no speculation is in every plan already)")
+            raise ValueError(f"--k {args.k}: speculative tokens must be >= 1 (no speculation is in every plan "
+                             "already)")
         kw.update({"ks": tuple(range(1, args.k + 1))} if args.plan == "adaptive" else {"k": args.k})
     if args.concurrency:
         cs = tuple(sorted(set(args.concurrency)))
