@@ -342,7 +342,7 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                 continue
             bcs = cells(base, "throughput", c)
             at_c = [(sv, sraw) for sv, sraw in choosers if cells(sraw, "throughput", c)]
-            first = next((sraw for sv, sraw in at_c if sv.k == 0), None)
+            first_v, first = next(((sv, sraw) for sv, sraw in at_c if sv.k == 0), (None, None))
             cand = [(wall_tok_s(cells(sraw, "throughput", c)), sv, sraw) for sv, sraw in at_c if sv.k]
             cand = [x for x in cand if finite(x[0])]
             seed = f"adaptive/{v.key}/{c}"
@@ -350,6 +350,7 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                                    "nospec_tok_s": wall_tok_s(bcs), "tok_s": wall_tok_s(mine),
                                    "speedup": speedup(mine, bcs, seed).as_dict(),
                                    "side_by_side": bool(v.stretch) and base is not first,
+                                   "chosen_side_by_side": bool(first_v and first_v.stretch),
                                    "same_text": by_key[v.key]["by_concurrency"].get(str(c), {}).get("same_text")}
             k3 = [x for x in cand if x[1].k == 3]
             if k3 and first is not None:

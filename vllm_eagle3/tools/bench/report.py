@@ -225,8 +225,7 @@ def adaptive_block(summary: Mapping, run: str = "") -> str:
     for v in _v(summary, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False):
         tau.setdefault(v["variant"]["k"], (v.get("acceptance") or {}).get("tau"))
     side = any(o.get("side_by_side") for o in rows)
-    chosen_side = any(v["variant"].get("stretch") for v in summary["variants"]
-                      if v["variant"]["k"] == 0 and v["variant"].get("stretch") != 3)
+    chosen_side = any(o.get("chosen_side_by_side") for o in rows)
     if side and chosen_side:
         how = ("Every server ran **side by side**: all alive at once, each concurrency's prompts in turns (2 chunks, 4 "
                "at concurrency 1; the servers' order reversed from one chunk to the next), so that a drift of the "
