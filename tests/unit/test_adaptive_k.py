@@ -81,9 +81,9 @@ SPEEDS = {  # k -> {concurrency: tok/s}: k=3 best at 1, k=2 at 4, k=1 at 16, no 
     3: {1: 20, 4: 50, 16: 90, 64: 85}, 4: {1: 19, 4: 40, 16: 70, 64: 60}, 5: {1: 17, 4: 35, 16: 60, 64: 50}}
 
 
-def _run(adaptive_speed, concs=(1, 4, 16, 64)) -> dict:
+def _run(adaptive_speed, concs=(1, 4, 16, 64), second_server: float = 1.0) -> dict:
     """What ``cli.execute`` does with the plan, on made-up speeds: stretch by stretch, resolve each variant from the
-    records of the stretches before it."""
+    records of the stretches before it (a replica #2 runs at ``second_server`` x its configuration's speed)."""
     p = plans.adaptive_plan(concurrencies=concs, prompts=4, waves=1, max_tokens=100)
     raws = []
     for stretch in sorted({v.stretch for v in p.variants}):
@@ -96,7 +96,7 @@ def _run(adaptive_speed, concs=(1, 4, 16, 64)) -> dict:
                 speeds = {c: adaptive_speed(c, k_at(v.schedule, c)) for c in concs}
             else:
                 speeds = SPEEDS[v.k]
-            ran.append(_raw(v, speeds))
+            ran.append(_raw(v, {c: t * (second_server if v.replica == 2 else 1.0) for c, t in speeds.items()}))
         raws += ran
     meta = {"date": "2026-12-03 08:00 UTC", "command": "vllm-eagle3 bench --plan adaptive", "duration_min": 60.0,
             "load_before": "0.1 0.1 0.1", "load_after": "2.0 1.9 1.5",
@@ -120,19 +120,32 @@ def test_plan_chooses_k_side_by_side_and_serves_the_measured_table():
     assert serve == "bench/heldout_prompts.json"
 
 
-def test_judging_stretch_runs_the_statics_the_adaptive_server_is_compared_with():
-    """The judging stretch: no speculation again, each static k only where the table serves it or where it measured
-    the best (k >= 1) in the choosing stretches, and the adaptive server; the adaptive rows are judged against
-    those servers."""
-    data = _run(lambda c, k: SPEEDS[k][c])
+def test_judging_stretches_run_the_statics_the_adaptive_server_is_compared_with_two_servers_each_at_light_load():
+    """Two judging stretches, light and loaded: no speculation again, each static k only where the table serves it
+    or where it measured the best (k >= 1) in the choosing stretches, and the adaptive server; at light load two
+    servers of each speculating configuration, and the adaptive rows pool them (a ratio over servers, with the ratio
+    between the two servers of one configuration beside it)."""
+    data = _run(lambda c, k: SPEEDS[k][c], second_server=0.8)
     side = {r["key"]: [c["concurrency"] for c in r["cells"]] for r in data["variants"]
-            if r["variant"]["stretch"] == plans.JUDGE}
+            if r["variant"]["stretch"] in plans.JUDGING}
     # table 1-2: k=3, 3-8: k=2, 9-32: k=1, 33+: k=0; best k >= 1: 3 at 1, 2 at 4, 1 at 16 and 64
-    assert side == {"nospec@3": [1, 4, 16, 64], "embed-k1@3": [16, 64], "embed-k2@3": [4], "embed-k3@3": [1],
-                    "embed-adaptive@3": [1, 4, 16, 64]}
-    rows = {r["concurrency"]: r for r in analysis.summarize(data)["adaptive"]}
+    assert side == {"nospec@3": [1, 4, 16], "embed-k1@3": [16], "embed-k2@3": [4], "embed-k3@3": [1],
+                    "embed-adaptive@3": [1, 4, 16], "embed-adaptive#2@3": [1, 4, 16], "embed-k1#2@3": [16],
+                    "embed-k2#2@3": [4], "embed-k3#2@3": [1],
+                    "nospec@4": [64], "embed-adaptive@4": [64], "embed-k1@4": [64]}
+    summary = analysis.summarize(data)
+    rows = {r["concurrency"]: r for r in summary["adaptive"]}
+    assert sorted(rows) == [1, 4, 16, 64]
     assert all(r["side_by_side"] and r["best_static_side_by_side"] for r in rows.values())
-    assert "side by side" in report.adaptive_block(analysis.summarize(data), "run")
+    assert rows[1]["servers"] == [2, 2] and rows[64]["servers"] == [1, 1] and rows[64]["stretch"] == plans.JUDGE_LOADED
+    # both sides pooled over a full-speed and a 0.8x server: adaptive (k=3 at c=1) / best static (k=3) = 1
+    assert rows[1]["vs_best_static"]["value"] == pytest.approx(1.0)
+    assert rows[1]["same_config"]["adaptive"]["value"] == pytest.approx(1 / 0.8)
+    assert rows[1]["same_config"]["best_static"]["value"] == pytest.approx(1 / 0.8)
+    # against the one no-speculation server: the two servers' tokens over their seconds, 800 / (20 + 25) tok/s over 10
+    assert rows[1]["speedup"]["value"] == pytest.approx(800 / 45 / 10) and rows[1]["same_text"] == [8, 8]
+    text = report.adaptive_block(summary, "run")
+    assert "side by side" in text and "1.25" in text
 
 
 def test_side_by_side_servers_get_the_kv_cache_of_their_busiest_cell_and_start_only_if_they_fit():
@@ -142,7 +155,8 @@ def test_side_by_side_servers_get_the_kv_cache_of_their_busiest_cell_and_start_o
 
     p = plans.PLANS["adaptive"]()
     kv = {v.key: kv_cache_gib(v, p, 64) for v in p.variants}
-    assert kv["embed-k5@1"] == 1 and kv["nospec@2"] == 2 and kv["embed-adaptive@3"] == 2
+    assert kv["embed-k5@1"] == 1 and kv["nospec@2"] == 2 and kv["embed-adaptive@4"] == 2
+    assert kv["embed-adaptive@3"] == kv["embed-adaptive#2@3"] == kv["embed-k5#2@3"] == 1  # light judging: 1 GiB
     assert memory_short(2, "MemAvailable:   6000000 kB\n") == ""
     assert "4.8 GiB of memory available" in memory_short(2, "MemAvailable:   5000000 kB\n")
 
@@ -150,7 +164,7 @@ def test_side_by_side_servers_get_the_kv_cache_of_their_busiest_cell_and_start_o
 def test_side_by_side_turns_mirror_and_cover_every_prompt():
     from vllm_eagle3.tools.bench.run import chunks, turn_order
 
-    assert [list(r) for r in chunks(16, 1)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert [list(r) for r in chunks(16, 1)] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]
     assert [list(r) for r in chunks(16, 4)] == [list(range(8)), list(range(8, 16))]
     assert [len(r) for r in chunks(128, 64)] == [64, 64] and [len(r) for r in chunks(64, 64)] == [64]
     assert [turn_order(3, i) for i in range(3)] == [[0, 1, 2], [2, 1, 0], [0, 1, 2]]
@@ -168,7 +182,7 @@ def test_adaptive_verdicts_follow_the_intervals():
     assert rows[1]["speedup"]["value"] == pytest.approx(2.0) and rows[1]["vs_best_static"]["value"] == pytest.approx(1.0)
     assert not rows[64]["never_slower"] and rows[64]["best_static_k"] == 1
     assert rows[64]["vs_best_static"]["value"] == pytest.approx(114 / 110)
-    assert rows[1]["same_text"] == [4, 4] and rows[1]["nospec_drift"]["value"] == pytest.approx(1.0)
+    assert rows[1]["same_text"] == [8, 8] and rows[1]["nospec_drift"]["value"] == pytest.approx(1.0)
     slow = analysis.summarize(_run(lambda c, k: SPEEDS[k][c] * 0.85))
     # 15 % below the best static k where it speculates; at 64 its k=0 still beats 0.9 x the best static (k=1)
     assert [r["within_best"] for r in slow["adaptive"]] == [False, False, False, True]
@@ -185,7 +199,7 @@ def test_greedy_difference_is_counted():
         if raw["key"] == "embed-adaptive@3":
             raw["cells"][0]["requests"][1]["text"] = "different"
     rows = {r["concurrency"]: r for r in analysis.summarize(data)["adaptive"]}
-    assert rows[1]["same_text"] == [3, 4] and rows[4]["same_text"] == [4, 4]
+    assert rows[1]["same_text"] == [7, 8] and rows[4]["same_text"] == [8, 8]  # two adaptive servers at light load
 
 
 def test_variant_rules():

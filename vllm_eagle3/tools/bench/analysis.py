@@ -319,12 +319,15 @@ WITHIN_BEST = 0.90  # issue 29: the adaptive schedule within 10 % of the best st
 def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per concurrency, for a run with an adaptive server (``--plan adaptive``): no speculation, static k = 3, the
     best static k (the highest throughput of the static servers that chose the table), the adaptive schedule's k
-    there and its throughput. Its speedups are over the servers that ran side by side with it in the judging
+    there and its throughput. Its speedups are over the servers that ran side by side with it in its judging
     stretch (no speculation, and the best static k again where it ran there; paired over prompts, measured in
-    turns); k = 3's is over the no-speculation server of its own choosing stretch. The two targets: adaptive >= 1.0x
-    no speculation at the interval's lower end; adaptive >= 0.9 x the best static k. Greedy identity of every
-    speculative cell with no speculation's (same prompt, same text), and the judging stretch's no-speculation server
-    against the choosing stretches' (how far the machine drifted while the run went on)."""
+    turns); k = 3's is over the no-speculation server of its own choosing stretch. Where a judging stretch has
+    several servers of one configuration (replicas), a ratio pools them (each prompt's tokens and seconds summed
+    over the servers, as :func:`check_cost` does), and the same ratio between two servers of one configuration
+    (adaptive #1 / #2, best static #1 / #2) says how far apart identical servers measured. The two targets:
+    adaptive >= 1.0x no speculation at the interval's lower end; adaptive >= 0.9 x the best static k. Greedy
+    identity of every speculative cell with no speculation's (same prompt, same text), and the judging stretch's
+    no-speculation server against the choosing stretches' (how far the machine drifted while the run went on)."""
     from vllm_eagle3.tools.bench.plan import k_at
 
     ad = [(v, raw) for v, raw in res.variants if v.adaptive and v.replica == 1]
@@ -332,14 +335,26 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     out = []
     by_key = {v["key"]: v for v in summary["variants"]}
+
+    def texts(vs, c):  # [same, all] summed over servers
+        got = [by_key[x.key]["by_concurrency"].get(str(c), {}).get("same_text") for x in vs]
+        got = [g for g in got if g]
+        return [sum(g[0] for g in got), sum(g[1] for g in got)] if got else None
+
     for v, raw in ad:
         base = res.base(v)
         choosers = [(sv, sraw) for sv, sraw in res.variants if sv.chooses_k and sv.compiled == v.compiled]
-        side = {sv.k: sraw for sv, sraw in res.variants if sv.side_static and sv.compiled == v.compiled}
+        twins = [(sv, sraw) for sv, sraw in res.variants if sv.adaptive and sv.compiled == v.compiled
+                 and sv.stretch == v.stretch]  # this server and its replicas, replica 1 first
+        side: dict[int, list] = {}
+        for sv, sraw in res.variants:
+            if sv.side_static and sv.compiled == v.compiled and sv.stretch == v.stretch:
+                side.setdefault(sv.k, []).append((sv, sraw))
         for c in summary["concurrencies"]:
-            mine = cells(raw, "throughput", c)
-            if not mine or base is None or not cells(base, "throughput", c):
+            if not cells(raw, "throughput", c) or base is None or not cells(base, "throughput", c):
                 continue
+            mine_by = [cs for _, r in twins if (cs := cells(r, "throughput", c))]
+            mine = [x for cs in mine_by for x in cs]
             bcs = cells(base, "throughput", c)
             at_c = [(sv, sraw) for sv, sraw in choosers if cells(sraw, "throughput", c)]
             first_v, first = next(((sv, sraw) for sv, sraw in at_c if sv.k == 0), (None, None))
@@ -351,7 +366,11 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                                    "speedup": speedup(mine, bcs, seed).as_dict(),
                                    "side_by_side": bool(v.stretch) and base is not first,
                                    "chosen_side_by_side": bool(first_v and first_v.stretch),
-                                   "same_text": by_key[v.key]["by_concurrency"].get(str(c), {}).get("same_text")}
+                                   "stretch": v.stretch, "turns": mine_by[0][0].get("chunks"),
+                                   "servers": [len(mine_by), 0], "same_config": {},
+                                   "same_text": texts([x for x, r in twins if cells(r, "throughput", c)], c)}
+            if len(mine_by) > 1:
+                row["same_config"]["adaptive"] = speedup(mine_by[0], mine_by[1], seed + "/same").as_dict()
             k3 = [x for x in cand if x[1].k == 3]
             if k3 and first is not None:
                 row["k3_speedup"] = speedup(cells(k3[0][2], "throughput", c), cells(first, "throughput", c),
@@ -359,11 +378,15 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             if cand:
                 _, bv, braw = max(cand, key=lambda x: (x[0], -x[1].k))
                 row["best_static_k"] = bv.k
-                paired = side.get(bv.k) if side.get(bv.k) and cells(side[bv.k], "throughput", c) else None
-                bcells = cells(paired if paired else braw, "throughput", c)
-                row["best_static_side_by_side"] = paired is not None
-                row["best_static_speedup"] = speedup(bcells, bcs if paired else cells(first or base, "throughput", c),
-                                                     seed + "/best").as_dict()
+                paired_by = [cs for _, r in side.get(bv.k, []) if (cs := cells(r, "throughput", c))]
+                bcells = [x for cs in paired_by for x in cs] or cells(braw, "throughput", c)
+                row["best_static_side_by_side"] = bool(paired_by)
+                row["servers"][1] = len(paired_by) or 1
+                if len(paired_by) > 1:
+                    row["same_config"]["best_static"] = speedup(paired_by[0], paired_by[1],
+                                                                seed + "/best-same").as_dict()
+                row["best_static_speedup"] = speedup(bcells, bcs if paired_by else cells(first or base, "throughput",
+                                                                                         c), seed + "/best").as_dict()
                 row["vs_best_static"] = speedup(mine, bcells, seed + "/vs-best").as_dict()
                 row["measured_k"] = sorted(x[1].k for x in cand)
                 row["static_same_text"] = {str(x[1].k): by_key[x[1].key]["by_concurrency"].get(str(c), {})
@@ -375,7 +398,7 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             vb = row.get("vs_best_static", {}).get("value", NAN)
             row["within_best"] = bool(finite(vb) and vb >= WITHIN_BEST)
             out.append(row)
-    return out
+    return sorted(out, key=lambda r: (r["mode"], r["concurrency"]))
 
 
 def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:

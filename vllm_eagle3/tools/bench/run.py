@@ -282,9 +282,10 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
 
 
 def chunks(n: int, concurrency: int) -> list[range]:
-    """A side-by-side throughput cell's ``n`` prompts in turns: 4 chunks at concurrency 1 (requests are seconds
-    long there), else 2 (each at least one wave of ``concurrency`` requests)."""
-    parts = 4 if concurrency == 1 else 2
+    """A side-by-side throughput cell's ``n`` prompts in turns: 8 chunks at concurrency 1 (requests are seconds
+    long there: two at a time, so that a slow minute of the VM falls on every server), else 2 (each at least one
+    wave of ``concurrency`` requests)."""
+    parts = 8 if concurrency == 1 else 2
     parts = max(1, min(parts, n // max(1, concurrency)))
     size = -(-n // parts)
     return [range(i, min(n, i + size)) for i in range(0, n, size)]

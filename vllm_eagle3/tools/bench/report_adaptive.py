@@ -1,0 +1,118 @@
+"""The adaptive-k section of ``BENCHMARKS.md`` (``--plan adaptive``): the table of speculation that adapts to load,
+against no speculation and the best static k, and how it was measured.
+
+Data flow position: called by ``report.render`` (through ``report.adaptive_block``) with the summary of
+``analysis.summarize``, whose ``adaptive`` rows (``analysis.adaptive``) it only formats.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from vllm_eagle3.tools.bench.cells_text import _v, e, f, table
+
+
+def adaptive_block(summary: Mapping, run: str = "") -> str:
+    """Speculation that adapts to load (plan ``adaptive``), with its heading; empty for a run without an adaptive
+    server."""
+    rows = summary.get("adaptive") or []
+    if not rows:
+        return ""
+    ad = next(v for v in summary["variants"] if v["variant"].get("adaptive"))
+    k3 = {c: r for v in _v(summary, capture="embed", k=3, replica=1, mla_verify="default", check=True, adaptive=False)
+          for c, r in v["by_concurrency"].items()}
+
+    def same(x) -> str:
+        return f"{x[0]}/{x[1]}" if x else "n/a"
+
+    def statics_same(d: Mapping | None) -> str:
+        return ", ".join(f"k={k} {same(x)}" for k, x in sorted((d or {}).items())) or "n/a"
+
+    def servers(o) -> str:
+        n = o.get("servers") or [1, 1]
+        same_k = o["k"] == o.get("best_static_k")
+        if n == [1, 1]:
+            return " (same k: two servers)" if same_k else ""
+        return f" ({'same k, ' if same_k else ''}{n[0]} + {n[1]} servers)"
+
+    table_rows = []
+    for o in rows:
+        c = str(o["concurrency"])
+        kr = k3.get(c, {})
+        table_rows.append([
+            c, f(o["nospec_tok_s"], 1), e(o.get("k3_speedup")),
+            f"k={o.get('best_static_k', 'n/a')}: {e(o.get('best_static_speedup'))}",
+            f"k={o['k']}: **{e(o['speedup'])}**",
+            e(o.get("vs_best_static")) + servers(o)
+            + ("" if o.get("best_static_side_by_side", True) else " (not side by side)"),
+            " ; ".join(e(o.get("same_config", {}).get(x)) if x in o.get("same_config", {}) else "one server"
+                       for x in ("adaptive", "best_static")),
+            "yes" if o["never_slower"] else "**no**", "yes" if o["within_best"] else "**no**",
+            e(kr.get("break_even")), f(kr.get("model_verify")), f(kr.get("ideal")),
+            same(o.get("same_text")) + " (static: " + statics_same(o.get("static_same_text")) + ")",
+            e(o.get("nospec_drift"), 3)])
+    tau: dict[int, Any] = {}  # the light stretch's (per-request intervals at concurrency 1) where a k has both
+    for v in _v(summary, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False):
+        tau.setdefault(v["variant"]["k"], (v.get("acceptance") or {}).get("tau"))
+    side = any(o.get("side_by_side") for o in rows)
+    chosen_side = any(o.get("chosen_side_by_side") for o in rows)
+    replicas = max((o.get("servers") or [1])[0] for o in rows)
+    turns1 = next((o.get("turns") for o in rows if o["concurrency"] == 1), None) or 4
+    if side and chosen_side and replicas > 1:
+        how = ("Every server ran **side by side**: all alive at once, each concurrency's prompts in turns (2 chunks, "
+               f"{turns1} at concurrency 1; the servers' order reversed from one chunk to the next), so that a drift "
+               "of the machine falls on all of them alike. Four stretches: no speculation and every k at "
+               "concurrencies up to 16; then at 32 and 64 no speculation and the k the first stretch left possible "
+               "(k never rises with the batch); their throughput chose the table. Then two judging stretches, up to "
+               "16 and above: no speculation again, the static k servers the adaptive server is compared with and "
+               f"the adaptive server; in the first, {replicas} servers of each speculating configuration, because "
+               "two servers of one configuration on this VM can differ by more than the 10 % target. Speedups are "
+               "over that stretch's no-speculation server, each side's servers pooled (every prompt's tokens over "
+               "its seconds, summed over them); *adaptive / best* pairs the adaptive servers with that stretch's "
+               "servers of the static k that measured fastest at that concurrency in the choosing stretches, and "
+               "*identical servers* is the same ratio between two servers of one configuration (adaptive ; best "
+               "static). k = 3 and the break-even columns are from the choosing stretches, over their "
+               "no-speculation server; the last column is the judging stretch's no-speculation server over the "
+               "choosing one's (how far the machine drifted between them).")
+    elif side and chosen_side:
+        how = ("Every server ran **side by side**: all alive at once, each concurrency's prompts in turns (2 chunks, 4 "
+               "at concurrency 1; the servers' order reversed from one chunk to the next), so that a drift of the "
+               "machine falls on all of them alike. Three stretches: no speculation and every k at concurrencies up "
+               "to 16; then at 32 and 64 no speculation and the k the first stretch left possible (k never rises "
+               "with the batch); their throughput chose the table. Then the judging stretch: no speculation again, "
+               "the static k servers the adaptive server is compared with and the adaptive server. Its speedup is "
+               "over that stretch's no-speculation server; *adaptive / best* pairs it with that stretch's server of "
+               "the static k that measured fastest at that concurrency in the choosing stretches; where both ran the "
+               "same k, that is the ratio between two servers of one configuration measured in turns. k = 3 and the "
+               "break-even columns are from the choosing stretches, over their no-speculation server; the last "
+               "column is the judging stretch's no-speculation server over the choosing one's (how far the machine "
+               "drifted between them).")
+    elif side:  # results of 2026-12-03 12:53: the static servers that chose the table ran one at a time
+        how = ("The adaptive server ran **side by side** with a second no-speculation server and the static k "
+               "servers it is compared with: all alive at once, each concurrency's prompts in turns (2 chunks, 4 at "
+               "concurrency 1; the servers' order reversed from one chunk to the next), so that a drift of the "
+               "machine falls on all of them alike. Its speedup is over that no-speculation server; *adaptive / "
+               "best* pairs it with the side-by-side server of the static k that measured fastest at that "
+               "concurrency when the static servers ran one at a time (the measurement that chose the table); where "
+               "both ran the same k, that is the ratio between two servers of one configuration measured in turns. "
+               "k = 3 and the break-even columns are from the one-at-a-time servers, over the first no-speculation "
+               "server; the last column is the second no-speculation server over the first (how far the machine "
+               "drifted between the two stretches).")
+    else:
+        how = ("Speedups are over the first no-speculation server, paired over prompts; *adaptive / best* pairs the "
+               "adaptive server with the static k that measured fastest at that concurrency; where both ran the "
+               "same k, it is the ratio between two servers of one configuration, which the last column shows for "
+               "no speculation.")
+    return "\n\n".join([x for x in [
+        "### Speculation that adapts to load: k per batch size",
+        run,
+        f"The adaptive server: {ad['label']} (vLLM's `num_speculative_tokens_per_batch_size`, chosen by "
+        "`vllm_eagle3/tools/bench/advise.py` from the static-k servers of this same run). " + how
+        + " Targets: adaptive >= 1.0x at the interval's lower end, and >= 0.9 x the best static k. Break-even "
+        "acceptance length and the models tau / (v + k c), tau / (1 + k c) are k = 3's, from its timed cells. "
+        "Greedy: requests whose text equals no speculation's, of all.",
+        table(["conc.", "no spec tok/s", "k=3", "best static k", "adaptive", "adaptive / best",
+               "identical servers #1 / #2", ">= 1.0x (lower end)", "within 10 % of best", "break-even tau (k=3)", "tau/(v+kc) (k=3)", "tau/(1+kc) (k=3)", "greedy same",
+               "no spec #2 / #1"], table_rows),
+        "Acceptance length per static k (concurrency-1 requests): "
+        + ", ".join(f"k={k} {e(t)}" for k, t in sorted(tau.items())) + "."] if x])
