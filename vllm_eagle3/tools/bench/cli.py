@@ -44,7 +44,8 @@ def parser() -> argparse.ArgumentParser:
                         "wiring check costs, k=3 with it on vs off, eager, c=1/4/16, two servers each (~30 min); adaptive: "
                         "speculation that adapts to load: no speculation and k=1..5 side by side (c=1/4/16, then "
                         "c=32/64 for the k still possible), k per batch size chosen from them, served side by side "
-                        "with no speculation and the static k it is judged against, on held-out prompts (~80 min)")
+                        "with no speculation and the static k it is judged against (two servers of each at c<=16), "
+                        "on held-out prompts (~80 min)")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
