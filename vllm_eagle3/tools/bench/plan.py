@@ -90,7 +90,7 @@ class Variant:
     # stretch: 0 = one server at a time; n >= 1 = the n-th side-by-side stretch: started with the plan's other servers
     # of that stretch, all alive at once, their throughput cells run in turns (a cell's prompts in chunks, the
     # servers' order mirrored from chunk to chunk), so that a drift of the machine falls on all of them alike
-    # (run.run_together). Which cells a server of the CHOOSE_LOADED or JUDGE stretch runs is decided from the
+    # (run.run_together). Which cells a server of the CHOOSE_LOADED or a judging stretch runs is decided from the
     # stretches before it (advise.resolve)
     stretch: int = 0
 
