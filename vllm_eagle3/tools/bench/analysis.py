@@ -52,6 +52,17 @@ def requests(cs: Sequence[Mapping]) -> list[RequestRecord]:
     return [RequestRecord.from_dict(r) for x in cs for r in x["requests"]]
 
 
+def by_server(servers: Sequence[tuple[Variant, Mapping]], c: int) -> list[list[dict]]:
+    """Each server's throughput cells at concurrency ``c`` (servers without one left out), in the given order: the
+    replicas of one configuration, pooled by :func:`pooled` and compared with each other."""
+    return [cs for _, raw in servers if (cs := cells(raw, "throughput", c))]
+
+
+def pooled(per_server: Sequence[Sequence[dict]]) -> list[dict]:
+    """The servers' cells as one: every statistic here sums tokens and seconds over the cells it is given."""
+    return [x for cs in per_server for x in cs]
+
+
 def per_prompt(cs: Sequence[Mapping]) -> dict[int, tuple[float, float]]:
     """prompt -> (tokens, seconds) summed over the cells' rounds."""
     out: dict[int, tuple[float, float]] = {}
@@ -298,12 +309,11 @@ def check_cost(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
     for off_v, _ in res.find(check=False, replica=1):
         same = dict(k=off_v.k, capture=off_v.capture, compiled=off_v.compiled, mla_verify=off_v.mla_verify)
         for c in concs:
-            on = [cs for _, raw in res.find(check=True, **same) if (cs := cells(raw, "throughput", c))]
-            off = [cs for _, raw in res.find(check=False, **same) if (cs := cells(raw, "throughput", c))]
+            on, off = by_server(res.find(check=True, **same), c), by_server(res.find(check=False, **same), c)
             if not on or not off:
                 continue
             seed = f"check/{off_v.config_key}/{c}"
-            ratio = speedup([x for cs in on for x in cs], [x for cs in off for x in cs], seed)
+            ratio = speedup(pooled(on), pooled(off), seed)
             same_servers = [speedup(g[0], g[1], f"{seed}/same/{i}") for i, g in enumerate((on, off)) if len(g) > 1]
             out.append({"config": off_v.config_key.replace("+check-off", ""), "k": off_v.k, "mode": off_v.mode,
                         "concurrency": c, "servers": [len(on), len(off)],
@@ -344,17 +354,16 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     for v, raw in ad:
         base = res.base(v)
         choosers = [(sv, sraw) for sv, sraw in res.variants if sv.chooses_k and sv.compiled == v.compiled]
-        twins = [(sv, sraw) for sv, sraw in res.variants if sv.adaptive and sv.compiled == v.compiled
-                 and sv.stretch == v.stretch]  # this server and its replicas, replica 1 first
+        twins = res.find(adaptive=True, compiled=v.compiled, stretch=v.stretch)  # it and its replicas, in order
         side: dict[int, list] = {}
-        for sv, sraw in res.variants:
-            if sv.side_static and sv.compiled == v.compiled and sv.stretch == v.stretch:
+        for sv, sraw in res.find(compiled=v.compiled, stretch=v.stretch):
+            if sv.side_static:
                 side.setdefault(sv.k, []).append((sv, sraw))
         for c in summary["concurrencies"]:
             if not cells(raw, "throughput", c) or base is None or not cells(base, "throughput", c):
                 continue
-            mine_by = [cs for _, r in twins if (cs := cells(r, "throughput", c))]
-            mine = [x for cs in mine_by for x in cs]
+            mine_by = by_server(twins, c)
+            mine = pooled(mine_by)
             bcs = cells(base, "throughput", c)
             at_c = [(sv, sraw) for sv, sraw in choosers if cells(sraw, "throughput", c)]
             first_v, first = next(((sv, sraw) for sv, sraw in at_c if sv.k == 0), (None, None))
@@ -378,8 +387,8 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             if cand:
                 _, bv, braw = max(cand, key=lambda x: (x[0], -x[1].k))
                 row["best_static_k"] = bv.k
-                paired_by = [cs for _, r in side.get(bv.k, []) if (cs := cells(r, "throughput", c))]
-                bcells = [x for cs in paired_by for x in cs] or cells(braw, "throughput", c)
+                paired_by = by_server(side.get(bv.k, []), c)
+                bcells = pooled(paired_by) or cells(braw, "throughput", c)
                 row["best_static_side_by_side"] = bool(paired_by)
                 row["servers"][1] = len(paired_by) or 1
                 if len(paired_by) > 1:

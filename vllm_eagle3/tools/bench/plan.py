@@ -336,6 +336,7 @@ def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), k
             vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=cells, replica=r, stretch=stretch) for k in ks]
     return Plan(name, tuple(vs), **sizes)
 
+
 PLAN_ARGS = {
     # smoke: a few minutes, proves every code path end to end (eager only), numbers meaningless
     "smoke": dict(concurrencies=(1, 2), compiled=False, incident_throughput=(2,), opt_out_throughput=(1,), prompts=4,
