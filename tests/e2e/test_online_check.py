@@ -8,7 +8,10 @@ compares wirings with each other on the same live positions, inside the engine.
 
 Server: the session pool's, all defaults (the check is on by default: 1 in 4 greedy requests followed, 2 % budget,
 12 requests before a verdict, false-alarm bound 0.001). 64 held-out prompts (the head's eval_prompts.json, which its
-training never saw), 48 tokens each, 8 in flight. The right wiring under the same defaults is judged by
+training never saw), 48 tokens each, 8 in flight. The budget can pass requests over (on a host where scoring is slow
+next to serving: a CI run scored 4 of the 16 due); the report counts them (``over_budget``), and then the test goes on
+in waves of 32 requests, up to 256, as an operator's traffic would: the verdict must still come, within the budget.
+The right wiring under the same defaults is judged by
 tests/e2e/test_wiring_watch.py::test_right_wiring_is_left_alone (the Llama head, 64 requests: ``ok``, no line).
 """
 
@@ -28,6 +31,7 @@ TARGET = REPO / "models" / "kimi-k25-mini"
 MLA = REPO / "models" / "kimi-k25-mini-eagle3-mla"
 MODEL_NAME = "kimi-k25-mini"
 REQUESTS, MAX_TOKENS, IN_FLIGHT = 64, 48, 8
+WAVE, MAX_REQUESTS = 32, 256  # when the budget passed requests over
 MARK = "vllm-eagle3 wiring check [engine 0]: the served taps"
 
 
@@ -49,7 +53,7 @@ def mla_incident(tmp_path_factory) -> dict[str, Path]:
     return {"draft": draft, "spec": spec}
 
 
-def complete(server, n: int) -> float:
+def complete(server, n: int, first: int = 0) -> float:
     from openai import OpenAI
 
     items = json.loads((MLA / "eval_prompts.json").read_text())["items"]
@@ -61,7 +65,7 @@ def complete(server, n: int) -> float:
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(IN_FLIGHT) as ex:
-        list(ex.map(one, range(n)))
+        list(ex.map(one, range(first, first + n)))
     return time.monotonic() - t0
 
 
@@ -77,22 +81,35 @@ def test_online_check_names_the_better_wiring_of_an_fc_norm_head(server_pool, ml
     log = server.log_text()
     assert "vllm-eagle3 wiring check: scoring" in log and "configured [3, 31, 59]" in log, \
         "the check's start-up line (taps and candidates) is missing"
-    dt = complete(server, REQUESTS)
-    time.sleep(1.0)
-    status, raw = http_get(server.base_url + "/v1/eagle3/wiring")
-    assert status == 200, raw[:300]
-    report = json.loads(raw)["check"]["0"]
+
+    def current() -> dict:
+        time.sleep(1.0)
+        status, raw = http_get(server.base_url + "/v1/eagle3/wiring")
+        assert status == 200, raw[:300]
+        return json.loads(raw)["check"]["0"]
+
+    dt, sent = complete(server, REQUESTS), REQUESTS
+    report = current()
+    while report["verdict"] == "pending" and report["over_budget"] and sent < MAX_REQUESTS:
+        say(f"{sent} requests: {report['over_budget']} due for following were passed over for the budget "
+            f"(cost {report['cost']}); {WAVE} more")
+        dt += complete(server, WAVE, sent)
+        sent += WAVE
+        report = current()
     lines = [ln for ln in server.log_text().splitlines() if MARK in ln]
     metrics = http_get(server.base_url + "/metrics")[1]
-    say(f"{REQUESTS} requests in {dt:.1f} s: check {report['verdict']} after {report['requests']} scored requests; "
-        f"configured {report['configured']}, better {report['better']}; cost {report['cost']}")
+    say(f"{sent} requests in {dt:.1f} s: check {report['verdict']} after {report['requests']} scored requests; "
+        f"configured {report['configured']}, better {report['better']}; cost {report['cost']}; due and passed over: "
+        f"{report['over_budget']} for the budget, {report['at_max_followed']} at max_followed")
     record_property("check_verdict", report["verdict"])
     record_property("check_requests", report["requests"])
+    record_property("check_requests_sent", sent)
     record_property("check_cost_fraction", report["cost"]["fraction_of_engine_time"])
     assert report["verdict"] in ("costs", "wrong"), json.dumps(report, indent=1)[:3000]
     assert report["configured"]["taps"] == "[3, 31, 59]" and report["better"]["taps"] == "[embed, 3, 31]", report
     assert report["better"]["position0"] > 2 * report["configured"]["position0"], report
-    assert report["requests"] >= 12 and report["scored_requests"] <= REQUESTS // 4
+    assert report["requests"] >= 12 and report["scored_requests"] <= sent // 4
+    assert sent == REQUESTS or report["over_budget"] > 0, "more than 64 requests only when the budget passed some over"
     # the budget gates new follows, so one request's scoring can overshoot it a little, never by a multiple
     assert report["cost"]["fraction_of_engine_time"] < 2 * report["cost"]["budget"], report["cost"]
     assert 1 <= len(lines) <= 2, lines  # one per verdict kind (COSTS, then WRONG as the interval narrows)

@@ -175,6 +175,7 @@ def test_sampling_follows_one_in_n_cool_requests_and_ends_at_the_limit():
     assert tr.too_hot == 3 and followed == [False, True, False, False, True, False, False, True, False]
     assert not tr.wants(span("x", 0, 4, 0), allow_new=False)  # over budget: not followed, decided for good
     assert not tr.wants(span("x", 0, 4, 0), allow_new=True)
+    assert tr.over_budget == 1 and tr.at_max_followed == 0
     done = tr.record(span("r1", 0, 4, 0, done=True), *rows([1, 2, 3, 4]))
     assert done is not None and "r1" not in tr.traces
 
@@ -182,8 +183,49 @@ def test_sampling_follows_one_in_n_cool_requests_and_ends_at_the_limit():
 def test_no_more_than_max_followed_at_once():
     tr = Tracker(sample_every=1, max_temperature=0.3, max_positions=64, max_followed=2)
     assert [tr.wants(span(r, 0, 4, 0), True) for r in "abc"] == [True, True, False]
+    assert tr.at_max_followed == 1 and tr.over_budget == 0
     tr.finish(["a"])
     assert tr.wants(span("d", 0, 4, 0), True)
+
+
+def test_the_budget_counts_the_requests_followed_now():
+    """A new request is followed only if what was spent plus the mean cost of a scored request, for each request
+    followed now and the new one, fits the budget: four requests started together cannot overshoot it fourfold."""
+    from types import SimpleNamespace
+
+    from vllm_eagle3.online import engine_hook
+
+    cands = [SimpleNamespace(taps=(3, 31, 59), why="configured"), SimpleNamespace(taps=(EMBED, 3, 31), why="x")]
+    plan = SimpleNamespace(config=CheckConfig(), candidates=cands, extra_taps=())
+    checker = engine_hook.Checker(plan, None, 0, 3, 61, None)
+    checker.engine_time = 100.0 - engine_hook.CREDIT_S  # budget 0.02: 2 s of check time in 100 s with the credit
+    assert checker.within_budget()  # nothing scored yet: no estimate
+    checker.spent, checker.scored = 1.0, 2  # 0.5 s a request
+    checker.tracker.traces = {"a": None}
+    assert checker.within_budget()  # 1 + 0.5 * 2 <= 2
+    checker.tracker.traces = {"a": None, "b": None}
+    assert not checker.within_budget()  # 1 + 0.5 * 3 > 2
+    assert checker.status()["over_budget"] == 0 and checker.status()["cost"]["fraction_of_engine_time"] == round(1 / 70, 5)
+
+
+def test_idle_time_does_not_earn_check_time():
+    """The engine's time is the time between steps, each gap counted up to IDLE_GAP_S: an hour without traffic adds
+    IDLE_GAP_S, so a burst after it gets no more check time than a busy engine would."""
+    import time
+    from types import SimpleNamespace
+
+    from vllm_eagle3.online import engine_hook
+
+    cands = [SimpleNamespace(taps=(3, 31, 59), why="configured"), SimpleNamespace(taps=(EMBED, 3, 31), why="x")]
+    checker = engine_hook.Checker(SimpleNamespace(config=CheckConfig(), candidates=cands, extra_taps=()), None, 0, 3,
+                                  61, None)
+    checker.observe = lambda runner, args: None
+    checker.last_step = time.monotonic() - 3600.0
+    checker.observe_safely(None, {})
+    assert engine_hook.IDLE_GAP_S <= checker.engine_time < engine_hook.IDLE_GAP_S + 1.0
+    checker.last_step = time.monotonic() - 0.25  # a busy engine's step
+    checker.observe_safely(None, {})
+    assert engine_hook.IDLE_GAP_S + 0.25 <= checker.engine_time < engine_hook.IDLE_GAP_S + 1.25
 
 
 # ----------------------------------------------------------------------------------------------- scoring
@@ -200,3 +242,27 @@ def test_the_shortened_first_step_equals_the_full_one():
     part = head.unroll(aux, nxt, 1, query_from=25)[0][0]
     assert torch.equal(full[:, 25:], part)
     assert math.isfinite(float(part.sum()))
+
+
+def test_candidates_scored_as_one_batch_match_one_at_a_time(monkeypatch):
+    """The scorer batches candidates (groups bounded by GROUP_BYTES); one per group gives the same match counts, and a
+    full-size head at 2048 positions is scored one candidate at a time."""
+    from vllm_eagle3.online import scorer as scorer_mod
+    from vllm_eagle3.online.traces import Trace
+    from vllm_eagle3.reference.config import DraftConfig
+
+    cands = [(0, 3, 31), (3, 31, 59), (2, 30, 58), (0, 31, 59), (4, 32, 60)]
+    s = scorer_mod.Scorer(MLA, TARGET, cands)
+    h = s.head.config.target_hidden_size
+    torch.manual_seed(1)
+    trace = Trace("r", prompt_len=14, start=0)
+    trace.append(0, torch.randint(0, s.head.config.vocab_size, (50,)),
+                 {k: torch.randn(50, h, dtype=torch.bfloat16) for k in {k for c in cands for k in c}})
+    assert scorer_mod.group_size(s.head.config, 49, 37, len(cands)) == len(cands)
+    batched = s.score(trace)
+    monkeypatch.setattr(scorer_mod, "GROUP_BYTES", 1)
+    assert batched == s.score(trace) and batched[0] == 36 and len(batched[1]) == len(cands)
+    big = DraftConfig(vocab_size=163840, hidden_size=7168, target_hidden_size=7168, num_aux_hidden_states=3,
+                      draft_vocab_size=32000, num_attention_heads=64, num_key_value_heads=64, intermediate_size=18432)
+    monkeypatch.undo()
+    assert scorer_mod.group_size(big, 2048, 2040, 11) == 1

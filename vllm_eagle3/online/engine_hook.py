@@ -10,8 +10,14 @@ runs no collective). Rows come from the runner's own buffers (``input_batch.req_
 ``input_ids``, ``positions``), the count of confirmed rows from the sampled tokens (:mod:`vllm_eagle3.online.traces`).
 
 Never fatal: an exception inside the check turns the check off with one WARNING naming it (the engine serves on);
-``report.json`` then says ``"verdict": "off"`` and why. Cost: time spent here is measured; while it exceeds
-``check.budget`` of the engine's wall time since the first step, no new request is followed.
+``report.json`` then says ``"verdict": "off"`` and why. Cost: time spent here is measured; a new request is followed
+only while the time spent plus the mean cost of a scored request for each request followed now and the new one stays
+within ``check.budget`` of the engine's time (so requests followed together cannot overshoot the budget by their
+number). The engine's time is the time between its steps, each gap counted up to :data:`IDLE_GAP_S`: an engine idle
+for hours has not earned minutes of check time to spend on the next burst of traffic. A new engine starts with
+:data:`CREDIT_S` of engine time on account (0.6 s of check time at the default 2 %), or the first requests due could
+never be followed: their scoring cost is not yet earned when they start. Requests passed over for the budget are counted (``over_budget`` in the
+report). The report is rewritten after each score and at least every :data:`REPORT_EVERY_S` while requests run.
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ from vllm_eagle3.wirings import config_lines
 logger = logging.getLogger("vllm.vllm_eagle3.check")
 
 _MARK = "_vllm_eagle3_wiring_check"
+REPORT_EVERY_S = 2.0
+IDLE_GAP_S = 2.0
+CREDIT_S = 30.0
+"""A gap between two steps longer than this is idle time: counted as this much engine time."""
 EXPECTED_PARAMS = ("self", "scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
                    "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata")
 
@@ -90,9 +100,12 @@ class Checker:
         self.tracker = Tracker(cfg.sample_every, cfg.max_temperature, cfg.max_positions, cfg.max_followed)
         self.judge = Judge([c.taps for c in plan.candidates], cfg)
         self.whys = [c.why for c in plan.candidates]
-        self.started = time.monotonic()
+        self.last_step = time.monotonic()
+        self.engine_time = 0.0  # time between steps, each gap up to IDLE_GAP_S
         self.spent = 0.0
+        self.scoring = 0.0  # the part of spent that went to scoring (the rest: recording rows at each step)
         self.scored = 0
+        self.written = -math.inf
         self.last_warning = -math.inf
         self.warned_kind: str | None = None
         self.off_because: str | None = None
@@ -119,6 +132,7 @@ class Checker:
         if self.off_because is not None:
             return
         t0 = time.monotonic()
+        self.engine_time += min(t0 - self.last_step, IDLE_GAP_S)
         try:
             self.observe(runner, args)
         except Exception as exc:  # noqa: BLE001 - the engine serves on; the check says why it stopped
@@ -127,10 +141,18 @@ class Checker:
                            self.off_because, exc_info=True)
             self.write_report()
         finally:
-            self.spent += time.monotonic() - t0
+            now = self.last_step = time.monotonic()
+            self.spent += now - t0
+            self.engine_time += now - t0
+            if now - self.written >= REPORT_EVERY_S:
+                self.write_report()  # fresh cost and counters between scores (a 3 kB file; not counted as cost)
 
     def within_budget(self) -> bool:
-        return self.spent <= self.cfg.budget * max(time.monotonic() - self.started, 1e-9)
+        """Room for one more followed request: what was spent, plus the mean cost of a scored request for each
+        request followed now and the new one, within the budget's share of the engine's time and the credit."""
+        per_request = self.spent / self.scored if self.scored else 0.0
+        ahead = per_request * (len(self.tracker.traces) + 1)
+        return self.spent + ahead <= self.cfg.budget * (self.engine_time + CREDIT_S)
 
     def observe(self, runner, args: dict[str, Any]) -> None:
         sched = args["scheduler_output"]
@@ -151,7 +173,6 @@ class Checker:
         pos_buf = runner.positions if runner.positions.dim() == 1 else runner.positions[0]
         first_pos = pos_buf[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))].tolist()
         chosen = []
-        allow_new = self.within_budget()
         for i, rid in enumerate(req_ids):
             s, e = qsl[i], qsl[i + 1]
             state = runner.requests.get(rid)
@@ -163,7 +184,7 @@ class Checker:
             pos = int(first_pos[i])
             done = sp.max_tokens is not None and pos + valid + 1 - state.num_prompt_tokens >= sp.max_tokens
             span = RowSpan(rid, s, valid, pos, state.num_prompt_tokens, float(sp.temperature or 0.0), done)
-            if valid and self.tracker.wants(span, allow_new):
+            if valid and self.tracker.wants(span, self.within_budget()):
                 chosen.append(span)
         if not chosen:
             return
@@ -180,7 +201,9 @@ class Checker:
 
     # ------------------------------------------------------------------------------------------- verdicts
     def score(self, trace: Trace) -> None:
+        t0 = time.monotonic()
         anchors, matches = self.scorer.score(trace)
+        self.scoring += time.monotonic() - t0
         if not anchors:
             return
         self.scored += 1
@@ -206,14 +229,16 @@ class Checker:
 
     def status(self) -> dict[str, Any]:
         t = self.tracker
-        wall = max(time.monotonic() - self.started, 1e-9)
         out = self.judge.report(self.whys, self.k)
         if self.off_because is not None:
             out["verdict"] = "off"
             out["off_because"] = self.off_because
         out.update(engine=self.engine_index, scored_requests=self.scored, followed=t.followed,
                    followed_now=len(t.traces), eligible_seen=t.eligible_seen, too_hot=t.too_hot, dropped=t.dropped,
-                   cost={"seconds": round(self.spent, 3), "fraction_of_engine_time": round(self.spent / wall, 5),
+                   over_budget=t.over_budget, at_max_followed=t.at_max_followed,
+                   cost={"seconds": round(self.spent, 3), "scoring_seconds": round(self.scoring, 3),
+                         "fraction_of_engine_time": round(self.spent / max(self.engine_time, 1e-9), 5),
+                         "engine_seconds": round(self.engine_time, 3),
                          "budget": self.cfg.budget},
                    settings={"sample_every": self.cfg.sample_every, "max_temperature": self.cfg.max_temperature,
                              "max_followed": self.cfg.max_followed, "min_requests": self.cfg.min_requests},
@@ -221,6 +246,7 @@ class Checker:
         return out
 
     def write_report(self) -> None:
+        self.written = time.monotonic()
         if self.report is None:
             return
         tmp = self.report.with_suffix(f".{os.getpid()}.tmp")

@@ -10,8 +10,12 @@ float32 from the served draft's folder, with the target's embedding table (vLLM 
 At row i the draft reads the target's taps at position i (in the candidate's order) and the token at i + 1, attends
 causally over the recorded rows, and predicts the token at i + 2. Rows before the first recorded position (a
 prefix-cache hit) are not seen by this replay; every candidate is scored on the same rows, so the comparison stays
-paired. Queries, MLP and logits are computed from the first anchor row on (keys and values for every row), one
-candidate at a time (memory: one candidate's attention).
+paired. Queries, MLP and logits are computed from the first anchor row on (keys and values for every row).
+
+Candidates are scored together, as one batch (11 candidates of the shipped miniature: one forward of about 60 ops
+instead of 11, 2.5x less time; inside the engine every op also waits for the GIL, so fewer ops matter more there),
+in groups whose float32 activations stay under :data:`GROUP_BYTES` (a 2048-position trace of a full-size head is
+scored one candidate at a time).
 """
 
 from __future__ import annotations
@@ -23,6 +27,18 @@ import torch
 
 from vllm_eagle3.online.traces import Trace
 from vllm_eagle3.reference import Eagle3Draft
+
+GROUP_BYTES = 256 << 20
+"""Upper bound on one group's activations (float32 attention scores, fc input, MLP and logits of every candidate)."""
+
+
+def group_size(config, rows: int, queries: int, candidates: int) -> int:
+    """Candidates per batch so that one batch's activations stay under :data:`GROUP_BYTES` (at least one)."""
+    c = config
+    per = 4 * (3 * c.num_attention_heads * queries * rows  # scores, softmax, their grad-free copy
+               + rows * (c.num_aux_hidden_states * c.target_hidden_size + 6 * c.hidden_size)  # taps, fc, qkv inputs
+               + queries * (3 * c.intermediate_size + c.draft_vocab_size))  # MLP, logits
+    return max(1, min(candidates, GROUP_BYTES // max(per, 1)))
 
 
 class Scorer:
@@ -43,10 +59,14 @@ class Scorer:
         positions = (trace.start + torch.arange(t - 1))[None]
         embeds = head.embed_tokens(nxt)
         labels = tokens[a0 + 2:].long()
+        g = group_size(head.config, t - 1, t - 1 - a0, len(self.candidates))
         matches = []
-        for cand in self.candidates:
-            aux = torch.cat([taps[k][: t - 1] for k in cand], -1)[None].float()  # [1, t-1, n * H]
-            logits, _ = head.unroll(aux, next_embeds=embeds, positions=positions, query_from=a0)[0]
-            pred = head.draft_to_target[logits[0, : a1 - a0].argmax(-1)]  # the last row has no label yet
-            matches.append(int((pred == labels).sum()))
+        for first in range(0, len(self.candidates), g):
+            group = self.candidates[first:first + g]
+            aux = torch.stack([torch.cat([taps[k][: t - 1] for k in cand], -1) for cand in group]).float()
+            b = len(group)  # [b, t-1, n * H]
+            logits, _ = head.unroll(aux, next_embeds=embeds.expand(b, -1, -1), positions=positions.expand(b, -1),
+                                    query_from=a0)[0]
+            pred = head.draft_to_target[logits[:, : a1 - a0].argmax(-1)]  # the last row has no label yet
+            matches.extend(int(m) for m in (pred == labels).sum(-1).tolist())
         return a1 - a0, matches

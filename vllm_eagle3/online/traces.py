@@ -96,6 +96,8 @@ class Tracker:
         self.followed = 0
         self.too_hot = 0
         self.dropped = 0  # traces ended by a gap
+        self.over_budget = 0  # due for following (1 in sample_every) but the cost budget was spent
+        self.at_max_followed = 0  # due for following but max_followed were already followed
 
     def wants(self, span: RowSpan, allow_new: bool) -> bool:
         """Whether this step's rows of ``span.req_id`` should be recorded (decides once per request)."""
@@ -108,7 +110,13 @@ class Tracker:
             self.too_hot += 1
             return False
         self.eligible_seen += 1
-        if not allow_new or len(self.traces) >= self.max_followed or (self.eligible_seen - 1) % self.sample_every:
+        if (self.eligible_seen - 1) % self.sample_every:
+            return False
+        if not allow_new:
+            self.over_budget += 1
+            return False
+        if len(self.traces) >= self.max_followed:
+            self.at_max_followed += 1
             return False
         self.followed += 1
         self.traces[span.req_id] = Trace(span.req_id, span.prompt_len, span.position)
