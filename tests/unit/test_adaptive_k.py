@@ -157,6 +157,8 @@ def test_side_by_side_servers_get_the_kv_cache_of_their_busiest_cell_and_start_o
     kv = {v.key: kv_cache_gib(v, p, 64) for v in p.variants}
     assert kv["embed-k5@1"] == 1 and kv["nospec@2"] == 2 and kv["embed-adaptive@4"] == 2
     assert kv["embed-adaptive@3"] == kv["embed-adaptive#2@3"] == kv["embed-k5#2@3"] == 1  # light judging: 1 GiB
+    # bf16 (the AMX config): half the bytes per token, so a c=64 cell fits in 1 GiB
+    assert kv_cache_gib(p.variants[7], p, 64, "bfloat16") == 1 and p.variants[7].key == "embed-k1@2"
     assert memory_short(2, "MemAvailable:   6000000 kB\n") == ""
     assert "4.8 GiB of memory available" in memory_short(2, "MemAvailable:   5000000 kB\n")
 

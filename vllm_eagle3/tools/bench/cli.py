@@ -24,7 +24,8 @@ DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
 DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
 DEFAULT_PROMPTS = "models/kimi-k25-mini-eagle3/eval_prompts.json"
 DOCS = {"md": "BENCHMARKS.md", "png": "docs/bench.png", "json": "bench/results.json", "soak": "bench/soak.json",
-        "adaptive": "bench/adaptive/results.json"}
+        "adaptive": "bench/adaptive/results.json", "adaptive_bf16": "bench/adaptive-bf16/results.json"}
+ADAPTIVE = ("adaptive", "adaptive_bf16")  # the adaptive-k runs the repository's page shows: CPU_MLA float32, AMX_MLA bf16
 SCRATCH = ".cache/bench-{plan}"  # where plans other than default/full write (gitignored)
 
 
@@ -163,8 +164,8 @@ def write_docs(data: dict, md: Path, png: Path) -> None:
     md.parent.mkdir(parents=True, exist_ok=True)
     main_page = md.resolve() == (REPO / DOCS["md"]).resolve()
     soak = report.load_soak(REPO / DOCS["soak"]) if main_page else None
-    adaptive = report.load_optional(REPO / DOCS["adaptive"]) if main_page else None
-    md.write_text(report.render(data, os.path.relpath(png, md.parent), soak=soak, adaptive_data=adaptive))
+    adaptive = report.load_adaptive([REPO / DOCS[k] for k in ADAPTIVE]) if main_page else []
+    md.write_text(report.render(data, os.path.relpath(png, md.parent), soak=soak, adaptive_runs=adaptive))
     print(report.printed_advice(data))
     print(f"[bench] wrote {md} and {png}")
 
@@ -176,7 +177,7 @@ def render_repo_benchmarks_md() -> Path:
     results, md = REPO / DOCS["json"], REPO / DOCS["md"]
     md.write_text(report.render(report.load(results) if results.exists() else None, DOCS["png"],
                                 soak=report.load_soak(REPO / DOCS["soak"]),
-                                adaptive_data=report.load_optional(REPO / DOCS["adaptive"])))
+                                adaptive_runs=report.load_adaptive([REPO / DOCS[k] for k in ADAPTIVE])))
     return md
 
 
@@ -265,7 +266,8 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
                                      args.start_timeout)
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = {"date": machine.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
-            "load_before": load_before, "load_after": machine.loadavg(), "machine": machine.machine_info()}
+            "load_before": load_before, "load_after": machine.loadavg(), "machine": machine.machine_info(),
+            "serve_config": args.config, **machine.attention(base_cfg.get("dtype"))}
     run.write_results(results, meta, plan, raws)
     print(f"[bench] raw results: {results}; server logs: {log_dir}")
     from vllm_eagle3.tools.bench import report

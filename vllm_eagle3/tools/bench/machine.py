@@ -42,6 +42,21 @@ def machine_info() -> dict[str, str]:
     }
 
 
+def attention(dtype: object) -> dict[str, str]:
+    """The served dtype and the MLA attention backend vLLM-CPU runs it on here (AMX_MLA: bf16/fp16 on a CPU with
+    AMX tiles; else CPU_MLA), for the results' meta: the same model measures differently on the two."""
+    from vllm_eagle3.tools.serve import cpu_attention
+
+    f32 = cpu_attention.is_float32(dtype)
+    backend = cpu_attention.AMX_MLA if cpu_attention.host_has_amx() and not f32 else cpu_attention.CPU_MLA
+    return {"dtype": "float32" if f32 else str(dtype or "auto"), "attention": backend}
+
+
+def backend_label(meta: dict) -> str:
+    """'CPU_MLA, float32' for a results file's meta; files written before 2026-12-04 ran float32 on CPU_MLA."""
+    return f"{meta.get('attention', 'CPU_MLA')}, {meta.get('dtype', 'float32')}"
+
+
 def loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])

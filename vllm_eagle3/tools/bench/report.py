@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from vllm_eagle3.tools.bench.cells_text import _v, e, f, table
+from vllm_eagle3.tools.bench.machine import backend_label
 from vllm_eagle3.tools.bench.report_adaptive import adaptive_block
 from vllm_eagle3.tools.bench.stats import Estimate, finite
 
@@ -241,10 +242,10 @@ def soak_block(soak: Mapping | None) -> str:
 
 
 def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path = TEMPLATE,
-           soak: Mapping | None = None, adaptive_data: Mapping | None = None) -> str:
+           soak: Mapping | None = None, adaptive_runs: Sequence[Mapping] = ()) -> str:
     """The whole ``BENCHMARKS.md``: the template with its slots filled from the results (or the no-run note), from
-    the last soak result (``soak``, see :func:`load_soak`) and from the last ``--plan adaptive`` results
-    (``adaptive_data``; a results file of that plan renders its own)."""
+    the last soak result (``soak``, see :func:`load_soak`) and from the last ``--plan adaptive`` results of each
+    backend (``adaptive_runs``, see :func:`load_adaptive`; a results file of that plan renders its own)."""
     text = template.read_text()
     if data is None:
         slots = {name: NO_RUN if name == "run" else "" for name in set(SLOT.findall(text))}
@@ -258,13 +259,15 @@ def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path
                  "plot": f"![benchmark plot]({png_rel})"}
     slots["soak"] = soak_block(soak)
     # the repository's page (it has the soak) says when there is no adaptive run yet; other runs' pages say nothing
-    slots["adaptive"] = NO_ADAPTIVE if soak is not None and adaptive_data is None else ""
-    if adaptive_data is not None:
+    slots["adaptive"] = NO_ADAPTIVE if soak is not None and not adaptive_runs else ""
+    if not adaptive_runs and data is not None:  # a results file of the adaptive plan renders its own section
+        adaptive_runs, summaries = [data], [s]
+    else:
         from vllm_eagle3.tools.bench.analysis import summarize
 
-        block = adaptive_block(summarize(adaptive_data), run_block(adaptive_data["meta"], adaptive_data["plan"]))
-    else:  # a results file of the adaptive plan renders its own section
-        block = adaptive_block(s, run_block(data["meta"], data["plan"])) if data is not None else ""
+        summaries = [summarize(a) for a in adaptive_runs]
+    block = "\n\n".join(b for b in (adaptive_block(sa, run_block(a["meta"], a["plan"]), backend_label(a["meta"]))
+                                     for a, sa in zip(adaptive_runs, summaries)) if b)
     slots["adaptive"] = block or slots["adaptive"]
     missing = set(SLOT.findall(text)) - set(slots)
     if missing:
@@ -335,9 +338,9 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def load_optional(path: Path) -> dict | None:
-    """A results file, or None when there is none (the adaptive plan's, for the repository's page)."""
-    return load(path) if path.exists() else None
+def load_adaptive(paths: Sequence[Path]) -> list[dict]:
+    """The ``--plan adaptive`` results files among ``paths`` that exist (one per backend and dtype)."""
+    return [load(p) for p in paths if p.exists()]
 
 
 def load_soak(path: Path) -> dict | None:

@@ -12,9 +12,9 @@ from typing import Any, Mapping
 from vllm_eagle3.tools.bench.cells_text import _v, e, f, table
 
 
-def adaptive_block(summary: Mapping, run: str = "") -> str:
-    """Speculation that adapts to load (plan ``adaptive``), with its heading; empty for a run without an adaptive
-    server."""
+def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
+    """Speculation that adapts to load (plan ``adaptive``), with its heading (naming ``backend``: the attention
+    backend and dtype served); empty for a run without an adaptive server."""
     rows = summary.get("adaptive") or []
     if not rows:
         return ""
@@ -104,7 +104,7 @@ def adaptive_block(summary: Mapping, run: str = "") -> str:
                "same k, it is the ratio between two servers of one configuration, which the last column shows for "
                "no speculation.")
     return "\n\n".join([x for x in [
-        "### Speculation that adapts to load: k per batch size",
+        "### Speculation that adapts to load: k per batch size" + (f" ({backend})" if backend else ""),
         run,
         f"The adaptive server: {ad['label']} (vLLM's `num_speculative_tokens_per_batch_size`, chosen by "
         "`vllm_eagle3/tools/bench/advise.py` from the static-k servers of this same run). " + how

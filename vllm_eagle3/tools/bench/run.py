@@ -179,17 +179,21 @@ KV_TOKENS_PER_GIB = 7584
 """Tokens of KV cache per GiB of ``VLLM_CPU_KVCACHE_SPACE`` for the miniature target + its EAGLE-3 draft in float32
 (vLLM's "CPU KV cache size: 7,584 tokens" line at 1 GiB; 7,632 without the draft): 61 MLA layers x 576 floats."""
 BLOCK_TOKENS = 16  # a request's last KV block is allocated whole
+KV_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+"""Bytes per KV cache element by the serve config's ``dtype`` (vLLM-CPU's cache is in the model's dtype)."""
 
 
-def kv_cache_gib(variant: Variant, plan: Plan, prompt_tokens: int) -> int:
+def kv_cache_gib(variant: Variant, plan: Plan, prompt_tokens: int, dtype: str = "float32") -> int:
     """GiB of KV cache that hold every request of the variant's busiest cell at once (prompt + output + the drafts
     of a step + a block), so that a cell at concurrency C runs C requests per step instead of queueing the rest: a
-    1 GiB cache holds ~38 requests of 64 + 128 tokens, and the run of 2026-12-03 12:53 measured its c=64 cells so."""
+    1 GiB cache holds ~38 requests of 64 + 128 tokens in float32 (twice as many in bf16), and the run of
+    2026-12-03 12:53 measured its c=64 cells so."""
+    per_gib = KV_TOKENS_PER_GIB * 4 // KV_BYTES.get(str(dtype), 4)
     need = 0
     for cell in variant.cells:
         out = plan.split_tokens if cell.kind in ("split", "untimed") else plan.max_tokens
         need = max(need, cell.concurrency * (prompt_tokens + out + variant.k + 1 + BLOCK_TOKENS))
-    return max(1, -(-need // KV_TOKENS_PER_GIB))
+    return max(1, -(-need // per_gib))
 
 
 def memory_short(kv_gib: int, meminfo: str | None = None) -> str:
@@ -254,7 +258,7 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
                 say: Callable[[str], None], start_timeout: float | None = None) -> dict[str, Any]:
     """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured."""
     res = _record(variant)
-    kv = kv_cache_gib(variant, plan, max(map(len, prompts)))
+    kv = kv_cache_gib(variant, plan, max(map(len, prompts)), base_cfg.get("dtype", "float32"))
     server, env, log = _start(variant, base_cfg, wiring, work, log_dir, say, kv)
     try:
         if not _ready(variant, server, res, say, start_timeout, prompts):
@@ -312,7 +316,7 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
     top = max(map(len, prompts))
     try:
         for v, res in zip(variants, recs):
-            kv = kv_cache_gib(v, plan, top)
+            kv = kv_cache_gib(v, plan, top, base_cfg.get("dtype", "float32"))
             short = memory_short(kv)
             if short:  # all servers stay alive: one more than the machine holds would be OOM-killed mid-stretch
                 res["skipped"] = short
