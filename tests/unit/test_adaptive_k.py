@@ -25,6 +25,8 @@ pytestmark = pytest.mark.unit
 
 SHIPPED_SERVE_CONFIGS = ("configs/serve_kimi_k25_mini.yaml", "configs/serve_kimi_k25_mini_vision.yaml")
 ADAPTIVE_RESULTS = REPO / "bench" / "adaptive" / "results.json"
+BF16_CONFIG = "configs/serve_kimi_k25_mini_bf16.yaml"
+BF16_RESULTS = REPO / "bench" / "adaptive-bf16" / "results.json"  # AMX_MLA, measured on an AMX host
 
 
 def test_schedule_takes_the_fastest_k_per_concurrency_and_splits_at_geometric_means():
@@ -269,6 +271,23 @@ def test_shipped_serve_configs_carry_the_measured_table():
                                     f"{ADAPTIVE_RESULTS.relative_to(REPO)} {list(table)}: paste the lines of "
                                     f"vllm-eagle3 bench --from-json bench/adaptive/results.json --advise")
         assert spec["num_speculative_tokens"] == want["num_speculative_tokens"], name
+
+
+def test_the_bf16_config_carries_the_table_measured_on_amx_mla_or_none():
+    """bf16 is the AMX_MLA fast path: its table comes from a bf16 run on an AMX host (bench/adaptive-bf16), never from
+    the float32 CPU_MLA run; without such a run it drafts a fixed k."""
+    spec = yaml.safe_load((REPO / BF16_CONFIG).read_text())["speculative-config"]
+    got = [tuple(e) for e in spec.get("num_speculative_tokens_per_batch_size") or []]
+    if not BF16_RESULTS.exists():
+        assert got == [], f"{BF16_CONFIG} carries a table but {BF16_RESULTS.relative_to(REPO)} does not exist"
+        return
+    data = json.loads(BF16_RESULTS.read_text())
+    assert (data["meta"]["dtype"], data["meta"]["attention"]) == ("bfloat16", "AMX_MLA"), data["meta"]
+    table = advise.from_results(data)
+    assert got == list(table), (f"{BF16_CONFIG}: {got} is not the table of {BF16_RESULTS.relative_to(REPO)} "
+                                f"{list(table)}: paste the lines of vllm-eagle3 bench --from-json "
+                                f"{BF16_RESULTS.relative_to(REPO)} --advise")
+    assert spec["num_speculative_tokens"] == max(k for _, _, k in table), BF16_CONFIG
 
 
 def test_watch_rates_divide_by_the_drafts_that_reached_each_position():
