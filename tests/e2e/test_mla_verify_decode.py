@@ -12,9 +12,9 @@ One engine as shipped (no variable set), float32, k=3, fed a workload built to h
 ``max_num_seqs`` so new prompts join running decodes (mixed steps, non-uniform decode query lengths), ``max_tokens``
 1, 2, 9, 17 that end requests mid-draft, requests that run into ``max_model_len`` (the scheduler trims their drafts),
 and a KV cache of 20 blocks (320 tokens) so requests are preempted and recomputed: the workload may or may not
-preempt (requests reach the engine core while it steps, so which run together depends on timing; a CI run on an AMX
-Xeon saw none), so two 100-token prompts of 96 tokens each follow on their own, admitted together (7 + 7 blocks) and
-growing to 13 blocks each: one of them must be preempted. The worker's counters must show
+preempt (requests reach the engine core while it steps, so which run together depends on timing; a fresh-clone
+make test on an AMX Xeon saw none), so two 100-token prompts of 96 tokens each follow on their own, admitted together
+(7 + 7 blocks) and growing to 13 blocks each: one of them must be preempted. The worker's counters must show
 each shape was really taken; the preemption counter comes from vLLM's metrics. Chunked prefill cannot be exercised:
 vLLM-CPU disables it for MLA (``platforms/cpu.py``). A second, small engine with ``=0`` checks the opt-out.
 

