@@ -25,7 +25,7 @@ DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
 DEFAULT_PROMPTS = "models/kimi-k25-mini-eagle3/eval_prompts.json"
 DOCS = {"md": "BENCHMARKS.md", "png": "docs/bench.png", "json": "bench/results.json", "soak": "bench/soak.json",
         "adaptive": "bench/adaptive/results.json", "adaptive_bf16": "bench/adaptive-bf16/results.json"}
-ADAPTIVE = ("adaptive", "adaptive_bf16")  # the adaptive-k runs the repository's page shows: CPU_MLA float32, AMX_MLA bf16
+ADAPTIVE = ("adaptive", "adaptive_bf16")  # the adaptive-k runs the repository's page shows: CPU_MLA f32, AMX_MLA bf16
 SCRATCH = ".cache/bench-{plan}"  # where plans other than default/full write (gitignored)
 
 
@@ -164,10 +164,17 @@ def write_docs(data: dict, md: Path, png: Path) -> None:
     md.parent.mkdir(parents=True, exist_ok=True)
     main_page = md.resolve() == (REPO / DOCS["md"]).resolve()
     soak = report.load_soak(REPO / DOCS["soak"]) if main_page else None
-    adaptive = report.load_adaptive([REPO / DOCS[k] for k in ADAPTIVE]) if main_page else []
+    adaptive = repo_adaptive_runs() if main_page else []
     md.write_text(report.render(data, os.path.relpath(png, md.parent), soak=soak, adaptive_runs=adaptive))
     print(report.printed_advice(data))
     print(f"[bench] wrote {md} and {png}")
+
+
+def repo_adaptive_runs() -> list[dict]:
+    """The repository's committed ``--plan adaptive`` results (:data:`ADAPTIVE`) that exist, for its page."""
+    from vllm_eagle3.tools.bench import report
+
+    return report.load_adaptive([REPO / DOCS[k] for k in ADAPTIVE])
 
 
 def render_repo_benchmarks_md() -> Path:
@@ -177,7 +184,7 @@ def render_repo_benchmarks_md() -> Path:
     results, md = REPO / DOCS["json"], REPO / DOCS["md"]
     md.write_text(report.render(report.load(results) if results.exists() else None, DOCS["png"],
                                 soak=report.load_soak(REPO / DOCS["soak"]),
-                                adaptive_runs=report.load_adaptive([REPO / DOCS[k] for k in ADAPTIVE])))
+                                adaptive_runs=repo_adaptive_runs()))
     return md
 
 
