@@ -12,7 +12,7 @@ k = 0 (no draft tokens, the draft's first pass still runs). Measured from /metri
 
 - one request alone: every draft 3 tokens (the mean is 3 exactly but for the last steps, where fewer tokens
   remain than k: vLLM drafts no more than it can still emit);
-- two at once (prompts and lengths equal, so they run side by side): drafts of 1 token;
+- two at once (one request with two prompts, lengths equal, so they run side by side): drafts of 1 token;
 - four at once: drafts only in the steps with fewer than 4 requests (admission, the last step): at most a few;
 - greedy output of every phase token-identical to transformers' float32 greedy continuation (the head's
   eval_prompts.json reference): k changing between steps changes nothing in the text (float32: verify and decode
@@ -56,13 +56,24 @@ def server(server_pool):
 
 
 def _phase(server, items, n: int):
-    """``n`` requests at once (the first ``n`` eval prompts): their token ids and the counters they moved."""
-    from vllm_eagle3.testing.serving import greedy_token_ids
+    """``n`` requests at once (the first ``n`` eval prompts): their token ids and the counters they moved.
+
+    The ``n`` prompts go in one completions request (a list of prompts): vLLM's API server submits them to the engine
+    together, so they join the batch within a step or two of each other. ``n`` concurrent HTTP requests do not: on a
+    loaded two-core box (CI, with the other xdist worker's engine on the second core) they reached the engine so far
+    apart that the first two had generated most of their tokens, at k=1, before the last arrived (80 draft tokens
+    for 192 output tokens in the 4-request phase)."""
+    from openai import OpenAI
+
     from vllm_eagle3.testing.shipped import MODEL_NAME
     from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 
+    client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=600)
     before = SpecDecodeCounters.fetch(server.base_url)
-    got = greedy_token_ids(server, MODEL_NAME, [it["prompt_token_ids"] for it in items[:n]], MAX_TOKENS, n)
+    r = client.completions.create(model=MODEL_NAME, prompt=[list(it["prompt_token_ids"]) for it in items[:n]],
+                                  max_tokens=MAX_TOKENS, temperature=0.0,
+                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    got = [[int(t) for t in c.model_extra["token_ids"]] for c in sorted(r.choices, key=lambda c: c.index)]
     return got, SpecDecodeCounters.fetch(server.base_url) - before
 
 
@@ -82,10 +93,9 @@ def test_drafts_follow_the_table_and_greedy_is_unchanged(server, record_property
     assert c1.drafts >= 8 and c1.draft_tokens / c1.drafts > 2.8, f"1 request per step should draft k=3: {c1.summary()}"
     assert c1.draft_tokens <= 3 * c1.drafts
     assert c2.drafts >= 16 and c2.draft_tokens / c2.drafts < 1.2, f"2 per step should draft k=1: {c2.summary()}"
-    # 4 per step drafts nothing (k=0): drafts only in the steps before all four requests are in the batch, and
-    # how many such steps there are depends on how fast the API server hands them over (seen: 21 draft tokens for
-    # 192 output tokens while another engine loaded the box). k >= 1 at every step would draft at least one token
-    # per two output tokens (a step verifies k + 1 and drafts k), so a third separates the two with room.
+    # 4 per step drafts nothing (k=0): drafts only in the steps before all four requests are in the batch (one or
+    # two, as the API server hands them over; see _phase). k >= 1 at every step would draft at least one token per
+    # two output tokens (a step verifies k + 1 and drafts k), so a third separates the two with room.
     out4 = 4 * MAX_TOKENS
     assert c4.draft_tokens < out4 / 3, (f"4 per step should draft nothing (k=0), drafts only while batches form: "
                                         f"{c4.draft_tokens:.0f} draft tokens for {out4} output tokens; {c4.summary()}")
