@@ -58,22 +58,16 @@ def server(server_pool):
 def _phase(server, items, n: int):
     """``n`` requests at once (the first ``n`` eval prompts): their token ids and the counters they moved.
 
-    The ``n`` prompts go in one completions request (a list of prompts): vLLM's API server submits them to the engine
-    together, so they join the batch within a step or two of each other. ``n`` concurrent HTTP requests do not: on a
-    loaded two-core box (CI, with the other xdist worker's engine on the second core) they reached the engine so far
-    apart that the first two had generated most of their tokens, at k=1, before the last arrived (80 draft tokens
+    The ``n`` prompts go in one completions request, so they join the batch together (``greedy_token_ids_together``).
+    ``n`` concurrent HTTP requests did not: on a loaded two-core box (CI, with the other xdist worker's engine on the
+    second core) the first two had generated most of their tokens, at k=1, before the last arrived (80 draft tokens
     for 192 output tokens in the 4-request phase)."""
-    from openai import OpenAI
-
+    from vllm_eagle3.testing.serving import greedy_token_ids_together
     from vllm_eagle3.testing.shipped import MODEL_NAME
     from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 
-    client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=600)
     before = SpecDecodeCounters.fetch(server.base_url)
-    r = client.completions.create(model=MODEL_NAME, prompt=[list(it["prompt_token_ids"]) for it in items[:n]],
-                                  max_tokens=MAX_TOKENS, temperature=0.0,
-                                  extra_body={"ignore_eos": True, "return_token_ids": True})
-    got = [[int(t) for t in c.model_extra["token_ids"]] for c in sorted(r.choices, key=lambda c: c.index)]
+    got = greedy_token_ids_together(server, MODEL_NAME, [it["prompt_token_ids"] for it in items[:n]], MAX_TOKENS)
     return got, SpecDecodeCounters.fetch(server.base_url) - before
 
 

@@ -88,18 +88,15 @@ def test_suite_time_quoted_from_its_results_file():
     and without the installs; the numbers are bench/suite.json's (written by `python -m
     vllm_eagle3.tools.bench.suite_time LOG` from a run's output), never typed; so are the slower host's
     (bench/suite_slow_host.json: an avx2-only EPYC)."""
-    r = json.loads((REPO / "bench" / "suite.json").read_text())
-    assert r["fresh_clone"] and r["exit_code"] == 0 and r["machine"]["nproc"] == "2", r
     text = (REPO / "docs" / "testing.md").read_text()
     section = text[text.index("## How long the suite takes"):]
-    for quote in (f"{r['total_s']} s", f"{r['installs_s']} s", f"{r['pytest_s']} s", r["machine"]["cpu"],
-                  r["date"], r["machine"]["commit"]):
-        assert quote in section, f"docs/testing.md does not quote {quote!r} from bench/suite.json"
-    slow = json.loads((REPO / "bench" / "suite_slow_host.json").read_text())
-    assert slow["fresh_clone"] and slow["exit_code"] == 0 and slow["machine"]["nproc"] == "2", slow
-    for quote in (f"{slow['total_s']} s", f"{slow['installs_s']} s", f"{slow['pytest_s']} s", slow["date"],
-                  slow["machine"]["commit"], f"{round(slow['slowest'][0]['seconds'])} s"):
-        assert quote in section, f"docs/testing.md does not quote {quote!r} from bench/suite_slow_host.json"
+    for name in ("suite.json", "suite_slow_host.json"):
+        run = json.loads((REPO / "bench" / name).read_text())
+        assert run["fresh_clone"] and run["exit_code"] == 0 and run["machine"]["nproc"] == "2", run
+        for quote in (f"{run['total_s']} s", f"{run['installs_s']} s", f"{run['pytest_s']} s", run["machine"]["cpu"],
+                      run["date"], run["machine"]["commit"], f"{round(run['slowest'][0]['seconds'])} s"):
+            assert quote in section, f"docs/testing.md does not quote {quote!r} from bench/{name}"
+    r = json.loads((REPO / "bench" / "suite.json").read_text())
     minutes = f"{round(r['total_s'] / 60)} minutes"
     readme = (REPO / "README.md").read_text()
     assert minutes in readme and f"{round(r['installs_s'] / 60)} of them installs" in readme, \

@@ -25,20 +25,33 @@ class ServedGreedy:
     startup_s: float
 
 
-def greedy_token_ids(server: Any, model_name: str, prompts: Sequence[Sequence[int]], max_tokens: int,
-                     in_flight: int, timeout: float = 600.0) -> list[list[int]]:
-    """Greedy completions (token ids) of ``prompts`` (token ids), ``in_flight`` at a time, ``max_tokens`` each."""
+def _greedy_completions(server: Any, model_name: str, prompt: Any, max_tokens: int, timeout: float) -> list[list[int]]:
+    """One greedy completions request (no EOS stop) for ``prompt`` (token ids, or a list of them): the token ids of
+    each choice, in the prompts' order."""
     from openai import OpenAI
 
     client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=timeout)
+    r = client.completions.create(model=model_name, prompt=prompt, max_tokens=max_tokens, temperature=0.0,
+                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    return [[int(t) for t in c.model_extra["token_ids"]] for c in sorted(r.choices, key=lambda c: c.index)]
 
+
+def greedy_token_ids(server: Any, model_name: str, prompts: Sequence[Sequence[int]], max_tokens: int,
+                     in_flight: int, timeout: float = 600.0) -> list[list[int]]:
+    """Greedy completions (token ids) of ``prompts`` (token ids), ``in_flight`` at a time, ``max_tokens`` each."""
     def one(prompt: Sequence[int]) -> list[int]:
-        r = client.completions.create(model=model_name, prompt=[int(t) for t in prompt], max_tokens=max_tokens,
-                                      temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
-        return [int(t) for t in r.choices[0].model_extra["token_ids"]]
+        return _greedy_completions(server, model_name, [int(t) for t in prompt], max_tokens, timeout)[0]
 
     with ThreadPoolExecutor(in_flight) as ex:
         return list(ex.map(one, prompts))
+
+
+def greedy_token_ids_together(server: Any, model_name: str, prompts: Sequence[Sequence[int]], max_tokens: int,
+                              timeout: float = 600.0) -> list[list[int]]:
+    """Greedy completions of ``prompts`` sent as ONE completions request (a list of prompts): vLLM's API server submits
+    them to the engine together, so they join the batch within a step or two of each other. Concurrent HTTP requests
+    (:func:`greedy_token_ids`) can reach the engine far apart on a loaded box."""
+    return _greedy_completions(server, model_name, [[int(t) for t in p] for p in prompts], max_tokens, timeout)
 
 
 def serve_greedy(target: Path, draft: Path, capture_spec: Path, serve_config: Path, prompts: Sequence[Sequence[int]],
