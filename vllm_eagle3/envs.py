@@ -1,64 +1,154 @@
-"""Every environment variable this project reads, with its default and meaning, in one place.
+"""Every environment variable this project reads, one entry each (name, default, parser, meaning), read through getters.
 
-Data flow position: configuration, read by the plugin in every vLLM process and by the commands before vLLM starts.
-Other modules import the names from here (``model_patches`` keeps its own two, listed below with a pointer: it is
-also loaded in SGLang's venv, which does not import this package). tests/unit/test_envs.py fails when a
-``VLLM_EAGLE3_*`` name appears anywhere in the package without being listed here.
+Data flow position: configuration, read by the plugin in every vLLM process, by ``model_patches`` (also in SGLang's
+venv: this module is stdlib-only so it imports there) and by the commands before vLLM starts. In the style of vLLM's
+``vllm/envs.py``: ``envs.EAGLE3_SPEC`` is the parsed value from ``os.environ``; ``envs.get(name, environ)`` reads a
+given mapping (the environment a child will get). Nothing else reads a variable directly; tests/unit/test_envs.py
+scans the sources for such reads. The project's names avoid vLLM's reserved ``VLLM_`` prefix (vLLM warns about
+unknown ``VLLM_*`` names); the old ``VLLM_EAGLE3_*`` names still work, with one deprecation line per process.
 """
 
 from __future__ import annotations
 
-# ----------------------------------------------------------------------------------------------- the project's own
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
-SPEC = "VLLM_EAGLE3_SPEC"
-"""Path of the capture-spec YAML (``taps: [embed, 3, 31]``) the plugin captures; default: none. Set by
-``vllm-eagle3 serve --capture-spec``; read by the plugin in every vLLM process and by the wiring watch."""
+logger = logging.getLogger("vllm.vllm_eagle3")
 
-CONVENTION = "VLLM_EAGLE3_CONVENTION"
-"""Convention the draft config's ids are written in (``vllm``, ``sglang-legacy``, ...) when there is no spec; default:
-none (a draft with ids and neither is refused). Set by ``vllm-eagle3 serve --convention``."""
 
-SKIP_PATCHES = "VLLM_EAGLE3_SKIP_PATCHES"
-"""Comma-separated engine patches to leave out (``model_patches/__init__.py`` ``SKIP_ENV``); default: none."""
+def _text(value: str) -> str | None:
+    """A free-text value; empty counts as unset."""
+    return value or None
 
-CPU_MLA_VERIFY_AS_DECODE = "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"
-"""``0`` verifies speculative tokens on vLLM-CPU's own MLA prefill path; unset / ``1``: on the decode kernel
-(``model_patches/vllm_cpu_mla_verify_decode.py`` ``ENV``)."""
 
-SERVE_LOG = "VLLM_EAGLE3_SERVE_LOG"
-"""File where ``vllm-eagle3 serve`` keeps vLLM's whole output; default: a new file in the temp folder, named at
-start-up."""
+def _names(value: str) -> frozenset[str]:
+    """Comma-separated names, blanks ignored: "a, b," -> {"a", "b"}."""
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
 
-CHECK_DIR = "VLLM_EAGLE3_CHECK_DIR"
-"""Folder where each engine's online wiring check writes ``engine<i>.json`` (read by ``GET /v1/eagle3/wiring`` and the
-gauges); default: a new folder in the temp folder, made by the first vLLM process and inherited by the engine's."""
 
-SERVE_CHILD = "_VLLM_EAGLE3_SERVE_CHILD"
-"""Internal: marks the supervised child process of ``vllm-eagle3 serve`` (never set it yourself)."""
+def _flag_default_on(name: str) -> Callable[[str], bool]:
+    def parse(value: str) -> bool:
+        value = value.strip()
+        if value not in ("", "0", "1"):
+            raise ValueError(f"{name}={value!r}: use 0 or 1 (unset means 1)")
+        return value != "0"
+    return parse
 
-# ----------------------------------------------------------------------------------------------- vLLM's, read or set
 
-VLLM_PLUGINS = "VLLM_PLUGINS"
-"""vLLM's plugin allowlist. Unset: ``serve`` names every installed plugin plus the wiring watch's endpoint route."""
+def _flag(value: str) -> bool:
+    return value.strip() == "1"
 
-CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"
-"""vLLM-CPU's KV cache in GiB. Unset (and no ``--gpu-memory-utilization``): ``serve`` picks 1-4 GiB from free memory."""
 
-PP_LAYER_PARTITION = "VLLM_PP_LAYER_PARTITION"
-"""vLLM's pipeline-parallel layer split: read to refuse a tap a non-last stage would drop."""
+@dataclass(frozen=True)
+class Var:
+    """One variable: ``parse`` turns the raw string into the value; ``default`` is the value when unset."""
 
-ALLOW_INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
-"""Set to 1 while the doctor's ``--engine vllm`` brings recorded tensors back from the worker."""
+    name: str
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+    deprecated: str | None = None  # an older name still accepted (with one deprecation line per process)
 
-LD_PRELOAD = "LD_PRELOAD"
-"""Read to keep exactly one OpenMP runtime; ``serve`` puts Intel OpenMP first on vLLM-CPU when none is there."""
+
+_VARS = (
+    # ------------------------------------------------------------------------------------------ the project's own
+    Var("EAGLE3_SPEC", None, _text,
+        "Path of a capture-spec YAML (taps: [embed, 3, 31]); the fallback when --additional-config carries none.",
+        "VLLM_EAGLE3_SPEC"),
+    Var("EAGLE3_CONVENTION", None, _text,
+        "Convention the draft config's ids are written in (vllm, sglang-legacy, ...) when there is no spec.",
+        "VLLM_EAGLE3_CONVENTION"),
+    Var("EAGLE3_SKIP_PATCHES", frozenset(), _names,
+        "Comma-separated engine patches (model_patches) to leave out.", "VLLM_EAGLE3_SKIP_PATCHES"),
+    Var("EAGLE3_CPU_MLA_VERIFY_AS_DECODE", True, _flag_default_on("EAGLE3_CPU_MLA_VERIFY_AS_DECODE"),
+        "0: verify speculative tokens on vLLM-CPU's own MLA prefill path; unset / 1: on its decode kernel.",
+        "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"),
+    Var("EAGLE3_SERVE_LOG", None, _text,
+        "File where `vllm-eagle3 serve` keeps vLLM's whole output; unset: a new file in the temp folder.",
+        "VLLM_EAGLE3_SERVE_LOG"),
+    Var("EAGLE3_CHECK_DIR", None, _text,
+        "Folder of the online wiring check's engine<i>.json; unset: made by the first vLLM process, inherited.",
+        "VLLM_EAGLE3_CHECK_DIR"),
+    Var("_EAGLE3_SERVE_CHILD", False, _flag,
+        "Internal: marks the supervised child of `vllm-eagle3 serve` (never set it yourself).",
+        "_VLLM_EAGLE3_SERVE_CHILD"),
+    # ------------------------------------------------------------------------------------------ vLLM's, read or set
+    Var("VLLM_PLUGINS", None, _text,
+        "vLLM's plugin allowlist; unset: `serve` names every installed plugin plus the watch's endpoint route."),
+    Var("VLLM_CPU_KVCACHE_SPACE", None, _text,
+        "vLLM-CPU's KV cache in GiB; unset (and no --gpu-memory-utilization): `serve` picks 1-4 GiB."),
+    Var("VLLM_CPU_OMP_THREADS_BIND", "auto", str, "vLLM-CPU's OpenMP thread binding; recorded with benchmarks."),
+    Var("VLLM_PP_LAYER_PARTITION", None, _text,
+        "vLLM's pipeline-parallel layer split: read to refuse a tap a non-last stage would drop."),
+    Var("VLLM_ALLOW_INSECURE_SERIALIZATION", None, _text,
+        "Set to 1 while the doctor's --engine vllm brings recorded tensors back from the worker."),
+    Var("LD_PRELOAD", "", str, "Read to keep one OpenMP runtime; `serve` puts Intel OpenMP first on vLLM-CPU."),
+    *(Var(n, None, _text, "glibc malloc setting: any set means `serve` leaves the allocator alone on vLLM-CPU.")
+      for n in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
+                "MALLOC_ARENA_MAX")),
+    Var("GLIBC_TUNABLES", "", str, "glibc tunables; a glibc.malloc.* entry means `serve` leaves the allocator alone."),
+    *(Var(n, None, _text, "oneDNN's primitive cache size: set means `serve` leaves it alone (else 64 on vLLM-CPU).")
+      for n in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")),
+)
+VARIABLES: dict[str, Var] = {v.name: v for v in _VARS}
 
 MALLOC_KNOBS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
                 "MALLOC_ARENA_MAX", "GLIBC_TUNABLES")
-"""glibc malloc settings: any of them set means ``serve`` leaves the allocator alone on vLLM-CPU."""
-
 ONEDNN_CACHE = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
-"""oneDNN's primitive cache size: set means ``serve`` leaves it alone (else 64 on vLLM-CPU)."""
 
-ALL = (SPEC, CONVENTION, SKIP_PATCHES, CPU_MLA_VERIFY_AS_DECODE, SERVE_LOG, CHECK_DIR, SERVE_CHILD, VLLM_PLUGINS,
-       CPU_KVCACHE_SPACE, PP_LAYER_PARTITION, ALLOW_INSECURE_SERIALIZATION, LD_PRELOAD, *MALLOC_KNOBS, *ONEDNN_CACHE)
+_warned = threading.Event()
+
+
+def _entry(name: str) -> Var:
+    try:
+        return VARIABLES[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not an environment variable of vllm_eagle3/envs.py; add an entry there "
+                       f"(known: {', '.join(VARIABLES)})") from None
+
+
+def _warn_deprecated(env: Mapping[str, str]) -> None:
+    """One line per process, naming every old name set and its new name."""
+    if _warned.is_set():
+        return
+    old = [f"{v.deprecated} -> {v.name}" for v in _VARS if v.deprecated and v.deprecated in env]
+    if old:
+        _warned.set()
+        logger.warning("vllm-eagle3: deprecated environment variable names (vLLM reserves VLLM_*): %s; "
+                       "rename them", ", ".join(old))
+
+
+def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The unparsed value of ``name`` (or of its deprecated name) in ``environ`` (default ``os.environ``); None if
+    unset. For saving and restoring a value exactly; everything else uses :func:`get`."""
+    var, env = _entry(name), os.environ if environ is None else environ
+    if name in env:
+        return env[name]
+    if var.deprecated and var.deprecated in env:
+        _warn_deprecated(env)
+        return env[var.deprecated]
+    return None
+
+
+def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``name`` (or its deprecated name) is present in ``environ``, even empty."""
+    return raw(name, environ) is not None
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The parsed value of ``name`` in ``environ`` (default ``os.environ``), or the entry's default when unset."""
+    value = raw(name, environ)
+    return _entry(name).default if value is None else _entry(name).parse(value)
+
+
+def __getattr__(name: str) -> Any:
+    if name in VARIABLES:
+        return get(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *VARIABLES])

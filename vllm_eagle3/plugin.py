@@ -53,8 +53,8 @@ def _install_wiring_check() -> None:
     from vllm_eagle3 import envs
     from vllm_eagle3.online.engine_hook import install
 
-    if not os.environ.get(envs.CHECK_DIR):
-        os.environ[envs.CHECK_DIR] = tempfile.mkdtemp(prefix="vllm-eagle3-check-")
+    if not envs.EAGLE3_CHECK_DIR:
+        os.environ["EAGLE3_CHECK_DIR"] = tempfile.mkdtemp(prefix="vllm-eagle3-check-")
     done = install()
     if done.startswith("not installed"):
         init_logger("vllm.vllm_eagle3").warning("vllm-eagle3 wiring check: %s", done)

@@ -24,8 +24,8 @@ from vllm_eagle3.checkpoint import (IDS_KEY, TAP_CAPTURE_ARCHITECTURES, TRAINED_
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, get_convention, ids_to_taps, taps_to_ids
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
-ENV_SPEC = envs.SPEC
-ENV_CONVENTION = envs.CONVENTION
+ENV_SPEC = "EAGLE3_SPEC"
+ENV_CONVENTION = "EAGLE3_CONVENTION"
 
 
 # ----------------------------------------------------------------------------------------------- file readers
@@ -272,9 +272,8 @@ def _runner_ids(ids: tuple[int, ...]) -> tuple[int, ...]:
 
 def resolve_from_env(target, draft, environ: Mapping[str, str] | None = None) -> Resolution:
     """The plugin's entry: spec and convention from ``VLLM_EAGLE3_SPEC`` / ``VLLM_EAGLE3_CONVENTION``."""
-    env = os.environ if environ is None else environ
-    return resolve_capture(target, draft, spec_path=env.get(ENV_SPEC) or None,
-                           convention=env.get(ENV_CONVENTION) or None)
+    return resolve_capture(target, draft, spec_path=envs.get(ENV_SPEC, environ),
+                           convention=envs.get(ENV_CONVENTION, environ))
 
 
 def ids_for_engines(spec: CaptureSpec, num_layers: int) -> dict[str, tuple[int, ...] | str]:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Mapping, Sequence
@@ -268,16 +267,14 @@ class Judge:
 # ----------------------------------------------------------------------------------------------- reports
 
 def report_path(engine_index: int, environ: Mapping[str, str] | None = None) -> Path | None:
-    """Where engine ``engine_index``'s check writes its verdict: ``$VLLM_EAGLE3_CHECK_DIR/engine<i>.json``."""
-    env = os.environ if environ is None else environ
-    folder = env.get(envs.CHECK_DIR)
+    """Where engine ``engine_index``'s check writes its verdict: ``$EAGLE3_CHECK_DIR/engine<i>.json``."""
+    folder = envs.get("EAGLE3_CHECK_DIR", environ)
     return Path(folder) / f"engine{engine_index}.json" if folder else None
 
 
 def read_reports(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Every engine's latest check report, by engine index (the API server's view; empty before the first step)."""
-    env = os.environ if environ is None else environ
-    folder = env.get(envs.CHECK_DIR)
+    folder = envs.get("EAGLE3_CHECK_DIR", environ)
     out: dict[str, Any] = {}
     if not folder or not Path(folder).is_dir():
         return out

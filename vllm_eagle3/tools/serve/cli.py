@@ -37,7 +37,7 @@ from vllm_eagle3.tools.serve.vllm_cpu import allocator_setting, install_vllm_cpu
 
 PROG = "vllm-eagle3 serve"
 EXIT_BAD_INPUT = 2
-CHILD_ENV = envs.SERVE_CHILD
+CHILD_ENV = "_EAGLE3_SERVE_CHILD"
 
 USAGE = f"""usage: {PROG} MODEL --speculative-config JSON [--capture-spec YAML | --convention NAME] [vllm serve options]
        {PROG} --config serve.yaml [--capture-spec YAML | --convention NAME] [vllm serve options]

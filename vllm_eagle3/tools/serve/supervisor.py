@@ -113,7 +113,7 @@ def exit_on_stop_signals() -> None:
         signal.signal(s, on_signal)
 
 
-LOG_ENV = envs.SERVE_LOG
+LOG_ENV = "EAGLE3_SERVE_LOG"
 """Where ``serve`` keeps vLLM's whole output (default: a new file in the temp folder, named at start-up)."""
 
 
@@ -213,7 +213,7 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
 
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    log_path = Path(env.get(LOG_ENV) or tempfile.mkstemp(prefix="vllm-eagle3-serve-", suffix=".log")[1])
+    log_path = Path(envs.get(LOG_ENV, env) or tempfile.mkstemp(prefix="vllm-eagle3-serve-", suffix=".log")[1])
     _say(f"vLLM's output is also kept in {log_path}")
     try:
         child = subprocess.Popen(list(argv), env=dict(env), preexec_fn=_child_setup, stdout=subprocess.PIPE,
