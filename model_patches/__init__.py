@@ -8,7 +8,7 @@ versions it was written against and the upstream change that would retire it. :f
 installed version (the error names installed vs supported versions), applies a patch at most once per
 process (a second call is a no-op) and records it; :func:`applied_patches` lists what this process applied.
 
-``VLLM_EAGLE3_SKIP_PATCHES=name[,name...]`` (environment, read at :func:`apply`) leaves the named patches out in
+``EAGLE3_SKIP_PATCHES=name[,name...]`` (environment, read at :func:`apply`) leaves the named patches out in
 this process; they are recorded as skipped. It exists so a test can run the engine as stock vLLM would, minus one
 patch, and show that the patch is what fixes it (tests/e2e/test_sampling_options.py). Never set it in production.
 
@@ -56,11 +56,11 @@ class Patch:
 _lock = threading.Lock()
 _records: dict[str, str] = {}
 
-SKIP_ENV = "VLLM_EAGLE3_SKIP_PATCHES"
+SKIP_ENV = "EAGLE3_SKIP_PATCHES"
 
 
 def skipped_by_env(environ=None) -> frozenset[str]:
-    """Patch names listed in ``VLLM_EAGLE3_SKIP_PATCHES`` (comma-separated; blanks ignored)."""
+    """Patch names listed in ``EAGLE3_SKIP_PATCHES`` (comma-separated; blanks ignored)."""
     value = (os.environ if environ is None else environ).get(SKIP_ENV, "")
     return frozenset(name.strip() for name in value.split(",") if name.strip())
 

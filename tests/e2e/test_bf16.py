@@ -89,7 +89,7 @@ def runs() -> dict:
         plain_log = plain.log()
     finally:
         stop_engine(plain)
-    spec = start_engine(TARGET, DRAFT, env={"VLLM_EAGLE3_SPEC": str(SPEC)}, disable_log_stats=False, **args)
+    spec = start_engine(TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC)}, disable_log_stats=False, **args)
     try:
         builders = spec.llm.collective_rpc(worker_attention_builders)[0]
         spec.llm.collective_rpc(install_draft_recorder)

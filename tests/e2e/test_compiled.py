@@ -60,7 +60,7 @@ def compiled() -> dict:
 
     items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"][:NUM_PROMPTS]
     greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    engine = start_engine(TARGET, DRAFT, env={"VLLM_EAGLE3_SPEC": str(SPEC), "VLLM_CACHE_ROOT": str(COMPILE_CACHE)},
+    engine = start_engine(TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC), "VLLM_CACHE_ROOT": str(COMPILE_CACHE)},
                           enforce_eager=False, max_model_len=512, disable_log_stats=False)
     try:
         config = engine.llm.llm_engine.vllm_config

@@ -27,7 +27,7 @@ Tolerances (float32 everywhere, same weights, same token ids):
   which saves a non-speculative server start. A wrong accept/reject changes tokens by O(1) logits, not by a tie.
 - Served acceptance: > 1.5 (the shared ``assert_speculation_accepted`` floor, tests/conftest.py) with the TRAINED
   head (measured 2.124 over 242 drafts at k=3, 8 prompts x 64 tokens; its card's served walk at k=3 is 2.231 over 128
-  tokens); an untrained head (``VLLM_EAGLE3_E2E_DRAFT4=/tmp/...`` for development) fails it, as it should.
+  tokens); an untrained head (``EAGLE3_E2E_DRAFT4=/tmp/...`` for development) fails it, as it should.
 
 Measured wall time: 143 s for the module (offline engine ready 39 s, server ready 57 s) under the engine lock.
 """
@@ -45,7 +45,7 @@ from vllm_eagle3.spec import EMBED
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "models" / "kimi-k25-mini"
-DRAFT = Path(os.environ.get("VLLM_EAGLE3_E2E_DRAFT4", REPO / "models" / "kimi-k25-mini-eagle3-4tap"))
+DRAFT = Path(os.environ.get("EAGLE3_E2E_DRAFT4", REPO / "models" / "kimi-k25-mini-eagle3-4tap"))
 SPEC = REPO / "configs" / "kimi_k25_eagle3_4tap.yaml"
 SERVE_CONFIG = REPO / "configs" / "serve_kimi_k25_mini.yaml"
 TAPS = (EMBED, 3, 31, 59)  # the spec's order
@@ -59,7 +59,7 @@ pytestmark = [pytest.mark.e2e]
 if not (DRAFT / "config.json").is_file():
     pytestmark.append(pytest.mark.skip(
         reason=f"the four-tap head is not there yet ({DRAFT}); train it with `python -m vllm_eagle3.miniature."
-               f"train_draft --spec {SPEC.relative_to(REPO)}` or point VLLM_EAGLE3_E2E_DRAFT4 at a head"))
+               f"train_draft --spec {SPEC.relative_to(REPO)}` or point EAGLE3_E2E_DRAFT4 at a head"))
 
 
 def say(line: str) -> None:
@@ -100,7 +100,7 @@ def offline(prompt) -> dict:
     from vllm_eagle3.testing.engine import start_engine, stop_engine
     from vllm_eagle3.testing.taps import install_recorder, recorded_taps
 
-    engine = start_engine(TARGET, DRAFT, env={"VLLM_EAGLE3_SPEC": str(SPEC)}, max_model_len=512)
+    engine = start_engine(TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC)}, max_model_len=512)
     try:
         engine.llm.apply_model(install_recorder)
         names = engine.llm.collective_rpc(install_draft_recorder)

@@ -31,7 +31,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "models" / "kimi-k25-mini"
-DRAFT = Path(os.environ.get("VLLM_EAGLE3_E2E_DRAFT_MLA", REPO / "models" / "kimi-k25-mini-eagle3-mla"))
+DRAFT = Path(os.environ.get("EAGLE3_E2E_DRAFT_MLA", REPO / "models" / "kimi-k25-mini-eagle3-mla"))
 SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
 SERVE_CONFIG = REPO / "configs" / "serve_kimi_k25_mini.yaml"
 DRAFT_CLASS = "Eagle3DeepseekV2ForCausalLM"

@@ -1,5 +1,5 @@
 """The default-on CPU MLA verify-as-decode patch (model_patches/vllm_cpu_mla_verify_decode.py) keeps EAGLE-3 exact on
-every batch shape a real scheduler produces, and ``VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0`` gives vLLM's own path.
+every batch shape a real scheduler produces, and ``EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0`` gives vLLM's own path.
 
 Guards: a row expansion one token off (a draft token attending to its own future, or missing its own latent), a
 request's rows given another request's block table or length, a short prompt or padding row misplaced in a
@@ -97,7 +97,7 @@ def run_engine(env_value: str | None, *batches: list[dict]) -> dict:
     from vllm_eagle3.testing.engine import (counter_totals, start_engine, stop_engine, worker_applied_patches,
                                             worker_attention_builders, worker_mla_verify_calls)
 
-    engine = start_engine(TARGET, DRAFT, env={"VLLM_EAGLE3_SPEC": str(SPEC), ENV: env_value}, **ENGINE_ARGS)
+    engine = start_engine(TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC), ENV: env_value}, **ENGINE_ARGS)
     try:
         got = [g for reqs in batches for g in generate(engine, reqs)]
         return {"got": got, "patches": engine.llm.collective_rpc(worker_applied_patches),

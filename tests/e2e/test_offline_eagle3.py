@@ -60,7 +60,7 @@ def test_startup_log_names_taps_and_source(runs):
 
 @pytest.mark.parametrize("draft_ids, env, message", [
     pytest.param(
-        [2, 16, 29], {"VLLM_EAGLE3_SPEC": "SPEC"},
+        [2, 16, 29], {"EAGLE3_SPEC": "SPEC"},
         "and the draft config disagree: its ids [2, 16, 29] read as vllm are taps [2, 16, 29]",
         id="draft-ids-disagree-with-spec"),
     pytest.param(

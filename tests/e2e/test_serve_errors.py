@@ -102,7 +102,7 @@ def serve(*args: str) -> tuple[int, str, str, float]:
     proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", *args, "--enforce-eager",
                            "--host", "127.0.0.1", "--port", "1"],
                           capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env={**__import__("os").environ, "VLLM_EAGLE3_SPEC": "", "VLLM_EAGLE3_CONVENTION": ""})
+                          env={**__import__("os").environ, "EAGLE3_SPEC": "", "EAGLE3_CONVENTION": ""})
     return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0
 
 
@@ -207,9 +207,9 @@ def test_good_input_passes_validation(files):
 
     env = validate([str(files["target"]), "--speculative-config", spec_config(files["good_draft"])],
                    str(files["good_spec"]), None)
-    assert env == {"VLLM_EAGLE3_SPEC": str(files["good_spec"].resolve())}
+    assert env == {"EAGLE3_SPEC": str(files["good_spec"].resolve())}
     env = validate([str(files["target"]), "-sc", spec_config(files["good_draft"])], None, "sglang-legacy")
-    assert env == {"VLLM_EAGLE3_CONVENTION": "sglang-legacy"}
+    assert env == {"EAGLE3_CONVENTION": "sglang-legacy"}
 
 
 def test_help_needs_no_engine():
@@ -262,7 +262,7 @@ def test_a_start_up_failure_is_one_line_with_the_cause_and_the_log_file(tmp_path
         taken.listen(1)
         port = taken.getsockname()[1]
         log = tmp_path / "serve.log"
-        env = {**os.environ, "VLLM_EAGLE3_SERVE_LOG": str(log), "VLLM_CPU_KVCACHE_SPACE": "1"}
+        env = {**os.environ, "EAGLE3_SERVE_LOG": str(log), "VLLM_CPU_KVCACHE_SPACE": "1"}
         proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", "--config", str(SERVE_CONFIG),
                                "--speculative-config", "None", "--port", str(port)],
                               capture_output=True, text=True, timeout=600, cwd=REPO, env=env)

@@ -21,5 +21,5 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_ten_minutes_of_mixed_traffic():
-    duration = os.environ.get("VLLM_EAGLE3_SOAK_S", "600")
+    duration = os.environ.get("EAGLE3_SOAK_S", "600")
     assert main(["--duration", duration]) == 0

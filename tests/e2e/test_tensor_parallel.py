@@ -98,7 +98,7 @@ def tp2(dsv3_dir, make_draft, reference, tmp_path_factory):
     spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "spec.yaml", ["embed", 3, 31], num_layers=32,
                            draft_ids_convention="vllm")
     engine = start_engine(dsv3_dir, make_draft(dsv3_dir, list(TAPS)),
-                          env={"VLLM_EAGLE3_SPEC": str(spec), **TP_ENV}, tensor_parallel_size=TP,
+                          env={"EAGLE3_SPEC": str(spec), **TP_ENV}, tensor_parallel_size=TP,
                           disable_log_stats=False)
     try:
         engine.llm.apply_model(install_recorder)

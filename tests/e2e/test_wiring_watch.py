@@ -20,7 +20,7 @@ whose whole log and window it judges), all eager and float32:
 The route is an endpoint plugin, which vLLM loads only when ``VLLM_PLUGINS`` names it: ``vllm-eagle3 serve`` sets
 :func:`vllm_eagle3.watch.plugins_allowlist_with_endpoint` (every installed plugin + ``vllm_eagle3_wiring``) when the
 user set no ``VLLM_PLUGINS``; the servers here start with none, as a user's would.
-With ``VLLM_EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt`` the test writes the warning line and the
+With ``EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt`` the test writes the warning line and the
 endpoint bodies it saw there (how docs/wiring_watch_example.txt was made).
 """
 
@@ -45,7 +45,7 @@ MODEL_NAME = "kimi-k25-mini"
 MAX_TOKENS = 32
 IN_FLIGHT = 8
 WARNING_MARK = "vllm-eagle3 wiring watch [engine 0]: EAGLE-3 acceptance COLLAPSED"
-EXAMPLE_ENV = "VLLM_EAGLE3_WATCH_EXAMPLE"
+EXAMPLE_ENV = "EAGLE3_WATCH_EXAMPLE"
 
 pytestmark = [pytest.mark.e2e]
 if not all((d / "config.json").is_file() for d in (TARGET, DRAFT, SECOND)):
@@ -103,7 +103,7 @@ def gauges(server: VllmServer) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def example() -> dict:
-    """What the runs saw, written to $VLLM_EAGLE3_WATCH_EXAMPLE at the end (when set)."""
+    """What the runs saw, written to $EAGLE3_WATCH_EXAMPLE at the end (when set)."""
     seen: dict = {}
     yield seen
     out = os.environ.get(EXAMPLE_ENV)

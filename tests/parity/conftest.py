@@ -36,7 +36,7 @@ def record_first_draft_call(target: Path, draft: Path, spec: Path, prompt: list[
     from vllm_eagle3.testing.draft_probe import install_draft_recorder, recorded_draft_calls
     from vllm_eagle3.testing.engine import start_engine, stop_engine
 
-    engine = start_engine(target, draft, env={"VLLM_EAGLE3_SPEC": str(spec)}, max_model_len=512)
+    engine = start_engine(target, draft, env={"EAGLE3_SPEC": str(spec)}, max_model_len=512)
     try:
         names = engine.llm.collective_rpc(install_draft_recorder)
         out = engine.llm.generate([{"prompt_token_ids": prompt}],

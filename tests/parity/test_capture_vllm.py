@@ -32,7 +32,7 @@ DRAFT_IDS = [0, 3, 31]  # vLLM convention: tap k is id k
 
 def vllm_prefill_taps(target, draft, spec_path) -> tuple[list[torch.Tensor], str]:
     """Start vLLM with the plugin + draft + spec, prefill the prompt once, return its aux list and the log."""
-    engine = start_engine(target, draft, env={"VLLM_EAGLE3_SPEC": str(spec_path)})
+    engine = start_engine(target, draft, env={"EAGLE3_SPEC": str(spec_path)})
     try:
         return prefill_taps(engine, prompt_ids()), engine.log()
     finally:

@@ -280,7 +280,7 @@ def vllm_taps(dsv3_61, make_draft, prompt, tmp_path_factory) -> list[torch.Tenso
 
     spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "spec.yaml", ["embed", 3, 31],
                            num_layers=INCIDENT_LAYERS, draft_ids_convention="vllm")
-    engine = start_engine(dsv3_61, make_draft(dsv3_61, [0, 3, 31]), env={"VLLM_EAGLE3_SPEC": str(spec)})
+    engine = start_engine(dsv3_61, make_draft(dsv3_61, [0, 3, 31]), env={"EAGLE3_SPEC": str(spec)})
     try:
         return prefill_taps(engine, prompt)
     finally:

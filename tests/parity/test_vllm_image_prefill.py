@@ -108,7 +108,7 @@ def vllm_mm(kimi_dir, make_draft, tmp_path_factory):
     t0 = time.monotonic()
     pythonpath = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
     engine = start_engine(kimi_dir, make_draft(kimi_dir, [0, 3, 31]),
-                          env={"VLLM_EAGLE3_SPEC": str(spec), "PYTHONPATH": pythonpath},
+                          env={"EAGLE3_SPEC": str(spec), "PYTHONPATH": pythonpath},
                           limit_mm_per_prompt={"vision_chunk": 1})  # images on (start_engine defaults Kimi to 0)
     try:
         engine.llm.apply_model(install_recorder)

@@ -113,7 +113,7 @@ def test_top_k_on_an_empty_batch(cpu_overrides):
 
 
 def test_skip_env_leaves_a_patch_out(monkeypatch):
-    """``VLLM_EAGLE3_SKIP_PATCHES`` (the e2e test's way to run stock vLLM minus one patch) is read per name."""
+    """``EAGLE3_SKIP_PATCHES`` (the e2e test's way to run stock vLLM minus one patch) is read per name."""
     from model_patches import SKIP_ENV, skipped_by_env
 
     assert skipped_by_env({SKIP_ENV: " vllm_cpu_spec_expand, ,vllm_cpu_top_k_empty"}) == {

@@ -71,7 +71,7 @@ def test_polite_server_stops_on_the_forwarded_signal_without_waiting_the_grace()
 
 
 def _fake_vllm(tmp_path, script: str, capfd) -> tuple[int, str, str]:
-    env = {**os.environ, "VLLM_EAGLE3_SERVE_LOG": str(tmp_path / "serve.log")}
+    env = {**os.environ, "EAGLE3_SERVE_LOG": str(tmp_path / "serve.log")}
     code = supervise([sys.executable, "-c", script], env)
     out, err = capfd.readouterr()
     return code, out, err

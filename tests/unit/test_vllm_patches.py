@@ -136,7 +136,7 @@ def test_decode_kernel_on_expanded_rows_equals_causal_attention():
 
 
 def test_mla_verify_decode_is_default_and_rejects_unclear_values():
-    """On unless VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0 (then the plugin leaves it out); a value like "yes" is an
+    """On unless EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0 (then the plugin leaves it out); a value like "yes" is an
     error naming the variable and the accepted values, never a silent default."""
     from model_patches.vllm_cpu_mla_verify_decode import ENV, PATCH
     from model_patches.vllm_plugin import VLLM_PATCHES, vllm_patches

@@ -227,7 +227,7 @@ def spec_with(tmp_path, watch_yaml: str) -> Path:
 
 def test_spec_yaml_watch_keys(tmp_path):
     """Guards: the watch being configurable only by code. ``watch:`` in the capture spec loads into WatchConfig;
-    absent -> None (defaults apply); the API server reads it through VLLM_EAGLE3_SPEC (watch_vllm.build_watch builds
+    absent -> None (defaults apply); the API server reads it through EAGLE3_SPEC (watch_vllm.build_watch builds
     no watch when it says ``enabled: false``)."""
     sf = load_spec_file(spec_with(tmp_path, "watch: {enabled: true, window: 256, min_drafts: 32, floor: 0.1, "
                                             "warn_interval_s: 60}\n"))
@@ -236,7 +236,7 @@ def test_spec_yaml_watch_keys(tmp_path):
     assert sf.watch == W.WatchConfig(True, 256, 32, 0.1, 60)
     assert load_spec_file(spec_with(tmp_path, "")).watch is None
     p = spec_with(tmp_path, "watch: {enabled: false}\n")
-    assert watch_config_from_env({"VLLM_EAGLE3_SPEC": str(p)}).enabled is False
+    assert watch_config_from_env({"EAGLE3_SPEC": str(p)}).enabled is False
     assert watch_config_from_env({}) == W.WatchConfig()
 
 
@@ -309,7 +309,7 @@ def test_endpoint_allowlist_keeps_default_plugins():
 
 EXAMPLE = REPO / "docs" / "wiring_watch_example.txt"
 QUOTING_DOCS = (REPO / "docs" / "wiring-watch.md", REPO / "docs" / "DEPLOYMENT.md")
-REGENERATE = ("regenerate it: flock /tmp/vllm-engine.lock env VLLM_EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt "
+REGENERATE = ("regenerate it: flock /tmp/vllm-engine.lock env EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt "
               ".venv/bin/python -m pytest tests/e2e/test_wiring_watch.py, then copy its lines into the docs")
 
 

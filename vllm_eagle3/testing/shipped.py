@@ -16,7 +16,7 @@ DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
 SERVE_CONFIG = REPO / "configs" / "serve_kimi_k25_mini.yaml"
 SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
 MODEL_NAME = "kimi-k25-mini"  # served-model-name in the serve config
-SERVER_ENV: dict[str, str | None] = {"VLLM_EAGLE3_SKIP_PATCHES": None, "VLLM_PLUGINS": None}
+SERVER_ENV: dict[str, str | None] = {"EAGLE3_SKIP_PATCHES": None, "VLLM_PLUGINS": None}
 """Pooled servers of the shipped pair run with every patch and the default plugin list, whatever the developer's
 shell says (a test that leaves a patch out starts its own server)."""
 

@@ -289,7 +289,7 @@ def build_eagle3_draft(folder: str | Path, target: str | Path, aux_ids: Sequence
 
 def write_spec_yaml(path: str | Path, taps: Sequence[int | str], num_layers: int | None = None,
                     draft_ids_convention: str | None = "vllm") -> Path:
-    """A capture-spec YAML (``taps: [embed, 3, 31]``) as ``VLLM_EAGLE3_SPEC`` reads it."""
+    """A capture-spec YAML (``taps: [embed, 3, 31]``) as ``EAGLE3_SPEC`` reads it."""
     path = Path(path)
     items = ", ".join("embed" if t in (0, "embed") else str(t) for t in taps)
     lines = [f"taps: [{items}]"]

@@ -73,13 +73,13 @@ def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | No
     """A real offline ``vllm.LLM`` (float32, eager, no prefix caching) with its processes' output in a file.
 
     ``env`` is applied while the engine starts (its processes keep it) and restored afterwards; the
-    plugin's variables (``VLLM_EAGLE3_SPEC``, ``VLLM_EAGLE3_CONVENTION``) default to unset.
+    plugin's variables (``EAGLE3_SPEC``, ``EAGLE3_CONVENTION``) default to unset.
     """
     import time
 
     from vllm import LLM
 
-    env = {"VLLM_EAGLE3_SPEC": None, "VLLM_EAGLE3_CONVENTION": None, **(env or {})}
+    env = {"EAGLE3_SPEC": None, "EAGLE3_CONVENTION": None, **(env or {})}
     log_path = Path(tempfile.mkstemp(prefix="vllm_engine_", suffix=".log")[1])
     args: dict[str, Any] = dict(model=str(model), dtype="float32", enforce_eager=True, max_model_len=256,
                                 enable_prefix_caching=False, seed=0)

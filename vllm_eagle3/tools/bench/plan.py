@@ -77,7 +77,7 @@ class Variant:
 
     k: int
     capture: str = EMBED_TAP
-    mla_verify: str = MLA_DEFAULT  # default: what the installed plugin does; off/on: VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0/1
+    mla_verify: str = MLA_DEFAULT  # default: what the installed plugin does; off/on: EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0/1
     compiled: bool = False
     replica: int = 1
     cells: tuple[Cell, ...] = ()

@@ -237,7 +237,7 @@ def _start(label: str, k: int, args):
         engine = start_engine(TARGET, None, **kwargs)
     else:
         draft, spec = HEADS[head]
-        engine = start_engine(TARGET, draft, env={"VLLM_EAGLE3_SPEC": str(spec)}, num_speculative_tokens=k,
+        engine = start_engine(TARGET, draft, env={"EAGLE3_SPEC": str(spec)}, num_speculative_tokens=k,
                               **kwargs)
     installed = engine.llm.collective_rpc(worker_install, args=(0 if head == "none" else k, args.torch_profile,
                                                                  args.module_hooks))

@@ -95,11 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "acceptance, with paired 95% intervals.")
     p.add_argument("--target", required=True, help="target model folder (Kimi K2.5: its language model is used)")
     p.add_argument("--draft", required=True, help="EAGLE-3 draft folder (config.json + safetensors)")
-    p.add_argument("--capture-spec", default=None, help="the capture spec you serve (default: $VLLM_EAGLE3_SPEC)")
+    p.add_argument("--capture-spec", default=None, help="the capture spec you serve (default: $EAGLE3_SPEC)")
     p.add_argument("--taps", action="append", default=None,
                    help="a wiring to judge, e.g. embed,3,31 (repeatable; judged beside --capture-spec)")
     p.add_argument("--convention", default=None,
-                   help="the draft config's ids are read in this convention (default: $VLLM_EAGLE3_CONVENTION); "
+                   help="the draft config's ids are read in this convention (default: $EAGLE3_CONVENTION); "
                         "with none of --capture-spec/--taps/--convention every engine's reading is judged")
     p.add_argument("-k", type=int, default=DEFAULT_K, help=f"num_speculative_tokens served (default {DEFAULT_K})")
     p.add_argument("--text", default=None,

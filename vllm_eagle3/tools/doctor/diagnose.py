@@ -84,8 +84,8 @@ def configured_wirings(target: TargetInfo, draft: DraftInfo, capture_spec: str |
                        taps: Sequence[str] | None, convention: str | None,
                        environ: Mapping[str, str] | None = None) -> tuple[dict, str]:
     """({name: taps fed to the draft}, where they came from). Every ``--capture-spec``, ``--taps`` and
-    ``--convention`` given is judged; with none, the plugin's environment (``VLLM_EAGLE3_SPEC`` /
-    ``VLLM_EAGLE3_CONVENTION``); with none of those either, every engine's reading of the draft config as written
+    ``--convention`` given is judged; with none, the plugin's environment (``EAGLE3_SPEC`` /
+    ``EAGLE3_CONVENTION``); with none of those either, every engine's reading of the draft config as written
     (in the order the engine concatenates: ascending)."""
     from vllm_eagle3.conventions import ids_to_taps
     from vllm_eagle3.tools.inspect import engine_reads

