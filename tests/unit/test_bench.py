@@ -10,14 +10,14 @@ import math
 
 import pytest
 
-from vllm_eagle3.tools.bench import StepTimers, main
+from vllm_eagle3.tools.bench.cli import main
 from vllm_eagle3.tools.bench import analysis, plan as plans, report
 from vllm_eagle3.tools.bench.client import RequestRecord
 from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_OFF, NATIVE, NATIVE_CAPTURES, NO_SPEC, Cell, Plan, Variant
 from vllm_eagle3.tools.bench.run import make_native_draft, native_taps
 from vllm_eagle3.tools.bench.stats import (Estimate, bootstrap, break_even, cost_ratio, ideal_speedup, paired_ratio,
                                            stratified_ratio)
-from vllm_eagle3.tools.bench.timers import step_split
+from vllm_eagle3.tools.bench.timers import StepTimers, step_split
 from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 
 pytestmark = pytest.mark.unit
@@ -47,12 +47,12 @@ def test_paired_ratio_interval_includes_one_when_the_effect_is_noise():
 def test_bootstrap_is_deterministic_and_brackets_the_value():
     """Re-rendering BENCHMARKS.md from the same results must give the same text (seeded resampling)."""
     xs = [1.0, 2.0, 3.0, 4.0, 10.0]
-    a = bootstrap(xs, lambda s: sum(s) / len(s), "seed")
-    b = bootstrap(xs, lambda s: sum(s) / len(s), "seed")
+    a = bootstrap(xs, lambda r: r.mean(axis=-1), "seed")
+    b = bootstrap(xs, lambda r: r.mean(axis=-1), "seed")
     assert a == b and a.lo <= a.value <= a.hi
     assert Estimate(1.234, 1.1, 1.3, 5).fmt() == "1.23 [1.10-1.30]"
     assert Estimate(float("nan")).fmt() == "n/a" and Estimate(2.0).fmt(1) == "2.0"
-    assert math.isnan(bootstrap([5.0], lambda s: s[0], "one").lo)  # one item: no interval, not a fake one
+    assert math.isnan(bootstrap([5.0], lambda r: r.mean(axis=-1), "one").lo)  # one item: no interval, not a fake one
 
 
 def test_stratified_ratio_is_the_ratio_of_server_means():
@@ -308,7 +308,7 @@ def test_analysis_speedup_tau_break_even_and_advice():
     assert emb["mla_verify_on_decode_kernel"] and not analysis.mla_verify_patched({"verify": 0, "steps": 9})
     adv = [a for a in s["advice"] if a["mode"] == "eager" and a["concurrency"] == 1][0]
     assert adv["best_k"] == 3
-    inc = [a for a in s["advice"] if a["mode"] == "incident"]
+    inc = [a for a in s["advice"] if a["mode"] == plans.SGLANG_DEFAULT_WIRING]
     assert inc and all(a["tau"]["value"] == pytest.approx(1.0) for a in inc)
 
 

@@ -17,9 +17,9 @@ import math
 from typing import Any, Mapping, Sequence
 
 from vllm_eagle3.tools.bench.client import RequestRecord
-from vllm_eagle3.tools.bench.plan import AB_PAIRS, MLA_DEFAULT, NATIVE, Variant
-from vllm_eagle3.tools.bench.stats import (NAN, NONE, Estimate, bootstrap, cost_ratio, finite,
-                                           ideal_speedup, mean, mean_ci, median, paired_ratio, stratified_ratio)
+from vllm_eagle3.tools.bench.plan import AB_PAIRS, MLA_DEFAULT, NATIVE, SGLANG_DEFAULT_WIRING, Variant
+from vllm_eagle3.tools.bench.stats import (NAN, NONE, Estimate, bootstrap, cost_ratio, finite, ideal_speedup, mean,
+                                           mean_ci, median, paired_ratio, ratio_of_sums, stratified_ratio)
 from vllm_eagle3.tools.bench.timers import StepSplit
 
 
@@ -92,8 +92,7 @@ def _scaled(point: float, est: Estimate) -> Estimate:
 def throughput(cs: Sequence[Mapping], seed: str) -> Estimate:
     pp = per_prompt(cs)
     items = sorted(pp.values())
-    lat = bootstrap(items, lambda s: sum(t for t, _ in s) / sum(x for _, x in s) if s else NAN, seed,
-                    method="bootstrap over prompts")
+    lat = bootstrap(items, ratio_of_sums, seed, method="bootstrap over prompts")
     return _scaled(wall_tok_s(cs), lat)
 
 
@@ -112,7 +111,7 @@ def acceptance(raw: Mapping, seed: str) -> dict[str, Any]:
     per_req = [r.counters for r in requests([x for x in raw.get("cells", []) if x["kind"] == "throughput"])
                if r.counters and r.counters[0] > 0]
     if per_req:
-        tau = bootstrap(per_req, lambda s: 1 + sum(x[2] for x in s) / sum(x[0] for x in s), seed,
+        tau = bootstrap([(x[2], x[0]) for x in per_req], lambda r: 1 + ratio_of_sums(r), seed,
                         method="bootstrap over requests")
         pool = per_req
     else:
@@ -432,10 +431,10 @@ def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                         "tau": (best["acceptance"] or {}).get("tau"),
                         "break_even": row.get("break_even"), "ideal": row.get("ideal", NAN),
                         "model_verify": row.get("model_verify", NAN), "speedup": row.get("speedup")})
-    for v in summary["variants"]:  # the incident wiring, measured against its break-even
+    for v in summary["variants"]:  # the SGLang default wiring, measured against its break-even
         if v["variant"]["capture"] == NATIVE and v["variant"]["replica"] == 1:
             for c, row in v["by_concurrency"].items():
-                out.append({"mode": "incident", "concurrency": int(c), "best_k": None, "key": v["key"],
+                out.append({"mode": SGLANG_DEFAULT_WIRING, "concurrency": int(c), "best_k": None, "key": v["key"],
                             "tau": (v["acceptance"] or {}).get("tau"), "break_even": row.get("break_even"),
                             "speedup": row.get("speedup") or row.get("speedup_timed"),
                             "speedup_source": "throughput" if row.get("speedup") else "timed"})

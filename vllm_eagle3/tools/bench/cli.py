@@ -108,7 +108,7 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
     if args.concurrency:
         cs = tuple(sorted(set(args.concurrency)))
         kw["concurrencies"] = cs
-        for key in ("incident_throughput", "opt_out_throughput") if headline else ():
+        for key in ("sglang_default_throughput", "opt_out_throughput") if headline else ():
             kept = tuple(c for c in kw.get(key, (16,)) if c in cs)  # keep those that remain, else the highest
             kw[key] = kept or (cs[-1],)
     if args.compiled is not None:

@@ -29,6 +29,9 @@ from __future__ import annotations
 import dataclasses
 
 NO_SPEC, EMBED_TAP, NATIVE = "none", "embed", "native"
+SGLANG_DEFAULT_WIRING = "sglang_default_wiring"
+"""The advice row of the NATIVE variant: the shipped head fed the taps SGLang < 0.5.13 read from the engines' default
+ids (3/31/59), captured by vLLM's own code: a wrong wiring, measured against its break-even."""
 # The same-taps capture A/B: the SECOND shipped head (trained on taps [3, 31, 59], no embedding) served with those
 # taps by the plugin's capture spec, and by vLLM's own capture (stock model classes): same head, same taps, same
 # acceptance, so any difference in the target forward is the capture's.
@@ -256,7 +259,8 @@ def _cells(kind: str, concs) -> tuple[Cell, ...]:
 
 def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3, compiled: bool = True,
                   opt_out: bool = True, capture_ab: bool = True, sweep: tuple[int, ...] = (),
-                  sweep_concurrencies=(1, 4), incident_throughput=(), opt_out_throughput=(), **sizes) -> Plan:
+                  sweep_concurrencies=(1, 4), sglang_default_throughput=(), opt_out_throughput=(),
+                  **sizes) -> Plan:
     """The default run: k vs no speculation at each concurrency (eager, and compiled unless ``compiled=False``),
     the MLA opt-out, the incident wiring (the shipped head fed 3/31/59 by vLLM's native capture), the same-taps
     capture A/B (the second head on its taps 3/31/59: plugin vs native capture, two servers each, alternating)
@@ -266,7 +270,7 @@ def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3
     head = _cells("throughput", cs) + (Cell("untimed", cs[0]),) + _cells("split", cs) + (Cell("stream", 1),)
     vs = [Variant(0, NO_SPEC, cells=head), Variant(k, EMBED_TAP, cells=head)]
     if capture_ab:
-        vs.append(Variant(k, NATIVE, cells=_cells("throughput", [c for c in incident_throughput if c in cs])
+        vs.append(Variant(k, NATIVE, cells=_cells("throughput", [c for c in sglang_default_throughput if c in cs])
                           + _cells("split", cs)))
     if opt_out:
         vs.append(Variant(k, EMBED_TAP, MLA_OFF, cells=_cells("throughput", [c for c in opt_out_throughput if c in cs])
@@ -339,12 +343,13 @@ def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), k
 
 PLAN_ARGS = {
     # smoke: a few minutes, proves every code path end to end (eager only), numbers meaningless
-    "smoke": dict(concurrencies=(1, 2), compiled=False, incident_throughput=(2,), opt_out_throughput=(1,), prompts=4,
-                  max_tokens=16, split_tokens=12, stream_prompts=2),
+    "smoke": dict(concurrencies=(1, 2), compiled=False, sglang_default_throughput=(2,), opt_out_throughput=(1,),
+                  prompts=4, max_tokens=16, split_tokens=12, stream_prompts=2),
     "quick": dict(concurrencies=(1, 4), compiled=False, capture_ab=False, opt_out_throughput=(1, 4), prompts=8,
                   max_tokens=64, split_tokens=32),
     "default": dict(),
-    "full": dict(sweep=(1, 2, 4, 5), incident_throughput=(1, 4, 16), opt_out_throughput=(1, 4, 16), rounds=2),
+    "full": dict(sweep=(1, 2, 4, 5), sglang_default_throughput=(1, 4, 16), opt_out_throughput=(1, 4, 16),
+                 rounds=2),
     # check: eager (what `make demo` serves; a compiled server would add ~9 min of compilation per configuration),
     # the headline's cell sizes (16 prompts, 4 waves, 128 tokens: the requests an interval needs at each
     # concurrency), 4 servers: ~29 min by the estimate below, most of it the concurrency-1 cells

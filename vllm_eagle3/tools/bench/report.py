@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 
 from vllm_eagle3.tools.bench.cells_text import _v, e, f, table
 from vllm_eagle3.tools.bench.machine import backend_label
+from vllm_eagle3.tools.bench.plan import SGLANG_DEFAULT_WIRING
 from vllm_eagle3.tools.bench.report_adaptive import adaptive_block
 from vllm_eagle3.tools.bench.stats import Estimate, finite
 
@@ -68,7 +69,7 @@ def advice_block(summary: Mapping) -> str:
     for a in summary["advice"]:
         tau, be = Estimate.from_dict(a.get("tau")), Estimate.from_dict(a.get("break_even"))
         sp = e(a.get("speedup"))
-        if a["mode"] == "incident":
+        if a["mode"] == SGLANG_DEFAULT_WIRING:
             lines.append(f"- incident wiring (`{a['key']}`), concurrency {a['concurrency']}: acceptance length "
                          f"{tau.fmt()} against a break-even of {be.fmt()}: speedup {sp} "
                          f"({'throughput cells' if a['speedup_source'] == 'throughput' else 'timed cells'}); "

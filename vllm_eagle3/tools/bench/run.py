@@ -31,7 +31,7 @@ from vllm_eagle3.tools.bench.timers import step_split
 from vllm_eagle3.tools.serve.process import ServerStartError, VllmServer, served_model_name
 
 SCHEMA = 2
-TIMERS_EXTENSION = "vllm_eagle3.tools.bench.StepTimers"
+TIMERS_EXTENSION = "vllm_eagle3.tools.bench.timers.StepTimers"
 STOCK_PLUGIN = "vllm_eagle3_model_patches"
 """The project's second ``vllm.general_plugins`` entry: vLLM's CPU patches only, none of the capture classes."""
 MLA_ENV = "EAGLE3_CPU_MLA_VERIFY_AS_DECODE"  # model_patches/vllm_cpu_mla_verify_decode.py
