@@ -17,6 +17,7 @@ import struct
 from pathlib import Path
 from typing import Any, Mapping
 
+from vllm_eagle3.engines import ENGINES, LIST_NAMES, NESTED, NUM_AUX, TOP
 from vllm_eagle3.spec import CaptureSpecError, parse_tap
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -257,45 +258,34 @@ def _count(value: Any) -> int | None:
     return len(value) if isinstance(value, list) and value else None
 
 
-TOP, NESTED_THEN_TOP = ("top",), ("eagle_config", "top")
-
-
 def draft_readings(cfg: Mapping[str, Any]) -> list[DraftReading]:
-    """How vLLM 0.32 and SGLang 0.5.23 each read this draft config (per the draft class its architecture selects).
+    """How each engine of the table with draft classes (:data:`vllm_eagle3.engines.ENGINES`, ``draft_classes``)
+    reads this draft config, per the draft class its architecture selects ("mla" or "llama").
 
-    Fan-in, as each class computes it: vLLM ``llama_eagle3.py`` L210-216 / ``deepseek_eagle3.py`` L189-193 and SGLang
-    ``llama_eagle3.py`` L156-161: ``num_aux_hidden_states``, else len(eagle_config list), else 3 (the top-level list
-    is never counted); SGLang ``kimi_k25_eagle3.py`` L48-59: len(eagle_config list), else len(top-level list), else
-    3 (``num_aux_hidden_states`` is never read). Options: where each class looks (``norm_before_fc``: eagle_config,
-    then top level; every other flag: top level only); absent means off in every class.
+    Fan-in, as each class computes it: the first of its ``fan_in`` sources present (``num_aux_hidden_states``, the
+    eagle_config list, the top-level list), else 3; e.g. vLLM ``llama_eagle3.py`` L210-216 / ``deepseek_eagle3.py``
+    L189-193 and SGLang ``llama_eagle3.py`` L156-161 never count the top-level list, SGLang ``kimi_k25_eagle3.py``
+    L48-59 never reads ``num_aux_hidden_states``. Options: the first place each class looks that holds the flag;
+    absent means off in every class.
     """
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), Mapping) else {}
-    mla = (cfg.get("architectures") or ["?"])[0] in MLA_DRAFT_ARCHITECTURES
-    n_top, n_nest, n_top_ids = cfg.get("num_aux_hidden_states"), _count(nested.get(IDS_KEY)), _count(cfg.get(IDS_KEY))
-    if n_top is not None and (isinstance(n_top, bool) or not isinstance(n_top, int) or n_top < 1):
+    kind = "mla" if (cfg.get("architectures") or ["?"])[0] in MLA_DRAFT_ARCHITECTURES else "llama"
+    n_aux = cfg.get(NUM_AUX)
+    if n_aux is not None and (isinstance(n_aux, bool) or not isinstance(n_aux, int) or n_aux < 1):
         raise CaptureSpecError(f"draft config num_aux_hidden_states must be a positive integer (the number of taps "
-                               f"the draft's fc takes), got {n_top!r}; fix it or remove it")
-    std = (int(n_top), "num_aux_hidden_states") if n_top is not None else \
-        (n_nest, "the eagle_config list") if n_nest is not None else (3, "the default 3: no num_aux_hidden_states, "
-                                                                        "no eagle_config list")
-    if mla:
-        sgl = (n_nest, "the eagle_config list") if n_nest is not None else \
-            (n_top_ids, "the top-level list") if n_top_ids is not None else (3, "the default 3: no id list")
-        readers = [("vLLM 0.32", "deepseek_eagle3.py L101, L189-222", std,
-                    {"fc_norm": TOP, "norm_output": TOP, "norm_before_residual": TOP}),
-                   ("SGLang 0.5.23", "kimi_k25_eagle3.py L48-59, L159-161, L228-255", sgl,
-                    {"fc_norm": TOP, "use_aux_norm": TOP, "norm_output": TOP})]
-    else:
-        readers = [("vLLM 0.32", "llama_eagle3.py L101, L179-252", std,
-                    {"fc_norm": TOP, "norm_before_fc": NESTED_THEN_TOP, "norm_output": TOP,
-                     "norm_before_residual": TOP}),
-                   ("SGLang 0.5.23", "llama_eagle3.py L99-100, L151-207", std,
-                    {"fc_norm": TOP, "use_aux_norm": TOP, "norm_before_fc": NESTED_THEN_TOP, "norm_output": TOP})]
-    where = {"top": cfg, "eagle_config": nested}
+                               f"the draft's fc takes), got {n_aux!r}; fix it or remove it")
+    counts = {NUM_AUX: n_aux, NESTED: _count(nested.get(IDS_KEY)), TOP: _count(cfg.get(IDS_KEY))}
+    where = {TOP: cfg, NESTED: nested}
     out = []
-    for engine, source, (n, n_from), reads in readers:
+    for engine in ENGINES.values():
+        dc = engine.draft_classes.get(kind)
+        if dc is None:
+            continue
+        n, n_from = next(((int(counts[src]), LIST_NAMES[src]) for src in dc.fan_in if counts[src] is not None),
+                         (3, "the default 3: no " + ", no ".join(LIST_NAMES[src].replace("the ", "")
+                                                                   for src in dc.fan_in)))
         applied = {}
-        for opt, places in reads.items():
+        for opt, places in dc.options.items():
             present = [where[p] for p in places if isinstance(where[p], Mapping) and opt in where[p]]
             applied[opt] = bool(present[0][opt]) if present else False
         if "use_aux_norm" in applied:  # SGLang: `fc_norm or use_aux_norm`
@@ -303,8 +293,8 @@ def draft_readings(cfg: Mapping[str, Any]) -> list[DraftReading]:
             applied["fc_norm"] = applied["fc_norm"] or aux_norm
         ignored = tuple(opt for opt in DRAFT_OPTIONS if (_flag(cfg, opt) or _flag(nested, opt))
                         and not applied.get("fc_norm" if opt == "use_aux_norm" else opt, False))
-        out.append(DraftReading(engine, f"{engine} {source}", n, n_from, applied, ignored,
-                                tuple(sorted(reads))))
+        out.append(DraftReading(engine.label, f"{engine.label} {dc.source}", n, n_from, applied, ignored,
+                                tuple(sorted(dc.options))))
     return out
 
 

@@ -9,14 +9,13 @@ A candidate is an ORDERED tap tuple: the draft's ``fc`` is order-sensitive. Pure
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from itertools import combinations
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from vllm_eagle3.checkpoint import DraftInfo
-from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, ids_to_taps
-from vllm_eagle3.resolve import ids_for_engines
+from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, ids_to_taps, taps_to_ids
+from vllm_eagle3.engines import ENGINES
 from vllm_eagle3.spec import EMBED, CaptureSpec, CaptureSpecError, taps_label
 
 EXHAUSTIVE_LIMIT = 400
@@ -131,29 +130,25 @@ def online_candidates(configured: Sequence[int], draft: DraftInfo, num_layers: i
 
 
 def config_lines(taps: Sequence[int], num_layers: int) -> list[str]:
-    """The exact lines that make each engine capture ``taps`` (via :func:`vllm_eagle3.resolve.ids_for_engines`)."""
+    """The exact lines that make each engine of the table with a ``write`` capture ``taps`` (or why it cannot);
+    the capture spec first, then vLLM's line (the online check quotes the first two)."""
     spec = CaptureSpec(tuple(taps), source="doctor")
-    ids = ids_for_engines(spec, num_layers)
-
-    def j(v):
-        return json.dumps(list(v)) if isinstance(v, tuple) else None
-
-    lines = [f"vllm-eagle3 capture spec (YAML): taps: {spec.label()}   num_layers: {num_layers}",
-             f'vLLM (draft config.json, top level): "eagle_aux_hidden_state_layer_ids": {j(ids["vllm"])}, '
-             f'"num_aux_hidden_states": {spec.num_taps}']
-    if spec.has_embed:
-        lines.append("  (tap embed on DeepSeek/Kimi needs the vllm-eagle3 plugin: stock vLLM 0.32 crashes on id 0)")
-    for conv, name in (("sglang", "SGLang >= 0.5.13"),
-                       ("sglang-legacy", "SGLang <= 0.5.12.post1 (+ embed patch for -1)")):
-        if j(ids[conv]):
-            lines.append(f'{name} (draft config.json): "eagle_config": {{"eagle_aux_hidden_state_layer_ids": '
-                         f'{j(ids[conv])}, "use_aux_hidden_state": true}}')
-        else:
-            lines.append(f"{name}: {ids[conv]}")
-    lines.append(f'speculators (config.json): "eagle_aux_hidden_state_layer_ids": {j(ids["speculators"])}'
-                 if j(ids["speculators"]) else f"speculators: {ids['speculators']}")
-    lines.append(f"SpecForge: {j(ids['specforge']) or ids['specforge']}")
-    if list(taps) != sorted(taps):
-        lines.append(f"  NOTE: the draft expects the order {spec.label()}; vLLM and SGLang concatenate ascending, "
-                     "only the vllm-eagle3 capture spec keeps this order")
+    lines = [f"vllm-eagle3 capture spec (YAML): taps: {spec.label()}   num_layers: {num_layers}"]
+    sorting = []
+    for engine in ENGINES.values():
+        if engine.write is None:
+            continue
+        if engine.concat_order == "ascending":
+            sorting.append(engine.label)
+        try:
+            ids = taps_to_ids(spec.taps, engine.name, num_layers)
+        except CaptureSpecError as exc:
+            lines.append(f"{engine.label}: not expressible: {exc}")
+            continue
+        lines.append(f"{engine.label} ({engine.write.where}): {engine.write.line(ids, spec.num_taps)}")
+        if spec.has_embed and engine.write.embed_note:
+            lines.append(f"  ({engine.write.embed_note})")
+    if list(taps) != sorted(taps) and sorting:
+        lines.append(f"  NOTE: the draft expects the order {spec.label()}; {', '.join(sorting)} concatenate "
+                     "ascending; only the vllm-eagle3 capture spec keeps this order")
     return lines

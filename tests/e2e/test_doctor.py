@@ -55,11 +55,11 @@ def target(tmp_path_factory):
 def target_run(target):
     import torch
 
-    from vllm_eagle3.tools.doctor import wirings
+    from vllm_eagle3.tools.doctor import measure
 
-    tokens, _ = wirings.encode(target, TEXT, MAX_TOKENS)
+    tokens, _ = measure.encode(target, TEXT, MAX_TOKENS)
     n = len(tokens) // WINDOW  # the doctor's own windows: the ridge fit sees the states the doctor feeds
-    return wirings.run_target(wirings.load_target(target), torch.tensor(tokens[:n * WINDOW]).view(n, WINDOW))
+    return measure.run_target(measure.load_target(target), torch.tensor(tokens[:n * WINDOW]).view(n, WINDOW))
 
 
 def plant_draft(folder: Path, target: Path, run, taps: tuple[int, ...], ids: list[int], ridge: float = 1e-3,
@@ -402,7 +402,7 @@ def test_engine_captured_states_are_transformers_hidden_states(through_both_engi
     assert agree >= 0.99
 
 
-# Greedy mode records the target's taps while it decodes (wirings.greedy_run: one KV-cached decode of the 16 prompts
+# Greedy mode records the target's taps while it decodes (measure.greedy_run: one KV-cached decode of the 16 prompts
 # on one torch thread, no second forward). Before, it decoded on torch's 2 OpenMP threads (each tiny decode op waited
 # for a preempted thread: 18 s per step at load ~19) and then ran a second forward: it hit the 900 s timeout at load
 # ~3. Measured after (2026-12-01, shared 2-core box, load ~6): this test 203 s; the CLI alone 136 CPU-seconds (text

@@ -1,5 +1,5 @@
 """``vllm-eagle3 doctor --mode greedy`` (transformers) records the target's taps and logits while the target writes
-its greedy continuation (:func:`vllm_eagle3.tools.doctor.wirings.greedy_run`: one KV-cached decode of all prompts, one torch
+its greedy continuation (:func:`vllm_eagle3.tools.doctor.measure.greedy_run`: one KV-cached decode of all prompts, one torch
 thread) instead of decoding first and running a second forward over the sequences.
 
 Guards: a recorded run that is not the target's forward over the sequences it wrote (a tap or logit row shifted by
@@ -25,7 +25,7 @@ TOL = 1e-4
 
 def test_greedy_run_is_the_forward_over_its_own_greedy_sequences(tmp_path):
     from vllm_eagle3.testing.tiny import build_deepseek_v3
-    from vllm_eagle3.tools.doctor.wirings import greedy_run, load_target, run_target
+    from vllm_eagle3.tools.doctor.measure import greedy_run, load_target, run_target
 
     model = load_target(build_deepseek_v3(tmp_path / "target", num_layers=4, initializer_range=0.1))
     vocab = model.config.vocab_size

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not all((d / "config.json").is_file() for d in (
 def test_capture_superset_covers_every_candidate_of_both_heads_and_both_wirings():
     from vllm_eagle3.checkpoint import DraftInfo, TargetInfo
     from vllm_eagle3.tools.doctor import engine_taps
-    from vllm_eagle3.tools.doctor.wirings import candidate_wirings
+    from vllm_eagle3.wirings import candidate_wirings
 
     L = TargetInfo.load(TARGET).num_layers
     for draft in (FIRST, SECOND):

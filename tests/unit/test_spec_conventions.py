@@ -208,8 +208,8 @@ def test_four_taps_per_convention():
 
 
 def test_every_convention_names_its_source():
-    """A row without a code reference is a guess; the docstring table and each row carry file and lines."""
-    import vllm_eagle3.conventions as mod
+    """A row without a code reference is a guess; the engine table's docstring and each row carry file and lines."""
+    import vllm_eagle3.engines as mod
 
     for conv in CONVENTIONS.values():
         assert conv.code_ref and conv.description

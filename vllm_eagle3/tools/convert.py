@@ -101,7 +101,7 @@ def convert_config(config: Mapping[str, Any], src: str, dst: str, num_layers: in
 def rewired_copy(draft: Path, out_dir: Path, ids: list[int]) -> Path:
     """A copy of the draft folder (weights and other files symlinked) whose config names ``ids`` at the top level
     and in ``eagle_config``, without the trainer's record of its taps (``vllm_eagle3``): the same head wired
-    otherwise, as the incident's config wired the shipped head. For tests and benchmarks."""
+    otherwise (e.g. on the engine default taps). For tests and benchmarks."""
     cfg = json.loads((Path(draft) / "config.json").read_text())
     cfg[IDS_KEY] = list(ids)
     if isinstance(cfg.get("eagle_config"), dict):

@@ -11,8 +11,9 @@ Traps checked (each warning has a ``code`` the tests pin):
 - ``top-only``: ids only at top level -> SGLang reads only the nested list and uses its default taps;
 - ``lists-differ`` / ``no-ids``: two different lists, or none (every engine silently uses its defaults);
 - ``engine-reads``: an engine would capture other taps than the spec (e.g. SGLang < 0.5.13 reading [2, 30, 58]);
-  SGLang is checked for ONE version (``--sglang-version``; default: legacy when the ids are declared sglang-legacy,
-  else 0.5.13+), because the same nested list means different taps before and after 0.5.13 (PR #25454);
+  SGLang is checked for ONE version rule of the engine table (``--sglang-version``; default: legacy when the ids
+  are declared sglang-legacy, else 0.5.13+), because the same nested list means different taps before and after
+  0.5.13 (PR #25454);
 - ``d2t-missing`` / ``draft-vocab``: a reduced draft vocabulary without ``d2t`` (draft id i -> target id i);
 - ``norm-before-fc`` / ``fc-norm`` / ``norm-exclusive``: config flags vs the weights (vLLM drops or defaults them);
 - ``option-ignored`` / ``fan-in-engines`` / ``mla-arch`` / ``mla-model-type`` / ``mla-layers``: EAGLE-3.1 options
@@ -23,7 +24,7 @@ Traps checked (each warning has a ``code`` the tests pin):
 - ``--config-only``: a published head's config.json without weights (the weight checks are skipped, and said so);
   the report then says what vLLM 0.32, SGLang 0.5.23 and SGLang < 0.5.13 capture and what to write for each;
 - ``spec-override`` / ``spec-assert`` / ``algorithm`` / ``tbo`` / ``draft-path``: SGLang speculative flags that
-  override or contradict each other (the incident's ``--speculative-num-steps 1`` capping
+  override or contradict each other (e.g. ``--speculative-num-steps 1`` capping
   ``--speculative-num-draft-tokens 16`` to 2).
 """
 
@@ -37,6 +38,7 @@ from typing import Any, Mapping
 
 from vllm_eagle3.conventions import (CONVENTIONS, engine_default_ids, engine_order, get_convention, ids_to_taps,
                                      taps_to_ids)
+from vllm_eagle3.engines import ENGINES, NESTED, TOP, Engine, version_flags
 from vllm_eagle3.checkpoint import IDS_KEY, DraftInfo, TargetInfo, draft_option_warnings, draft_readings
 from vllm_eagle3.resolve import Resolution, ids_for_engines, resolve_capture
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, taps_label
@@ -61,7 +63,7 @@ def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
     if top is None and nest is None:
         out.append(Finding("no-ids", (
             f"the draft config has no {IDS_KEY}: vLLM and SGLang silently capture their default taps {defaults} "
-            "(the incident's wiring). Write the ids the draft was trained on (`vllm-eagle3 doctor` measures them, "
+            "(whatever the draft was trained on). Write the ids the draft was trained on (`vllm-eagle3 doctor` measures them, "
             "`vllm-eagle3 convert` writes both lists)")))
     elif top is None:
         out.append(Finding("nested-only", (
@@ -146,54 +148,59 @@ def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
     return out
 
 
-VLLM_V2 = "vLLM 0.32 V2 runner (top-level list)"
-VLLM_V1 = "vLLM 0.32 V1 runner (top-level, else nested)"
-SGLANG_NEW = "SGLang 0.5.13+ (nested list)"
-SGLANG_LEGACY = "SGLang < 0.5.13 + embed patch (nested list)"
-SGLANG_VERSIONS = {"0.5.13+": SGLANG_NEW, "legacy": SGLANG_LEGACY}
-"""``--sglang-version`` values: the legacy always-+1 rule ends at 0.5.12.post1 (tests/parity/test_sglang_legacy.py)."""
+def _reading_label(name: str, index: int = 0) -> str:
+    return ENGINES[name].list_readings[index].label
+
+
+VLLM_V2, VLLM_V1 = _reading_label("vllm"), _reading_label("vllm", 1)
+SGLANG_NEW, SGLANG_LEGACY = _reading_label("sglang"), _reading_label("sglang-legacy")
+"""Report names of the readings tests and the doctor single out (from the engine table)."""
+
+
+def sglang_versions() -> dict[str, Engine]:
+    """``--sglang-version`` values -> the SGLang entry of the engine table each names (a version rule each)."""
+    return version_flags("sglang")
 
 
 def engine_reads(target: TargetInfo, draft: DraftInfo) -> dict[str, tuple[int, ...] | str]:
-    """The taps each engine would capture from this draft config as written (defaults where it reads nothing)."""
+    """The taps each serving engine's readings (``list_readings``) would capture from this draft config as written
+    (defaults where a reading finds no list)."""
     L = target.num_layers
     default = engine_default_ids(L)  # every engine's fallback, captured as taps (no shift applied)
-
-    def read(ids, conv):
-        if ids is None:
-            return tuple(default)
-        try:
-            return ids_to_taps(ids, conv, L)
-        except CaptureSpecError as exc:
-            return f"fails: {exc}"
-
-    top, nest = draft.top_ids, draft.nested_ids
-    return {
-        VLLM_V2: read(top, "vllm"),
-        VLLM_V1: read(top if top is not None else nest, "vllm"),
-        SGLANG_NEW: read(nest, "sglang"),
-        SGLANG_LEGACY: read(nest, "sglang-legacy"),
-    }
-
-
-WRITERS = (("vLLM 0.32", "vllm", "top level + eagle_config"),
-           ("SGLang 0.5.23", "sglang", "eagle_config"),
-           ("SGLang < 0.5.13 + embed patch", "sglang-legacy", "eagle_config"))
-"""The engine versions ``inspect`` says what to write for, with the convention and the list each reads."""
+    lists = {TOP: draft.top_ids, NESTED: draft.nested_ids}
+    out: dict[str, tuple[int, ...] | str] = {}
+    for engine in ENGINES.values():
+        if not engine.serving:
+            continue
+        for reading in engine.list_readings:
+            ids = next((lists[p] for p in reading.lists if lists[p] is not None), None)
+            if ids is None:
+                out[reading.label] = tuple(default)
+                continue
+            try:
+                out[reading.label] = ids_to_taps(ids, engine.name, L)
+            except CaptureSpecError as exc:
+                out[reading.label] = f"fails: {exc}"
+    return out
 
 
 def engine_writes(spec: CaptureSpec, num_layers: int) -> dict[str, str]:
-    """For each engine version: the ids that make it capture ``spec``, where to write them, or why it cannot."""
+    """For each engine with a ``write``: the ids that make it capture ``spec``, where to write them, or why it
+    cannot."""
     out = {}
-    for engine, conv, where in WRITERS:
-        try:
-            ids = taps_to_ids(spec.taps, conv, num_layers)
-        except CaptureSpecError as exc:
-            out[engine] = f"cannot: {exc}"
+    for engine in ENGINES.values():
+        if engine.write is None:
             continue
-        order = "" if engine_order(spec.taps, conv) == spec.taps or conv == "vllm" else \
-            f"; it concatenates {CaptureSpec(engine_order(spec.taps, conv)).label()}, not the draft's order"
-        out[engine] = (f"{list(ids)} ({conv} ids, in {where}; num_aux_hidden_states = {spec.num_taps}){order}")
+        try:
+            ids = taps_to_ids(spec.taps, engine.name, num_layers)
+        except CaptureSpecError as exc:
+            out[engine.label] = f"cannot: {exc}"
+            continue
+        order = engine_order(spec.taps, engine.name)
+        note = "" if order == spec.taps or engine.write.keeps_spec_order else \
+            f"; it concatenates {CaptureSpec(order).label()}, not the draft's order"
+        out[engine.label] = (f"{list(ids)} ({engine.name} ids, in {engine.write.where}; num_aux_hidden_states = "
+                             f"{spec.num_taps}){note}")
     return out
 
 
@@ -201,7 +208,7 @@ def spec_findings(target: TargetInfo, spec: CaptureSpec, reads: Mapping[str, Any
                   sglang_version: str = "0.5.13+") -> list[Finding]:
     """The spec vs what vLLM (both runners) and ONE SGLang version capture from the config as written."""
     out = []
-    skip = {v for k, v in SGLANG_VERSIONS.items() if k != sglang_version}
+    skip = {r.label for flag, e in sglang_versions().items() if flag != sglang_version for r in e.list_readings}
     for engine, taps in reads.items():
         if engine in skip:
             continue
@@ -210,7 +217,7 @@ def spec_findings(target: TargetInfo, spec: CaptureSpec, reads: Mapping[str, Any
         elif sorted(taps) != sorted(spec.taps):
             out.append(Finding("engine-reads", (
                 f"{engine} would capture taps {taps_label(taps)}, not the spec's {spec.label()}: the draft "
-                "gets the wrong hidden states and acceptance collapses without any error (the incident). Rewrite the "
+                "gets the wrong hidden states and acceptance collapses without any error. Rewrite the "
                 "ids for that engine (`vllm-eagle3 convert`)")))
     if list(spec.taps) != sorted(spec.taps):
         out.append(Finding("order", (
@@ -294,10 +301,12 @@ def _declared_sglang_version(spec_path, convention) -> str:
         except CaptureSpecError:
             declared = None
     try:
-        legacy = declared is not None and get_convention(declared).name == "sglang-legacy"
+        engine = get_convention(declared) if declared is not None else None
     except CaptureSpecError:
-        legacy = False
-    return "legacy" if legacy else "0.5.13+"
+        engine = None
+    if engine is not None and engine.version is not None and engine.version.package == "sglang":
+        return engine.version.flag
+    return ENGINES["sglang"].version.flag
 
 
 def _fallback_spec(rep: Report, spec_path, convention) -> CaptureSpec | None:
@@ -386,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--convention", default=None, help=f"convention of the draft config's ids ({', '.join(CONVENTIONS)})")
     p.add_argument("--sglang-args", default=None,
                    help="an SGLang launch command line (string, or @FILE) whose speculative flags are checked")
-    p.add_argument("--sglang-version", choices=tuple(SGLANG_VERSIONS), default=None,
+    p.add_argument("--sglang-version", choices=tuple(sglang_versions()), default=None,
                    help="which SGLang reading of the nested ids to check (default: legacy if the ids are declared "
                         "sglang-legacy, else 0.5.13+)")
     p.add_argument("--config-only", action="store_true",

@@ -185,9 +185,12 @@ def legacy_target(target: Path, overrides: dict, workdir: Path) -> tuple[Path, d
 
 
 def is_legacy(version: str) -> bool:
-    """SGLang before 0.5.13: ``ModelRunner.__init__`` does the whole set-up (0.5.12.post1's layout)."""
-    parts = tuple(int(x) for x in version.split(".post")[0].split(".")[:3])
-    return parts < (0, 5, 13)
+    """Whether this SGLang release falls under the engine table's ``sglang-legacy`` version rule (before 0.5.13:
+    the always-+1 id rule, and ``ModelRunner.__init__`` does the whole set-up, 0.5.12.post1's layout). Needs the
+    repository on ``sys.path``; :mod:`vllm_eagle3.engines` is standard library only."""
+    from vllm_eagle3.engines import engine_for_version
+
+    return engine_for_version("sglang", version).name == "sglang-legacy"
 
 
 def init_sglang_process(server_args):

@@ -4,7 +4,7 @@ Data flow position: offline, on CPU, no engine. It runs the TARGET once on text 
 float32, ``output_hidden_states=True``: tap k = ``hidden_states[k]``, see :mod:`vllm_eagle3.spec`), screens every
 candidate wiring on the draft's first step, drafts chains of up to 5 tokens for the configured wiring, the engines'
 readings of the draft config and the best screened candidates exactly as vLLM's proposer does
-(:mod:`vllm_eagle3.tools.doctor.wirings`), and compares the configured wiring with the best one by acceptance length at
+(:mod:`vllm_eagle3.tools.doctor.measure`), and compares the configured wiring with the best one by acceptance length at
 k = the served ``num_speculative_tokens`` and position-0 acceptance, paired on the same anchors, with paired
 cluster-bootstrap intervals (:mod:`vllm_eagle3.tools.doctor.stats`, which states the method and the tolerances).
 
@@ -26,7 +26,7 @@ the target run, chains), ``stats.py`` (paired bootstrap, verdicts), ``engine.py`
 from .cli import main, render
 from .diagnose import (CHAINED, DEFAULT_K, MAX_TOKENS, PROMPT_LEN, WINDOW, Diagnosis, Measured, configured_wirings,
                        diagnose, engine_taps, measure_hf, measure_vllm, text_tokens)
-from .wirings import encode
+from .measure import encode
 
 __all__ = ["CHAINED", "DEFAULT_K", "MAX_TOKENS", "PROMPT_LEN", "WINDOW", "Diagnosis", "Measured", "configured_wirings",
            "diagnose", "encode", "engine_taps", "main", "measure_hf", "measure_vllm", "render", "text_tokens"]

@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 from vllm_eagle3.spec import CaptureSpecError, taps_label
-from vllm_eagle3.tools.doctor.wirings import (EXHAUSTIVE_LIMIT)
-from vllm_eagle3.wirings import config_lines
+from vllm_eagle3.wirings import EXHAUSTIVE_LIMIT, config_lines
 from vllm_eagle3.tools.doctor.stats import (TOLERANCE, Verdict, exit_code, needed_tokens)
 
 from vllm_eagle3.tools.doctor.diagnose import MAX_TOKENS, WINDOW, CHAINED, DEFAULT_K, Diagnosis, diagnose

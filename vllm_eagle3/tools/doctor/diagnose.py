@@ -15,9 +15,9 @@ from typing import Any, Mapping, Sequence
 from vllm_eagle3.checkpoint import DraftInfo, TargetInfo
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, load_spec_file
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, parse_tap, taps_label
-from vllm_eagle3.tools.doctor.wirings import (Candidate, candidate_wirings, chain_matches,
-                                       default_text, encode, first_draft_acceptance, load_draft, load_target,
-                                       sample_and_run)
+from vllm_eagle3.tools.doctor.measure import (chain_matches, default_text, encode, first_draft_acceptance,
+                                              load_draft, load_target, sample_and_run)
+from vllm_eagle3.wirings import Candidate, candidate_wirings
 from vllm_eagle3.tools.doctor.stats import (TOLERANCE, Verdict, WiringChains, exit_code, judge, worst)
 
 MAX_TOKENS = 2048
@@ -130,8 +130,8 @@ class Measured:
     """The target run every wiring is scored on: the sample, the run, the taps it holds and what ran it. One engine
     start (or one transformers forward) can serve several diagnoses (heads) on the same text."""
 
-    sample: Any  # vllm_eagle3.tools.doctor.wirings.Sample
-    run: Any  # vllm_eagle3.tools.doctor.wirings.TargetRun
+    sample: Any  # vllm_eagle3.tools.doctor.measure.Sample
+    run: Any  # vllm_eagle3.tools.doctor.measure.TargetRun
     taps: frozenset[int]  # taps held by run.taps (transformers: all; the engine: the captured superset)
     engine: str  # "hf" | "vllm"
     seconds: float
@@ -157,7 +157,7 @@ def text_tokens(target: str | Path, text: str | None, max_tokens: int, window: i
 def measure_hf(target: str | Path, token_ids: Sequence[int], how: str, mode: str = "text",
                window: int = WINDOW) -> Measured:
     """The target through transformers (float32, ``output_hidden_states``): every tap. Greedy mode records the taps
-    while the target continues the prompts (:func:`vllm_eagle3.tools.doctor.wirings.greedy_run`: one KV-cached decode of
+    while the target continues the prompts (:func:`vllm_eagle3.tools.doctor.measure.greedy_run`: one KV-cached decode of
     all prompts together, one torch thread)."""
     t0 = time.perf_counter()
     model = load_target(Path(target))
@@ -179,7 +179,7 @@ def measure_vllm(target: str | Path, capture_draft_dir: str | Path, token_ids: S
     import torch
 
     from vllm_eagle3.tools.doctor.engine import engine_capture
-    from vllm_eagle3.tools.doctor.wirings import Sample
+    from vllm_eagle3.tools.doctor.measure import Sample
 
     t0 = time.perf_counter()
     say = (lambda line: print(f"[doctor] {line}", file=sys.stderr, flush=True)) if progress else (lambda line: None)

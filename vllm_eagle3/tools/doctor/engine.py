@@ -1,14 +1,14 @@
 """``vllm-eagle3 doctor --engine vllm``: the doctor's target run through the served engine, one engine start.
 
-Data flow position: replaces :func:`vllm_eagle3.tools.doctor.wirings.run_target` (transformers) with the engine a server
+Data flow position: replaces :func:`vllm_eagle3.tools.doctor.measure.run_target` (transformers) with the engine a server
 runs: an offline ``vllm.LLM`` (float32, eager) with this plugin, whose capture spec asks for a SUPERSET of taps: every
 tap any candidate wiring needs (the configured wiring, the engines' readings of the draft config, their neighbours,
-the embedding swaps; :func:`vllm_eagle3.tools.doctor.wirings.candidate_wirings`). The plugin's capture
+the embedding swaps; :func:`vllm_eagle3.wirings.candidate_wirings`). The plugin's capture
 (:mod:`vllm_eagle3.capture`) hands vLLM's runner the aux hidden states of those taps exactly as it hands them to a
 served draft; a forward hook in the worker (:func:`install_state_recorder`) keeps them, with the engine's own logits
 of every prompt position (``compute_logits`` of the target, the same method the sampler's logits come from). The
-doctor then scores every candidate with the unchanged code (:func:`vllm_eagle3.tools.doctor.wirings.first_draft_acceptance`,
-:func:`~vllm_eagle3.tools.doctor.wirings.chain_matches`, :mod:`vllm_eagle3.tools.doctor.stats`) on those engine-captured
+doctor then scores every candidate with the unchanged code (:func:`vllm_eagle3.tools.doctor.measure.first_draft_acceptance`,
+:func:`~vllm_eagle3.tools.doctor.measure.chain_matches`, :mod:`vllm_eagle3.tools.doctor.stats`) on those engine-captured
 states instead of transformers' ``hidden_states``.
 
 What runs where: target forward, tap capture and target logits in vLLM (the plugin's capture path, vLLM's kernels);
@@ -153,7 +153,7 @@ def engine_memory_env(target: Path, draft: Path, progress=print) -> dict[str, st
 class EngineCapture:
     """What one engine start gave: the target run on the sample, which taps it holds, and how long it took."""
 
-    run: Any  # vllm_eagle3.tools.doctor.wirings.TargetRun; taps not captured are NaN
+    run: Any  # vllm_eagle3.tools.doctor.measure.TargetRun; taps not captured are NaN
     seqs: torch.Tensor  # [N, T] the sequences the engine ran (greedy mode: prompts + the ENGINE's greedy tokens)
     taps: tuple[int, ...]  # captured
     startup_s: float
@@ -173,7 +173,7 @@ def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: S
     from vllm import SamplingParams
 
     from vllm_eagle3.tools.engine import start_engine, stop_engine
-    from vllm_eagle3.tools.doctor.wirings import TargetRun
+    from vllm_eagle3.tools.doctor.measure import TargetRun
 
     taps = tuple(sorted(set(int(t) for t in taps)))
     if not capturable(taps, num_layers):
@@ -250,7 +250,7 @@ def candidate_taps(draft: DraftInfo, num_layers: int, num_taps: int, configured:
                    exhaustive: bool | None = None) -> tuple[set[int], list]:
     """(every tap the candidate wirings and the configured ones need that the engine can capture, the candidates it
     cannot capture)."""
-    from vllm_eagle3.tools.doctor.wirings import candidate_wirings
+    from vllm_eagle3.wirings import candidate_wirings
 
     cands = candidate_wirings(draft, num_layers, num_taps, configured, exhaustive)
     ok = [c for c in cands if capturable(c.taps, num_layers)]

@@ -1,10 +1,11 @@
-"""Candidate wirings of an EAGLE-3 draft and how well each one works: the measurement behind ``vllm-eagle3 doctor``.
+"""How well each candidate wiring of an EAGLE-3 draft works: the measurement behind ``vllm-eagle3 doctor``.
 
 Data flow position: offline, on CPU, no engine. :func:`sample_and_run` picks the positions to score (held-out
 text itself, or prompts from it continued greedily by the target, which is what a greedy server verifies) and runs
 the target ONCE on them (transformers, float32, ``output_hidden_states=True``: tap k = ``hidden_states[k]``;
-:func:`run_target`, or :func:`greedy_run` recording while it decodes); :func:`candidate_wirings` lists the tap sets
-worth trying (the draft config's ids under every convention, engine defaults, neighbours, the embedding swapped in);
+:func:`run_target`, or :func:`greedy_run` recording while it decodes); :func:`vllm_eagle3.wirings.candidate_wirings`
+lists the tap sets worth trying (the draft config's ids under every convention, engine defaults, neighbours, the
+embedding swapped in);
 :func:`first_draft_acceptance` screens every candidate on its first draft, and :func:`chain_matches` drafts chains
 of ``MAX_K`` tokens for the ones that matter exactly as vLLM's proposer does
 (``vllm_eagle3.reference.acceptance.chain_eval`` replaying the one target run).
@@ -22,8 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from vllm_eagle3.checkpoint import DraftInfo, read_json
 from vllm_eagle3.spec import CaptureSpecError
-# Candidate wirings live in the core: the online check in the serving engine lists them too.
-from vllm_eagle3.wirings import EXHAUSTIVE_LIMIT, Candidate, candidate_wirings  # noqa: F401  (re-exported)
+from vllm_eagle3.wirings import Candidate
 
 
 # ----------------------------------------------------------------------------------------------- text side
