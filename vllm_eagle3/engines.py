@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Callable, Mapping, Sequence
 
 from vllm_eagle3.spec import EMBED, CaptureSpecError
@@ -122,7 +123,8 @@ class VersionRule:
     before: tuple[int, ...] | None = None
 
     def holds(self, version: str) -> bool:
-        parts = tuple(int(x) for x in version.split("+")[0].split(".post")[0].split(".")[:3])
+        # "0.5.12.post1" -> (0, 5, 12), "0.6.0rc1" -> (0, 6, 0): the release, without its suffixes
+        parts = tuple(int(re.match(r"\d*", x).group() or 0) for x in version.split("+")[0].split(".")[:3])
         return (self.since is None or parts >= self.since) and (self.before is None or parts < self.before)
 
 
