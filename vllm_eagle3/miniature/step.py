@@ -4,7 +4,8 @@ Where it sits: train_target.py calls :func:`prepare_for_training` once and :func
 ``python -m vllm_eagle3.miniature.step`` times the same two functions for several batch sizes and compile
 modes on random weights (the GPU-lease profiling call) and prints tokens/s, ms per step and peak memory.
 
-What made the first trainer slow (87k tokens/s for 28 M parameters on an H200, ~15 TFLOP/s):
+What makes a plain transformers training step slow on this model (tens of thousands of tokens/s for 28 M
+parameters on an H200):
 * transformers' ``DeepseekV3ForCausalLM`` builds a ``DynamicCache`` when ``use_cache`` is not given, so every
   training forward concatenated each layer's latent KV into a cache nobody reads -> ``use_cache=False``;
 * 61 layers of hidden size 128 are hundreds of tiny element-wise kernels (RMSNorm in float32, rope
@@ -60,7 +61,7 @@ def train_step(model, opt, ids: torch.Tensor, amp: bool, clip: float = 1.0, use_
     """One AdamW step of next-token loss on ``ids`` [B, T]; returns the loss as a device tensor (no host sync).
 
     transformers' causal-LM loss shifts ``labels`` itself, so ``labels=input_ids``. ``use_cache=None`` is the
-    first trainer's call (transformers then fills a KV cache), kept only to time it.
+    plain call (transformers then fills a KV cache), kept only to time it against the fast step.
     """
     with torch.autocast(device_type=ids.device.type, dtype=torch.bfloat16, enabled=amp):
         loss = model(input_ids=ids, labels=ids, use_cache=use_cache).loss
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--num-layers", type=int, default=TargetShape.num_layers)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--legacy-cache", action="store_true", help="time the first trainer's call (KV cache filled)")
+    ap.add_argument("--legacy-cache", action="store_true", help="time the plain call (KV cache filled)")
     ap.add_argument("--json", default=None, help="append one JSON line per configuration to this file")
     args = ap.parse_args(argv)
     device = torch.device(args.device)

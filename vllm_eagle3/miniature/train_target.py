@@ -5,20 +5,19 @@ transformers ``DeepseekV3ForCausalLM``, AdamW, bf16 autocast on CUDA, a wall-clo
 is timed, not the step count) with the schedule of schedule.py. The curve (train loss per step,
 held-out loss / top-1 every ``--eval-every`` steps) goes to ``train_log.json``.
 
-The second target (2026-12-01) differs from the first (held-out ppl 141, loss on the unigram plateau ~6.3
-for 250 of its 504 steps) in:
+Choices that keep a 61-layer model trainable in minutes:
 * ``--residual-init scaled``: the projections that write into the residual stream (attention ``o_proj``,
   every MLP / expert ``down_proj``) start at std 0.02 / sqrt(2 * layers), so 61 layers of random
-  residual updates do not drown the token embedding at init (GPT-2's scaled init);
+  residual updates do not drown the token embedding at init (GPT-2's scaled init); without it the loss sits on
+  the unigram plateau (~6.3) for hundreds of steps;
 * ``--moe-impl dense`` (target.use_dense_experts): the same MoE function without transformers' per-expert
   loop and its host syncs;
 * the training mix of data.load_training_mix (stdlib-weighted, third-party sources filtered and sampled
-  across packages instead of the alphabetically first 80 M characters).
-It reached held-out ppl 113.5 in 452 s; at lr 5e-3 it diverged after step 400 (use a lower lr).
-
-The third (2026-12-01, second session that day) is the shipped bf16 target continued (``--init-from``, fresh
-optimizer) with the fast step of step.py (``--compile layers``: torch.compile per decoder layer, no KV cache
-during training; step.py's CLI measured the speed-up).
+  across packages, not the alphabetically first characters);
+* ``--init-from`` continues a checkpoint with a fresh optimizer, and ``--compile layers`` uses the fast step of
+  step.py (torch.compile per decoder layer, no KV cache during training; step.py's CLI measures the speed-up);
+* lr 5e-3 diverges after ~400 steps: use a lower one. The model card (models/kimi-k25-mini/MODEL_CARD.md) has the
+  shipped target's own runs and numbers.
 
 Several GPU calls: ``--save-ckpt`` writes model + optimizer + step when the ``wsd`` decay begins (or at the end
 without decay); ``--resume`` continues from it with a fresh time budget.
