@@ -11,7 +11,7 @@ export VLLM_USAGE_SOURCE := vllm-eagle3
 export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 
-.PHONY: setup sglang-env sglang-legacy-env test test-unit demo bench clean
+.PHONY: setup sglang-env sglang-legacy-env test test-unit demo bench compat clean
 
 $(STAMP): pyproject.toml scripts/setup_venv.sh
 	bash scripts/setup_venv.sh $(VENV)
@@ -48,6 +48,12 @@ demo: setup
 BENCH_ARGS ?=
 bench: setup
 	flock /tmp/vllm-engine.lock $(VENV)/bin/vllm-eagle3 bench $(BENCH_ARGS)
+
+# Checks every vLLM name the plugin relies on (vllm_eagle3/tools/compat_table.py) against the published vLLM wheels'
+# sources (downloaded into .cache/compat, ~1 GB, not installed); writes bench/compat/results.json, which
+# tests/unit/test_compat_results.py holds pyproject's gpu extra and compat.SUPPORTED_VLLM to.
+compat: setup
+	$(VPY) -m vllm_eagle3.tools.compat_check $(COMPAT_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-sglang .venv-sglang-legacy .pytest_cache
