@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m vllm_eagle3.tools.compat_check",
         description="Download published vLLM wheels (no install, no CUDA) and check, from their Python sources, every "
-                    "vLLM name the plugin overrides, wraps or calls (the RELIED table of this module); write the "
+                    "vLLM name the plugin overrides, wraps or calls (RELIED in vllm_eagle3/tools/compat_table.py); write the "
                     "results for tests/unit/test_compat_results.py. Exit code 0 whether or not a version passes: "
                     "the results decide what pyproject's gpu extra and compat.SUPPORTED_VLLM may claim.")
     ap.add_argument("wheels", nargs="*", default=list(WHEELS),
