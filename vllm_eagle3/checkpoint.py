@@ -223,9 +223,10 @@ def _ids_or_none(value: Any, where: str) -> tuple[int, ...] | None:
 
 # ----------------------------------------------------------------------------------- EAGLE-3.1 options, fan-in
 
-MLA_DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
-"""MLA-style EAGLE-3 drafts: vLLM 0.32 registers both names for ``deepseek_eagle3.py`` (registry.py L672-673);
-SGLang 0.5.23 loads only the V2 name (``kimi_k25_eagle3.py`` L523 ``EntryClass``)."""
+def mla_draft_architectures() -> tuple[str, ...]:
+    """MLA-style EAGLE-3 draft architectures: those some engine's "mla" draft class loads (the engine table)."""
+    names = (a for e in ENGINES.values() for a in getattr(e.draft_classes.get("mla"), "architectures", ()))
+    return tuple(dict.fromkeys(names))
 
 DRAFT_OPTIONS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual", "use_aux_norm")
 """The EAGLE-3.1 flags some engine reads from a draft config (``use_aux_norm``: SGLang's legacy name for fc_norm)."""
@@ -269,7 +270,7 @@ def draft_readings(cfg: Mapping[str, Any]) -> list[DraftReading]:
     absent means off in every class.
     """
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), Mapping) else {}
-    kind = "mla" if (cfg.get("architectures") or ["?"])[0] in MLA_DRAFT_ARCHITECTURES else "llama"
+    kind = "mla" if (cfg.get("architectures") or ["?"])[0] in mla_draft_architectures() else "llama"
     n_aux = cfg.get(NUM_AUX)
     if n_aux is not None and (isinstance(n_aux, bool) or not isinstance(n_aux, int) or n_aux < 1):
         raise CaptureSpecError(f"draft config num_aux_hidden_states must be a positive integer (the number of taps "
@@ -319,11 +320,16 @@ def draft_option_warnings(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
         out.append(("fan-in-engines", f"the engines size the draft's fc differently: {parts}. Write num_aux_hidden_states and both id "
                    "lists with the same number of taps (`vllm-eagle3 convert` does)"))
     arch = (cfg.get("architectures") or ["?"])[0]
-    if arch in MLA_DRAFT_ARCHITECTURES:
-        if arch != "Eagle3DeepseekV2ForCausalLM":
-            out.append(("mla-arch", f"architecture {arch}: SGLang 0.5.23 has no such draft class (kimi_k25_eagle3.py L523 registers "
-                       "Eagle3DeepseekV2ForCausalLM only); write \"architectures\": [\"Eagle3DeepseekV2ForCausalLM\"], "
-                       "which vLLM 0.32 also loads"))
+    mla = {e.label: e.draft_classes["mla"] for e in ENGINES.values() if "mla" in e.draft_classes}
+    if arch in mla_draft_architectures():
+        common = [a for a in mla_draft_architectures() if all(a in dc.architectures for dc in mla.values())]
+        for engine, dc in mla.items():
+            if arch not in dc.architectures:
+                others = ", ".join(e for e in mla if e != engine)
+                fix = (f"write \"architectures\": [\"{common[0]}\"], which {others} also loads" if common else
+                       "serve it with an engine that loads it")
+                out.append(("mla-arch", f"architecture {arch}: {engine} has no such draft class "
+                            f"({dc.architectures_ref} registers {', '.join(dc.architectures)} only); {fix}"))
         if cfg.get("model_type") not in VLLM_MLA_MODEL_TYPES or cfg.get("kv_lora_rank") is None:
             out.append(("mla-model-type", f"MLA draft with model_type {cfg.get('model_type')!r} and kv_lora_rank "
                        f"{cfg.get('kv_lora_rank')!r}: vLLM 0.32 treats it as MLA only for model_type in "
@@ -332,7 +338,7 @@ def draft_option_warnings(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
         if cfg.get("num_hidden_layers", 1) != 1:
             out.append(("mla-layers", f"MLA draft with num_hidden_layers = {cfg.get('num_hidden_layers')}: SGLang 0.5.23 refuses it "
                        "(kimi_k25_eagle3.py L243-244 'EAGLE3 currently only supports 1 layer')"))
-    if arch not in MLA_DRAFT_ARCHITECTURES and readings[0].options.get("fc_norm") and \
+    if arch not in mla_draft_architectures() and readings[0].options.get("fc_norm") and \
             readings[0].options.get("norm_before_fc"):
         out.append(("norm-exclusive", "norm_before_fc and fc_norm are both set: vLLM 0.32 and SGLang 0.5.23 Llama drafts apply both "
                    "(one norm over the concatenation, then one per tap); enable the one the draft was trained with"))

@@ -98,6 +98,8 @@ class DraftClass:
     source: str  # file and lines of the class
     fan_in: tuple[str, ...]  # NUM_AUX / NESTED / TOP: the first present sizes fc (else 3 taps)
     options: Mapping[str, tuple[str, ...]]  # option -> the places it is read from (TOP / NESTED), first present wins
+    architectures: tuple[str, ...] = ()  # the draft architectures that load this class ("mla"; "llama" takes the rest)
+    architectures_ref: str = ""  # where the engine registers them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +164,8 @@ class Engine:
         if not self.list_readings or any(p not in (TOP, NESTED) for r in self.list_readings for p in r.lists):
             raise ValueError(f"engine {self.name}: list_readings must name at least one reading of {TOP!r} / "
                              f"{NESTED!r} lists")
+        if "mla" in self.draft_classes and not self.draft_classes["mla"].architectures:
+            raise ValueError(f"engine {self.name}: its mla draft class must list the architectures that load it")
 
     @property
     def reads(self) -> str:
@@ -190,12 +194,14 @@ _VLLM_LLAMA = DraftClass("llama_eagle3.py L101, L179-252", (NUM_AUX, NESTED),
                          {"fc_norm": (TOP,), "norm_before_fc": (NESTED, TOP), "norm_output": (TOP,),
                           "norm_before_residual": (TOP,)})
 _VLLM_MLA = DraftClass("deepseek_eagle3.py L101, L189-222", (NUM_AUX, NESTED),
-                       {"fc_norm": (TOP,), "norm_output": (TOP,), "norm_before_residual": (TOP,)})
+                       {"fc_norm": (TOP,), "norm_output": (TOP,), "norm_before_residual": (TOP,)},
+                       ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"), "registry.py L672-673")
 _SGLANG_LLAMA = DraftClass("llama_eagle3.py L99-100, L151-207", (NUM_AUX, NESTED),
                            {"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_before_fc": (NESTED, TOP),
                             "norm_output": (TOP,)})
 _SGLANG_MLA = DraftClass("kimi_k25_eagle3.py L48-59, L159-161, L228-255", (NESTED, TOP),
-                         {"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_output": (TOP,)})
+                         {"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_output": (TOP,)},
+                         ("Eagle3DeepseekV2ForCausalLM",), "kimi_k25_eagle3.py L523 EntryClass")
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine("vllm", "vLLM 0.32", "vLLM 0.32/0.33: id k is tap k (no transform); 0 = embedding",

@@ -36,7 +36,8 @@ READING = "Made-up 1.0 (top-level, else nested)"
 MADE_UP = Engine(
     "madeup", "Made-up 1.0", "a made-up engine: id k is tap k+2; -2 = embedding", "nowhere.py L1-2",
     _plus_two, _minus_two, -2, -2, -2, "listed", (ListReading(READING, (TOP, NESTED)),), serving=True,
-    draft_classes={"mla": DraftClass("nowhere.py L3", (NESTED,), {"fc_norm": (TOP,)})},
+    draft_classes={"mla": DraftClass("nowhere.py L3", (NESTED,), {"fc_norm": (TOP,)},
+                                     ("Eagle3DeepseekV2ForCausalLM",), "nowhere.py L4")},
     write=Write("made-up.json", '"made_up_layers": {ids}'), aliases=("made-up",))
 
 
@@ -75,6 +76,7 @@ def test_inspect_shows_what_the_new_engine_reads_and_what_to_write(made_up):
     assert inspect.engine_writes(rep.spec, L)["Made-up 1.0"].startswith("[0, 28, 56] (madeup ids, in made-up.json")
     text = inspect.render(rep)
     assert "Made-up 1.0 reads: fc for 3 taps (from the eagle_config list); options none" in text
+    assert "mla-arch" not in rep.codes  # it loads the head's architecture
     assert "madeup         taps [4, 32, 60]" in text  # the draft's ids read in each convention
     reading = {r.engine: r for r in draft_readings(json.loads((HEAD / "config.json").read_text()))}
     assert reading["Made-up 1.0"].source == "Made-up 1.0 nowhere.py L3"
