@@ -12,13 +12,12 @@ import pytest
 
 from vllm_eagle3.tools.bench.cli import main
 from vllm_eagle3.tools.bench import analysis, plan as plans, report
-from vllm_eagle3.tools.bench.client import RequestRecord
+from vllm_eagle3.tools.bench.client import RequestRecord, spec_counters, summed
 from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_OFF, NATIVE, NATIVE_CAPTURES, NO_SPEC, Cell, Plan, Variant
 from vllm_eagle3.tools.bench.run import make_native_draft, native_taps
 from vllm_eagle3.tools.bench.stats import (Estimate, bootstrap, break_even, cost_ratio, ideal_speedup, paired_ratio,
                                            stratified_ratio)
 from vllm_eagle3.tools.bench.timers import StepTimers, step_split
-from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 
 pytestmark = pytest.mark.unit
 
@@ -239,14 +238,26 @@ def test_native_taps_are_the_incident_default_and_written_in_vllm_ids(tmp_path):
     assert (out / "model.safetensors").resolve() == (draft / "model.safetensors").resolve()
 
 
-def test_request_record_and_counter_deltas():
-    """ITL is measured after the first token; acceptance of one request is the difference of two /metrics
-    snapshots around it, not the server's lifetime total."""
+def test_request_record_and_per_request_counters():
+    """ITL is measured after the first token; a request's acceptance is what vLLM's per-request metrics say of it
+    (the response's ``metrics.speculative_decoding``), per position as the /metrics counters count it; a cell's
+    counters are its requests' summed."""
+    from openai.types import Completion
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+
     r = RequestRecord(0, 5, 0.9, "", ttft_s=0.5)
     assert r.itl_s == pytest.approx(0.1)
     assert math.isnan(RequestRecord(0, 5, 0.9).itl_s)
-    d = SpecDecodeCounters(20, 60, 27, (13.0, 9.0, 5.0)) - SpecDecodeCounters(10, 30, 12, (6.0, 4.0, 2.0))
-    assert d.acceptance_length == pytest.approx(2.5)
+    m = RequestSpecDecodeMetrics.new(3)
+    for accepted in (3, 1, 0, 2):  # four verify steps of 3 drafts each
+        m.observe(3, accepted)
+    resp = Completion.model_validate({"id": "x", "created": 0, "model": "m", "object": "text_completion",
+                                      "choices": [], "metrics": {"speculative_decoding": m.to_dict()}})
+    counters = spec_counters(resp)
+    assert counters == (4, 12, 6, (3.0, 2.0, 1.0))  # position 0 accepted in 3 steps, 1 in 2, 2 in 1
+    assert spec_counters(Completion.model_validate({**resp.model_dump(), "metrics": None})) is None
+    assert summed([RequestRecord(0, 5, 1.0, counters=counters)] * 2 + [RequestRecord(1, 5, 1.0)]) == \
+        [8, 24, 12, [6.0, 4.0, 2.0]]
 
 
 # ------------------------------------------------------------------------------------------------ analysis

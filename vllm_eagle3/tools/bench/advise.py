@@ -1,32 +1,20 @@
 """Measured throughput per (k, concurrency) -> a k-per-batch-size table for vLLM's
 ``speculative_config.num_speculative_tokens_per_batch_size``, and the serve-config lines that carry it.
 
-Data flow position: inside a run of ``--plan adaptive`` (``cli.execute`` asks :func:`resolve` for each variant
-before starting its stretch: a static k of the loaded stretch learns whether it can still be chosen, one of the
-judging stretch where it runs, the ``adaptive`` variant gets its table from the servers measured before it) and
-after one (``bench --from-json R --advise``, and the unit test that checks the shipped serve configs carry the
-table of the committed results).
+Data flow position: inside a run of ``--plan adaptive`` (``cli.execute`` asks :func:`resolve` for each variant of a
+stretch: whether a static k can still be chosen, which cells a judging server runs, the adaptive server's table) and
+after one (``bench --from-json R --advise``; the unit test that the shipped serve configs carry the committed table).
 
-What vLLM does with the table (0.32, read in its source): ``Scheduler.__init__`` expands it into a dense lookup
-``batch size -> k`` (``v1/spec_decode/dynamic/utils.py``: ranges inclusive, the first must start at 1, gaps and the
-tail carry the previous k, every k capped at ``num_speculative_tokens``); each step ``Scheduler.schedule`` reads
-``lookup[number of requests scheduled]`` into ``SchedulerOutput.num_spec_tokens_to_schedule``, and the model runner
-(the CPU runner inherits ``GPUModelRunner.propose_draft_token_ids``) passes it to the EAGLE proposer as the number of
-tokens to draft for the next step. k = 0 drafts nothing but still runs the draft's first forward over the step's
-tokens (``llm_base_proposer.propose``: "keep the drafter KV cache in sync"), so k = 0 is not free: it is chosen only
-where it measured faster than every k >= 1.
+vLLM 0.32 expands the table into a lookup ``batch size -> k`` (``v1/spec_decode/dynamic/utils.py``: ranges
+inclusive from 1, gaps and the tail carry the previous k, k capped at ``num_speculative_tokens``) and drafts
+``lookup[requests scheduled]`` tokens each step. k = 0 still runs the draft's first forward (to keep its KV cache in
+sync), so it is chosen only where it measured faster than every k >= 1.
 
-How the table is chosen: at each measured concurrency C the k with the highest measured throughput (no speculation
-counts as k = 0), then k is made non-increasing in C: where a higher concurrency measured a larger k than a lower one,
-the lower one's k is kept. Why: a larger batch makes the verify of k + 1 tokens per request more of a compute
-cost and never a cheaper one, so the best k can only fall with load; a rise is measurement noise (the one-at-a-time
-run of 2026-12-03 08:04 UTC measured k = 1 and k = 3 within 1 % of each other at C = 16, and k = 3, 1, 3, 1 at
-C = 1, 4, 16, 32). The same rule lets the loaded stretch of the plan skip every k above the table's k at the last
-light concurrency (:func:`loaded_cells`).
-The batch sizes between two measured concurrencies C1 < C2 are split at their geometric mean
-(``floor(sqrt(C1 * C2))``: throughput moves with log C); the last range is open-ended; neighbouring ranges with the
-same k are merged. In a closed loop with C requests in flight vLLM's batch is C requests most of the time (fewer
-while a wave drains), so concurrency and batch size are the same axis.
+The rule: at each measured concurrency the k of the highest throughput (a tie: the smaller k), then made
+non-increasing in concurrency, because a larger batch makes verifying k + 1 tokens per request dearer, never cheaper:
+a rise is noise. Batch sizes between two measured concurrencies C1 < C2 split at ``floor(sqrt(C1 * C2))``
+(throughput moves with log C); the last range is open-ended; neighbours with one k merge. In a closed loop with C in
+flight vLLM's batch is C requests most of the time, so concurrency and batch size are one axis.
 """
 
 from __future__ import annotations

@@ -73,8 +73,8 @@ def per_prompt(cs: Sequence[Mapping]) -> dict[int, tuple[float, float]]:
 
 
 def wall_tok_s(cs: Sequence[Mapping]) -> float:
-    """Tokens / seconds of the cells: the requests' own latencies at concurrency 1 (the client reads /metrics
-    between them), the wall clock otherwise."""
+    """Tokens / seconds of the cells: the requests' own latencies at concurrency 1 (the client's time between two
+    requests left out), the wall clock otherwise."""
     if not cs:
         return NAN
     toks = sum(r.tokens for r in requests(cs))
@@ -108,8 +108,7 @@ def speedup(cs: Sequence[Mapping], base_cs: Sequence[Mapping], seed: str) -> Est
 def acceptance(raw: Mapping, seed: str) -> dict[str, Any]:
     """tau with an interval over requests (concurrency-1 cells with per-request counters) and per-position
     acceptance; else pooled over every cell's counters, without an interval."""
-    per_req = [r.counters for r in requests([x for x in raw.get("cells", []) if x["kind"] == "throughput"])
-               if r.counters and r.counters[0] > 0]
+    per_req = [r.counters for r in requests(cells(raw, "throughput", 1)) if r.counters and r.counters[0] > 0]
     if per_req:
         tau = bootstrap([(x[2], x[0]) for x in per_req], lambda r: 1 + ratio_of_sums(r), seed,
                         method="bootstrap over requests")
@@ -231,7 +230,7 @@ def capture_ab(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
 
     Each server process also runs at its own speed on this shared 2-core VM: two identical servers' forward times
     differed by as much as the plugin / native gap, and their DRAFT times (identical work: same head, same tokens)
-    by as much, in the same direction (the 2026-12-01 run). So each row also gives the target forward per
+    by as much, in the same direction. So each row also gives the target forward per
     millisecond of draft in the same decode steps (``normalized``: per-step forward / draft), which cancels the
     server's own speed and leaves the capture's cost. The draft's work is the same on both sides only when tau is."""
     out = []

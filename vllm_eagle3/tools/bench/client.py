@@ -1,19 +1,12 @@
-"""The load generator of ``vllm-eagle3 bench``: what a measuring client sends, and what it reads around it.
+"""The load generator of ``vllm-eagle3 bench``: what a measuring client sends, and what it reads back.
 
-Data flow position: outside the server, between ``run.py`` (which says which prompts, how many in flight, how many
-tokens) and the results file. The client must weigh on the 2-core server as little as a real one, so:
-
-- :func:`plain_cell` (throughput cells): plain non-streaming ``/v1/completions`` (``openai`` async client), greedy,
-  ``ignore_eos``; the token count comes from the response's ``usage``. One HTTP response per request: no per-chunk
-  serialisation, no per-chunk usage. Closed loop: at most ``concurrency`` requests in flight, the next one sent when
-  one returns. At concurrency 1 (``per_request_metrics``) ``/metrics`` is read between two requests, while the
-  server is idle, so each request gets its own spec-decode counters (acceptance per prompt).
-- :func:`stream_cell` (latency cells): streamed requests with usage only in the last chunk: time to first token
-  and inter-token latency.
-- :func:`worker_rpc`: ``POST /collective_rpc`` to the worker extension (:mod:`.timers`).
-
-Every request's record: prompt index, tokens, seconds from send to response (from send to last chunk when
-streamed), text (greedy text must be the same with and without speculation).
+Data flow position: outside the server, between ``run.py`` (which prompts, how many in flight, how many tokens) and
+the results file. The client must weigh on the 2-core server as little as a real one: :func:`plain_cell` sends plain
+non-streaming greedy ``/v1/completions`` (``ignore_eos``), closed loop at ``concurrency`` in flight;
+:func:`stream_cell` streamed ones (time to first token, inter-token latency). Tokens come from ``usage``; each
+request's spec-decode counters from vLLM's per-request metrics (``metrics.speculative_decoding`` of the response, or
+of the last chunk when streamed; servers run with ``per-request-spec-decode-metrics: summary``), so no request waits
+on a ``/metrics`` read. :func:`worker_rpc` calls the worker extension (:mod:`.timers`).
 """
 
 from __future__ import annotations
@@ -23,8 +16,6 @@ import dataclasses
 import json
 import time
 from typing import Any, Mapping, Sequence
-
-from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 
 NAN = float("nan")
 
@@ -36,7 +27,7 @@ class RequestRecord:
     latency_s: float  # send -> full response (plain) or last chunk (streamed)
     text: str = ""
     ttft_s: float = NAN  # streamed only: send -> first chunk with text
-    counters: tuple | None = None  # concurrency 1 only: (drafts, draft_tokens, accepted, per-position accepted)
+    counters: tuple | None = None  # speculating servers: (drafts, draft_tokens, accepted, per-position accepted)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -54,15 +45,25 @@ class RequestRecord:
         return (self.latency_s - self.ttft_s) / (self.tokens - 1)
 
 
-def counters(base_url: str) -> SpecDecodeCounters | None:
-    try:
-        return SpecDecodeCounters.fetch(base_url)
-    except LookupError:
+def spec_counters(response: Any) -> tuple | None:
+    """(drafts, draft tokens, accepted, accepted per position) of one request, from vLLM's per-request
+    ``metrics.speculative_decoding`` (its ``acceptance_histogram[j]``: verify steps that accepted exactly j drafts, so
+    position i was accepted in the steps with j > i); None from a server that does not speculate."""
+    sd = ((getattr(response, "model_extra", None) or {}).get("metrics") or {}).get("speculative_decoding")
+    if not sd:
         return None
+    hist = sd["acceptance_histogram"]
+    return (sd["num_spec_steps"], sd["num_draft_tokens"], sd["num_accepted_draft_tokens"],
+            tuple(float(sum(hist[i + 1:])) for i in range(len(hist) - 1)))
 
 
-def _as_tuple(c: SpecDecodeCounters | None) -> tuple | None:
-    return None if c is None else (c.drafts, c.draft_tokens, c.accepted, tuple(c.accepted_per_pos))
+def summed(records: Sequence[RequestRecord]) -> list | None:
+    """A cell's counters: its requests' summed (None when no request carries any)."""
+    cs = [r.counters for r in records if r.counters]
+    if not cs:
+        return None
+    return [sum(c[0] for c in cs), sum(c[1] for c in cs), sum(c[2] for c in cs),
+            [sum(x) for x in zip(*(c[3] for c in cs))]]
 
 
 def _client(base_url: str):
@@ -77,13 +78,14 @@ async def _plain_one(client, model: str, idx: int, prompt: Sequence[int], max_to
                                            extra_body={"ignore_eos": True})
     dt = time.perf_counter() - t0
     text = resp.choices[0].text if resp.choices else ""
-    return RequestRecord(idx, int(resp.usage.completion_tokens) if resp.usage else 0, dt, text)
+    return RequestRecord(idx, int(resp.usage.completion_tokens) if resp.usage else 0, dt, text,
+                         counters=spec_counters(resp))
 
 
 async def _stream_one(client, model: str, idx: int, prompt: Sequence[int], max_tokens: int) -> RequestRecord:
     t0 = time.perf_counter()
     first = last = NAN
-    parts, tokens = [], 0
+    parts, tokens, counters = [], 0, None
     stream = await client.completions.create(model=model, prompt=list(prompt), max_tokens=max_tokens,
                                              temperature=0.0, stream=True, stream_options={"include_usage": True},
                                              extra_body={"ignore_eos": True})
@@ -95,61 +97,46 @@ async def _stream_one(client, model: str, idx: int, prompt: Sequence[int], max_t
                 first = now if first != first else first
                 last = now
         if getattr(chunk, "usage", None) is not None:
-            tokens = int(chunk.usage.completion_tokens)
-    return RequestRecord(idx, tokens, last, "".join(parts), first)
+            tokens, counters = int(chunk.usage.completion_tokens), spec_counters(chunk)
+    return RequestRecord(idx, tokens, last, "".join(parts), first, counters)
 
 
 async def _cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence[int]]], concurrency: int,
-                max_tokens: int, stream: bool, per_request_metrics: bool) -> tuple[float, list[RequestRecord]]:
+                max_tokens: int, stream: bool) -> tuple[float, list[RequestRecord]]:
     client = _client(base_url)
     one = _stream_one if stream else _plain_one
+    sem = asyncio.Semaphore(concurrency)
+
+    async def run(idx, p):
+        async with sem:
+            return await one(client, model, idx, p, max_tokens)
+
     t0 = time.perf_counter()
     try:
-        if per_request_metrics and concurrency == 1:
-            out = []
-            for idx, p in prompts:
-                before = counters(base_url)
-                rec = await one(client, model, idx, p, max_tokens)
-                after = counters(base_url)
-                delta = after - before if (before is not None and after is not None) else None
-                out.append(dataclasses.replace(rec, counters=_as_tuple(delta)))
-            wall = time.perf_counter() - t0
-        else:
-            sem = asyncio.Semaphore(concurrency)
-
-            async def run(idx, p):
-                async with sem:
-                    return await one(client, model, idx, p, max_tokens)
-
-            out = list(await asyncio.gather(*(run(i, p) for i, p in prompts)))
-            wall = time.perf_counter() - t0
+        out = list(await asyncio.gather(*(run(i, p) for i, p in prompts)))
     finally:
         await client.close()
-    return wall, out
+    return time.perf_counter() - t0, out
 
 
 def plain_cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence[int]]], concurrency: int,
-               max_tokens: int, per_request_metrics: bool = False) -> tuple[float, list[RequestRecord]]:
+               max_tokens: int) -> tuple[float, list[RequestRecord]]:
     """Wall seconds (first send to last response) and one record per request (see module doc)."""
-    return asyncio.run(_cell(base_url, model, prompts, concurrency, max_tokens, False, per_request_metrics))
+    return asyncio.run(_cell(base_url, model, prompts, concurrency, max_tokens, False))
 
 
 def stream_cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence[int]]],
                 max_tokens: int) -> tuple[float, list[RequestRecord]]:
     """Sequential streamed requests (time to first token, inter-token latency)."""
-    return asyncio.run(_cell(base_url, model, prompts, 1, max_tokens, True, False))
-
-
-def _post_json(url: str, body: Mapping[str, Any], timeout: float = 120.0) -> Any:
-    import urllib.request
-
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback URL we built
-        text = resp.read().decode()
-    return json.loads(text) if text else None
+    return asyncio.run(_cell(base_url, model, prompts, 1, max_tokens, True))
 
 
 def worker_rpc(base_url: str, method: str) -> list[Any]:
     """Call a :class:`~.timers.StepTimers` method in every worker (``POST /collective_rpc``); one result per worker."""
-    return (_post_json(base_url.rstrip("/") + "/collective_rpc", {"method": method}) or {}).get("results", [])
+    import urllib.request
+
+    req = urllib.request.Request(base_url.rstrip("/") + "/collective_rpc", data=json.dumps({"method": method}).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120.0) as resp:  # noqa: S310 - loopback URL we built
+        text = resp.read().decode()
+    return (json.loads(text) if text else {}).get("results", [])

@@ -1,27 +1,12 @@
 """Prompts no shipped model ever trained on, for the benchmarks (``bench/heldout_prompts.json``).
 
-Why: the shipped heads' ``eval_prompts.json`` are 64-token slices of the miniature's held-out *split* (2 % of the
-standard library's files by a hash of their path), but the same installation's site-packages vendor and copy many
-stdlib modules, and the head was tuned while looking at those prompts: served on them it reaches acceptance length
-~3.4, on Python it never saw ~2.7-2.9. A speed claim has to be made on text like what users send, which the models
-have not seen.
-
-Where the text comes from: this repository's own Python files that were *added to git after the last shipped model
-was committed* (``--after``, default the commit of the last head, ``7a77e1d``): written after every training run
-ended, so no training corpus can contain them. Two checks, recorded in the output:
-
-1. the git clock: each source file's first commit (rename detection on, so code that was only moved does not count
-   as new) is a descendant of ``--after``;
-2. the corpus check: no three consecutive non-blank lines of a prompt (stripped) occur, consecutively, in any ``*.py``
-   file under the roots the trainer reads by default (``miniature.data.default_roots()``: this interpreter's stdlib
-   and site-packages, the same kind of installation the models were trained on). Prompts that fail are dropped and
-   counted.
-
-Each prompt is ``--prompt-tokens`` tokens of the miniature's tokenizer starting at a line start, at most
-``--per-file`` windows per file, files visited in the order of a hash of their path (stable, not alphabetical).
-The output's items have the ``prompt_token_ids`` key that ``bench --prompts`` reads (``run.load_prompts``).
-
-CLI: ``python -m vllm_eagle3.tools.bench.heldout --help``.
+Why: the shipped heads' ``eval_prompts.json`` are slices of the miniature's held-out split, but site-packages vendor
+many stdlib modules and the heads were tuned looking at those prompts (acceptance ~3.4 there, ~2.7-2.9 on unseen
+Python). The text: this repository's Python files *added after the last model commit* (``--after``), checked twice
+(recorded in the output): each file's first commit (renames are not additions) descends from ``--after``, and no
+:data:`RUN` consecutive non-blank lines of a prompt occur together in a ``*.py`` file under the trainer's default
+roots (``miniature.data.default_roots()``). Each prompt is ``--prompt-tokens`` tokens from a line start, at most
+``--per-file`` per file, files in the order of a hash of their path. CLI: ``python -m vllm_eagle3.tools.bench.heldout``.
 """
 
 from __future__ import annotations

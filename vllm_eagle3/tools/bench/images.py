@@ -1,19 +1,12 @@
 """Images through the served path: test images, OpenAI chat messages carrying them, and the measurement of
-``python -m vllm_eagle3.tools.bench.images`` (image-prompt acceptance and speed with vs without speculation, next to the
-same prompts without images).
+``python -m vllm_eagle3.tools.bench.images`` (image-prompt acceptance and speed with vs without speculation, next to
+the same prompts without images).
 
-Data flow position: client side, end to end. An OpenAI chat message with ``image_url`` parts (PNG data URLs made
-here) goes to a server started with ``configs/serve_kimi_k25_mini_vision.yaml``; vLLM's Kimi K2.5 processor turns
-each image into ``<|media_pad|>`` tokens (one per 2x2 merged 14-px patch), the vision tower's features replace those
-rows of ``inputs_embeds``, and the plugin's tap 0 (``embed``) is that merged tensor, which the EAGLE-3 head's ``fc``
-reads next to taps 3 and 31. Nothing here looks inside the engine (tests/e2e/test_images.py does, with a worker-side
-probe).
-
-Why the vision config sets ``hf-overrides: {use_unified_vision_chunk: true}``: vLLM's chat renderer maps an OpenAI
-``image_url`` part to the modality ``vision_chunk`` (the only one ``KimiK25ForConditionalGeneration`` accepts) only
-when the model's config says ``use_unified_vision_chunk`` (as Moonshot's published Kimi K2.5 config.json does); the
-miniature's config.json does not, so images were counted as modality ``image`` with limit 0 and refused ("At most 0
-image(s) may be provided in one prompt") whatever ``limit-mm-per-prompt: {vision_chunk: N}`` said.
+Data flow position: client side, end to end. vLLM's Kimi K2.5 processor turns each ``image_url`` part into
+``<|media_pad|>`` tokens (one per 2x2 merged 14-px patch) whose rows of ``inputs_embeds`` the vision tower fills;
+the plugin's tap 0 (``embed``) is that merged tensor. The vision config sets ``hf-overrides:
+{use_unified_vision_chunk: true}`` because vLLM's chat renderer maps ``image_url`` to the modality ``vision_chunk``
+(the only one ``KimiK25ForConditionalGeneration`` accepts) only when the model's config says so, as Moonshot's does.
 """
 
 from __future__ import annotations
@@ -23,11 +16,12 @@ import base64
 import io
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
+
+from vllm_eagle3 import envs
 
 PATCH = 14  # the miniature's (and Kimi K2.5's) ViT patch size
 MERGE = 2  # 2x2 patches merged into one image token
@@ -218,7 +212,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     groups = {"image": [q["messages"] for q in prompts] * args.repeats,
               "text": [q["text_messages"] for q in prompts] * args.repeats}
     meta = {"date": now_utc(), "machine": machine_info(), "load_before": loadavg(),
-            "cpu_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"), "config": args.config,
+            "cpu_bind": envs.VLLM_CPU_OMP_THREADS_BIND, "config": args.config,
             "capture_spec": args.capture_spec, "max_tokens": args.max_tokens, "repeats": args.repeats,
             "prompts": [{"name": q["name"], "image_tokens": q["image_tokens"]} for q in prompts]}
     results: dict[str, dict[str, Any]] = {}

@@ -53,7 +53,7 @@ def attention(dtype: object) -> dict[str, str]:
 
 
 def backend_label(meta: dict) -> str:
-    """'CPU_MLA, float32' for a results file's meta; files written before 2026-12-04 ran float32 on CPU_MLA."""
+    """'CPU_MLA, float32' for a results file's meta (one without these keys ran float32 on CPU_MLA)."""
     return f"{meta.get('attention', 'CPU_MLA')}, {meta.get('dtype', 'float32')}"
 
 

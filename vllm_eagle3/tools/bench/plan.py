@@ -1,27 +1,12 @@
 """What one ``vllm-eagle3 bench`` run measures: variants (one server each), their cells, and the named plans.
 
-Data flow position: the first thing the CLI builds (``cli.py``) and the contract between ``run.py`` (which starts
-one server per :class:`Variant` and measures its :class:`Cell` s in order) and ``analysis.py`` (which pairs cells
-of different variants by prompt). Pure dataclasses, validated at construction; no engine import.
-
-Cell kinds (what each costs the server is stated in the report):
-
-- ``throughput``: plain non-streaming ``/v1/completions`` of ``plan.throughput_requests(C)`` different prompts
-  (at least ``plan.prompts``, and ``plan.waves`` x C), closed loop at C requests in flight, a new request sent as
-  one finishes: a server under steady load. (With only C requests, one wave, the slowest request sets the cell's
-  time: under speculation requests finish at different steps, so a wave measures its least-accepted prompt.)
-  Tokens from the response's ``usage``. Nothing else runs in the server. At
-  concurrency 1 the client reads ``/metrics`` between two requests (server idle), for per-request acceptance.
-- ``split``: the worker timers (:mod:`.timers`) around ``max(concurrency, 4)`` requests of ``plan.split_tokens``
-  tokens (the same prompts in every variant, so their wall times give a shorter paired speedup too, timers on both
-  sides);
-- ``untimed``: the requests of the ``split`` cell at the same concurrency without the timers, run just before it:
-  what the timers cost.
-- ``stream``: ``plan.stream_prompts`` streamed requests at concurrency 1 (usage only in the last chunk): time to
-  first token and inter-token latency, and what streaming costs next to the plain client on the same prompts.
-
-Plans: :func:`headline_plan` (smoke, quick, default, full: speculation vs none and what the capture costs) and
-:func:`check_plan` (``check``: what the online wiring check costs, the same server with it on and off).
+Data flow position: built first by ``cli.py``; the contract between ``run.py`` (one server per :class:`Variant`,
+its :class:`Cell` s in order) and ``analysis.py`` (which pairs cells of different variants by prompt). Cell kinds:
+``throughput`` (closed loop at C in flight over ``plan.throughput_requests(C)`` different prompts: steady load;
+one wave would be timed by its least-accepted request), ``split`` (the worker timers around ``max(C, 4)`` requests
+of ``plan.split_tokens``), ``untimed`` (the same requests without the timers: what they cost) and ``stream``
+(streamed requests at concurrency 1: time to first token, inter-token latency). Plans: :func:`headline_plan`
+(smoke, quick, default, full), :func:`check_plan` (the online wiring check on vs off), :func:`adaptive_plan`.
 """
 
 from __future__ import annotations
@@ -44,16 +29,14 @@ MLA_DEFAULT, MLA_OFF, MLA_ON = "default", "off", "on"
 # concurrency <= LIGHT_MAX), the one that chooses it under load (only the k the light stretch left possible: k never
 # rises with the batch), and the two that judge the table, light and loaded (no speculation, the static k it is
 # compared with, the adaptive server; at light load two servers of each speculating configuration, JUDGE_REPLICAS).
-# Results files written before 2026-12-04 have one judging stretch for every concurrency (JUDGE) and no replicas.
 CHOOSE_LIGHT, CHOOSE_LOADED, JUDGE, JUDGE_LOADED = 1, 2, 3, 4
 STRETCHES = (0, CHOOSE_LIGHT, CHOOSE_LOADED, JUDGE, JUDGE_LOADED)
 JUDGING = (JUDGE, JUDGE_LOADED)
 LIGHT_MAX = 16
 JUDGE_REPLICAS = 2
-"""Servers of each speculating configuration in the light judging stretch. Two servers of one configuration, run in
-turns on this 2-core VM, measured 0.83x of each other at concurrency 1 with identical drafts and acceptances (run of
-2026-12-03 15:55; the same four servers side by side at 17:10 came within 4 %): one server per side cannot resolve
-the issue's 10 % target. Under load only one (six servers with a KV cache for 64 requests do not fit 23 GiB)."""
+"""Servers of each speculating configuration in the light judging stretch: two servers of one configuration, run in
+turns on a 2-core VM, measured up to 0.83x of each other with identical drafts, so one server per side cannot resolve
+a 10 % target. Under load only one (six servers with a KV cache for 64 requests do not fit 23 GiB)."""
 CELL_KINDS = ("throughput", "untimed", "split", "stream")
 
 
@@ -84,7 +67,7 @@ class Variant:
     compiled: bool = False
     replica: int = 1
     cells: tuple[Cell, ...] = ()
-    check: bool = True  # as shipped; results files written before this field have no check-off variant
+    check: bool = True  # as shipped
     # adaptive: k per batch size (vLLM's num_speculative_tokens_per_batch_size), filled in by the run from the
     # static-k servers measured before it (``schedule``: its (first batch size, last, k) ranges; k = the most it may
     # draft)
@@ -188,8 +171,7 @@ class Variant:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Variant":
-        # results files of 2026-12-02/03 carry ``search`` and ``together`` (a bool: their one side-by-side stretch,
-        # which judged) instead of ``stretch``
+        # older results files: ``together`` (their one side-by-side stretch, which judged) instead of ``stretch``
         d = {**{k: v for k, v in d.items() if k not in ("search", "together")},
              **({"stretch": JUDGE} if d.get("together") else {})}
         return cls(**{**d, "cells": tuple(Cell(k, c) for k, c in d["cells"]),
@@ -302,25 +284,13 @@ def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, com
 
 def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), ks=(1, 2, 3, 4, 5),
                   compiled: bool = False, **sizes) -> Plan:
-    """Speculation that adapts to load, in three side-by-side stretches (each: its servers all alive at once and
-    measured in turns, ``run.run_together``), because on a shared VM two servers of one configuration measured one
-    after the other differ by more than the k choice is worth (the run of 2026-12-03 12:53: 0.57-1.10 apart, and the
-    table it chose from one-at-a-time servers gave 0.97x no speculation side by side at concurrency 16).
-
-    1. CHOOSE_LIGHT: no speculation and every k of ``ks`` at the concurrencies <= LIGHT_MAX, throughput cells in turns,
-       then each server's timed cells (worker timers: per-step draft and verify cost, hence the break-even acceptance
-       length and the ideal speedup per k), one server at a time.
-    2. CHOOSE_LOADED: the same at the higher concurrencies, for no speculation and the k up to the table's k at the
-       last light concurrency (k never rises with the batch: a larger k cannot be chosen there; advise.resolve).
-       Two stretches rather than one because every server holds a KV cache for its highest concurrency: six servers
-       with room for 64 requests each do not fit a 23 GiB machine.
-    Their throughput chooses the table (:mod:`.advise`).
-    3. JUDGE (concurrencies <= LIGHT_MAX) and 4. JUDGE_LOADED (the others): no speculation again, the static k
-       servers the table is compared with (where the table or the best static k is theirs) and the server with the
-       table (vLLM's ``num_speculative_tokens_per_batch_size``); in the light one JUDGE_REPLICAS servers of each
-       speculating configuration, so that a ratio is over servers and its noise between two servers of one
-       configuration is measured. Split by load for memory: a server's KV cache is sized for its busiest cell. The
-       first no-speculation servers against these bound how far the machine drifted."""
+    """Speculation that adapts to load, in four side-by-side stretches (``run.run_together``: servers all alive,
+    measured in turns), because two servers of one configuration measured one after the other on a shared VM differ
+    by more than the k choice is worth. CHOOSE_LIGHT (c <= LIGHT_MAX) and CHOOSE_LOADED (the rest; only the k still
+    possible, ``advise.resolve``): no speculation and each k of ``ks``, throughput cells in turns, then timed cells;
+    their throughput chooses the table (:mod:`.advise`). JUDGE and JUDGE_LOADED: no speculation again, the static k
+    it is judged against and the adaptive server (JUDGE_REPLICAS of each speculating one at light load). Stretches
+    are split by load for memory: each server's KV cache is sized for its busiest cell."""
     light = tuple(c for c in concurrencies if c <= LIGHT_MAX)
     loaded = tuple(c for c in concurrencies if c > LIGHT_MAX)
     vs = []
@@ -374,11 +344,9 @@ PLANS = {name: (lambda name=name: build(name, **PLAN_ARGS[name])) for name in PL
 
 # ------------------------------------------------------------------------------------------------ duration
 
-# Assumed speeds on a quiet 2-core box, for the estimate printed before a run (not used in any result), from the
-# run of 2026-12-01 19:23 (60.6 min for an estimate of 30 with the earlier guesses): plain decode tok/s of the eager
-# miniature at each concurrency (6.7 / 19.4 / 47.5 measured at 1 / 4 / 16); EAGLE-3 with MLA verify-as-decode ~1.6x
-# of it, without ~1.0x; the incident wiring ~0.5x; compiled ~2x of eager. Server start: eager ~55 s, compiled ~540 s
-# measured (compile cache cold), ~120 s with it warm.
+# Assumed speeds on a quiet 2-core box, only for the estimate printed before a run: plain decode tok/s of the eager
+# miniature per concurrency; EAGLE-3 ~1.6x of it (~1.0x with the MLA opt-out, ~0.5x with the SGLang default wiring);
+# compiled ~2x of eager. Server start: eager ~55 s, compiled ~540 s with the compile cache cold, ~120 s warm.
 _PLAIN_TOK_S = {1: 6.7, 2: 11.0, 4: 19.4, 8: 31.0, 16: 47.5}
 START_S = {"eager": 55.0, "compiled-warm": 120.0, "compiled-cold": 540.0}
 

@@ -58,51 +58,25 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
     chosen_side = any(o.get("chosen_side_by_side") for o in rows)
     replicas = max((o.get("servers") or [1])[0] for o in rows)
     turns1 = next((o.get("turns") for o in rows if o["concurrency"] == 1), None) or 4
-    if side and chosen_side and replicas > 1:
-        how = ("Every server ran **side by side**: all alive at once, each concurrency's prompts in turns (2 chunks, "
-               f"{turns1} at concurrency 1; the servers' order reversed from one chunk to the next), so that a drift "
-               "of the machine falls on all of them alike. Four stretches: no speculation and every k at "
-               "concurrencies up to 16; then at 32 and 64 no speculation and the k the first stretch left possible "
-               "(k never rises with the batch); their throughput chose the table. Then two judging stretches, up to "
-               "16 and above: no speculation again, the static k servers the adaptive server is compared with and "
-               f"the adaptive server; in the first, {replicas} servers of each speculating configuration, because "
-               "two servers of one configuration on this VM can differ by more than the 10 % target. Speedups are "
-               "over that stretch's no-speculation server, each side's servers pooled (every prompt's tokens over "
-               "its seconds, summed over them); *adaptive / best* pairs the adaptive servers with that stretch's "
-               "servers of the static k that measured fastest at that concurrency in the choosing stretches, and "
-               "*identical servers* is the same ratio between two servers of one configuration (adaptive ; best "
-               "static). k = 3 and the break-even columns are from the choosing stretches, over their "
-               "no-speculation server; the last column is the judging stretch's no-speculation server over the "
-               "choosing one's (how far the machine drifted between them).")
-    elif side and chosen_side:
-        how = ("Every server ran **side by side**: all alive at once, each concurrency's prompts in turns (2 chunks, 4 "
-               "at concurrency 1; the servers' order reversed from one chunk to the next), so that a drift of the "
-               "machine falls on all of them alike. Three stretches: no speculation and every k at concurrencies up "
-               "to 16; then at 32 and 64 no speculation and the k the first stretch left possible (k never rises "
-               "with the batch); their throughput chose the table. Then the judging stretch: no speculation again, "
-               "the static k servers the adaptive server is compared with and the adaptive server. Its speedup is "
-               "over that stretch's no-speculation server; *adaptive / best* pairs it with that stretch's server of "
-               "the static k that measured fastest at that concurrency in the choosing stretches; where both ran the "
-               "same k, that is the ratio between two servers of one configuration measured in turns. k = 3 and the "
-               "break-even columns are from the choosing stretches, over their no-speculation server; the last "
-               "column is the judging stretch's no-speculation server over the choosing one's (how far the machine "
-               "drifted between them).")
-    elif side:  # results of 2026-12-03 12:53: the static servers that chose the table ran one at a time
-        how = ("The adaptive server ran **side by side** with a second no-speculation server and the static k "
-               "servers it is compared with: all alive at once, each concurrency's prompts in turns (2 chunks, 4 at "
-               "concurrency 1; the servers' order reversed from one chunk to the next), so that a drift of the "
-               "machine falls on all of them alike. Its speedup is over that no-speculation server; *adaptive / "
-               "best* pairs it with the side-by-side server of the static k that measured fastest at that "
-               "concurrency when the static servers ran one at a time (the measurement that chose the table); where "
-               "both ran the same k, that is the ratio between two servers of one configuration measured in turns. "
-               "k = 3 and the break-even columns are from the one-at-a-time servers, over the first no-speculation "
-               "server; the last column is the second no-speculation server over the first (how far the machine "
-               "drifted between the two stretches).")
-    else:
-        how = ("Speedups are over the first no-speculation server, paired over prompts; *adaptive / best* pairs the "
-               "adaptive server with the static k that measured fastest at that concurrency; where both ran the "
-               "same k, it is the ratio between two servers of one configuration, which the last column shows for "
-               "no speculation.")
+    if not (side and chosen_side and replicas > 1):
+        raise ValueError("an adaptive results file from before the judging stretches had replicas (servers run one "
+                         "at a time, or one server per configuration): render it with the commit that wrote it "
+                         "(its meta.machine.commit)")
+    how = ("Every server ran **side by side**: all alive at once, each concurrency's prompts in turns (2 chunks, "
+           f"{turns1} at concurrency 1; the servers' order reversed from one chunk to the next), so that a drift "
+           "of the machine falls on all of them alike. Four stretches: no speculation and every k at "
+           "concurrencies up to 16; then at 32 and 64 no speculation and the k the first stretch left possible "
+           "(k never rises with the batch); their throughput chose the table. Then two judging stretches, up to "
+           "16 and above: no speculation again, the static k servers the adaptive server is compared with and "
+           f"the adaptive server; in the first, {replicas} servers of each speculating configuration, because "
+           "two servers of one configuration on this VM can differ by more than the 10 % target. Speedups are "
+           "over that stretch's no-speculation server, each side's servers pooled (every prompt's tokens over "
+           "its seconds, summed over them); *adaptive / best* pairs the adaptive servers with that stretch's "
+           "servers of the static k that measured fastest at that concurrency in the choosing stretches, and "
+           "*identical servers* is the same ratio between two servers of one configuration (adaptive ; best "
+           "static). k = 3 and the break-even columns are from the choosing stretches, over their "
+           "no-speculation server; the last column is the judging stretch's no-speculation server over the "
+           "choosing one's (how far the machine drifted between them).")
     return "\n\n".join([x for x in [
         "### Speculation that adapts to load: k per batch size" + (f" ({backend})" if backend else ""),
         run,

@@ -2,15 +2,11 @@
 side-by-side stretch of the plan, its servers all alive at once and their throughput cells run in turns
 (:func:`run_together`).
 
-Data flow position: between the plan (``plan.py``) and the analysis (``analysis.py``). For each
-:class:`~.plan.Variant`: write its serve YAML (the shipped ``configs/serve_kimi_k25_mini.yaml`` with k, the draft,
-eager or compiled, prefix caching off so every request pays its prefill), start ``vllm-eagle3 serve``
-(``tools.process.VllmServer``) with the step-timer worker extension loaded (inactive until a timed cell), warm it
-up, run its cells (``client.py``), read how its CPU MLA verified, stop it. Everything measured goes, raw, into the
-results file; nothing is summarised here.
-
-Compiled servers keep vLLM's compile cache in the project's gitignored ``.cache/vllm`` (``VLLM_CACHE_ROOT``), so a
-configuration is compiled once (~4.5 min cold on 2 cores) and later runs load it.
+Data flow position: between ``plan.py`` and ``analysis.py``. Per :class:`~.plan.Variant`: its serve YAML (the base
+config with k, the draft, eager or compiled, prefix caching off so every request pays its prefill), ``vllm-eagle3
+serve`` with the step-timer worker extension loaded (inactive until a timed cell), a warm-up, its cells
+(``client.py``), what its log and worker say of its capture and MLA path, stop. Everything measured goes raw into
+the results file. Compiled servers share vLLM's compile cache in the gitignored ``.cache/vllm``.
 """
 
 from __future__ import annotations
@@ -109,6 +105,7 @@ def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path
         spec = dict(base.get("speculative-config") or {})
         cfg["speculative-config"] = {**spec, "method": "eagle3", "model": str(draft.resolve()),
                                      "num_speculative_tokens": variant.k}
+        cfg["per-request-spec-decode-metrics"] = "summary"  # each response carries its request's counters
         cfg["speculative-config"].pop("num_speculative_tokens_per_batch_size", None)  # static k unless adaptive
         if variant.schedule:
             cfg["speculative-config"]["num_speculative_tokens_per_batch_size"] = [list(e) for e in variant.schedule]
@@ -142,7 +139,8 @@ def server_env(variant: Variant) -> dict[str, str]:
     env["VLLM_SERVER_DEV_MODE"] = "1"  # POST /collective_rpc, to start/stop/read the StepTimers
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["VLLM_CACHE_ROOT"] = str(REPO / COMPILE_CACHE)
-    env.pop(MLA_ENV, None)  # "default" = what the installed plugin does, whatever the caller's shell says
+    for name in (MLA_ENV, envs.VARIABLES[MLA_ENV].deprecated):  # "default": the plugin's, whatever the shell says
+        env.pop(name, None)
     if variant.mla_verify == MLA_OFF:
         env[MLA_ENV] = "0"
     elif variant.mla_verify == MLA_ON:
@@ -185,9 +183,8 @@ KV_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 def kv_cache_gib(variant: Variant, plan: Plan, prompt_tokens: int, dtype: str = "float32") -> int:
     """GiB of KV cache that hold every request of the variant's busiest cell at once (prompt + output + the drafts
-    of a step + a block), so that a cell at concurrency C runs C requests per step instead of queueing the rest: a
-    1 GiB cache holds ~38 requests of 64 + 128 tokens in float32 (twice as many in bf16), and the run of
-    2026-12-03 12:53 measured its c=64 cells so."""
+    of a step + a block), so that a cell at concurrency C runs C requests per step instead of queueing the rest (a
+    1 GiB cache holds ~38 requests of 64 + 128 tokens in float32, twice as many in bf16)."""
     per_gib = KV_TOKENS_PER_GIB * 4 // KV_BYTES.get(str(dtype), 4)
     need = 0
     for cell in variant.cells:
@@ -339,8 +336,6 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
             n = plan.throughput_requests(c)
             merged = {x[0].key: {"kind": "throughput", "concurrency": c, "round": 0, "split": None, "wall_s": 0.0,
                                  "requests": [], "counters": None, "chunks": 0} for x in at}
-            # a server's counters move only with its own chunks: one difference over the concurrency's turns
-            before = {x[0].key: client.counters(x[2].base_url) for x in at}
             t = time.monotonic()
             for i, part in enumerate(chunks(n, c)):
                 for j in turn_order(len(at), i):
@@ -349,8 +344,7 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                         continue
                     try:
                         wall, reqs = client.plain_cell(server.base_url, models[v.key],
-                                                       [(p, prompts[p]) for p in part], c, plan.max_tokens,
-                                                       per_request_metrics=(c == 1))
+                                                       [(p, prompts[p]) for p in part], c, plan.max_tokens)
                     except Exception as exc:  # noqa: BLE001 - one broken server must not lose the others' cells
                         res["error"] = f"{type(exc).__name__}: {exc}"
                         say(f"{v.key}: failed: {res['error']} (server log {log})")
@@ -361,7 +355,8 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                     m["chunks"] += 1
             for v, res, server, *_ in at:
                 if not res["error"]:
-                    merged[v.key]["counters"] = _counter_delta(before[v.key], client.counters(server.base_url))
+                    merged[v.key]["counters"] = client.summed([client.RequestRecord.from_dict(r)
+                                                               for r in merged[v.key]["requests"]])
                     res["cells"].append(merged[v.key])
             say(f"side by side c={c}: {len(at)} servers x {n} requests in {len(chunks(n, c))} turns, "
                 f"{time.monotonic() - t:.1f} s")
@@ -389,21 +384,12 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
     return recs
 
 
-def _counter_delta(before, after) -> list | None:
-    """What a cell moved of the spec-decode counters: [drafts, draft tokens, accepted, accepted per position]."""
-    if before is None or after is None:
-        return None
-    d = after - before
-    return [d.drafts, d.draft_tokens, d.accepted, list(d.accepted_per_pos)]
-
-
 def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: Plan,
               prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
     rec: dict[str, Any] = {"kind": kind, "concurrency": c, "counters": None, "split": None}
-    before = client.counters(url)
     if kind == "throughput":
         ps = list(enumerate(prompts[:plan.throughput_requests(c)]))
-        wall, reqs = client.plain_cell(url, model, ps, c, plan.max_tokens, per_request_metrics=(c == 1))
+        wall, reqs = client.plain_cell(url, model, ps, c, plan.max_tokens)
     elif kind == "stream":
         wall, reqs = client.stream_cell(url, model, list(enumerate(prompts[:plan.stream_prompts])), plan.max_tokens)
     else:  # split / untimed: the same requests, with / without the worker timers
@@ -416,7 +402,7 @@ def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: P
             records = client.worker_rpc(url, "bench_timers_stop")
             rec["split"] = (step_split(records[0], c * (variant.k + 1)).as_dict()
                             if records and isinstance(records[0], list) else None)
-    rec["counters"] = _counter_delta(before, client.counters(url))
+    rec["counters"] = client.summed(reqs)
     rec["wall_s"] = wall
     rec["requests"] = [r.as_dict() for r in reqs]
     return rec

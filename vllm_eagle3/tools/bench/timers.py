@@ -1,21 +1,12 @@
 """Per-step draft / verify timers inside the vLLM worker, and the per-step split computed from their records.
 
-Data flow position: inside the engine, but only in the benchmark's *timed* cells. :class:`StepTimers` is a vLLM
-*worker extension* (``--worker-extension-cls vllm_eagle3.tools.bench.StepTimers``, vLLM's own hook for adding
-methods to its worker); every benchmark server loads it, and the benchmark calls its methods through
-``POST /collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``). Loading it changes nothing: the timers are installed by
-:meth:`StepTimers.bench_timers_start` right before a timed cell and removed by :meth:`StepTimers.bench_timers_stop`
-right after, so the throughput cells run the model runner untouched.
-
-While installed, two methods of the worker's model-runner *instance* (no vLLM class is changed) are wrapped with
-``time.perf_counter``: ``_model_forward`` (vLLM documents it as the place to inspect the model forward alone: the
-**target forward**, i.e. the verification of k+1 tokens per request, tap capture included) and
-``propose_draft_token_ids`` (the **draft**: k draft forwards and their input preparation). CPU kernels are
-synchronous, so wall time is compute time. Cost: two ``perf_counter`` calls and one list append per forward,
-plus one HTTP round trip to the worker before and after the cell (outside the timed requests); the report shows
-the measured cost (a timed cell next to the same requests untimed).
-
-:func:`step_split` (pure, unit tested) turns the records of one cell into per-step arrays.
+Data flow position: inside the engine, only in the benchmark's *timed* cells. :class:`StepTimers` is a vLLM worker
+extension (``--worker-extension-cls vllm_eagle3.tools.bench.timers.StepTimers``) that every benchmark server loads
+and that does nothing until ``POST /collective_rpc`` calls :meth:`~StepTimers.bench_timers_start`: it then wraps the
+model runner *instance*'s ``_model_forward`` (the target forward: verifying k+1 tokens per request, capture
+included) and ``propose_draft_token_ids`` (the draft) with ``time.perf_counter`` (CPU kernels are synchronous), and
+:meth:`~StepTimers.bench_timers_stop` removes them. The report shows what they cost (the same requests untimed).
+:func:`step_split` turns one cell's records into per-step arrays.
 """
 
 from __future__ import annotations
