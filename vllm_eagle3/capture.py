@@ -43,7 +43,7 @@ from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration 
 from vllm.sequence import IntermediateTensors
 
 from vllm_eagle3.checkpoint import DraftInfo
-from vllm_eagle3.resolve import ENV_SPEC, Resolution, load_spec_file, resolve_from_env
+from vllm_eagle3.resolve import Resolution, resolve_from_env, spec_source
 from vllm_eagle3.spec import EMBED, CaptureSpecError, tap_label, taps_label
 from vllm_eagle3.wiring_check import CheckConfig
 from vllm_eagle3.wirings import Candidate, online_candidates
@@ -182,7 +182,8 @@ def _target_for_resolution(vllm_config: VllmConfig) -> str | dict[str, Any]:
 
 
 def resolve_in_worker(vllm_config: VllmConfig) -> Resolution:
-    """The capture spec for this engine, from the env vars and the draft named in the speculative config."""
+    """The capture spec for this engine (:func:`vllm_eagle3.resolve.spec_source`: vLLM's additional config, else the
+    env vars) and the draft named in the speculative config."""
     spec_cfg = vllm_config.speculative_config
     draft = getattr(spec_cfg, "model", None) if spec_cfg is not None else None
     if not draft:
@@ -190,7 +191,7 @@ def resolve_in_worker(vllm_config: VllmConfig) -> Resolution:
             "vLLM asked the target for auxiliary hidden states but no EAGLE-3 draft is configured "
             "(speculative_config.model is empty); pass speculative_config={'method': 'eagle3', 'model': <draft>}"
         )
-    return resolve_from_env(_target_for_resolution(vllm_config), draft)
+    return resolve_from_env(_target_for_resolution(vllm_config), draft, config=vllm_config)
 
 
 def rank_label() -> str:
@@ -235,17 +236,16 @@ class CheckPlan:
                 f"captured: {taps_label(self.extra_taps)}; budget {self.config.budget:.0%} of engine time")
 
 
-def check_config_from_env(environ: Mapping[str, str] | None = None) -> CheckConfig:
-    """The ``check:`` mapping of the capture spec named by ``EAGLE3_SPEC``, or the defaults."""
-    env = os.environ if environ is None else environ
-    path = env.get(ENV_SPEC)
-    sf = load_spec_file(path) if path else None
+def check_config_from_env(environ: Mapping[str, str] | None = None, config: Any = None) -> CheckConfig:
+    """The ``check:`` mapping of the capture spec of :func:`vllm_eagle3.resolve.spec_source` (``config``: the
+    ``VllmConfig``), or the defaults."""
+    sf = spec_source(config, environ).spec_file
     return getattr(sf, "check", None) or CheckConfig()
 
 
 def plan_check(resolution: Resolution, vllm_config: VllmConfig) -> CheckPlan:
     """The candidates the check scores next to the resolved taps, and the extra taps that needs."""
-    cfg = check_config_from_env()
+    cfg = check_config_from_env(config=vllm_config)
     if not cfg.enabled:
         return CheckPlan(cfg, off_because="check.enabled is false in the capture spec")
     if vllm_config.parallel_config.pipeline_parallel_size > 1:

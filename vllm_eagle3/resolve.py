@@ -5,16 +5,17 @@ files alone: the target's ``config.json``, the draft's ``config.json`` and the d
 weights are read). The CLI runs it before ``vllm serve`` (one clear line instead of a worker traceback), and the
 plugin runs it again inside every vLLM process.
 
-Where the spec comes from, in order:
-1. a capture-spec YAML (``--capture-spec`` / ``EAGLE3_SPEC``), optionally naming ``draft_ids_convention``;
-2. the draft config's ids read under a DECLARED convention (``--convention`` / ``EAGLE3_CONVENTION``).
-Neither -> error: a draft config's ids are never read under a guessed convention.
+Where the spec comes from (:func:`spec_source`, the one statement of the precedence):
+1. vLLM's own config: ``--additional-config '{"vllm_eagle3": {"capture_spec": {<a capture-spec mapping>}}}'`` (or
+   ``{"convention": ...}``); part of ``VllmConfig``, handed to every worker, no file needed on any node;
+2. else the environment: a capture-spec YAML named by ``EAGLE3_SPEC``, or ``EAGLE3_CONVENTION``.
+A capture spec may name ``draft_ids_convention``; with no spec, the draft config's ids are read under the DECLARED
+convention. Neither -> error: a draft config's ids are never read under a guessed convention.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -55,6 +56,11 @@ SPEC_FILE_KEYS = {
 
 def load_spec_file(path: str | Path) -> SpecFile:
     """Load a capture-spec YAML into a :class:`SpecFile`; every problem is a :class:`CaptureSpecError`."""
+    return spec_file_from_mapping(read_spec_mapping(path), str(path))
+
+
+def read_spec_mapping(path: str | Path) -> Any:
+    """The content of a capture-spec YAML, unvalidated (:func:`spec_file_from_mapping` validates it)."""
     import yaml
 
     path = Path(path)
@@ -65,6 +71,12 @@ def load_spec_file(path: str | Path) -> SpecFile:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise CaptureSpecError(f"capture spec {path} is not valid YAML: {exc}") from None
+    return data
+
+
+def spec_file_from_mapping(data: Any, path: str) -> SpecFile:
+    """Validate the mapping a capture-spec YAML holds (:data:`SPEC_FILE_KEYS`) into a :class:`SpecFile`; ``path``
+    names where it came from in errors and in ``spec.source``."""
     if not isinstance(data, dict):
         raise CaptureSpecError(f"capture spec {path} must be a mapping with a `taps:` key, got {type(data).__name__}")
     unknown = sorted(set(data) - set(SPEC_FILE_KEYS))
@@ -82,7 +94,7 @@ def load_spec_file(path: str | Path) -> SpecFile:
     convention = data.get("draft_ids_convention")
     if convention is not None:
         convention = get_convention(convention).name
-    spec = CaptureSpec(taps=tuple(taps), source=str(path))
+    spec = CaptureSpec(taps=tuple(taps), source=path)
     if num_layers is not None:
         spec.check_num_layers(num_layers)
     watch = None
@@ -103,6 +115,58 @@ def load_spec_yaml(path: str | Path) -> CaptureSpec:
     return load_spec_file(path).spec
 
 
+# ---------------------------------------------------------------------------------------- where the spec comes from
+
+CONFIG_KEY = "vllm_eagle3"
+"""This plugin's key in vLLM's ``--additional-config`` mapping."""
+
+CONFIG_KEYS = {
+    "capture_spec": "a capture-spec mapping, exactly what a capture-spec YAML holds (SPEC_FILE_KEYS)",
+    "convention": "convention of the draft config's ids, when there is no capture spec",
+}
+CONFIG_SPEC_SOURCE = "--additional-config"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecSource:
+    """The capture spec (or the declared convention) a process uses, and where it came from."""
+
+    spec_file: SpecFile | None
+    convention: str | None
+    origin: str  # "--additional-config", "$EAGLE3_SPEC", "$EAGLE3_CONVENTION" or "none"
+
+
+def plugin_config(additional_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``vllm_eagle3`` mapping of vLLM's additional config (empty when absent), its keys checked."""
+    mine = (additional_config or {}).get(CONFIG_KEY)
+    if mine is None:
+        return {}
+    if not isinstance(mine, Mapping):
+        raise CaptureSpecError(f"--additional-config {CONFIG_KEY!r} must be a mapping such as "
+                               f'{{"capture_spec": {{"taps": ["embed", 3, 31]}}}}, got {mine!r}')
+    unknown = sorted(set(mine) - set(CONFIG_KEYS))
+    if unknown:
+        allowed = "; ".join(f"{k}: {v}" for k, v in CONFIG_KEYS.items())
+        raise CaptureSpecError(f"--additional-config {CONFIG_KEY!r}: unknown key(s) {unknown}; allowed keys: {allowed}")
+    return dict(mine)
+
+
+def spec_source(config: Any = None, environ: Mapping[str, str] | None = None) -> SpecSource:
+    """The precedence, stated once: ``config`` (a ``VllmConfig``, or its ``additional_config`` mapping) carrying
+    ``vllm_eagle3.capture_spec`` or ``vllm_eagle3.convention`` wins over the environment's ``EAGLE3_SPEC`` /
+    ``EAGLE3_CONVENTION`` (``environ``, default ``os.environ``), which are the fallback."""
+    additional = getattr(config, "additional_config", config)
+    mine = plugin_config(additional if isinstance(additional, Mapping) else None)
+    if mine:
+        sf = (spec_file_from_mapping(mine["capture_spec"], f"{CONFIG_SPEC_SOURCE} {CONFIG_KEY}.capture_spec")
+              if "capture_spec" in mine else None)
+        return SpecSource(sf, mine.get("convention"), CONFIG_SPEC_SOURCE)
+    path, convention = envs.get(ENV_SPEC, environ), envs.get(ENV_CONVENTION, environ)
+    if path:
+        return SpecSource(load_spec_file(path), convention, f"${ENV_SPEC}")
+    return SpecSource(None, convention, f"${ENV_CONVENTION}" if convention else "none")
+
+
 
 # ----------------------------------------------------------------------------------------------- resolution
 
@@ -117,10 +181,12 @@ class Resolution:
     runner_ids: tuple[int, ...]  # what vLLM's runner hands set_aux_hidden_state_layers
     warnings: tuple[str, ...] = ()  # draft options / fan-in an engine would ignore or read differently
     draft_arch: str = ""  # the draft config's architectures[0]: the draft class vLLM builds
+    spec_from: str = ""  # SpecSource.origin: --additional-config, $EAGLE3_SPEC, ...
 
     def log_line(self) -> str:
         conv = f"{self.draft_convention} " if self.draft_convention else ""
-        return (f"vllm-eagle3: capturing taps {self.spec.label()} (hidden state entering layer k; embed = "
+        origin = f" (spec from {self.spec_from})" if self.spec_from else ""
+        return (f"vllm-eagle3: capturing taps {self.spec.label()}{origin} (hidden state entering layer k; embed = "
                 f"embedding output) in this order, from {self.spec.source}; draft config {conv}ids "
                 f"{list(self.draft_ids)}; vLLM runner ids {list(self.runner_ids)}; "
                 f"{self.target.num_layers}-layer target, draft fc fan-in {self.spec.fan_in(self.target.hidden_size)}"
@@ -137,8 +203,11 @@ class Resolution:
 
 
 def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | DraftInfo,
-                    spec_path: str | Path | None = None, convention: str | None = None) -> Resolution:
-    """Resolve and validate; every problem raises :class:`CaptureSpecError` with the fix in its message."""
+                    spec_path: str | Path | SpecFile | None = None, convention: str | None = None,
+                    spec_from: str = "") -> Resolution:
+    """Resolve and validate; every problem raises :class:`CaptureSpecError` with the fix in its message.
+    ``spec_path``: a capture-spec YAML or an already loaded :class:`SpecFile`; ``spec_from``: where the spec or the
+    convention came from (:attr:`SpecSource.origin`), for the start-up line."""
     info = TargetInfo.load(target)
     d = draft if isinstance(draft, DraftInfo) else DraftInfo.load(draft)
     L = info.num_layers
@@ -172,8 +241,9 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
 
     # The spec.
     if spec_path is not None:
-        sf = load_spec_file(spec_path)
+        sf = spec_path if isinstance(spec_path, SpecFile) else load_spec_file(spec_path)
         spec = sf.spec
+        spec_path = spec.source
         if sf.num_layers is not None and sf.num_layers != L:
             raise CaptureSpecError(
                 f"capture spec {spec_path} was written for a {sf.num_layers}-layer model but the target has {L} layers"
@@ -243,7 +313,7 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
         _check_native_capture(info, ids, spec)
     return Resolution(spec=spec, target=info, draft_ids=tuple(ids), draft_convention=conv,
                       runner_ids=_runner_ids(ids), warnings=tuple(m for _, m in draft_option_warnings(d.config)),
-                      draft_arch=str((d.config.get("architectures") or [""])[0]))
+                      draft_arch=str((d.config.get("architectures") or [""])[0]), spec_from=spec_from)
 
 
 def _check_native_capture(info: TargetInfo, ids: tuple[int, ...], spec: CaptureSpec) -> None:
@@ -270,10 +340,11 @@ def _runner_ids(ids: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def resolve_from_env(target, draft, environ: Mapping[str, str] | None = None) -> Resolution:
-    """The plugin's entry: spec and convention from ``EAGLE3_SPEC`` / ``EAGLE3_CONVENTION``."""
-    return resolve_capture(target, draft, spec_path=envs.get(ENV_SPEC, environ),
-                           convention=envs.get(ENV_CONVENTION, environ))
+def resolve_from_env(target, draft, environ: Mapping[str, str] | None = None, config: Any = None) -> Resolution:
+    """The plugin's entry: the spec or convention of :func:`spec_source` (``config``: a ``VllmConfig`` or its
+    additional config; else the environment)."""
+    src = spec_source(config, environ)
+    return resolve_capture(target, draft, spec_path=src.spec_file, convention=src.convention, spec_from=src.origin)
 
 
 def ids_for_engines(spec: CaptureSpec, num_layers: int) -> dict[str, tuple[int, ...] | str]:

@@ -5,7 +5,8 @@ Data flow position: vLLM's scheduler -> ``SchedulerStats.spec_decoding_stats`` (
 -> :class:`vllm_eagle3.watch.WiringWatch` -> ``GET /v1/eagle3/wiring`` (:class:`WiringEndpoint`, same process) and
 ``vllm_eagle3_wiring_*`` Prometheus gauges (default registry, served by vLLM's ``/metrics``). The watch is built from
 what the API-server process knows: vLLM's config (target, draft, k), the capture spec's ``watch:`` keys and the taps
-:func:`vllm_eagle3.resolve.resolve_from_env` resolves from ``EAGLE3_SPEC`` / ``EAGLE3_CONVENTION``.
+resolved from the spec of :func:`vllm_eagle3.resolve.spec_source` (``--additional-config``, else ``EAGLE3_SPEC`` /
+``EAGLE3_CONVENTION``), as every worker resolves them.
 
 Entry points (pyproject.toml): ``vllm.stat_logger_plugins`` -> ``vllm_eagle3_watch`` (loaded by vLLM's async
 engine in the API server whenever ``VLLM_PLUGINS`` is unset or names it) and ``vllm.endpoint_plugins`` ->
@@ -16,7 +17,6 @@ stat-logger plugins. This module imports vLLM: only vLLM loads it.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -25,7 +25,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm_eagle3 import watch as _watch
 from vllm_eagle3 import wiring_check as _check
 from vllm_eagle3.wiring_check import read_reports
-from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, resolve_from_env
+from vllm_eagle3.resolve import resolve_from_env, spec_source
 from vllm_eagle3.spec import CaptureSpecError
 
 ROUTE = "/v1/eagle3/wiring"
@@ -34,31 +34,36 @@ ROUTE = "/v1/eagle3/wiring"
 # ----------------------------------------------------------------------------------------------- set-up from files
 
 
-def wiring_info(target: Any, draft: str | Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The taps this process resolves (as the plugin does in every worker), or why they could not be resolved."""
-    env = os.environ if environ is None else environ
+def wiring_info(target: Any, draft: str | Path, environ: Mapping[str, str] | None = None,
+                config: Any = None) -> dict[str, Any]:
+    """The taps this process resolves (as the plugin does in every worker), or why they could not be resolved.
+    ``config``: vLLM's config (or its additional config), read first as in the workers."""
     info: dict[str, Any] = {"resolved_in": "api-server process (each TP/PP rank logs its own "
-                                           "'vllm-eagle3: capturing taps' line at start-up)",
-                            "spec_file": env.get(ENV_SPEC) or None, "convention": env.get(ENV_CONVENTION) or None}
+                                           "'vllm-eagle3: capturing taps' line at start-up)"}
     try:
-        res = resolve_from_env(target, draft, environ=env)
+        src = spec_source(config, environ)
+        info.update(spec_from=src.origin, spec_file=src.spec_file.spec.source if src.spec_file else None,
+                    convention=src.convention)
+        res = resolve_from_env(target, draft, environ=environ, config=config)
     except CaptureSpecError as exc:
         return {**info, "taps": "unresolved", "source": f"not resolved by vllm-eagle3 ({exc})", "error": str(exc)}
-    spec_source = "spec file" if env.get(ENV_SPEC) else "convention"
-    return {**info, "taps": res.spec.label(), "source": f"{spec_source} {res.spec.source}",
+    kind = "spec" if src.spec_file else "convention"
+    return {**info, "taps": res.spec.label(), "source": f"{kind} {res.spec.source} (from {src.origin})",
             "draft_ids": list(res.draft_ids), "draft_convention": res.draft_convention,
             "runner_ids": list(res.runner_ids), "log_line": res.log_line()}
 
 
 def build_watch(target: Any, draft: str | Path, num_spec_tokens: int, engine_index: int = 0,
-                environ: Mapping[str, str] | None = None, target_label: str | None = None) -> _watch.WiringWatch | None:
+                environ: Mapping[str, str] | None = None, target_label: str | None = None,
+                config: Any = None) -> _watch.WiringWatch | None:
     """A watch for one engine serving ``target`` + EAGLE-3 ``draft``, or None when the spec disables it."""
-    cfg = watch_config_from_env(environ)
+    cfg = watch_config_from_env(environ, config)
     if not cfg.enabled:
         return None
     doctor = f"vllm-eagle3 doctor --target {target_label or target} --draft {draft}"
-    return _watch.WiringWatch(cfg, _watch.expectation_for(draft, num_spec_tokens, cfg), wiring_info(target, draft, environ),
-                       num_spec_tokens, doctor, engine_index=engine_index)
+    return _watch.WiringWatch(cfg, _watch.expectation_for(draft, num_spec_tokens, cfg),
+                              wiring_info(target, draft, environ, config), num_spec_tokens, doctor,
+                              engine_index=engine_index)
 
 
 # ----------------------------------------------------------------------------------------------- gauges
@@ -166,7 +171,7 @@ class WiringWatchStatLogger(StatLoggerBase):
         mc = vllm_config.model_config
         self.watch = build_watch(_target_for_resolution(vllm_config), spec.model,
                                         int(spec.num_speculative_tokens), engine_index=engine_index,
-                                        target_label=mc.model)
+                                        target_label=mc.model, config=vllm_config)
         if self.watch is None:
             return
         _watch.register_watch(self.watch)
@@ -226,20 +231,13 @@ class WiringEndpoint:
         return None
 
 
-def watch_config_from_env(environ: Mapping[str, str] | None = None) -> "_watch.WatchConfig":
-    """The ``watch:`` mapping of the capture spec named by ``EAGLE3_SPEC``, or the defaults."""
-    import os
-
-    from vllm_eagle3.resolve import ENV_SPEC, load_spec_file
-    from vllm_eagle3.spec import CaptureSpecError
+def watch_config_from_env(environ: Mapping[str, str] | None = None, config: Any = None) -> "_watch.WatchConfig":
+    """The ``watch:`` mapping of the capture spec of :func:`vllm_eagle3.resolve.spec_source` (``config``: vLLM's
+    config or its additional config, else ``EAGLE3_SPEC``), or the defaults."""
     from vllm_eagle3.watch import WatchConfig, logger
 
-    env = os.environ if environ is None else environ
-    path = env.get(ENV_SPEC)
-    if not path:
-        return WatchConfig()
     try:
-        return getattr(load_spec_file(path), "watch", None) or WatchConfig()
+        return getattr(spec_source(config, environ).spec_file, "watch", None) or WatchConfig()
     except CaptureSpecError as exc:  # the plugin refuses this spec in the workers; say it here too, keep defaults
         logger.warning("vllm-eagle3 wiring watch: %s; using the default watch settings", exc)
         return WatchConfig()

@@ -6,12 +6,15 @@ eagle_config (vLLM's runner ignores them and uses its defaults), no ids at all (
 """
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from vllm_eagle3.testing.files import write_safetensors_zeros
 
-from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, resolve_capture, resolve_from_env
+from vllm_eagle3.resolve import (CONFIG_KEY, ENV_CONVENTION, ENV_SPEC, load_spec_file, resolve_capture, resolve_from_env,
+                                 spec_file_from_mapping, spec_source)
 from vllm_eagle3.spec import CaptureSpecError
 
 pytestmark = pytest.mark.unit
@@ -160,3 +163,68 @@ def test_resolution_carries_option_warnings(target, tmp_path):
     r = resolve_capture(target, d, convention="sglang-legacy")
     assert len(r.warnings) == 1 and r.warnings[0].startswith("draft option use_aux_norm is set") and \
         "vLLM 0.32 never reads it" in r.warnings[0]
+
+
+# ----------------------------------------------------------------------------------------------- the spec's channel
+
+SHIPPED_SPEC = Path(__file__).resolve().parents[2] / "configs" / "kimi_k25_eagle3.yaml"
+
+
+def additional(spec=None, **mine):
+    """vLLM's additional config carrying this plugin's mapping (``spec``: a capture-spec mapping)."""
+    return {"other_plugin": {"x": 1}, CONFIG_KEY: {**({"capture_spec": spec} if spec is not None else {}), **mine}}
+
+
+def test_spec_mapping_validates_as_the_yaml_does():
+    """The config channel must accept exactly what a capture-spec YAML holds: a second validator would let a spec
+    pass one channel and fail the other (or capture other taps)."""
+    data = yaml.safe_load(SHIPPED_SPEC.read_text())
+    from_file, from_mapping = load_spec_file(SHIPPED_SPEC), spec_file_from_mapping(data, "here")
+    assert from_mapping.spec.taps == from_file.spec.taps == (0, 3, 31)
+    assert (from_mapping.num_layers, from_mapping.draft_ids_convention) == (61, "sglang-legacy")
+    with pytest.raises(CaptureSpecError, match=r"capture spec here: unknown key\(s\) \['tap'\]; known keys: taps"):
+        spec_file_from_mapping({"tap": ["embed"]}, "here")
+
+
+def test_config_spec_wins_over_the_environment(target, tmp_path, spec_yaml):
+    """Precedence stated once: the spec inside vLLM's config (the one every worker and node receives) beats the
+    env var, which is only the fallback; the taps line names where the spec came from."""
+    other = tmp_path / "other.yaml"
+    other.write_text("taps: [3, 31, 59]\ndraft_ids_convention: sglang-legacy\n")
+    env = {ENV_SPEC: str(other)}
+    src = spec_source(additional({"taps": ["embed", 3, 31], "draft_ids_convention": "sglang-legacy"}), env)
+    assert src.origin == "--additional-config" and src.spec_file.spec.taps == (0, 3, 31)
+    r = resolve_from_env(target, make_draft(tmp_path), env, config=additional(yaml.safe_load(spec_yaml.read_text())))
+    assert r.spec.taps == (0, 3, 31) and "capturing taps [embed, 3, 31] (spec from --additional-config)" in r.log_line()
+    assert spec_source(additional(convention="vllm"), env).convention == "vllm"  # the config's no-spec case wins too
+    fallback = spec_source({"other_plugin": {}}, {ENV_SPEC: str(spec_yaml)})
+    assert fallback.origin == "$EAGLE3_SPEC" and fallback.spec_file.spec.taps == (0, 3, 31)
+    assert "(spec from $EAGLE3_SPEC)" in resolve_from_env(target, make_draft(tmp_path, name="d2"),
+                                                          {ENV_SPEC: str(spec_yaml)}).log_line()
+    assert spec_source(None, {ENV_CONVENTION: "vllm"}).origin == "$EAGLE3_CONVENTION"
+    assert spec_source(None, {}).origin == "none"
+
+
+def test_unknown_plugin_config_key_is_refused():
+    """A misspelt key (``capture-spec``) would otherwise be ignored and the server would fall back to the env var or
+    refuse for lack of a convention, far from the typo."""
+    with pytest.raises(CaptureSpecError, match=r"unknown key\(s\) \['capture-spec'\]; allowed keys: capture_spec: .*"
+                                               r"convention: "):
+        spec_source({CONFIG_KEY: {"capture-spec": {"taps": ["embed"]}}}, {})
+    with pytest.raises(CaptureSpecError, match="must be a mapping"):
+        spec_source({CONFIG_KEY: ["embed", 3, 31]}, {})
+    with pytest.raises(CaptureSpecError, match=r"--additional-config vllm_eagle3.capture_spec: unknown key"):
+        spec_source(additional({"taps": ["embed"], "layers": 3}), {})
+
+
+def test_real_vllm_config_carries_the_spec():
+    """The worker reads the spec from vLLM's own ``VllmConfig.additional_config`` (what every process receives), here
+    the shipped serve YAML's ``additional-config`` mapping (tests/unit/test_serve_args.py checks that vLLM's parser
+    turns the YAML into exactly this mapping)."""
+    from vllm.config import VllmConfig
+
+    shipped = Path(__file__).resolve().parents[2] / "configs" / "serve_kimi_k25_mini.yaml"
+    cfg = VllmConfig(additional_config=yaml.safe_load(shipped.read_text())["additional-config"])
+    src = spec_source(cfg, {ENV_SPEC: "/nonexistent.yaml"})
+    assert src.origin == "--additional-config" and src.spec_file.spec.taps == (0, 3, 31)
+    assert src.spec_file.draft_ids_convention == "sglang-legacy" and src.spec_file.num_layers == 61

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.tools.serve.args import ServeInputError, int_option, serve_target_and_draft
+from vllm_eagle3.resolve import spec_source
+from vllm_eagle3.tools.serve.args import ServeInputError, additional_config, int_option, serve_target_and_draft
+from vllm_eagle3.tools.serve.cli import capture_spec_argv
 
 pytestmark = pytest.mark.unit
 
@@ -36,6 +38,8 @@ CASES = [
     ["--model", "m2", "-pp", "2", "-tp=2"],
     ["--config", SERVE_YAML, "--model", "m3", "--pipeline_parallel_size", "3"],
     ["m", "--speculative-config=" + JSON3, "--pipeline-parallel-size=2"],
+    ["--config", SERVE_YAML, "--additional-config", json.dumps({"other": 1})],
+    ["m", "--additional_config=" + json.dumps({"vllm_eagle3": {"convention": "vllm"}})],
 ]
 
 VLLM_PARSE = """
@@ -47,7 +51,8 @@ for argv in json.loads(sys.argv[1]):
     parser = FlexibleArgumentParser(prog="vllm")
     ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
     a = parser.parse_args(["serve", *argv])
-    out.append([a.model_tag or a.model, a.speculative_config, a.pipeline_parallel_size, a.tensor_parallel_size])
+    out.append([a.model_tag or a.model, a.speculative_config, a.pipeline_parallel_size, a.tensor_parallel_size,
+                a.additional_config])
 print("RESULT" + json.dumps(out))
 """
 
@@ -64,8 +69,9 @@ def vllm_reads():
 @pytest.mark.parametrize("i", range(len(CASES)))
 def test_wrapper_reads_what_vllm_reads(vllm_reads, i):
     argv = CASES[i]
-    model, spec, pp, tp = vllm_reads[i]
+    model, spec, pp, tp, extra = vllm_reads[i]
     assert serve_target_and_draft(argv) == (model, spec), argv
+    assert additional_config(argv) == extra, argv
     assert int_option(argv, "pipeline-parallel-size", "-pp") == pp
     assert int_option(argv, "tensor-parallel-size", "-tp") == tp
 
@@ -75,3 +81,35 @@ def test_shorthand_conflicting_with_the_speculative_config_is_refused_before_sta
     with pytest.raises(ServeInputError, match=r"--spec-model and --speculative-config\['model'\] are mutually "
                                               r"exclusive"):
         serve_target_and_draft(["m", "--speculative-config", JSON3, "--spec-model", "other"])
+
+
+def test_vllm_reads_the_shipped_serve_yaml_spec(vllm_reads):
+    """Plain ``vllm serve --config configs/serve_kimi_k25_mini.yaml`` must serve [embed, 3, 31] with no env var:
+    vLLM's parser turns the YAML's ``additional-config:`` mapping into the ``--additional-config`` JSON (a mapping
+    written as a YAML string, or a key vLLM renames, would leave the workers without a spec)."""
+    extra = vllm_reads[CASES.index(["--config", SERVE_YAML])][4]
+    src = spec_source(extra, {})
+    assert src.origin == "--additional-config" and src.spec_file.spec.label() == "[embed, 3, 31]"
+
+
+def test_capture_spec_goes_into_the_additional_config():
+    """``--capture-spec FILE`` reaches every vLLM process inside vLLM's config, merged with what the user passed; a
+    spec the config already carries is left alone, a different one is refused naming both (serving either silently
+    would capture taps the user did not ask for)."""
+    spec = str(REPO / "configs" / "kimi_k25_eagle3.yaml")
+    four = str(REPO / "configs" / "kimi_k25_eagle3_4tap.yaml")
+    assert capture_spec_argv(["--config", SERVE_YAML], spec, None) == ["--config", SERVE_YAML]
+    with pytest.raises(ServeInputError, match=r"--capture-spec .*4tap.yaml \(taps \[embed, 3, 31, 59\]\) and the "
+                                              r"additional-config of .*serve_kimi_k25_mini.yaml .*taps \[embed, 3, 31\]"
+                                              r"\) name different capture specs"):
+        capture_spec_argv(["--config", SERVE_YAML], four, None)
+    argv = capture_spec_argv(["m", "--additional-config", json.dumps({"other": {"x": 1}})], four, "vllm")
+    assert argv[:2] == ["m", "--additional-config"] and len(argv) == 3
+    merged = json.loads(argv[2])
+    assert merged["other"] == {"x": 1} and merged["vllm_eagle3"]["convention"] == "vllm"
+    assert spec_source(merged, {}).spec_file.spec.label() == "[embed, 3, 31, 59]"
+    replaced = capture_spec_argv(["--config", SERVE_YAML, "--additional-config", "{}"], four, None)
+    assert spec_source(additional_config(replaced), {}).spec_file.spec.label() == "[embed, 3, 31, 59]"
+    with pytest.raises(ServeInputError, match="--convention vllm and --additional-config .* disagree"):
+        capture_spec_argv(["m", "--additional-config", json.dumps({"vllm_eagle3": {"convention": "sglang"}})],
+                          None, "vllm")

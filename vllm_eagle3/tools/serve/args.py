@@ -1,8 +1,9 @@
 """Reading a ``vllm serve`` command line the way vLLM will, without importing vLLM (which costs 10-18 s).
 
-Data flow position: before the engine. ``serve.py`` needs four things from vLLM's options to validate statically
+Data flow position: before the engine. ``serve.py`` needs five things from vLLM's options to validate statically
 in ~0.1 s: the target model, the speculative config (JSON, dotted ``--speculative-config.model`` or the
-``--spec-*`` shorthands), the pipeline-parallel size and whether the user chose a memory setting. vLLM's own
+``--spec-*`` shorthands), the additional config (where the capture spec travels), the pipeline-parallel size and
+whether the user chose a memory setting. vLLM's own
 ``FlexibleArgumentParser`` + ``make_arg_parser`` would need ``import vllm``; this module reads the same options
 with vLLM's precedence (CLI over ``--config serve.yaml``; last occurrence wins; dashes and underscores alike), and
 tests/unit/test_serve_args.py checks it against vLLM's parser on the same command lines.
@@ -142,6 +143,45 @@ def serve_target_and_draft(vllm_argv: Sequence[str]) -> tuple[str | None, dict[s
             raise ServeInputError(f"--{flag} and --speculative-config['{key}'] are mutually exclusive; give one")
         spec_cfg = {**(spec_cfg or {}), key: value}
     return model, spec_cfg
+
+
+def additional_config(vllm_argv: Sequence[str]) -> dict[str, Any]:
+    """vLLM's ``--additional-config`` as vLLM will see it: the CLI JSON REPLACES the ``--config`` YAML's mapping (the
+    YAML's comes first in vLLM's argv, argparse keeps the last); empty when neither sets it."""
+    if _dotted_options(vllm_argv, "additional-config"):
+        raise ServeInputError("pass --additional-config as one JSON object, not dotted --additional-config.KEY "
+                              "options: vllm-eagle3 serve reads it to validate the capture spec before vLLM starts")
+    value = _find_option(vllm_argv, "additional-config")
+    where = "--additional-config"
+    if value is None:
+        config_path = _find_option(vllm_argv, "config")
+        value = _load_serve_config(config_path).get("additional-config") if config_path is not None else None
+        where = f"additional-config in {config_path}"
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ServeInputError(f"{where} is not valid JSON ({exc}); write it like "
+                              '\'{"vllm_eagle3": {"capture_spec": {"taps": ["embed", 3, 31]}}}\'') from None
+    if not isinstance(data, dict):
+        raise ServeInputError(f"{where} must be a JSON object, got {data!r}")
+    return data
+
+
+def without_option(argv: Sequence[str], name: str) -> list[str]:
+    """argv without vLLM option ``--name VALUE`` / ``--name=VALUE`` (dashes/underscores alike), every occurrence."""
+    out, i, argv = [], 0, list(argv)
+    while i < len(argv):
+        key, eq, _ = argv[i].partition("=")
+        if key.startswith("--") and _norm(key) == name:
+            i += 1 if eq else 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 def option(vllm_argv: Sequence[str], name: str, short: str | None = None) -> Any:

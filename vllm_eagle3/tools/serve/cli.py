@@ -3,8 +3,9 @@
 Data flow position: before anything runs, ``target config + draft config + draft fc header + spec`` are resolved
 by :func:`vllm_eagle3.resolve.resolve_capture` (which taps feed the draft's ``fc``, in which order). Bad input
 stops here with ONE line, ``vllm-eagle3: error: <what is wrong and how to fix it>``, exit code 2, and no vLLM
-start-up. Good input is exported as ``EAGLE3_SPEC`` / ``EAGLE3_CONVENTION`` for the plugin, which reads
-them in every vLLM process (API server, engine core, workers), and vLLM's CLI
+start-up. ``--capture-spec FILE`` / ``--convention`` go into vLLM's ``--additional-config`` (merged with the one the
+user passed or the ``--config`` YAML carries): part of vLLM's config, it reaches every vLLM process (API server,
+engine core, workers, other nodes), where the plugin reads it (:func:`vllm_eagle3.resolve.spec_source`). vLLM's CLI
 (``vllm.entrypoints.cli.main.main``) runs with ``sys.argv = ["vllm", "serve", ...]`` in a child process that
 ``supervisor.py`` stops within 30 s on SIGTERM/SIGINT at any phase. On vLLM-CPU, ``vllm_cpu.py`` picks a KV cache
 size when the user gave no memory setting, and fixed glibc malloc thresholds when vLLM would run on glibc malloc
@@ -12,8 +13,8 @@ size when the user gave no memory setting, and fixed glibc malloc thresholds whe
 
 Everything but ``--capture-spec`` / ``--convention`` is vLLM's: the model (positional or ``--model``),
 ``--speculative-config JSON`` (or ``--spec-method/--spec-model/--spec-tokens``) and vLLM's ``--config serve.yaml``
-(CLI values win over the file, as in vLLM). On a GPU install of vLLM the equivalent is plain
-``EAGLE3_SPEC=configs/kimi_k25_eagle3.yaml vllm serve ...`` (the plugin is loaded through its entry point).
+(CLI values win over the file, as in vLLM). On a GPU install of vLLM the equivalent is plain ``vllm serve`` with
+the spec in ``--additional-config`` (the plugin is loaded through its entry point).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from typing import Any, Sequence
 
 from vllm_eagle3 import envs
 from vllm_eagle3.conventions import CONVENTIONS
-from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, check_pipeline_parallel, resolve_capture
+from vllm_eagle3.resolve import (CONFIG_KEY, ENV_CONVENTION, ENV_SPEC, check_pipeline_parallel, plugin_config,
+                                 read_spec_mapping, resolve_capture, spec_file_from_mapping, spec_source)
 from vllm_eagle3.spec import CaptureSpecError
 from vllm_eagle3.tools.serve import cpu_attention
 from vllm_eagle3.tools.serve.process import intel_openmp_library, with_intel_openmp
-from vllm_eagle3.tools.serve.args import ServeInputError, int_option, option, serve_target_and_draft, take_option
+from vllm_eagle3.tools.serve.args import (ServeInputError, additional_config, int_option, option, serve_target_and_draft,
+                                          take_option, without_option)
 from vllm_eagle3.tools.serve.supervisor import exit_on_stop_signals, supervise
 from vllm_eagle3.watch import plugins_allowlist_with_endpoint
 from vllm_eagle3.tools.serve.vllm_cpu import allocator_setting, install_vllm_cpu_version_shim, is_vllm_cpu, memory_setting
@@ -46,8 +49,9 @@ Validate an EAGLE-3 capture spec against the target and draft (static, no engine
 `vllm serve` with the vllm-eagle3 plugin.
 
 options of this wrapper (all other options are vLLM's; `{PROG} --vllm-help` lists them):
-  --capture-spec YAML   capture-spec file, e.g. configs/kimi_k25_eagle3.yaml (taps: [embed, 3, 31]);
-                        default: ${ENV_SPEC}
+  --capture-spec YAML   capture-spec file, e.g. configs/kimi_k25_eagle3.yaml (taps: [embed, 3, 31]); its content
+                        goes into --additional-config '{{"{CONFIG_KEY}": {{"capture_spec": ...}}}}'; default: the
+                        spec that --additional-config (or the --config YAML) carries, else ${ENV_SPEC}
   --convention NAME     read the draft config's ids in this engine convention instead of a spec file
                         ({", ".join(CONVENTIONS)}); default: ${ENV_CONVENTION}
   --vllm-help[=GROUP]   show vLLM's `vllm serve --help` (GROUP: all, ModelConfig, Frontend, ...)
@@ -94,45 +98,81 @@ def speculative_method(spec_cfg: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------- validation
 
-def validate(vllm_argv: Sequence[str], capture_spec: str | None, convention: str | None) -> dict[str, str]:
-    """Resolve target + draft + spec statically; return the env vars the plugin needs. Raises CaptureSpecError."""
+def _same_spec(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two capture-spec mappings capture the same way (their description aside)."""
+    fa, fb = spec_file_from_mapping(a, "a"), spec_file_from_mapping(b, "b")
+    return (fa.spec.taps, fa.num_layers, fa.draft_ids_convention, fa.watch, fa.check) == \
+        (fb.spec.taps, fb.num_layers, fb.draft_ids_convention, fb.watch, fb.check)
+
+
+def capture_spec_argv(vllm_argv: Sequence[str], capture_spec: str | None, convention: str | None) -> list[str]:
+    """vLLM's argv with ``--capture-spec`` / ``--convention`` inside its ``--additional-config`` (merged with the one
+    vLLM would read: the CLI's, else the ``--config`` YAML's). Unchanged when that already says the same; a
+    different spec or convention there is an error naming both."""
+    if capture_spec is None and convention is None:
+        return list(vllm_argv)
+    extra = additional_config(vllm_argv)
+    mine = plugin_config(extra)
+    on_cli = any(a.split("=", 1)[0].replace("_", "-") == "--additional-config" for a in vllm_argv)
+    where = "--additional-config" if on_cli else f"the additional-config of {option(vllm_argv, 'config')}"
+    wanted = dict(mine)
+    if capture_spec is not None:
+        content = read_spec_mapping(Path(capture_spec).expanduser())
+        spec_file_from_mapping(content, str(capture_spec))  # its own errors first, naming the file
+        given = mine.get("capture_spec")
+        if given is not None and not _same_spec(given, content):
+            raise ServeInputError(
+                f"--capture-spec {capture_spec} (taps {spec_file_from_mapping(content, capture_spec).spec.label()}) "
+                f"and {where} ({CONFIG_KEY}.capture_spec, taps "
+                f"{spec_file_from_mapping(given, where).spec.label()}) name different capture specs; give one: drop "
+                "--capture-spec, or pass --additional-config '{}' to replace the config's")
+        wanted["capture_spec"] = given if given is not None else content
+    if convention is not None:
+        if mine.get("convention") not in (None, convention):
+            raise ServeInputError(f"--convention {convention} and {where} ({CONFIG_KEY}.convention: "
+                                  f"{mine['convention']}) disagree; give one")
+        wanted["convention"] = convention
+    if wanted == mine:
+        return list(vllm_argv)
+    return [*without_option(vllm_argv, "additional-config"), "--additional-config",
+            json.dumps({**extra, CONFIG_KEY: wanted})]
+
+
+def validate(vllm_argv: Sequence[str], given: bool) -> None:
+    """Resolve target + draft + spec statically, the spec found as every vLLM process will find it
+    (:func:`vllm_eagle3.resolve.spec_source`); ``given``: --capture-spec/--convention was passed. Raises
+    CaptureSpecError."""
     model, spec_cfg = serve_target_and_draft(vllm_argv)
     if model is None:
         raise ServeInputError("no model given; pass it first (`vllm-eagle3 serve MODEL ...`) or as `model:` in "
                               "the --config YAML")
-    env: dict[str, str] = {}
-    if capture_spec is not None:
-        env[ENV_SPEC] = str(Path(capture_spec).expanduser().resolve())
-    if convention is not None:
-        env[ENV_CONVENTION] = convention
-    spec_path = env.get(ENV_SPEC) or os.environ.get(ENV_SPEC) or None
-    conv = env.get(ENV_CONVENTION) or os.environ.get(ENV_CONVENTION) or None
     if spec_cfg is None:
-        if env:
+        if given:
             raise ServeInputError("--capture-spec/--convention given but no --speculative-config; add "
                                   "'{\"method\": \"eagle3\", \"model\": DRAFT, \"num_speculative_tokens\": 3}'")
-        return env
+        return
     method = speculative_method(spec_cfg)
+    src = spec_source(additional_config(vllm_argv))
     if method != "eagle3":
-        if spec_path or conv:
-            given = "--capture-spec/--convention" if env else f"{ENV_SPEC}/{ENV_CONVENTION} (environment)"
+        if src.spec_file is not None or src.convention:
+            origin = "--capture-spec/--convention" if given else src.origin
             raise ServeInputError(
-                f"{given} applies to EAGLE-3 drafts only, but vLLM will run speculative method {method!r} (from "
+                f"{origin} applies to EAGLE-3 drafts only, but vLLM will run speculative method {method!r} (from "
                 f"{'the speculative config' if spec_cfg.get('method') else 'the draft path'}), which ignores it; "
                 "set \"method\": \"eagle3\" in --speculative-config, or drop the capture spec"
             )
-        return env  # another speculative method: nothing of ours to check
+        return  # another speculative method: nothing of ours to check
     draft_name = spec_cfg.get("model")
     if not draft_name:
         raise ServeInputError("--speculative-config has no \"model\"; name the EAGLE-3 draft folder")
     target = _local_folder(model, "target")
     draft = _local_folder(str(draft_name), "draft")
-    resolution = resolve_capture(target, draft, spec_path=spec_path, convention=conv)
+    resolution = resolve_capture(target, draft, spec_path=src.spec_file, convention=src.convention,
+                                 spec_from=src.origin)
     check_pipeline_parallel(resolution.spec, resolution.target.num_layers,
                             int_option(vllm_argv, "pipeline-parallel-size", "-pp"),
-                            os.environ.get("VLLM_PP_LAYER_PARTITION"))
+                            envs.get("VLLM_PP_LAYER_PARTITION"))
     print(resolution.log_line(), file=sys.stderr, flush=True)
-    return env
 
 
 # ------------------------------------------------------------------------------------------- running vLLM
@@ -158,7 +198,7 @@ def openmp_env() -> dict[str, str]:
     without it; measured ~15% faster at batch 1), unless an OpenMP runtime is preloaded already."""
     if not is_vllm_cpu():
         return {}
-    current = os.environ.get("LD_PRELOAD", "")
+    current = envs.get("LD_PRELOAD")
     preload = with_intel_openmp(current, intel_openmp_library())
     return {"LD_PRELOAD": preload} if preload != current else {}
 
@@ -241,7 +281,8 @@ def allocator_env(environ: dict[str, str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if os.environ.pop(CHILD_ENV, None) == "1":
+    if envs.get(CHILD_ENV):
+        os.environ.pop(CHILD_ENV, None)
         return run_vllm_serve(argv)  # the supervised child: validated already
     if not argv or argv[0] in ("-h", "--help") or argv == ["help"]:
         print(USAGE)
@@ -254,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         capture_spec, argv = take_option(argv, ["--capture-spec", "--capture_spec"])
         convention, argv = take_option(argv, ["--convention"])
-        env = validate(argv, capture_spec, convention)
+        argv = capture_spec_argv(argv, capture_spec, convention)
+        validate(argv, given=capture_spec is not None or convention is not None)
+        env: dict[str, str] = {}
         argv = attention_argv(argv)
         env.update(memory_env(argv))
         env.update(openmp_env())
