@@ -35,14 +35,16 @@ def parser() -> argparse.ArgumentParser:
         description="Benchmark the shipped miniature Kimi K2.5 on vLLM's OpenAI server: EAGLE-3 (k=3) vs no "
                     "speculation at concurrency 1/4/16, eager and compiled, with 95% intervals; the MLA "
                     "verify-as-decode opt-out; the plugin's capture vs vLLM's native capture of the same taps with "
-                    "the second head (alternating servers); the incident wiring; the draft/verify split from worker timers; advice (best k, "
-                    "break-even acceptance length). Default plan ~1 h on a quiet 2-core box (--dry-run "
-                    "prints the estimate). Run it alone on the machine: make bench (holds /tmp/vllm-engine.lock while it runs).")
+                    "the second head (alternating servers); the SGLang default wiring (taps 3/31/59); the "
+                    "draft/verify split from worker timers; advice (best k, break-even acceptance length). Default "
+                    "plan ~1 h on a quiet 2-core box (--dry-run prints the estimate). Run it alone on the machine: "
+                    "make bench (holds /tmp/vllm-engine.lock while it runs).")
     p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
                    help="smoke: a few minutes, every code path, numbers meaningless; quick: eager only, c=1/4, "
                         "8 prompts x 64 tokens; default: the headline cells (~1 h); full: + k sweep 1..5 at "
-                        "c=1/4, incident and opt-out at every concurrency, 2 rounds (~3 h); check: what the online "
-                        "wiring check costs, k=3 with it on vs off, eager, c=1/4/16, two servers each (~30 min); adaptive: "
+                        "c=1/4, SGLang default wiring and opt-out at every concurrency, 2 rounds (~3 h); check: what "
+                        "the online wiring check costs, k=3 with it on vs off, eager, c=1/4/16, two servers each "
+                        "(~30 min); adaptive: "
                         "speculation that adapts to load: no speculation and k=1..5 side by side (c=1/4/16, then "
                         "c=32/64 for the k still possible), k per batch size chosen from them, served side by side "
                         "with no speculation and the static k it is judged against (two servers of each at c<=16), "
@@ -67,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
                         "variants; default: the plan's (default and full: yes)")
     g.add_argument("--no-opt-out", action="store_true", help="skip the MLA verify-as-decode opt-out variant")
     g.add_argument("--no-capture-ab", action="store_true",
-                   help="skip the plugin-vs-native capture servers (and with them the incident wiring)")
+                   help="skip the plugin-vs-native capture servers (and with them the SGLang default wiring)")
     g.add_argument("--only", nargs="+", metavar="KEY", default=None,
                    help="run only these variants of the plan (keys as --dry-run lists them, e.g. nospec+compiled)")
     g = p.add_argument_group("inputs and outputs")

@@ -19,16 +19,18 @@ recomputes BOTH wirings' ratio-of-sums on the same draw (pairing), giving a perc
 loss ``(AL_best - AL_configured) / AL_best``. The best wiring is picked on the same text, which biases the loss
 upward (winner's curse): the test errs towards "not OK", never towards a false OK.
 
-Verdicts (``TOLERANCE`` and ``COLLAPSE_RATIO`` are stated and justified below):
+Verdicts, the words the watch and the online check use too (:mod:`vllm_eagle3.verdicts`, which also states and
+justifies ``TOLERANCE``, ``COLLAPSE_RATIO`` and ``MIN_GAIN``):
 
-* ``OK``: the upper end of the loss interval is within ``TOLERANCE`` (indistinguishable from the best, or at most
+* ``ok``: the upper end of the loss interval is within ``TOLERANCE`` (indistinguishable from the best, or at most
   that much worse);
-* ``COSTS x%``: the lower end of the interval is above ``TOLERANCE`` (significantly worse; x = the point estimate);
-* ``WRONG``: the configured wiring's speculative gain ``AL - 1`` is, at the upper end of its interval, below
+* ``costs`` (printed ``COSTS x%``): the lower end of the interval is above ``TOLERANCE`` (significantly worse;
+  x = the point estimate);
+* ``wrong``: the configured wiring's speculative gain ``AL - 1`` is, at the upper end of its interval, below
   ``COLLAPSE_RATIO`` of the best's (acceptance collapsed: the incident's wiring, ~0.2 % of the best);
-* ``NO WIRING WORKS``: even the best wiring's gain is below ``MIN_GAIN`` (untrained head, or one for another target);
-* ``CANNOT TELL``: the interval straddles ``TOLERANCE``; the text needed to decide is estimated from the interval's
-  1/sqrt(n) shrinkage.
+* ``no wiring works``: even the best wiring's gain is below ``MIN_GAIN`` (untrained head, or one for another target);
+* ``undecided``: the interval straddles ``TOLERANCE``; the text needed to decide is estimated from the interval's
+  1/sqrt(n) shrinkage; ``pending``: fewer than ``MIN_SEQUENCES`` sequences, too few to judge at all.
 """
 
 from __future__ import annotations
@@ -39,25 +41,13 @@ from typing import Sequence
 
 import torch
 
-TOLERANCE = 0.02
-"""OK when the configured wiring loses at most 2 % of the best wiring's acceptance length. Tokens per target forward
-are proportional to acceptance length, so this bounds the throughput lost to the wiring at ~2 %: below what a serving
-benchmark resolves on this project (95 % intervals of +-10-20 %, BENCHMARKS.md) and below the spread between a
-head's own +-1-layer neighbours (0.3-2 points of position-0 acceptance, issue 14), which are not worth a config
-change. It is also what the default text resolves within the 60 s budget on 2 cores."""
-
-COLLAPSE_RATIO = 0.25
-"""WRONG when the configured wiring keeps less than a quarter of the best wiring's speculative gain (AL - 1): at
-k = 3 on a draft at AL 2.2 that is < 0.3 extra tokens per forward, where speculation no longer pays for drafting
-(the incident's wiring keeps ~0.2 %)."""
-
-MIN_GAIN = 0.1
-"""Below 0.1 accepted drafts per target forward with the best wiring, no wiring works: the head is the problem."""
+from vllm_eagle3 import verdicts as V
+from vllm_eagle3.verdicts import COLLAPSE_RATIO, MIN_GAIN, TOLERANCE
 
 CONFIDENCE = 0.95
 BOOTSTRAP = 2000
 MIN_SEQUENCES = 8
-"""Fewer independent sequences than this make a cluster bootstrap meaningless: refuse to judge (cannot tell)."""
+"""Fewer independent sequences than this make a cluster bootstrap meaningless: refuse to judge (pending)."""
 
 MAX_MORE = 100.0
 """Do not promise a text length more than this many times the one measured."""
@@ -111,7 +101,7 @@ class Interval:
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    kind: str  # OK | COSTS | WRONG | NO WIRING WORKS | CANNOT TELL
+    kind: str  # a word of vllm_eagle3.verdicts: ok | costs | wrong | no wiring works | undecided | pending
     configured: WiringChains
     best: WiringChains
     loss: Interval  # relative acceptance-length loss vs the best
@@ -119,21 +109,22 @@ class Verdict:
     gain_ratio: Interval  # (AL_configured - 1) / (AL_best - 1)
     best_gain: Interval  # AL_best - 1
     sequences: int
-    more_text: float | None  # CANNOT TELL: the text needed, as a multiple of the text measured
+    more_text: float | None  # undecided, pending: the text needed, as a multiple of the text measured
     equivalent: list[str]  # labels of wirings interchangeable with the configured one (within the tolerance)
 
     @property
     def best_is_better(self) -> bool:
         """The best wiring is significantly better than the configured one by more than the tolerance (the only
         case where the doctor prints a config to adopt)."""
-        return self.kind in ("COSTS", "WRONG") and self.best.taps != self.configured.taps
+        return self.kind in (V.COSTS, V.WRONG) and self.best.taps != self.configured.taps
 
 
-def resample_weights(n: int, replicates: int = BOOTSTRAP, seed: int = 0) -> torch.Tensor:
-    """[replicates, n] counts: how often each sequence is drawn in each bootstrap replicate (seeded: the same text
-    gives the same verdict)."""
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n, (replicates, n), generator=g)
+def resample_weights(n: int, replicates: int = BOOTSTRAP, seed: str = "doctor") -> torch.Tensor:
+    """[replicates, n] counts: how often each sequence is drawn in each bootstrap replicate, by the project's one
+    resampler (:func:`vllm_eagle3.tools.bench.stats.draws`; seeded: the same text gives the same verdict)."""
+    from vllm_eagle3.tools.bench.stats import draws
+
+    idx = torch.from_numpy(draws(seed, n, resamples=replicates)[0])
     w = torch.zeros(replicates, n, dtype=torch.float64)
     return w.scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float64))
 
@@ -169,32 +160,34 @@ def judge(configured: WiringChains, candidates: Sequence[WiringChains], toleranc
                   and compare(configured, c, w)[0].low <= tolerance and compare(c, configured, w)[0].low <= tolerance]
     more = None
     if n < MIN_SEQUENCES:
-        kind, more = "CANNOT TELL", MIN_SEQUENCES / max(n, 1)
+        kind, more = V.PENDING, MIN_SEQUENCES / max(n, 1)
     elif gain.high < MIN_GAIN:
-        kind = "NO WIRING WORKS"
+        kind = V.NO_WIRING_WORKS
     elif ratio.high < COLLAPSE_RATIO:
-        kind = "WRONG"
+        kind = V.WRONG
     elif loss.high <= tolerance:
-        kind = "OK"
+        kind = V.OK
     elif loss.low > tolerance:
-        kind = "COSTS"
+        kind = V.COSTS
     else:
-        kind = "CANNOT TELL"
+        kind = V.UNDECIDED
         half = (loss.high - loss.low) / 2
         more = (half / max(abs(loss.estimate - tolerance), 1e-9)) ** 2
         more = min(max(more, 1.0), MAX_MORE)
     return Verdict(kind, configured, best, loss, p0, ratio, gain, n, more, equivalent)
 
 
+EXIT_CODES = {V.OK: 0, V.COSTS: 3, V.WRONG: 4, V.UNDECIDED: 5, V.PENDING: 5, V.NO_WIRING_WORKS: 6}
+"""The doctor's exit status per verdict (1 is an input error, 2 a usage error)."""
+
+
 def exit_code(kind: str) -> int:
-    """0 OK, 3 COSTS, 4 WRONG, 5 CANNOT TELL, 6 NO WIRING WORKS (1 is an input error, 2 a usage error)."""
-    return {"OK": 0, "COSTS": 3, "WRONG": 4, "CANNOT TELL": 5, "NO WIRING WORKS": 6}[kind]
+    return EXIT_CODES[V.entry(kind).word]
 
 
 def worst(kinds: Sequence[str]) -> str:
-    """The most serious of several verdicts (several engine readings of one config)."""
-    order = ["WRONG", "NO WIRING WORKS", "COSTS", "CANNOT TELL", "OK"]
-    return min(kinds, key=order.index) if kinds else "CANNOT TELL"
+    """The most serious of several verdicts (several engine readings of one config; :func:`V.worst`)."""
+    return V.worst(kinds)
 
 
 def needed_tokens(tokens: int, more: float | None) -> int | None:
