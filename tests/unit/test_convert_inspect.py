@@ -244,7 +244,8 @@ def test_inspect_top_only_names_sglang_default(tmp_path, llama_target):
     d = make_draft(tmp_path, top=(0, 3, 31), nested=None)
     rep = inspect.inspect_pair(llama_target, d, convention="vllm")
     msg = next(f.message for f in rep.findings if f.code == "top-only")
-    assert "SGLang reads only eagle_config" in msg and "[2, 30, 58]" in msg
+    assert "SGLang 0.5.13+ (nested list), SGLang < 0.5.13 + embed patch (nested list) read only eagle_config" in msg
+    assert "[2, 30, 58]" in msg and "vLLM" not in msg
     reads = rep.reads
     assert reads["SGLang 0.5.13+ (nested list)"] == (2, 30, 58)
     assert reads["vLLM 0.32 V2 runner (top-level list)"] == (0, 3, 31)

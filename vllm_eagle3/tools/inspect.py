@@ -53,6 +53,15 @@ def _weights(draft: DraftInfo, stem: str) -> dict[str, list[int]]:
     return {k: v for k, v in draft.shapes.items() if k.startswith(stem) or k.startswith("model." + stem)}
 
 
+def _blind_to(where: str) -> list[str]:
+    """The serving engines' readings (engine table) that never look at the ``where`` list."""
+    return [r.label for e in ENGINES.values() if e.serving for r in e.list_readings if where not in r.lists]
+
+
+def _they(names: list[str], verb: str) -> str:
+    return f"{', '.join(names)} {verb}{'s' if len(names) == 1 else ''}"
+
+
 def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
     """Traps in the draft's config and weights (vLLM 0.32 ``llama_eagle3.py`` reads; SGLang reads the nested list)."""
     out: list[Finding] = []
@@ -65,16 +74,17 @@ def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
             f"the draft config has no {IDS_KEY}: vLLM and SGLang silently capture their default taps {defaults} "
             "(whatever the draft was trained on). Write the ids the draft was trained on (`vllm-eagle3 doctor` measures them, "
             "`vllm-eagle3 convert` writes both lists)")))
-    elif top is None:
+    elif top is None and _blind_to(NESTED):
         out.append(Finding("nested-only", (
-            f"ids only in eagle_config.{IDS_KEY} = {list(nest)}: vLLM's V2 runner (the GPU default) reads only the "
-            f"top-level list and silently captures its default taps {defaults}. Copy the list to the top level "
+            f"ids only in eagle_config.{IDS_KEY} = {list(nest)}: {_they(_blind_to(NESTED), 'read')} only the "
+            f"top-level list: the default taps {defaults} are captured silently. Copy the list to the top level "
             "(`vllm-eagle3 convert --from C --to C` writes both)")))
-    elif nest is None:
+    elif nest is None and _blind_to(TOP):
         out.append(Finding("top-only", (
-            f"ids only at the top level ({list(top)}): SGLang reads only eagle_config.{IDS_KEY} and silently captures "
-            f"its default taps {defaults} (models/deepseek_v2.py set_eagle3_layers_to_capture). Copy the list into "
-            "eagle_config in SGLang's convention (`vllm-eagle3 convert`)")))
+            f"ids only at the top level ({list(top)}): {_they(_blind_to(TOP), 'read')} only eagle_config.{IDS_KEY}: "
+            f"the default taps {defaults} are captured silently (SGLang: models/deepseek_v2.py "
+            "set_eagle3_layers_to_capture). Copy the list into eagle_config in that engine's convention "
+            "(`vllm-eagle3 convert`)")))
     elif tuple(top) != tuple(nest):
         out.append(Finding("lists-differ", (
             f"two different id lists: top-level {list(top)} (vLLM) and eagle_config {list(nest)} (SGLang); the "
