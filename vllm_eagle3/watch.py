@@ -4,6 +4,7 @@ Data flow position: at the very end. target forward -> taps -> concat -> draft `
 vLLM's scheduler counts drafts and accepted tokens per position (``SpecDecodingStats``, already computed every step
 for ``/metrics``) -> **this watch** (in the API-server process, fed by the stat-logger plugin in
 :mod:`vllm_eagle3.watch_vllm`) -> one WARNING line, ``GET /v1/eagle3/wiring``, ``vllm_eagle3_wiring_*`` gauges.
+Its verdicts and thresholds are those of :mod:`vllm_eagle3.verdicts`, shared with the online check and the doctor.
 
 Why: static validation (:mod:`vllm_eagle3.resolve`) catches a spec that disagrees with the draft config, but a
 config that is consistently wrong (the incident: the head trained on taps [embed, 3, 31] served with taps
@@ -22,29 +23,27 @@ Expectation ``E`` for p0:
   visits them; else its every-anchor ``simulated_acceptance.greedy.per_position_acceptance[0]``. The expected
   acceptance length at the served k comes from ``served_walk[str(k)]`` the same way. The numbers are read at
   start-up, never copied: a retrained head brings its own;
-- otherwise no expectation, only the documented ``floor`` (default 0.15): working heads serve p0 0.45-0.86
-  (a Kimi K2.6 head 0.63-0.65, the miniature 0.64-0.86), wrong wirings 0.00-0.10, so 0.15 separates them.
+- otherwise no expectation, only the documented ``floor`` (default :data:`vllm_eagle3.verdicts.FLOOR`): working
+  heads serve p0 0.45-0.86 (a Kimi K2.6 head 0.63-0.65, the miniature 0.64-0.86), wrong wirings 0.00-0.10.
 
-Thresholds: ``collapse_below = COLLAPSE_RATIO * E`` (0.25 E) and ``suspicious_below = SUSPICIOUS_RATIO * E``
-(0.5 E); without ``E``: ``floor`` and ``2 * floor``. Real traffic legitimately serves below an offline greedy
-evaluation (sampling, other text: the miniature's teacher-forced p0 on plain text is 0.59 of its 0.86 greedy), so
-only a fall to a quarter of the expectation is a collapse and to a half is suspicious.
+Thresholds: ``wrong_below = COLLAPSE_RATIO * E`` (0.25 E) and ``costs_below = COSTS_RATIO * E`` (0.5 E); without
+``E``: ``floor`` and ``2 * floor`` (both ratios and why: :mod:`vllm_eagle3.verdicts`).
 
-Verdicts, on a sliding window of the last ``window`` drafts (default 512) with the Wilson score bounds of p0 at
-``Z = 3.29`` (one-sided 99.95%):
+Verdicts (the shared words), on a sliding window of the last ``window`` drafts (default 512) with the Wilson score
+bounds of p0 at ``Z = 3.29`` (one-sided 99.95%):
 - ``pending``: fewer than ``min_drafts`` drafts seen (default 64); nothing is judged;
-- ``collapsed``: the UPPER bound < ``collapse_below`` (confidently collapsed) -> one WARNING;
-- ``suspicious``: the upper bound < ``suspicious_below`` -> one INFO line, once the lower bound rules a collapse out
-  (a collapse in progress gives its WARNING alone);
+- ``wrong``: the UPPER bound < ``wrong_below`` (confidently collapsed) -> one WARNING;
+- ``costs``: the upper bound < ``costs_below`` -> one WARNING, once the lower bound rules ``wrong`` out (a collapse
+  in progress gives its ``wrong`` line alone);
 - ``ok``: otherwise.
 The bound, not a magic count, decides when there is enough evidence: with zero accepted drafts and a 0.21 cut it
 takes 40 drafts, with the incident's ~3% about 50; a p0 of 0.10 against the 0.15 floor needs ~560, more than the
-default window, so it stays ``suspicious``. ``min_drafts`` guards what the bound assumes: drafts of one sequence are
+default window, so it stays ``costs``. ``min_drafts`` guards what the bound assumes: drafts of one sequence are
 correlated (one hard prompt), so a window must span a few requests' worth. The strict Z covers that
 the watch looks after every step. Hysteresis: a bad state is left only when the LOWER bound clears its threshold,
 so a window hovering at a threshold does not flap. Leaving a bad state is silent (state and gauges change, no log).
-Rate limit: at most one WARNING and one INFO line per episode (bad verdicts between two ``ok``), and at most one
-line of each kind per ``warn_interval_s`` (default 600 s) across episodes.
+Rate limit: at most one line per bad verdict per episode (bad verdicts between two ``ok``), and at most one
+line of each verdict per ``warn_interval_s`` (default 600 s) across episodes.
 
 Cost: one ``observe`` per scheduler step in the API-server process, O(k) integer additions on counts vLLM computed
 anyway (measured in tests/unit/test_watch.py: microseconds against a ~100+ ms step). Configured in the capture spec
@@ -63,25 +62,23 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from vllm_eagle3 import verdicts as V
 from vllm_eagle3.spec import CaptureSpecError
 
-# Under the ``vllm`` logger tree: vLLM configures a handler only for that tree (ENV.md), so this line appears in the
-# server's log; a logger named after this module would print nothing there.
+# Under the ``vllm`` logger tree: vLLM configures a handler only for that tree (``DEFAULT_LOGGING_CONFIG`` in
+# ``vllm/logger.py``), so this line appears in the server's log; a logger named after this module would print
+# nothing there.
 logger = logging.getLogger("vllm.vllm_eagle3.watch")
 
-PENDING, OK, SUSPICIOUS, COLLAPSED = "pending", "ok", "suspicious", "collapsed"
-VERDICT_LEVEL = {PENDING: -1, OK: 0, SUSPICIOUS: 1, COLLAPSED: 2}
 Z = 3.29  # one-sided 99.95% normal quantile for the Wilson score bounds
-COLLAPSE_RATIO = 0.25
-SUSPICIOUS_RATIO = 0.5
 EVAL_FILE = "eval.json"
 
 WATCH_KEYS = {
     "enabled": "bool (default true): run the watch in the API server",
     "window": "int >= 16 (default 512): drafts in the sliding window",
     "min_drafts": "int >= 1, <= window (default 64): drafts before anything is judged",
-    "floor": "number in (0, 0.5) (default 0.15): position-0 acceptance below which acceptance is collapsed when "
-             "the draft has no eval.json",
+    "floor": f"number in (0, 0.5) (default {V.FLOOR}): position-0 acceptance below which the verdict is "
+             f"{V.WRONG} (below twice it {V.COSTS}) when the draft has no eval.json",
     "warn_interval_s": "number >= 0 (default 600): at least this long between two log lines",
 }
 
@@ -93,7 +90,7 @@ class WatchConfig:
     enabled: bool = True
     window: int = 512
     min_drafts: int = 64
-    floor: float = 0.15
+    floor: float = V.FLOOR
     warn_interval_s: float = 600.0
 
     def __post_init__(self) -> None:
@@ -139,13 +136,14 @@ class WatchConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Expectation:
-    """What served position-0 acceptance should be, where that was read, and the two cut-offs derived from it."""
+    """What served position-0 acceptance should be, where that was read, and the two cut-offs derived from it
+    (named after the verdict the upper bound falling below them gives)."""
 
     position0: float | None  # None: no recorded evaluation, the floor alone decides
     acceptance_length: float | None  # at the served k
     source: str
-    collapse_below: float
-    suspicious_below: float
+    wrong_below: float
+    costs_below: float
     per_position: tuple[float, ...] = ()  # every-anchor greedy rates (over-count easy anchors): a reference only
     label: str = ""  # short form of ``source`` for the log line
 
@@ -156,7 +154,7 @@ class Expectation:
     def as_dict(self) -> dict[str, Any]:
         return {"position0": _r(self.position0), "acceptance_length": _r(self.acceptance_length),
                 "per_position_every_anchor": [_r(x) for x in self.per_position], "source": self.source,
-                "collapse_below": _r(self.collapse_below), "suspicious_below": _r(self.suspicious_below)}
+                "wrong_below": _r(self.wrong_below), "costs_below": _r(self.costs_below)}
 
 
 def _walk_rate(entry: Any) -> tuple[float, int] | None:
@@ -207,7 +205,7 @@ def expectation_for(draft: str | Path | None, num_spec_tokens: int, cfg: WatchCo
         length = None
     if not 0 < p0 <= 1:
         return floor_exp(f"{where}: recorded position-0 acceptance {p0!r} is not in (0, 1]")
-    return Expectation(p0, length, source, COLLAPSE_RATIO * p0, SUSPICIOUS_RATIO * p0,
+    return Expectation(p0, length, source, V.COLLAPSE_RATIO * p0, V.COSTS_RATIO * p0,
                        tuple(pp[:num_spec_tokens]), label)
 
 
@@ -297,10 +295,10 @@ class WiringWatch:
         self.cfg, self.expectation, self.wiring = cfg, expectation, dict(wiring)
         self.num_spec_tokens, self.doctor_command, self.engine_index = num_spec_tokens, doctor_command, engine_index
         self.window = AcceptanceWindow(cfg.window, num_spec_tokens)
-        self.verdict = PENDING
+        self.verdict = V.PENDING
         self.bounds = (0.0, 1.0)
         self.clock, self.log = clock, log
-        self._last_line_at: dict[str, float] = {}  # per verdict: an INFO line never holds back a WARNING
+        self._last_line_at: dict[str, float] = {}  # per verdict: a costs line never holds back a wrong one
         self.lines_logged = 0
         self.lines_suppressed = 0
         self.last_warning: str | None = None
@@ -311,33 +309,33 @@ class WiringWatch:
         """One scheduler step's spec-decode counts (``SpecDecodingStats``; ``draft_tokens_per_pos`` where vLLM has
         it, see :meth:`AcceptanceWindow.add`); returns the verdict.
 
-        At most one WARNING (collapsed) and one INFO line (suspicious) per bad episode, an episode ending when the
-        verdict is ok again; the suspicious line waits until the lower bound rules a collapse out, so a collapse
-        in progress gives its WARNING alone; nothing is logged once a collapse was announced, nor on recovery.
+        At most one ``wrong`` and one ``costs`` line per bad episode, an episode ending when the verdict is ok
+        again; the costs line waits until the lower bound rules ``wrong`` out, so a collapse in progress gives its
+        wrong line alone; nothing is logged once ``wrong`` was announced, nor on recovery.
         """
         self.window.add(num_drafts, accepted_per_pos, draft_tokens_per_pos)
         self.verdict = self._judge()
-        if self.verdict == OK:
+        if self.verdict == V.OK:
             self._announced.clear()
-        elif self.verdict == COLLAPSED and COLLAPSED not in self._announced:
-            self._announce(COLLAPSED)
-        elif self.verdict == SUSPICIOUS and not self._announced and \
-                self.bounds[0] >= self.expectation.collapse_below:
-            self._announce(SUSPICIOUS)
+        elif self.verdict == V.WRONG and V.WRONG not in self._announced:
+            self._announce(V.WRONG)
+        elif self.verdict == V.COSTS and not self._announced and \
+                self.bounds[0] >= self.expectation.wrong_below:
+            self._announce(V.COSTS)
         return self.verdict
 
     def _judge(self) -> str:
         w = self.window
         if w.drafts < self.cfg.min_drafts:
-            return self.verdict if self.verdict != PENDING else PENDING
+            return self.verdict
         lo, hi = self.bounds = wilson_bounds(w.accepted[0] if w.accepted else 0, w.drafts)
         e = self.expectation
-        new = COLLAPSED if hi < e.collapse_below else SUSPICIOUS if hi < e.suspicious_below else OK
+        new = V.WRONG if hi < e.wrong_below else V.COSTS if hi < e.costs_below else V.OK
         # Hysteresis: leave a bad state only once the lower bound clears its threshold.
-        if self.verdict == COLLAPSED and new != COLLAPSED and lo < e.collapse_below:
-            new = COLLAPSED
-        if self.verdict in (SUSPICIOUS, COLLAPSED) and new == OK and lo < e.suspicious_below:
-            new = SUSPICIOUS
+        if self.verdict == V.WRONG and new != V.WRONG and lo < e.wrong_below:
+            new = V.WRONG
+        if self.verdict in (V.COSTS, V.WRONG) and new == V.OK and lo < e.costs_below:
+            new = V.COSTS
         return new
 
     def _announce(self, verdict: str) -> None:
@@ -350,11 +348,8 @@ class WiringWatch:
         self._last_line_at[verdict] = now
         self.lines_logged += 1
         line = self.message(verdict)
-        if verdict == COLLAPSED:
-            self.last_warning = line
-            self.log.warning("%s", line)
-        else:
-            self.log.info("%s", line)
+        self.last_warning = line
+        self.log.log(V.entry(verdict).log_level, "%s", line)
 
     def message(self, verdict: str) -> str:
         w, e = self.window, self.expectation
@@ -363,13 +358,13 @@ class WiringWatch:
         expected = (f"{e.position0:.3f} expected ({e.label})" if e.position0 is not None else
                     f"no recorded expectation ({e.label})")
         exp_len = f" vs {e.acceptance_length:.2f} expected" if e.acceptance_length is not None else ""
-        head = ("EAGLE-3 acceptance COLLAPSED" if verdict == COLLAPSED else "EAGLE-3 acceptance is suspiciously low")
-        cut = e.collapse_below if verdict == COLLAPSED else e.suspicious_below
-        return (f"vllm-eagle3 wiring watch [engine {self.engine_index}]: {head}: position-0 acceptance {p0:.3f} over "
-                f"the last {w.drafts} drafts (99.95% upper bound {self.bounds[1]:.3f} < {verdict} threshold "
-                f"{cut:.3f}) vs {expected}; acceptance length {length:.2f}{exp_len} at k={self.num_spec_tokens}. "
-                f"Serving taps {self.wiring.get('taps')} from "
-                f"{self.wiring.get('source')}. The draft is probably fed other hidden states than it was trained "
+        cut = e.wrong_below if verdict == V.WRONG else e.costs_below
+        how = "probably" if verdict == V.WRONG else "perhaps"
+        return (f"vllm-eagle3 wiring watch [engine {self.engine_index}]: {V.heading(verdict)}: served EAGLE-3 "
+                f"position-0 acceptance {p0:.3f} over the last {w.drafts} drafts (99.95% upper bound "
+                f"{self.bounds[1]:.3f} < {verdict} threshold {cut:.3f}) vs {expected}; acceptance length "
+                f"{length:.2f}{exp_len} at k={self.num_spec_tokens}. Serving taps {self.wiring.get('taps')} from "
+                f"{self.wiring.get('source')}. The draft is {how} fed other hidden states than it was trained "
                 f"on: run `{self.doctor_command}`")
 
     def snapshot(self) -> dict[str, Any]:
@@ -414,16 +409,18 @@ def active_watches() -> list[WiringWatch]:
     return [_WATCHES[i] for i in sorted(_WATCHES)]
 
 
-def report() -> dict[str, Any]:
-    """The JSON body of ``GET /v1/eagle3/wiring``: the worst verdict and one entry per engine."""
+def report(check: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON body of ``GET /v1/eagle3/wiring``: ONE verdict (:func:`vllm_eagle3.verdicts.overall` of every judge
+    on every engine), what each judge says, then each judge's evidence: ``engines`` (the watch: acceptance vs
+    expectation, per engine) and ``check`` (the online check's reports by engine: the candidates' scores)."""
     engines = [w.snapshot() for w in active_watches()]
-    worst = max((e["verdict"] for e in engines), key=VERDICT_LEVEL.__getitem__, default=None)
-    return {"watch": "vllm-eagle3 wiring watch", "active": bool(engines),
-            "verdict": worst if engines else "inactive",
-            "verdicts": {v: VERDICT_LEVEL[v] for v in VERDICT_LEVEL}, "engines": engines}
+    check = dict(check or {})
+    judges = {"watch": V.overall(e["verdict"] for e in engines),
+              "check": V.overall(r.get("verdict", V.OFF) for r in check.values())}
+    verdict = V.overall(judges.values())
+    return {"verdict": verdict, "meaning": V.entry(verdict).meaning, "judges": judges, "active": bool(engines),
+            "engines": engines, "check": check, "verdicts": V.as_json()}
 
-
-# ----------------------------------------------------------------------------------------------- settings
 
 # ----------------------------------------------------------------------------------------------- the endpoint switch
 

@@ -22,8 +22,8 @@ from typing import Any, Mapping
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from vllm_eagle3 import verdicts as V
 from vllm_eagle3 import watch as _watch
-from vllm_eagle3 import wiring_check as _check
 from vllm_eagle3.wiring_check import read_reports
 from vllm_eagle3.resolve import resolve_from_env, spec_source
 from vllm_eagle3.spec import CaptureSpecError
@@ -96,25 +96,30 @@ class WiringCollector:
         def fam(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"vllm_eagle3_wiring_{name}", doc, labels=[*labels, *extra])
 
-        verdict = fam("verdict", "vllm-eagle3 wiring watch verdict: -1 pending, 0 ok, 1 suspicious, 2 collapsed")
+        legend = f"({V.levels_help()}; vllm_eagle3.verdicts)"
+        verdict = fam("verdict", f"vllm-eagle3 wiring verdict of the engine, every judge together {legend}")
+        watch = fam("watch_verdict", f"the wiring watch's verdict: acceptance vs expectation {legend}")
         drafts = fam("window_drafts", "drafts in the wiring watch's sliding window")
         rate = fam("acceptance", "served acceptance per draft position over the window (drafts whose first "
                                  "position+1 tokens were all accepted / drafts)", ("position",))
         length = fam("acceptance_length", "served acceptance length over the window (1 + accepted / drafts)")
         expected = fam("expected_position0", "position-0 acceptance the draft should reach (its eval.json; NaN when "
                                              "only the floor applies)")
-        cut = fam("collapse_threshold", "collapsed when the 99.95% upper bound of position-0 acceptance is below this")
+        cut = fam("wrong_threshold", f"the watch says {V.WRONG} when the 99.95% upper bound of position-0 "
+                                     "acceptance is below this")
         info = fam("info", "resolved taps and their source (value 1)", ("taps", "source"))
-        check = fam("check_verdict", "vllm-eagle3 online wiring check: -1 pending/undecided, 0 ok, 1 costs, 2 wrong, "
-                                     "3 off", ("served_taps", "best_taps"))
+        check = fam("check_verdict", f"the online wiring check's verdict: served vs candidate wirings {legend}",
+                    ("served_taps", "best_taps"))
         check_req = fam("check_requests", "requests the online wiring check has scored")
         check_p0 = fam("check_position0", "first-draft acceptance the online check measured", ("wiring", "taps"))
-        check_loss = fam("check_loss", "1 - configured / better first-draft acceptance (the COSTS x)")
+        check_loss = fam("check_loss", f"1 - configured / better first-draft acceptance (the x of {V.heading(V.COSTS)} "
+                                       "x%)")
         check_cost = fam("check_cost_fraction", "fraction of the engine's time the online check has used")
+        said: dict[str, list[str]] = {}  # engine -> each judge's verdict
         for idx, r in read_reports().items():
             lb = [self.model_names.get(int(idx), "") if idx.isdigit() else "", idx]
-            level = 3 if r.get("verdict") == "off" else _check.VERDICT_LEVEL.get(r.get("verdict"), -1)
-            check.add_metric([*lb, r["configured"]["taps"], r["best"]["taps"]], level)
+            said.setdefault(idx, []).append(r.get("verdict", V.OFF))
+            check.add_metric([*lb, r["configured"]["taps"], r["best"]["taps"]], V.level(said[idx][-1]))
             check_req.add_metric(lb, r.get("requests", 0))
             for role in ("configured", "best"):
                 check_p0.add_metric([*lb, role, r[role]["taps"]], r[role]["position0"])
@@ -122,7 +127,8 @@ class WiringCollector:
             check_cost.add_metric(lb, r.get("cost", {}).get("fraction_of_engine_time", 0.0))
         for w in _watch.active_watches():
             lb = [self.model_names.get(w.engine_index, ""), str(w.engine_index)]
-            verdict.add_metric(lb, _watch.VERDICT_LEVEL[w.verdict])
+            watch.add_metric(lb, V.level(w.verdict))
+            said.setdefault(str(w.engine_index), []).append(w.verdict)
             drafts.add_metric(lb, w.window.drafts)
             for i, r in enumerate(w.window.rates()):
                 rate.add_metric([*lb, str(i)], r)
@@ -130,9 +136,12 @@ class WiringCollector:
                 length.add_metric(lb, w.window.acceptance_length())
             e = w.expectation
             expected.add_metric(lb, e.position0 if e.position0 is not None else float("nan"))
-            cut.add_metric(lb, e.collapse_below)
+            cut.add_metric(lb, e.wrong_below)
             info.add_metric([*lb, str(w.wiring.get("taps")), str(w.wiring.get("source"))[:200]], 1)
-        yield from (verdict, drafts, rate, length, expected, cut, info, check, check_req, check_p0, check_loss,
+        for idx, words in said.items():
+            lb = [self.model_names.get(int(idx), "") if idx.isdigit() else "", idx]
+            verdict.add_metric(lb, V.level(V.overall(words)))
+        yield from (verdict, watch, drafts, rate, length, expected, cut, info, check, check_req, check_p0, check_loss,
                     check_cost)
 
 
@@ -200,9 +209,9 @@ class WiringWatchStatLogger(StatLoggerBase):
             e, c = self.watch.expectation, self.watch.cfg
             _watch.logger.info(
                 "vllm-eagle3 wiring watch [engine %d]: on; taps %s from %s; expected position-0 acceptance %s (%s); "
-                "collapsed below %.3f, window %d drafts, judged from %d; JSON at %s when VLLM_PLUGINS names %s",
+                "%s below %.3f, window %d drafts, judged from %d; JSON at %s when VLLM_PLUGINS names %s",
                 self.engine_index, self.watch.wiring.get("taps"), self.watch.wiring.get("source"),
-                "n/a" if e.position0 is None else f"{e.position0:.3f}", e.source, e.collapse_below, c.window,
+                "n/a" if e.position0 is None else f"{e.position0:.3f}", e.source, V.WRONG, e.wrong_below, c.window,
                 c.min_drafts, ROUTE, _watch.ENDPOINT_PLUGIN)
 
 
@@ -223,7 +232,7 @@ class WiringEndpoint:
 
         @router.get(ROUTE)
         async def eagle3_wiring() -> JSONResponse:
-            return JSONResponse({**_watch.report(), "check": read_reports()})
+            return JSONResponse(_watch.report(read_reports()))
 
         app.include_router(router)
 

@@ -4,8 +4,9 @@ Data flow position: beside the proposer, inside the serving engine. target forwa
 feed the draft as always; on a check-enabled server the target also keeps the taps of the candidate wirings,
 :func:`vllm_eagle3.wirings.online_candidates`) -> on a sample of requests the worker records every confirmed
 position and scores the draft's FIRST step on each candidate wiring against the token the target actually
-produced (:mod:`vllm_eagle3.online`) -> **this module's** :class:`Judge` -> verdict: one WARNING line from the
-engine, ``GET /v1/eagle3/wiring`` (``check``), ``vllm_eagle3_wiring_check_*`` gauges.
+produced (:mod:`vllm_eagle3.online`) -> **this module's** :class:`Judge` -> verdict (a word of
+:mod:`vllm_eagle3.verdicts`, shared with the watch and the doctor): one WARNING line from the engine,
+``GET /v1/eagle3/wiring`` (``check``), ``vllm_eagle3_wiring_check_*`` gauges.
 
 Why: the wiring watch (:mod:`vllm_eagle3.watch`) catches a collapse, but an EAGLE-3.1 ``fc_norm`` head fed the
 incident's taps [3, 31, 59] keeps an acceptance length of ~1.3-1.5 instead of ~2.7-3.4: half the gain lost, no
@@ -22,16 +23,17 @@ The test, per candidate c against the configured wiring 0, on per-request sums (
 unit: neighbouring anchors of one request are correlated, so the test clusters by request, never by anchor):
 ``d_r = a * m_c,r - m_0,r`` with ``m`` = matches of request r. ``mean(d) > 0`` means ``M_0 < a * M_c``:
 
-- ``COSTS``: ``a = 1 - TOLERANCE`` (the configured wiring's first-draft acceptance is more than 2 % below c's; the
-  doctor's tolerance, :data:`vllm_eagle3.tools.doctor.stats.TOLERANCE`, same reasoning);
-- ``WRONG``: ``a = COLLAPSE_RATIO`` (under a quarter of c's: the incident);
-- ``OK``: the reverse test ``m_0,r - (1 - TOLERANCE) * m_c,r > 0`` passes for EVERY candidate.
+- ``costs``: ``a = 1 - TOLERANCE`` (the configured wiring's first-draft acceptance is more than 2 % below c's);
+- ``wrong``: ``a = COLLAPSE_RATIO`` (under a quarter of c's: the incident);
+- ``ok``: the reverse test ``m_0,r - (1 - TOLERANCE) * m_c,r > 0`` passes for EVERY candidate;
+- ``pending`` before ``min_requests`` scored requests, ``undecided`` when none of the above passes yet.
+(``TOLERANCE`` and ``COLLAPSE_RATIO``: :mod:`vllm_eagle3.verdicts`, the doctor's and the watch's too.)
 
 Each is a one-sided t-test of the cluster sums (``t = sum d / sqrt(R / (R - 1) * sum (d - mean)^2)``, Student
 quantile by its Cornish-Fisher expansion), run after every scored request once ``min_requests`` have been scored.
 False alarms are bounded by spending ``false_alarm`` over candidates (Bonferroni) and over looks: look j gets
 ``false_alarm * 6 / (pi^2 j^2)``, a series summing to ``false_alarm``, so the probability that a server whose
-configured wiring is within tolerance of every candidate EVER says COSTS or WRONG is at most ``false_alarm``
+configured wiring is within tolerance of every candidate EVER says costs or wrong is at most ``false_alarm``
 (default 0.001), however long it runs. The price is a slowly growing threshold (t > 4.6 at look 10, > 5.3 at look
 1,000 for 12 candidates): the incident (first-draft acceptance ~0.2 vs ~0.7) is decided at the first look, a 5 %
 loss takes a few hundred requests. The verdict never decides from anchors of one request alone.
@@ -52,16 +54,7 @@ from typing import Any, Mapping, Sequence
 
 from vllm_eagle3 import envs
 from vllm_eagle3.spec import CaptureSpecError, taps_label
-
-PENDING, OK, UNDECIDED, COSTS, WRONG = "pending", "ok", "undecided", "costs", "wrong"
-VERDICT_LEVEL = {PENDING: -1, UNDECIDED: -1, OK: 0, COSTS: 1, WRONG: 2}
-
-TOLERANCE = 0.02
-"""COSTS when the configured wiring's first-draft acceptance is more than 2 % below another candidate's: the
-doctor's tolerance (tokens per forward scale with acceptance; below what a serving benchmark resolves)."""
-
-COLLAPSE_RATIO = 0.25
-"""WRONG when it keeps less than a quarter of another candidate's first-draft acceptance (the incident keeps ~0 %)."""
+from vllm_eagle3.verdicts import COLLAPSE_RATIO, COSTS, OK, PENDING, TOLERANCE, UNDECIDED, WRONG
 
 CHECK_KEYS = {
     "enabled": "bool (default true): score candidate wirings on a sample of live requests inside the engine",
@@ -74,7 +67,7 @@ CHECK_KEYS = {
     "budget": "number in (0, 0.5] (default 0.02): at most this fraction of the engine's time goes to the check; "
               "no new request is tracked while it is spent",
     "false_alarm": "number in (0, 0.1) (default 0.001): probability that a server with a right wiring ever reports "
-                   "COSTS or WRONG",
+                   f"{COSTS} or {WRONG}",
     "min_requests": "int >= 8 (default 12): scored requests before any verdict",
     "warn_interval_s": "number >= 0 (default 600): at least this long between two WARNING lines",
 }
@@ -167,14 +160,14 @@ class _Sums:
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    kind: str  # pending | ok | undecided | costs | wrong
+    kind: str  # a word of vllm_eagle3.verdicts: pending | undecided | ok | costs | wrong
     requests: int
     anchors: int
     looks: int
     threshold: float  # the t a test had to pass at the last look
     p0: tuple[float, ...]  # per candidate, candidate 0 = configured
     best: int  # index of the candidate with the most matches
-    flagged: int | None  # the candidate the COSTS/WRONG test rejected against (the best such), else None
+    flagged: int | None  # the candidate the costs/wrong test rejected against (the best such), else None
     loss: float  # point estimate of 1 - M_0 / M_flagged (or / M_best)
     t_costs: tuple[float, ...]
     t_ok: tuple[float, ...]

@@ -19,7 +19,8 @@ from vllm_eagle3.checkpoint import DraftInfo
 from vllm_eagle3.online.traces import RowSpan, Tracker
 from vllm_eagle3.resolve import load_spec_file
 from vllm_eagle3.spec import EMBED, CaptureSpecError
-from vllm_eagle3.wiring_check import COSTS, OK, PENDING, WRONG, CheckConfig, Judge, t_quantile
+from vllm_eagle3.verdicts import COSTS, OK, PENDING, WRONG
+from vllm_eagle3.wiring_check import CheckConfig, Judge, t_quantile
 from vllm_eagle3.wirings import online_candidates
 
 pytestmark = pytest.mark.unit
@@ -99,7 +100,7 @@ def simulate(judge: Judge, p0s: list[float], requests: int, rng: random.Random) 
 
 def test_false_alarms_stay_under_the_bound():
     """120 servers whose 8 wirings are truly equal, or one within the 2 % tolerance, judged after every one of 300
-    requests at a lenient false_alarm of 0.05: at most ~6 may ever say COSTS/WRONG (0 observed is typical)."""
+    requests at a lenient false_alarm of 0.05: at most ~6 may ever say costs/wrong (0 observed is typical)."""
     rng = random.Random(0)
     alarms = 0
     for server in range(120):
@@ -111,7 +112,7 @@ def test_false_alarms_stay_under_the_bound():
 
 def test_the_incident_is_flagged_at_the_first_look():
     """The served MLA fc_norm head's numbers (first-draft acceptance 0.13 with [3, 31, 59], 0.67 with [embed, 3,
-    31]): flagged at the first look (12 requests), the better wiring named; WRONG (< a quarter) once the interval
+    31]): flagged at the first look (12 requests), the better wiring named; wrong (< a quarter) once the interval
     is narrow enough to put 0.13 / 0.67 = 0.19 below 0.25."""
     judge = Judge([(3, 31, 59), (EMBED, 3, 31), (2, 30, 58)], CheckConfig())
     rng = random.Random(1)

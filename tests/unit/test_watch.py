@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_eagle3 import verdicts as V
 from vllm_eagle3 import watch as W
 from vllm_eagle3.resolve import load_spec_file
 from vllm_eagle3.spec import CaptureSpecError
@@ -48,7 +49,7 @@ class Clock:
 
 
 def fixed_expectation(p0: float = 0.8) -> W.Expectation:
-    return W.Expectation(p0, 3.0, "test", W.COLLAPSE_RATIO * p0, W.SUSPICIOUS_RATIO * p0)
+    return W.Expectation(p0, 3.0, "test", V.COLLAPSE_RATIO * p0, V.COSTS_RATIO * p0)
 
 
 @pytest.fixture
@@ -125,16 +126,16 @@ def test_window_slides_over_whole_steps():
 
 def test_incident_collapses_with_one_warning(make_watch):
     """Guards: THE incident served silently. ~3% position-0 acceptance against 0.8 expected: pending until
-    min_drafts, then collapsed, and exactly ONE warning however long it lasts; the line names the taps, their source,
-    measured vs expected acceptance and the doctor command."""
+    min_drafts, then wrong, and exactly ONE warning however long it lasts (no costs line first); the line names the
+    taps, their source, measured vs expected acceptance and the doctor command."""
     w, rec, _ = make_watch()
-    assert feed(w, 0.03, 56) == W.PENDING
-    assert feed(w, 0.03, 4000, seed=1) == W.COLLAPSED
+    assert feed(w, 0.03, 56) == V.PENDING
+    assert feed(w, 0.03, 4000, seed=1) == V.WRONG
     warnings = rec.at(logging.WARNING)
     assert len(warnings) == 1, warnings
-    assert rec.at(logging.INFO) == [], "a collapse in progress must give its WARNING alone, not a suspicious line first"
+    assert rec.records == [rec.records[-1]], "a collapse in progress must give its wrong line alone, not costs first"
     line = warnings[0]
-    for part in ("COLLAPSED", "taps [3, 31, 59]", "spec file /tmp/incident_spec.yaml", "0.800 expected",
+    for part in ("wiring watch [engine 0]: WRONG: ", "taps [3, 31, 59]", "spec file /tmp/incident_spec.yaml", "0.800 expected",
                  "`vllm-eagle3 doctor --target T --draft D`", "position-0 acceptance 0.0"):
         assert part in line, (part, line)
     assert w.last_warning == line and w.lines_logged >= 1
@@ -144,45 +145,49 @@ def test_healthy_head_is_ok_and_silent(make_watch):
     """Guards: false alarms on a correctly wired head (a served p0 somewhat below the offline 0.8, as real traffic
     gives) - never a line, verdict ok."""
     w, rec, _ = make_watch()
-    assert feed(w, 0.65, 20000) == W.OK
+    assert feed(w, 0.65, 20000) == V.OK
     assert rec.records == []
 
 
-def test_half_expected_is_suspicious_not_collapsed(make_watch):
-    """Guards: a partial miswiring (e.g. one tap off by one) lost among ok / collapsed: p0 0.3 against 0.8 expected
-    is below half (0.4) but above a quarter (0.2): suspicious, one INFO line, no WARNING."""
+def test_half_expected_costs_not_wrong(make_watch):
+    """Guards: a partial miswiring (e.g. one tap off by one) lost among ok / wrong: p0 0.3 against 0.8 expected
+    is below half (0.4) but above a quarter (0.2): costs, one line at the shared word's level (WARNING), no wrong."""
     w, rec, _ = make_watch()
-    assert feed(w, 0.3, 4000) == W.SUSPICIOUS
-    assert len(rec.at(logging.INFO)) == 1 and rec.at(logging.WARNING) == []
+    assert feed(w, 0.3, 4000) == V.COSTS
+    lines = [r for r in rec.records]
+    assert len(lines) == 1 and lines[0].levelno == V.entry(V.COSTS).log_level == logging.WARNING
+    assert ": COSTS: " in lines[0].getMessage() and "WRONG" not in lines[0].getMessage()
 
 
 def test_recovery_is_silent_and_rate_limit_holds(make_watch):
     """Guards: log spam. Collapse -> healthy traffic: back to ok without a line. A second collapse within
-    warn_interval_s is not logged again (counted as suppressed); after the interval it is."""
+    warn_interval_s is not logged again as wrong (counted as suppressed; the costs it passes through on the way
+    down is its own line, once); after the interval it is."""
     w, rec, clock = make_watch(W.WatchConfig(window=256, warn_interval_s=600))
-    assert feed(w, 0.02, 1000) == W.COLLAPSED
+    assert feed(w, 0.02, 1000) == V.WRONG
     n_lines = len(rec.records)
-    assert feed(w, 0.3, 600, seed=7) == W.SUSPICIOUS  # on the way back: no INFO line after the WARNING
-    assert feed(w, 0.8, 2000, seed=2) == W.OK
+    assert feed(w, 0.3, 600, seed=7) == V.COSTS  # on the way back: no costs line after the wrong one
+    assert feed(w, 0.8, 2000, seed=2) == V.OK
     assert len(rec.records) == n_lines, [r.getMessage() for r in rec.records[n_lines:]]
     clock.t += 60
-    assert feed(w, 0.02, 1000, seed=3) == W.COLLAPSED
-    assert len(rec.at(logging.WARNING)) == 1 and w.lines_suppressed >= 1
+    assert feed(w, 0.02, 1000, seed=3) == V.WRONG
+    wrong_lines = lambda: [m for m in rec.at(logging.WARNING) if ": WRONG: " in m]  # noqa: E731
+    assert len(wrong_lines()) == 1 and w.lines_suppressed >= 1
     feed(w, 0.8, 2000, seed=4)
     clock.t += 601
-    assert feed(w, 0.02, 1000, seed=5) == W.COLLAPSED
-    assert len(rec.at(logging.WARNING)) == 2
+    assert feed(w, 0.02, 1000, seed=5) == V.WRONG
+    assert len(wrong_lines()) == 2
 
 
-def test_hysteresis_leaves_collapsed_only_when_clearly_above(make_watch):
-    """Guards: flapping (and a line per flap) when acceptance hovers at the collapse threshold. Once collapsed, a
-    window whose upper bound is no longer below the cut but whose lower bound is, stays collapsed."""
-    exp = fixed_expectation(0.8)  # collapse below 0.2
+def test_hysteresis_leaves_wrong_only_when_clearly_above(make_watch):
+    """Guards: flapping (and a line per flap) when acceptance hovers at the wrong threshold. Once wrong, a
+    window whose upper bound is no longer below the cut but whose lower bound is, stays wrong."""
+    exp = fixed_expectation(0.8)  # wrong below 0.2
     w, _, _ = make_watch(W.WatchConfig(window=512), exp)
-    assert feed(w, 0.02, 1000) == W.COLLAPSED
+    assert feed(w, 0.02, 1000) == V.WRONG
     feed(w, 0.2, 1024, seed=6)  # the window now holds p0 ~ 0.2: bounds straddle the cut
     lo, hi = w.bounds
-    assert lo < exp.collapse_below <= hi and w.verdict == W.COLLAPSED
+    assert lo < exp.wrong_below <= hi and w.verdict == V.WRONG
 
 
 # ------------------------------------------------------------------------------------------------- expectation
@@ -197,7 +202,7 @@ def test_expectation_read_from_shipped_eval_json():
     e = W.expectation_for(SHIPPED_DRAFT, K, W.WatchConfig())
     assert e.position0 == pytest.approx(walk["1"]["accepted"] / walk["1"]["drafts"])
     assert e.acceptance_length == pytest.approx(1 + walk[str(K)]["accepted"] / walk[str(K)]["drafts"])
-    assert e.collapse_below == pytest.approx(W.COLLAPSE_RATIO * e.position0)
+    assert e.wrong_below == pytest.approx(V.COLLAPSE_RATIO * e.position0)
     assert "served_walk" in e.source and len(e.per_position) == K
 
 
@@ -206,7 +211,7 @@ def test_expectation_fallbacks(tmp_path):
     every-anchor rates when there is no served walk, else the documented floor, with the reason in ``source``."""
     cfg = W.WatchConfig(floor=0.12)
     e = W.expectation_for(tmp_path, K, cfg)
-    assert e.position0 is None and e.collapse_below == 0.12 and e.suspicious_below == 0.24 and "no eval.json" in e.source
+    assert e.position0 is None and e.wrong_below == 0.12 and e.costs_below == 0.24 and "no eval.json" in e.source
     (tmp_path / "eval.json").write_text("{not json")
     assert W.expectation_for(tmp_path, K, cfg).position0 is None
     (tmp_path / "eval.json").write_text(json.dumps({"simulated_acceptance": {"greedy": [0.5], "served_walk": 3}}))
@@ -265,21 +270,26 @@ def test_spec_yaml_bad_watch_values_rejected(tmp_path, bad, key):
 # ------------------------------------------------------------------------------------------------- report, cost
 
 def test_report_is_json_and_names_everything(make_watch):
-    """Guards: an endpoint body missing what an operator needs. The JSON carries verdict, taps and source, the
-    window's acceptance with bounds, the expectation, config and the doctor command."""
+    """Guards: an endpoint body missing what an operator needs, or one that shows two verdicts for one wiring. The
+    JSON carries ONE verdict (the most severe any judge reached), each judge's word, then the evidence: taps and
+    source, the window's acceptance with bounds, the expectation, config, the doctor command, the check's report."""
     w, _, _ = make_watch()
     feed(w, 0.03, 512)
     W.register_watch(w)
     try:
-        body = json.loads(json.dumps(W.report()))
+        body = json.loads(json.dumps(W.report({"0": {"verdict": V.COSTS, "configured": {"taps": "[3, 31, 59]"}}})))
+        alone = W.report()
     finally:
         W.unregister_watch(w)
-    assert body["verdict"] == W.COLLAPSED and body["active"]
+    assert body["verdict"] == V.WRONG and body["judges"] == {"watch": V.WRONG, "check": V.COSTS} and body["active"]
+    assert body["meaning"] == V.entry(V.WRONG).meaning and body["check"]["0"]["verdict"] == V.COSTS
+    assert [v["verdict"] for v in body["verdicts"]] == [v.word for v in V.VOCABULARY]
+    assert alone["verdict"] == V.WRONG and alone["judges"]["check"] == V.OFF
     e = body["engines"][0]
     assert e["wiring"]["taps"] == "[3, 31, 59]" and e["window"]["drafts"] >= 256
-    assert e["window"]["position0_bounds"][1] < e["expected"]["collapse_below"]
+    assert e["window"]["position0_bounds"][1] < e["expected"]["wrong_below"]
     assert e["doctor"].startswith("vllm-eagle3 doctor") and e["last_warning"]
-    assert W.report()["verdict"] == "inactive"
+    assert W.report()["verdict"] == V.OFF and W.report({"0": {"verdict": V.UNDECIDED}})["verdict"] == V.UNDECIDED
 
 
 def test_observe_costs_microseconds(make_watch):
@@ -334,7 +344,7 @@ def test_docs_quote_only_lines_the_example_run_wrote():
     lines = {x.strip() for x in EXAMPLE.read_text().splitlines()}
     for doc in QUOTING_DOCS:
         blocks = watch_quotes(doc.read_text())
-        assert any("EAGLE-3 acceptance COLLAPSED" in x for b in blocks for x in b), \
+        assert any("wiring watch [engine 0]: WRONG: " in x for b in blocks for x in b), \
             f"{doc.name} quotes no warning line of the watch (issue 14: show it as an operator sees it)"
         assert any('"verdict":' in x for b in blocks for x in b), f"{doc.name} quotes no endpoint body"
         for block in blocks:
@@ -371,5 +381,5 @@ def test_example_run_is_on_the_current_weights():
         assert exp["acceptance_length"] == round(1 + _walk(eval_json, exp["num_spec_tokens"]), 4)
     assert len(heads) == 2, heads
     expected = {f"vs {_walk(REPO / 'models' / h / 'eval.json', 1):.3f} expected (" for h in heads}
-    warnings = [x for x in text.splitlines() if "EAGLE-3 acceptance COLLAPSED" in x and "WARNING" in x]
+    warnings = [x for x in text.splitlines() if "wiring watch [engine 0]: WRONG: " in x and "WARNING" in x]
     assert len(warnings) >= 2 and all(any(e in w for e in expected) for w in warnings), (expected, warnings)

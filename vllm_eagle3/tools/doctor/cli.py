@@ -8,9 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from vllm_eagle3 import verdicts as V
 from vllm_eagle3.spec import CaptureSpecError, taps_label
 from vllm_eagle3.wirings import EXHAUSTIVE_LIMIT, config_lines
-from vllm_eagle3.tools.doctor.stats import (TOLERANCE, Verdict, exit_code, needed_tokens)
+from vllm_eagle3.tools.doctor.stats import EXIT_CODES, MIN_SEQUENCES, Verdict, exit_code, needed_tokens
+from vllm_eagle3.verdicts import COLLAPSE_RATIO, TOLERANCE
 
 from vllm_eagle3.tools.doctor.diagnose import MAX_TOKENS, WINDOW, CHAINED, DEFAULT_K, Diagnosis, diagnose
 
@@ -23,22 +25,25 @@ def verdict_line(name: str, v: Verdict, k: int, tokens: int) -> str:
     p0 = (f"position-0 acceptance {c.p0:.3f} vs {b.p0:.3f} ({-v.p0_diff.estimate * 100:+.1f} points "
           f"[{-v.p0_diff.high * 100:+.1f}, {-v.p0_diff.low * 100:+.1f}])")
     loss = f"loses {v.loss.fmt(100, 1, '%')} of it"
-    head = f"{v.kind}  {name}: {c.label}"
-    if v.kind == "OK":
+    head = f"{V.heading(v.kind)}  {name}: {c.label}"
+    if v.kind == V.OK:
         how = ("it is the best" if b.taps == c.taps else
                f"indistinguishable from the best or within the {TOLERANCE:.0%} tolerance")
         return f"{head}: {how}: {al}, {loss}; {p0}"
-    if v.kind == "COSTS":
-        return f"COSTS {v.loss.estimate:.1%}  {name}: {c.label}: {al}, {loss} (more than the {TOLERANCE:.0%} " \
-               f"tolerance, significantly); {p0}"
-    if v.kind == "WRONG":
+    if v.kind == V.COSTS:
+        return f"{V.heading(v.kind, v.loss.estimate)}  {name}: {c.label}: {al}, {loss} (more than the " \
+               f"{TOLERANCE:.0%} tolerance, significantly); {p0}"
+    if v.kind == V.WRONG:
         return (f"{head}: acceptance collapses: {al}; it keeps {v.gain_ratio.fmt(100, 1, '%')} of the best's "
                 f"speculative gain; {p0}: the draft was not trained on these taps")
-    if v.kind == "NO WIRING WORKS":
+    if v.kind == V.NO_WIRING_WORKS:
         return (f"{head}: even the best wiring {b.label} accepts {v.best_gain.estimate:.3f} drafts per target "
                 f"forward [{v.best_gain.low:.3f}, {v.best_gain.high:.3f}]: the draft is untrained, or for another "
                 "target or tokenizer; no wiring will fix it")
     need = needed_tokens(tokens, v.more_text)
+    if v.kind == V.PENDING:
+        return (f"{head}: {v.sequences} sequences, fewer than the {MIN_SEQUENCES} the statistics need; about "
+                f"{v.more_text:.1f}x more text would judge it (--max-tokens {need})")
     return (f"{head}: {al}, {loss} (tolerance {TOLERANCE:.0%}): the interval straddles the tolerance; about "
             f"{v.more_text:.1f}x more text would decide it (--max-tokens {need})")
 
@@ -60,7 +65,7 @@ def render(dx: Diagnosis, top: int = 10) -> str:
     lines.append(f"configured wiring from {dx.configured_from}:")
     for name, v in dx.verdicts.items():
         lines.append(verdict_line(name, v, dx.k, dx.tokens))
-        if v.kind == "OK" and v.equivalent:
+        if v.kind == V.OK and v.equivalent:
             lines.append(f"  indistinguishable from it within the tolerance: {', '.join(v.equivalent[:6])}")
     for taps in dict.fromkeys(dx.adopt.values()):
         lines.append(f"adopt {taps_label(taps)} (significantly better than the configured wiring):")
@@ -69,15 +74,33 @@ def render(dx: Diagnosis, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+DOCTOR_MEANING = {
+    V.OK: f"the configured wiring's acceptance length is within {TOLERANCE:.0%} of the best wiring's at the upper "
+          "end of its 95% interval (indistinguishable from the best, or within the tolerance)",
+    V.COSTS: f"significantly worse than the best by more than {TOLERANCE:.0%}: x = the acceptance length lost; the "
+             "config lines of the better wiring are printed",
+    V.WRONG: f"acceptance collapses: under {COLLAPSE_RATIO:.0%} of the best wiring's speculative gain (the incident)",
+    V.UNDECIDED: "the interval straddles the tolerance: the line says how much more text decides it",
+    V.PENDING: f"fewer than {MIN_SEQUENCES} sequences of text: the line says how much more text judges it",
+    V.NO_WIRING_WORKS: "no wiring makes the draft accept drafts: untrained, or for another target",
+}
+"""What each verdict means for the doctor's statistic (the shared meaning is vllm_eagle3.verdicts)."""
+
+
+def verdicts_help() -> str:
+    """The ``--help`` epilog's verdict table, in the order of the shared vocabulary."""
+    import textwrap
+
+    rows = [textwrap.fill(f"  {V.heading(w.word) + (' x%' if w.word == V.COSTS else ''):<16} {EXIT_CODES[w.word]}  "
+                          f"{DOCTOR_MEANING[w.word]}", 116, subsequent_indent=" " * 22)
+            for w in V.VOCABULARY if w.word in EXIT_CODES]
+    return "\n".join(rows)
+
+
 VERDICTS_HELP = f"""\
-verdicts (for each configured wiring; exit status of the worst one):
-  OK            0  the configured wiring's acceptance length is within {TOLERANCE:.0%} of the best wiring's at the
-                   upper end of its 95% interval (indistinguishable from the best, or within the tolerance)
-  COSTS x%      3  significantly worse than the best by more than {TOLERANCE:.0%}: x = the acceptance length lost;
-                   the config lines of the better wiring are printed
-  WRONG         4  acceptance collapses: under a quarter of the best wiring's speculative gain (the incident)
-  CANNOT TELL   5  the interval straddles the tolerance: the line says how much more text decides it
-  NO WIRING WORKS 6  no wiring makes the draft accept drafts: untrained, or for another target
+verdicts (for each configured wiring; exit status of the worst one; the words of the wiring watch and the online
+check too):
+{verdicts_help()}
   1: bad input (one line naming the fix); 2: usage error.
 Statistics: every wiring is scored on the same anchors; 95% intervals from a paired bootstrap over whole
 sequences (adjacent positions are correlated). Acceptance length (k) = 1 + mean leading accepted drafts of at most

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from vllm_eagle3 import verdicts as V
 from vllm_eagle3.checkpoint import DraftInfo, TargetInfo
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, load_spec_file
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, parse_tap, taps_label
@@ -317,7 +318,7 @@ def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max
     adopt = {}
     for name, v in verdicts.items():
         if v.best_is_better and recorded is not None and tuple(recorded) in by_taps \
-                and judge(by_taps[tuple(recorded)], chains).kind == "OK":
+                and judge(by_taps[tuple(recorded)], chains).kind == V.OK:
             adopt[name] = tuple(recorded)
         elif v.best_is_better:
             adopt[name] = v.best.taps
