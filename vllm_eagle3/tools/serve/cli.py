@@ -25,12 +25,11 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from vllm_eagle3 import envs
+from vllm_eagle3 import cpu_attention, envs
 from vllm_eagle3.conventions import CONVENTIONS
 from vllm_eagle3.resolve import (CONFIG_KEY, ENV_CONVENTION, ENV_SPEC, check_pipeline_parallel, plugin_config,
                                  read_spec_mapping, resolve_capture, spec_file_from_mapping, spec_source)
 from vllm_eagle3.spec import CaptureSpecError
-from vllm_eagle3.tools.serve import cpu_attention
 from vllm_eagle3.tools.serve.process import intel_openmp_library, with_intel_openmp
 from vllm_eagle3.tools.serve.args import (ServeInputError, additional_config, int_option, option, serve_target_and_draft,
                                           take_option, without_option)
