@@ -1,13 +1,15 @@
 """The online wiring check inside vLLM's worker: sees each step's rows, follows a sample of requests, scores them,
 logs the verdict and writes it where the API server reads it.
 
-Data flow position: vLLM's ``GPUModelRunner.sample_tokens`` (the CPU runner is a subclass) -> ``propose_draft_token_ids``
--> **this hook** (reads the step, returns nothing, changes nothing) -> vLLM's own ``propose_draft_token_ids`` -> the
-EAGLE proposer. :func:`install` wraps that method once per process (``vllm_eagle3.plugin.register``); the wrapper
-finds the capture model's :class:`vllm_eagle3.capture.CheckPlan` (the candidates, set when vLLM asked the target for
-its aux states) and runs a :class:`Checker` on tensor-parallel rank 0 only (its taps are complete there, and the check
-runs no collective). Rows come from the runner's own buffers (``input_batch.req_ids``, ``query_start_loc``,
-``input_ids``, ``positions``), the count of confirmed rows from the sampled tokens (:mod:`vllm_eagle3.online.traces`).
+Data flow position: a step of vLLM's runner (target forward, sampling) -> **this hook** (reads the step, returns
+nothing, changes nothing) around the runner method that hands the step to the EAGLE proposer: V1's
+``propose_draft_token_ids``, Model Runner V2's ``sample_tokens`` (:mod:`vllm_eagle3.online.runners`, one row per
+runner, turns a call into :class:`~vllm_eagle3.online.runners.StepRows`). :func:`install` wraps every row's method once
+per process (``vllm_eagle3.plugin.register``); :func:`attach` (called when the check is planned, once vLLM's config
+says which runner serves) turns the check off, with one WARNING and an ``off`` report, where the serving runner's hook
+is missing: a check is never on and idle. The wrapper finds the capture model's
+:class:`vllm_eagle3.capture.CheckPlan` (the candidates, set when vLLM asked the target for its aux states) and runs a
+:class:`Checker` on tensor-parallel rank 0 only (its taps are complete there, and the check runs no collective).
 
 Never fatal: an exception inside the check turns the check off with one WARNING naming it (the engine serves on);
 ``report.json`` then says ``"verdict": "off"`` and why. Cost: time spent here is measured; a new request is followed
@@ -22,6 +24,7 @@ report). The report is rewritten after each score and at least every :data:`REPO
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -30,10 +33,11 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from vllm_eagle3.online.runners import RUNNERS, RunnerHook, StepRows, runner_in_use, tp_rank, unknown_worker
 from vllm_eagle3.online.traces import RowSpan, Trace, Tracker
 from vllm_eagle3 import verdicts as V
 from vllm_eagle3.wiring_check import Judge, report_path
@@ -46,33 +50,76 @@ REPORT_EVERY_S = 2.0
 IDLE_GAP_S = 2.0
 CREDIT_S = 30.0
 """A gap between two steps longer than this is idle time: counted as this much engine time."""
-EXPECTED_PARAMS = ("self", "scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
-                   "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata")
+_INSTALLED: dict[str, str | None] = {}
+"""Runner name -> None once its method is wrapped in this process, else why it could not be."""
 
 
 def install() -> str:
-    """Wrap ``GPUModelRunner.propose_draft_token_ids`` (idempotent); returns what was done, for the patch log."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    """Wrap every runner's hooked method (idempotent); returns what was done, for the patch log ("not installed: ..."
+    only when no runner could be hooked; a runner missed alone is reported by :func:`attach` where it serves)."""
+    for row in RUNNERS.values():
+        if _INSTALLED.get(row.name, "") is not None:
+            _INSTALLED[row.name] = _install_row(row)
+    missed = {name: why for name, why in _INSTALLED.items() if why is not None}
+    if len(missed) == len(RUNNERS):
+        return "not installed: " + "; ".join(f"{name}: {why}" for name, why in missed.items())
+    hooked = ", ".join(f"{r.name} {r.cls}.{r.method}" for r in RUNNERS.values() if _INSTALLED[r.name] is None)
+    return f"installed ({hooked})" + "".join(f"; {name} not: {why}" for name, why in missed.items())
 
-    fn = GPUModelRunner.propose_draft_token_ids
+
+def _install_row(row: RunnerHook) -> str | None:
+    try:
+        cls = row.target()
+        problem = row.problem()
+    except Exception as exc:  # noqa: BLE001 - an import that fails on this vLLM: that runner is not hooked
+        return f"{row.module}.{row.cls} cannot be imported: {type(exc).__name__}: {exc}"
+    if problem is not None:
+        return problem
+    fn = getattr(cls, row.method)
     if getattr(fn, _MARK, False):
-        return "already installed"
+        return None
     sig = inspect.signature(fn)
-    if tuple(sig.parameters)[: len(EXPECTED_PARAMS)] != EXPECTED_PARAMS:
-        return (f"not installed: GPUModelRunner.propose_draft_token_ids{sig} no longer starts with "
-                f"{EXPECTED_PARAMS}; the online wiring check is off on this vLLM")
 
     @functools.wraps(fn)
-    def propose_draft_token_ids(self, *args, **kwargs):
+    def wrapper(self, *args, **kwargs):
         checker = _checker_for(self)
-        if checker is not None:
-            bound = sig.bind(self, *args, **kwargs).arguments
-            checker.observe_safely(self, bound)
-        return fn(self, *args, **kwargs)
+        if checker is None:
+            return fn(self, *args, **kwargs)
+        if row.keep is None:  # the step is in the call's arguments: read it before the call
+            checker.observe_call(self, lambda: row.rows(self, sig.bind(self, *args, **kwargs).arguments, None))
+            return fn(self, *args, **kwargs)
+        kept = checker.guarded(lambda: row.keep(self, sig.bind(self, *args, **kwargs).arguments))
+        result = fn(self, *args, **kwargs)
+        checker.observe_call(self, lambda: row.rows(self, kept, result))
+        return result
 
-    setattr(propose_draft_token_ids, _MARK, True)
-    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
-    return "installed"
+    setattr(wrapper, _MARK, True)
+    setattr(cls, row.method, wrapper)
+    return None
+
+
+def attach(plan, vllm_config):
+    """``plan`` (a :class:`vllm_eagle3.capture.CheckPlan`) if this engine's runner is hooked, else the plan turned off
+    with the reason, one WARNING and an ``off`` report for ``GET /v1/eagle3/wiring`` (tensor-parallel rank 0)."""
+    if not plan.enabled:
+        return plan
+    install()  # no-op where the plugin already did it
+    name = runner_in_use(vllm_config)
+    why = unknown_worker(vllm_config)
+    if why is None and _INSTALLED.get(name) is not None:
+        row = RUNNERS[name]
+        why = f"vLLM serves with Model Runner {name} here and its hook is missing: {_INSTALLED[name]} ({row.cls}.{row.method})"
+    if why is None:
+        return plan
+    plan = dataclasses.replace(plan, extra_taps=(), off_because=why)
+    if tp_rank() == 0:
+        logger.warning("vllm-eagle3 wiring check: off, it cannot attach to vLLM's model runner: %s", why)
+        index = vllm_config.parallel_config.data_parallel_rank or 0
+        checker = Checker(plan, None, index, vllm_config.speculative_config.num_speculative_tokens, 0,
+                          report_path(index))
+        checker.off_because = why
+        checker.write_report()
+    return plan
 
 
 def _checker_for(runner) -> "Checker | None":
@@ -113,12 +160,11 @@ class Checker:
 
     @classmethod
     def for_runner(cls, runner) -> "Checker | None":
-        from vllm_eagle3.capture import get_tp_group_rank
         from vllm_eagle3.online.scorer import Scorer
 
         lm = _capture_model(runner)
         plan = getattr(lm, "check_plan", None)
-        if plan is None or not plan.enabled or get_tp_group_rank() != 0:
+        if plan is None or not plan.enabled or tp_rank() != 0:
             return None
         cfg = runner.vllm_config
         scorer = Scorer(cfg.speculative_config.model, cfg.model_config.model, [c.taps for c in plan.candidates])
@@ -129,18 +175,39 @@ class Checker:
         return checker
 
     # ------------------------------------------------------------------------------------------- per step
-    def observe_safely(self, runner, args: dict[str, Any]) -> None:
+    def guarded(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``, or None with the check stopped (one WARNING) if it raises: the engine serves on."""
+        if self.off_because is not None:
+            return None
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - the engine serves on; the check says why it stopped
+            self.stop(exc)
+            return None
+
+    def stop(self, exc: Exception) -> None:
+        self.off_because = f"stopped after an error: {type(exc).__name__}: {exc}"
+        logger.warning("vllm-eagle3 wiring check [engine %d]: %s (serving is not affected)", self.engine_index,
+                       self.off_because, exc_info=True)
+        self.write_report()
+
+    def observe_safely(self, runner, step: StepRows | None) -> None:
+        """Record ``step`` (nothing for None), timed as check cost."""
+        self.observe_call(runner, lambda: step)
+
+    def observe_call(self, runner, rows: Callable[[], StepRows | None]) -> None:
+        """Record the step that ``rows()`` reads off the runner (:mod:`vllm_eagle3.online.runners`); reading it
+        counts as check cost."""
         if self.off_because is not None:
             return
         t0 = time.monotonic()
         self.engine_time += min(t0 - self.last_step, IDLE_GAP_S)
         try:
-            self.observe(runner, args)
+            step = rows()
+            if step is not None:
+                self.observe(runner, step)
         except Exception as exc:  # noqa: BLE001 - the engine serves on; the check says why it stopped
-            self.off_because = f"stopped after an error: {type(exc).__name__}: {exc}"
-            logger.warning("vllm-eagle3 wiring check [engine %d]: %s (serving is not affected)", self.engine_index,
-                           self.off_because, exc_info=True)
-            self.write_report()
+            self.stop(exc)
         finally:
             now = self.last_step = time.monotonic()
             self.spent += now - t0
@@ -155,43 +222,25 @@ class Checker:
         ahead = per_request * (len(self.tracker.traces) + 1)
         return self.spent + ahead <= self.cfg.budget * (self.engine_time + CREDIT_S)
 
-    def observe(self, runner, args: dict[str, Any]) -> None:
-        sched = args["scheduler_output"]
-        for trace in self.tracker.finish(sched.finished_req_ids):
+    def observe(self, runner, step: StepRows) -> None:
+        for trace in self.tracker.finish(step.finished):
             self.score(trace)
-        req_ids = list(runner.input_batch.req_ids)
-        if not req_ids:
-            return
-        n = sched.total_num_scheduled_tokens
-        qsl = runner.query_start_loc.cpu[: len(req_ids) + 1].tolist()
-        sampled = args["sampled_token_ids"]
-        if isinstance(sampled, torch.Tensor):
-            counts = (sampled != -1).sum(-1).tolist()
-        else:
-            counts = [len(x) for x in sampled]
-        meta = args["spec_decode_metadata"]
-        drafts = list(meta.num_draft_tokens) if meta is not None else [0] * len(req_ids)
-        pos_buf = runner.positions if runner.positions.dim() == 1 else runner.positions[0]
-        first_pos = pos_buf[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))].tolist()
         chosen = []
-        for i, rid in enumerate(req_ids):
-            s, e = qsl[i], qsl[i + 1]
-            state = runner.requests.get(rid)
-            if e <= s or state is None or state.sampling_params is None:
+        for i, rid in enumerate(step.req_ids):
+            s, e = step.query_start[i], step.query_start[i + 1]
+            if e <= s:
                 continue
-            valid = counts[i] if drafts[i] > 0 else e - s
-            valid = max(0, min(valid, e - s))
-            sp = state.sampling_params
-            pos = int(first_pos[i])
-            done = sp.max_tokens is not None and pos + valid + 1 - state.num_prompt_tokens >= sp.max_tokens
-            span = RowSpan(rid, s, valid, pos, state.num_prompt_tokens, float(sp.temperature or 0.0), done)
+            valid = max(0, min(step.valid[i], e - s))
+            pos, limit = int(step.first_position[i]), step.max_len[i]
+            done = limit is not None and pos + valid + 1 >= limit
+            span = RowSpan(rid, s, valid, pos, int(step.prompt_len[i]), float(step.temperature[i]), done)
             if valid and self.tracker.wants(span, self.within_budget()):
                 chosen.append(span)
         if not chosen:
             return
-        tokens = runner.input_ids.gpu[:n].to("cpu", torch.long)
+        tokens = step.input_ids.to("cpu", torch.long)
         lm = _capture_model(runner)
-        by_tap = dict(zip(self.plan.candidates[0].taps, args["aux_hidden_states"]))
+        by_tap = dict(zip(self.plan.candidates[0].taps, step.aux))
         by_tap.update(lm.check_hidden)
         for span in chosen:
             rows = slice(span.first_row, span.first_row + span.valid)

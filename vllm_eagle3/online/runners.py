@@ -1,0 +1,201 @@
+"""Where the online wiring check attaches in each vLLM model runner, and how a runner's step becomes rows.
+
+Data flow position: inside vLLM's worker, after a step's target forward and sampling (the hook in
+:mod:`vllm_eagle3.online.engine_hook` wraps the method named here; :mod:`vllm_eagle3.online.traces` gets the rows).
+vLLM has two runners, one row each in :data:`RUNNERS`:
+
+- V1, ``vllm/v1/worker/gpu_model_runner.py`` (vLLM-CPU's ``CPUModelRunner`` subclasses it): the check wraps
+  ``propose_draft_token_ids``, whose arguments carry the step (sampled tokens, aux states, draft counts);
+- Model Runner V2, ``vllm/v1/worker/gpu/model_runner.py`` (GPU vLLM's default wherever Triton works): it has no such
+  method; ``sample_tokens`` samples and calls ``EagleSpeculator.propose`` with the aux list it kept from
+  ``execute_model`` (``execute_model_state``). The check wraps ``sample_tokens``: the state is read before the call
+  (the call clears it), the count of tokens sampled per request from its result (``AsyncOutput.num_sampled_tokens``).
+
+Which runner serves is vLLM's own rule, ``VllmConfig.use_v2_model_runner`` (env ``VLLM_USE_V2_MODEL_RUNNER``, else
+V2 where Triton works). In-tree workers (:data:`KNOWN_WORKERS`) build subclasses of these two runners; another
+worker class builds a runner the check does not know, and the check is off there, saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRows:
+    """One target step, whatever the runner: the batch's requests, their rows and the aux list the draft received.
+
+    Request i's rows are ``query_start[i]:query_start[i + 1]`` of the step's flattened tokens; the first ``valid[i]``
+    of them are confirmed (a prefill chunk: all; a verify step: the accepted drafts + 1, the tokens sampled)."""
+
+    finished: tuple[str, ...]
+    req_ids: tuple[str, ...]
+    query_start: tuple[int, ...]  # [num_reqs + 1]
+    valid: tuple[int, ...]
+    first_position: tuple[int, ...]
+    prompt_len: tuple[int, ...]
+    temperature: tuple[float, ...]
+    max_len: tuple[int | None, ...]  # prompt + max_tokens: the request ends there (None: no limit)
+    input_ids: torch.Tensor  # [num_tokens]
+    aux: Sequence[torch.Tensor]  # the spec's taps in its order, each [num_tokens, hidden]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerHook:
+    """One runner: the method the check wraps, the leading parameters it relies on, and how a call becomes rows.
+
+    Without ``keep``, ``rows(runner, args, None)`` reads the step before the wrapped call, from its bound arguments.
+    With it, ``keep(runner, args)`` saves before the call what the call consumes, and ``rows(runner, kept, result)``
+    reads the step after it."""
+
+    name: str
+    module: str
+    cls: str
+    method: str
+    params: tuple[str, ...]
+    rows: Callable[[Any, Any, Any], StepRows | None]
+    keep: Callable[[Any, dict[str, Any]], Any] | None = None
+    requires: Callable[[], str | None] = lambda: None  # other names the rows rely on: None, or what is missing
+
+    def target(self) -> type:
+        return getattr(importlib.import_module(self.module), self.cls)
+
+    def problem(self) -> str | None:
+        """None when the wrapped method has the parameters relied on, else what differs (and the fix)."""
+        fn = getattr(self.target(), self.method, None)
+        if fn is None:
+            return (f"{self.module}.{self.cls} has no method {self.method} on this vLLM; the check needs a hook row "
+                    "for it in vllm_eagle3/online/runners.py")
+        sig = inspect.signature(fn)
+        if tuple(sig.parameters)[: len(self.params)] != self.params:
+            return (f"{self.cls}.{self.method}{sig} no longer starts with {self.params}; update its row in "
+                    "vllm_eagle3/online/runners.py")
+        return self.requires()
+
+
+def _tolist(x) -> list:
+    return x.tolist() if hasattr(x, "tolist") else list(x)
+
+
+# ----------------------------------------------------------------------------------------------- V1
+
+def _v1_rows(runner, args: dict[str, Any], _result) -> StepRows | None:
+    sched = args["scheduler_output"]
+    req_ids = list(runner.input_batch.req_ids)
+    aux = args["aux_hidden_states"]
+    if not req_ids or aux is None:
+        return StepRows(tuple(sched.finished_req_ids), (), (0,), (), (), (), (), (), torch.empty(0), ())
+    n = sched.total_num_scheduled_tokens
+    qsl = runner.query_start_loc.cpu[: len(req_ids) + 1].tolist()
+    sampled = args["sampled_token_ids"]
+    counts = (sampled != -1).sum(-1).tolist() if isinstance(sampled, torch.Tensor) else [len(x) for x in sampled]
+    meta = args["spec_decode_metadata"]
+    drafts = list(meta.num_draft_tokens) if meta is not None else [0] * len(req_ids)
+    pos_buf = runner.positions if runner.positions.dim() == 1 else runner.positions[0]
+    first = pos_buf[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))].tolist()
+    prompt, temp, max_len = [], [], []
+    valid = [counts[i] if drafts[i] > 0 else qsl[i + 1] - qsl[i] for i in range(len(req_ids))]
+    for i, rid in enumerate(req_ids):
+        state = runner.requests.get(rid)
+        sp = getattr(state, "sampling_params", None)
+        if sp is None:  # no sampling parameters (a pooling request): never followed
+            valid[i] = 0
+        prompt.append(state.num_prompt_tokens if state is not None else 0)
+        temp.append(float(sp.temperature or 0.0) if sp is not None else 0.0)
+        max_len.append(prompt[-1] + sp.max_tokens if sp is not None and sp.max_tokens is not None else None)
+    return StepRows(tuple(sched.finished_req_ids), tuple(req_ids), tuple(qsl), tuple(valid), tuple(first),
+                    tuple(prompt), tuple(temp), tuple(max_len), runner.input_ids.gpu[:n], tuple(aux))
+
+
+# ----------------------------------------------------------------------------------------------- V2
+
+def _v2_keep(runner, _args) -> Any:
+    return runner.execute_model_state  # sample_tokens sets it to None
+
+
+def _v2_rows(runner, state, result) -> StepRows | None:
+    if state is None or state.hidden_states is None or not state.aux_hidden_states:
+        return None  # a failed forward, a non-last pipeline stage or no aux states: nothing of this step to record
+    batch = state.input_batch
+    r = batch.num_reqs
+    finished = tuple(state.finished_req_ids or ())
+    sampled = getattr(result, "num_sampled_tokens", None)
+    if sampled is None:  # sample_tokens returned no AsyncOutput: nothing was sampled
+        return StepRows(finished, (), (0,), (), (), (), (), (), torch.empty(0), ())
+    qsl = _tolist(batch.query_start_loc_np[: r + 1])
+    counts = _tolist(sampled[:r])
+    drafts = _tolist(batch.num_draft_tokens_per_req[:r]) if batch.num_draft_tokens_per_req is not None else [0] * r
+    idx = batch.idx_mapping_np[:r]
+    states = runner.req_states
+    prompt = _tolist(states.prompt_len.np[idx])
+    max_len = _tolist(states.max_seq_len[idx])  # prompt_len + max_tokens
+    temp = _tolist(runner.sampler.sampling_states.temperature.np[idx])
+    n = int(qsl[-1])
+    first = _tolist(batch.positions[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))])
+    valid = [counts[i] if drafts[i] > 0 else qsl[i + 1] - qsl[i] for i in range(r)]
+    return StepRows(finished, tuple(batch.req_ids[:r]), tuple(qsl), tuple(valid), tuple(first), tuple(prompt),
+                    tuple(float(t) for t in temp), tuple(max_len), batch.input_ids[:n], tuple(state.aux_hidden_states))
+
+
+def _v2_requires() -> str | None:
+    """The names :func:`_v2_rows` reads besides ``sample_tokens``: fields of V2's step state, batch and output."""
+    from vllm.v1.worker.gpu import input_batch, model_runner
+    from vllm.v1.worker.gpu.async_utils import AsyncOutput
+
+    need = {
+        "ExecuteModelState": (model_runner.ExecuteModelState._fields,
+                              ("input_batch", "hidden_states", "aux_hidden_states", "finished_req_ids")),
+        "InputBatch": (tuple(f.name for f in dataclasses.fields(input_batch.InputBatch)),
+                       ("req_ids", "num_reqs", "idx_mapping_np", "query_start_loc_np", "num_draft_tokens_per_req",
+                        "input_ids", "positions")),
+        "AsyncOutput.__init__": (tuple(inspect.signature(AsyncOutput.__init__).parameters), ("num_sampled_tokens",)),
+    }
+    for where, (have, want) in need.items():
+        missing = [w for w in want if w not in have]
+        if missing:
+            return f"V2's {where} has no {missing} on this vLLM; update the V2 row in vllm_eagle3/online/runners.py"
+    return None
+
+
+RUNNERS: dict[str, RunnerHook] = {
+    "V1": RunnerHook("V1", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "propose_draft_token_ids",
+                     ("self", "scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
+                      "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata"),
+                     rows=_v1_rows),
+    "V2": RunnerHook("V2", "vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "sample_tokens",
+                     ("self", "grammar_output"), rows=_v2_rows, keep=_v2_keep, requires=_v2_requires),
+}
+
+KNOWN_WORKERS = ("vllm.v1.worker.gpu_worker.Worker", "vllm.v1.worker.cpu_worker.CPUWorker",
+                 "vllm.v1.worker.xpu_worker.XPUWorker")
+"""vLLM's in-tree workers: each builds a subclass of the V1 or the V2 runner (``auto``: vLLM picks one of them)."""
+
+
+def runner_in_use(vllm_config) -> str:
+    """The :data:`RUNNERS` key of the runner this engine builds: vLLM's own rule (``use_v2_model_runner``)."""
+    return "V2" if vllm_config.use_v2_model_runner else "V1"
+
+
+def unknown_worker(vllm_config) -> str | None:
+    """None for an in-tree worker, else the reason the check cannot attach to the runner it builds."""
+    worker = getattr(vllm_config.parallel_config, "worker_cls", "auto")
+    if worker in ("auto", *KNOWN_WORKERS):
+        return None
+    return (f"the worker {worker} builds a model runner the check does not know (it wraps the V1 and V2 GPU runners "
+            "and their subclasses); add a row for it in vllm_eagle3/online/runners.py")
+
+
+def tp_rank() -> int:
+    """This worker's tensor-parallel rank (0 outside an engine). The check runs on rank 0 only: its taps are complete
+    there and it runs no collective. (vllm_eagle3.capture imports this package, so it is read here, not from there.)"""
+    try:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return get_tp_group().rank_in_group
+    except (AssertionError, RuntimeError):  # no distributed state: not inside an engine
+        return 0
