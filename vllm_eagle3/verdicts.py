@@ -27,7 +27,7 @@ COLLAPSE_RATIO = 0.25
 """``wrong`` when the served wiring keeps less than a quarter of what it should: of the best wiring's speculative
 gain AL - 1 (doctor), of the best candidate's first-draft acceptance (check), of the expected position-0 acceptance
 (watch). At k = 3 on a draft at AL 2.2 that is < 0.3 extra tokens per forward, where speculation no longer pays for
-drafting; the incident's wiring keeps ~0-3 %."""
+drafting; a head trained on [embed, 3, 31] and served [3, 31, 59] keeps ~0-3 %."""
 
 COSTS_RATIO = 0.5
 """The watch's ``costs``: served position-0 acceptance below half the expectation. The watch compares live traffic
@@ -71,7 +71,8 @@ VOCABULARY = (
                             f"(check, doctor), under {COSTS_RATIO:g} x the expectation (watch); a better wiring "
                             "is named where one was measured", logging.WARNING),
     VerdictWord("wrong", 2, f"the draft is not fed the wiring it was trained on: it keeps under {COLLAPSE_RATIO:g} "
-                            "of the acceptance it should reach (the incident)", logging.WARNING),
+                            "of the acceptance it should reach (e.g. taps [3, 31, 59] for a head trained on "
+                            "[embed, 3, 31])", logging.WARNING),
     VerdictWord("no wiring works", 3, f"even the best wiring gains under {MIN_GAIN:g} accepted drafts per target "
                                       "forward: the head is untrained or for another target (doctor)",
                 logging.WARNING),

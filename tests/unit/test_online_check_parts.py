@@ -237,7 +237,7 @@ def test_the_shortened_first_step_equals_the_full_one():
 
     Tolerance 1e-4 absolute on logits up to ~15: the same float32 products, but over 15 rows instead of 40, and
     oneDNN picks its GEMM blocking by the row count on CPUs with AMX tiles (bit-identical on AMD EPYC avx512; up to
-    5.7e-6 apart on an AMX Xeon, 2026-12-04), which changes the order of the k-sums: a few ulps of a 14-magnitude sum
+    5.7e-6 apart on an AMX Xeon), which changes the order of the k-sums: a few ulps of a 14-magnitude sum
     of ~1000 products. A row offset or mask error moves logits by O(1)."""
     from vllm_eagle3.reference import Eagle3Draft
 

@@ -79,7 +79,8 @@ DOCTOR_MEANING = {
           "end of its 95% interval (indistinguishable from the best, or within the tolerance)",
     V.COSTS: f"significantly worse than the best by more than {TOLERANCE:.0%}: x = the acceptance length lost; the "
              "config lines of the better wiring are printed",
-    V.WRONG: f"acceptance collapses: under {COLLAPSE_RATIO:.0%} of the best wiring's speculative gain (the incident)",
+    V.WRONG: f"acceptance collapses: under {COLLAPSE_RATIO:.0%} of the best wiring's speculative gain (e.g. taps "
+             "[3, 31, 59] for a head trained on [embed, 3, 31])",
     V.UNDECIDED: "the interval straddles the tolerance: the line says how much more text decides it",
     V.PENDING: f"fewer than {MIN_SEQUENCES} sequences of text: the line says how much more text judges it",
     V.NO_WIRING_WORKS: "no wiring makes the draft accept drafts: untrained, or for another target",
