@@ -27,7 +27,8 @@ justifies ``TOLERANCE``, ``COLLAPSE_RATIO`` and ``MIN_GAIN``):
 * ``costs`` (printed ``COSTS x%``): the lower end of the interval is above ``TOLERANCE`` (significantly worse;
   x = the point estimate);
 * ``wrong``: the configured wiring's speculative gain ``AL - 1`` is, at the upper end of its interval, below
-  ``COLLAPSE_RATIO`` of the best's (acceptance collapsed: the incident's wiring, ~0.2 % of the best);
+  ``COLLAPSE_RATIO`` of the best's (acceptance collapsed: [3, 31, 59] for a head trained on [embed, 3, 31] keeps
+  ~0.2 %);
 * ``no wiring works``: even the best wiring's gain is below ``MIN_GAIN`` (untrained head, or one for another target);
 * ``undecided``: the interval straddles ``TOLERANCE``; the text needed to decide is estimated from the interval's
   1/sqrt(n) shrinkage; ``pending``: fewer than ``MIN_SEQUENCES`` sequences, too few to judge at all.
