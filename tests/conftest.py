@@ -1,101 +1,54 @@
-"""Shared fixtures: tiny checkpoints (built once per session), the session's server pool, the module order.
+"""Shared fixtures: tiny checkpoints (built once per session), the session's server pool; the suite's glue.
 
 Engines are expensive on the 2-core CI box (~30-90 s each even with ``enforce_eager``). Servers are shared by the
 whole session (``server_pool``, keyed by argv + env: the shipped pair as `make demo` serves it is started once for
 every module that asks for it); offline engines are started once per configuration in a fixture, one at a time.
-Modules run in :data:`MODULE_ORDER` so that modules sharing a server run back to back.
 
-`make test` runs the suite on two pytest-xdist workers (``-n 2``): a worker gets whole groups of tests
-(:data:`GROUPS`: modules that share a session's server or engine go to one worker together), the groups are handed
-out longest first, and each worker's engines are bound to a core of their own
-(``VLLM_CPU_OMP_THREADS_BIND``). Plain ``pytest`` runs the same order on one process.
+`make test` runs the suite on two pytest-xdist workers (``-n 2``), each worker's engines bound to a core of their
+own. Which tests share a worker, in what order, and the durations that order comes from (``tests/durations.json``,
+rewritten at the end of each whole-suite run) are :mod:`vllm_eagle3.testing.suite`'s; the hooks here apply them.
+Plain ``pytest`` runs the same order on one process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-# Every vLLM process inherits these (the engine core and workers are spawned from the test process).
-for _k, _v in {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    # LLM.apply_model ships test-support functions (vllm_eagle3.testing.taps) to the worker and tensors back.
-    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-}.items():
-    os.environ.setdefault(_k, _v)
-
-# Under pytest-xdist (make test: two workers on two cores) each worker's engines get a core of their own; vLLM-CPU's
-# "auto" would bind both workers' engines to the same last core. Tests that need both cores (TP=2) set "0|1".
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-if _WORKER.startswith("gw") and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(_WORKER[2:]) % (os.cpu_count() or 1)))
-
-SESSION_ENV = dict(os.environ)
-"""The environment before any in-process engine ran (vLLM leaves its own LD_PRELOAD in os.environ): every pooled
-server starts from it, so a server is the same whichever test started it."""
+from vllm_eagle3.testing import suite
 
 REPO = Path(__file__).resolve().parents[1]
-
-MODULE_ORDER = (
-    # the shipped pair's servers, in one stretch: the watch first (it judges a fresh server's whole log)
-    "tests/e2e/test_wiring_watch.py", "tests/e2e/test_serving.py", "tests/e2e/test_sampling_options.py",
-    "tests/e2e/test_offline_eagle3.py", "tests/parity/test_capture_vllm.py",  # the tiny DeepSeek-V3 + EAGLE-3 engine
-)
-"""Modules of one group run in this order (the rest after them, in pytest's order)."""
+SESSION_ENV: dict[str, str] = {}
+"""The environment before any in-process engine ran (vLLM leaves its own LD_PRELOAD in os.environ): every pooled
+server starts from it, so a server is the same whichever test started it. Taken in :func:`pytest_configure`."""
 
 
-GROUPS: dict[str, tuple[float, tuple[str, ...]]] = {
-    # group: (seconds it took on CI's 2-core box, its modules). Modules in one group share a session server or
-    # engine (the shipped pair's pooled servers; the tiny DeepSeek-V3 + EAGLE-3 engine), so one worker runs them.
-    "shipped pair servers": (580, ("tests/e2e/test_wiring_watch.py", "tests/e2e/test_serving.py",
-                                   "tests/e2e/test_sampling_options.py")),
-    "tiny DeepSeek-V3 + EAGLE-3 engine": (150, ("tests/e2e/test_offline_eagle3.py",
-                                                "tests/parity/test_capture_vllm.py")),
-}
-"""Test groups a pytest-xdist worker runs whole (:func:`pytest_xdist_make_scheduler`); every other module is a group
-of its own, and each case of ``test_serve_lifecycle.py`` too (each starts its own server)."""
-
-MODULE_SECONDS = {
-    # seconds per module on CI's 2-core box (junit of a fresh-clone `make test`, 2026-12-03): the order groups are
-    # handed out in, longest first, so the last group to start is a short one. Unlisted modules count 40 s.
-    "tests/e2e/test_compiled.py": 315, "tests/e2e/test_doctor.py": 182, "tests/e2e/test_images.py": 130,
-    "tests/parity/test_draft_parity.py": 113, "tests/e2e/test_online_check.py": 110,
-    "tests/parity/test_sglang_parity.py": 99, "tests/e2e/test_bf16.py": 98, "tests/parity/test_sglang_legacy.py": 86,
-    "tests/e2e/test_four_taps.py": 79, "tests/e2e/test_mla_verify_decode.py": 70,
-    "tests/e2e/test_k_per_batch_size.py": 66, "tests/e2e/test_mla_head.py": 65, "tests/unit/": 55,
-    "tests/e2e/test_serve_lifecycle.py": 40,  # per case (8 cases, 319 s in all)
-}
-PER_CASE = ("tests/e2e/test_serve_lifecycle.py",)
-
-
-def _group(nodeid: str) -> tuple[str, float]:
-    """(group, its seconds) of a test, from its node id (``tests/e2e/test_x.py::test_y[case]``)."""
-    path = nodeid.split("::")[0]
-    for name, (seconds, modules) in GROUPS.items():
-        if path in modules:
-            return name, seconds
-    seconds = next((v for k, v in MODULE_SECONDS.items() if path.startswith(k)), 40)
-    if path in PER_CASE:
-        return nodeid, seconds
-    return ("tests/unit/" if path.startswith("tests/unit/") else path), seconds
-
-
-def _module_rank(item) -> int:
-    path = item.nodeid.split("::")[0]
-    return next((i for i, prefix in enumerate(MODULE_ORDER) if path.startswith(prefix)), len(MODULE_ORDER))
+def pytest_configure(config):
+    """The suite's environment, inherited by every engine the tests spawn; under xdist each worker's engines get a
+    core of their own (vLLM-CPU's "auto" would bind both workers' engines to the same last core; TP=2 tests set
+    "0|1" themselves)."""
+    for key, value in suite.SUITE_ENV.items():
+        os.environ.setdefault(key, value)
+    worker = getattr(config, "workerinput", None)
+    if worker is not None and int(worker["workercount"]) > 1:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(worker["workerid"][2:]) % (os.cpu_count() or 1)))
+    SESSION_ENV.clear()
+    SESSION_ENV.update(os.environ)
+    if worker is None and suite.whole_suite(config.args, config.getoption("markexpr"), config.getoption("keyword"),
+                                            Path(config.invocation_params.dir), Path(__file__).parent):
+        config.pluginmanager.register(DurationsPlugin(config), "vllm_eagle3_durations")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Groups longest first, modules within a group in :data:`MODULE_ORDER` (stable: pytest's order within them).
-    Tests marked ``slow`` (the 10-minute soak, measurements) run only when selected: ``pytest -m slow``."""
-    groups = {id(item): _group(item.nodeid) for item in items}  # repo-relative node ids, as the scheduler sees
-    items.sort(key=lambda item: (-groups[id(item)][1], groups[id(item)][0], _module_rank(item)))
+    """Groups longest first, modules within a group in their table's order (:func:`suite.order`). Tests marked
+    ``slow`` (the 10-minute soak, measurements) run only when selected: ``pytest -m slow``."""
+    keys = suite.order((item.nodeid for item in items), suite.Durations())  # repo-relative, as the scheduler sees
+    items.sort(key=lambda item: keys[item.nodeid])
     if "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="slow: run with `pytest -m slow`")
@@ -106,15 +59,34 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist hands out whole :func:`_group` s, in collection order (run with ``--no-loadscope-reorder``).
-    (xdist's own ``--dist loadgroup`` renames node ids, which pytest 9.2 no longer lets it do.)"""
+    """pytest-xdist hands out whole groups (:func:`suite.group_of`) in collection order (``--no-loadscope-reorder``).
+    Kept because xdist's ``--dist loadgroup`` rewrites node ids, which pytest 9.2 no longer allows (pytest-xdist
+    3.8): its ``xdist_group`` marks then put a group's tests on both workers."""
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _group(nodeid)[0]
+            return suite.group_of(nodeid)
 
     return GroupScheduling(config, log)
+
+
+class DurationsPlugin:
+    """In the controller of a whole-suite run: every test's seconds (the workers' reports arrive here), written to
+    ``tests/durations.json`` at the end when the tests ran (exit status 0 or 1)."""
+
+    def __init__(self, config) -> None:
+        self.config, self.recorder = config, suite.Recorder()
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.recorder.add(report.nodeid, report.duration)
+
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        if int(exitstatus) not in (0, 1) or not self.recorder.seconds:
+            return
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip()
+        self.recorder.write(suite.DURATIONS, self.config.getoption("numprocesses", None) or 1, commit)
 
 
 @pytest.fixture(scope="session")
