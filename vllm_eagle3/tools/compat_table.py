@@ -56,6 +56,7 @@ def R(module: str, name: str, params: str | None, why: str, scope: str = ALL, us
 DS = "vllm.model_executor.models.deepseek_v2"
 V1R = "vllm.v1.worker.gpu_model_runner"
 V2U = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
+V2R = "vllm.v1.worker.gpu.model_runner"
 RELIED: tuple[Relied, ...] = (
     R("vllm.version", "__version__", None, "compat.installed_vllm_version"),
     R("vllm", "'ModelRegistry'", None, "plugin.register: `from vllm import ModelRegistry` (lazy export)"),
@@ -170,9 +171,27 @@ RELIED: tuple[Relied, ...] = (
       "self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states",
       "concatenates the aux states in the order the target returns them for the draft's fc", V2, WRAP,
       body=("5dca6bf09ce3", "5cabb97a8f1b")),  # 0.33, 0.34: prefill/decode dispatch changed; the aux concat did not
-    R("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.load_model", "self", "calls the EAGLE-3 set-up", V2, WRAP),
-    R("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.execute_model", "self", "the V2 step", V2, WRAP),
-    R("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample_tokens", "self", "the V2 step's drafting", V2, WRAP),
+    R(V2R, "GPUModelRunner.load_model", "self", "calls the EAGLE-3 set-up", V2, WRAP),
+    R(V2R, "GPUModelRunner.execute_model", "self", "the V2 step", V2, WRAP),
+    # The online check's V2 row (online/runners.py): it wraps sample_tokens and reads the step state it consumes.
+    R(V2R, "GPUModelRunner.sample_tokens", "self, grammar_output", "online/runners.py RUNNERS['V2'] wraps it", V2,
+      WRAP),
+    R(V2R, "GPUModelRunner.execute_model_state", None, "runners._v2_keep: the step sample_tokens consumes", V2),
+    R(V2R, "GPUModelRunner.req_states", None, "runners._v2_rows: prompt length, max length", V2),
+    R(V2R, "GPUModelRunner.sampler", None, "runners._v2_rows: each request's temperature", V2),
+    *(R(V2R, f"ExecuteModelState.{f}", None, "runners._v2_rows", V2)
+      for f in ("input_batch", "hidden_states", "aux_hidden_states", "finished_req_ids")),
+    *(R("vllm.v1.worker.gpu.input_batch", f"InputBatch.{f}", None, "runners._v2_rows", V2)
+      for f in ("req_ids", "num_reqs", "idx_mapping_np", "query_start_loc_np", "num_draft_tokens_per_req",
+                "input_ids", "positions")),
+    R("vllm.v1.worker.gpu.async_utils", "AsyncOutput.num_sampled_tokens", None, "runners._v2_rows: tokens sampled", V2),
+    R("vllm.v1.worker.gpu.states", "RequestState.prompt_len", None, "runners._v2_rows", V2),
+    R("vllm.v1.worker.gpu.states", "RequestState.max_seq_len", None, "runners._v2_rows", V2),
+    R("vllm.v1.worker.gpu.sample.states", "SamplingStates.temperature", None, "runners._v2_rows", V2),
+    R("vllm.config.vllm", "VllmConfig.use_v2_model_runner", None,
+      "online/runners.runner_in_use reads it unguarded (capture.plan_check -> engine_hook.attach) to pick the row"),
+    R("vllm.v1.worker.gpu_worker", "Worker", None, "online/runners.KNOWN_WORKERS: builds the V1 or V2 runner"),
+    R("vllm.v1.worker.cpu_worker", "CPUWorker", None, "online/runners.KNOWN_WORKERS"),
     # vLLM-CPU patches (model_patches/vllm_cpu_*): applied on the CPU platform only.
     R("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackend.get_supported_kernel_block_sizes", "kv_cache_spec",
       "vllm_cpu_block_size", CPU, OVERRIDE),
