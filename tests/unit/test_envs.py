@@ -167,3 +167,14 @@ def test_every_project_name_in_the_package_is_an_entry():
         for f in (REPO / pkg).rglob("*.py"):
             used |= set(re.findall(r"[\"']((?:_?VLLM)?_?EAGLE3_[A-Z0-9_]+)[\"']", f.read_text()))
     assert used and not used - KNOWN, sorted(used - KNOWN)
+
+
+def test_every_entry_is_read_somewhere():
+    """envs.py listed five names nothing read (issue 39): an entry without a reader documents a setting that does
+    nothing. A name counts as read when another module names it (``"NAME"``, ``envs.NAME``), or names the group
+    holding it (``envs.MALLOC_KNOBS``)."""
+    text = "\n".join(f.read_text() for pkg in SCANNED for f in (REPO / pkg).rglob("*.py")
+                     if f != REPO / "vllm_eagle3" / "envs.py")
+    groups = {n for g in ("MALLOC_KNOBS", "ONEDNN_CACHE") if f"envs.{g}" in text for n in getattr(envs, g)}
+    unread = [n for n in envs.VARIABLES if n not in groups and not re.search(rf"[\"']{n}[\"']|envs\.{n}\b", text)]
+    assert not unread, f"listed in vllm_eagle3/envs.py but read nowhere (remove them): {unread}"
