@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -227,3 +228,27 @@ def test_check_is_off_on_a_runner_it_does_not_know(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLE3_CHECK_DIR", str(tmp_path))
     plan = engine_hook.attach(_plan(), _config(v2=True, worker="my_platform.worker.NPUWorker"))
     assert not plan.enabled and "my_platform.worker.NPUWorker" in plan.off_because
+
+
+def test_the_capture_models_plan_goes_through_the_runner_check(tmp_path, monkeypatch):
+    """``capture.plan_check`` (run when vLLM asks the target for its aux states, in every worker) consults the runner
+    check: the shipped pair planned for a V2 engine whose hook is missing is off, not "scoring 11 wirings"."""
+    from vllm_eagle3.capture import plan_check
+    from vllm_eagle3.online import engine_hook
+    from vllm_eagle3.online.runners import RUNNERS
+    from vllm_eagle3.resolve import resolve_capture
+
+    repo = Path(__file__).resolve().parents[2]
+    target, draft = repo / "models" / "kimi-k25-mini", repo / "models" / "kimi-k25-mini-eagle3"
+    resolution = resolve_capture(target, draft, repo / "configs" / "kimi_k25_eagle3.yaml")
+    monkeypatch.setenv("EAGLE3_CHECK_DIR", str(tmp_path))
+    config = _config(v2=True)
+    config.parallel_config.pipeline_parallel_size = 1
+    config.speculative_config.model = str(draft)
+    config.additional_config = {}
+    engine_hook.install()
+    assert plan_check(resolution, config).enabled  # V2's hook in place: the check runs
+    monkeypatch.setitem(RUNNERS, "V2", dataclasses.replace(RUNNERS["V2"], method="propose_draft_token_ids"))
+    monkeypatch.delitem(engine_hook._INSTALLED, "V2")
+    plan = plan_check(resolution, config)
+    assert not plan.enabled and "has no method propose_draft_token_ids" in plan.off_because
