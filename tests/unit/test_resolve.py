@@ -228,3 +228,25 @@ def test_real_vllm_config_carries_the_spec():
     src = spec_source(cfg, {ENV_SPEC: "/nonexistent.yaml"})
     assert src.origin == "--additional-config" and src.spec_file.spec.taps == (0, 3, 31)
     assert src.spec_file.draft_ids_convention == "sglang-legacy" and src.spec_file.num_layers == 61
+
+
+def test_worker_resolves_the_spec_from_a_real_engine_config(monkeypatch):
+    """What every worker runs (``capture.resolve_in_worker``, the check's ``check_config_from_env``) on the
+    ``VllmConfig`` vLLM builds from ``--additional-config``, with no env var: the spec's taps, the source named in the
+    taps line, and the spec's ``check:`` mapping (here: off)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_eagle3.capture import check_config_from_env, resolve_in_worker
+
+    repo = Path(__file__).resolve().parents[2]
+    for name in ("EAGLE3_SPEC", "EAGLE3_CONVENTION", "VLLM_EAGLE3_SPEC", "VLLM_EAGLE3_CONVENTION"):
+        monkeypatch.delenv(name, raising=False)
+    spec = {**yaml.safe_load((repo / "configs" / "kimi_k25_eagle3.yaml").read_text()), "check": {"enabled": False}}
+    cfg = EngineArgs(model=str(repo / "models" / "kimi-k25-mini"), dtype="float32", enforce_eager=True,
+                     max_model_len=256, additional_config={CONFIG_KEY: {"capture_spec": spec}},
+                     speculative_config={"method": "eagle3", "num_speculative_tokens": 2,
+                                         "model": str(repo / "models" / "kimi-k25-mini-eagle3")}).create_engine_config()
+    res = resolve_in_worker(cfg)
+    assert res.spec.taps == (0, 3, 31) and res.runner_ids == (-1, 2, 30)
+    assert "capturing taps [embed, 3, 31] (spec from --additional-config)" in res.log_line()
+    assert check_config_from_env(config=cfg).enabled is False and check_config_from_env().enabled is True
