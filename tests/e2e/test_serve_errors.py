@@ -202,14 +202,20 @@ def test_cli_draft_overrides_config_yaml(files):
 
 
 def test_good_input_passes_validation(files):
-    """Guards: the validator rejecting the shipped wiring (the incident head, ids [-1, 2, 30] sglang-legacy)."""
-    from vllm_eagle3.tools.serve.cli import validate
+    """Guards: the validator rejecting the shipped wiring (the incident head, ids [-1, 2, 30] sglang-legacy), and the
+    spec / convention not reaching vLLM's --additional-config (where every vLLM process reads it)."""
+    from vllm_eagle3.tools.serve.cli import capture_spec_argv, validate
 
-    env = validate([str(files["target"]), "--speculative-config", spec_config(files["good_draft"])],
-                   str(files["good_spec"]), None)
-    assert env == {"EAGLE3_SPEC": str(files["good_spec"].resolve())}
-    env = validate([str(files["target"]), "-sc", spec_config(files["good_draft"])], None, "sglang-legacy")
-    assert env == {"EAGLE3_CONVENTION": "sglang-legacy"}
+    def given(argv: list[str]) -> dict:
+        return json.loads(argv[argv.index("--additional-config") + 1])["vllm_eagle3"]
+
+    argv = capture_spec_argv([str(files["target"]), "--speculative-config", spec_config(files["good_draft"])],
+                             str(files["good_spec"]), None)
+    assert given(argv)["capture_spec"]["taps"] == ["embed", 3, 31]
+    validate(argv, given=True)
+    argv = capture_spec_argv([str(files["target"]), "-sc", spec_config(files["good_draft"])], None, "sglang-legacy")
+    assert given(argv) == {"convention": "sglang-legacy"}
+    validate(argv, given=True)
 
 
 def test_help_needs_no_engine():
