@@ -134,6 +134,11 @@ class SpecSource:
     spec_file: SpecFile | None
     convention: str | None
     origin: str  # "--additional-config", "$EAGLE3_SPEC", "$EAGLE3_CONVENTION" or "none"
+    ignored: tuple[str, ...] = ()  # env vars set but overridden by the config, named in the taps line
+
+    def label(self) -> str:
+        """E.g. ``--additional-config; $EAGLE3_SPEC ignored``."""
+        return "; ".join([self.origin, *(f"{name} ignored" for name in self.ignored)])
 
 
 def plugin_config(additional_config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -160,7 +165,8 @@ def spec_source(config: Any = None, environ: Mapping[str, str] | None = None) ->
     if mine:
         sf = (spec_file_from_mapping(mine["capture_spec"], f"{CONFIG_SPEC_SOURCE} {CONFIG_KEY}.capture_spec")
               if "capture_spec" in mine else None)
-        return SpecSource(sf, mine.get("convention"), CONFIG_SPEC_SOURCE)
+        ignored = tuple(f"${n}" for n in (ENV_SPEC, ENV_CONVENTION) if envs.get(n, environ))
+        return SpecSource(sf, mine.get("convention"), CONFIG_SPEC_SOURCE, ignored)
     path, convention = envs.get(ENV_SPEC, environ), envs.get(ENV_CONVENTION, environ)
     if path:
         return SpecSource(load_spec_file(path), convention, f"${ENV_SPEC}")
@@ -344,7 +350,7 @@ def resolve_from_env(target, draft, environ: Mapping[str, str] | None = None, co
     """The plugin's entry: the spec or convention of :func:`spec_source` (``config``: a ``VllmConfig`` or its
     additional config; else the environment)."""
     src = spec_source(config, environ)
-    return resolve_capture(target, draft, spec_path=src.spec_file, convention=src.convention, spec_from=src.origin)
+    return resolve_capture(target, draft, spec_path=src.spec_file, convention=src.convention, spec_from=src.label())
 
 
 def ids_for_engines(spec: CaptureSpec, num_layers: int) -> dict[str, tuple[int, ...] | str]:

@@ -42,7 +42,7 @@ def wiring_info(target: Any, draft: str | Path, environ: Mapping[str, str] | Non
                                            "'vllm-eagle3: capturing taps' line at start-up)"}
     try:
         src = spec_source(config, environ)
-        info.update(spec_from=src.origin, spec_file=src.spec_file.spec.source if src.spec_file else None,
+        info.update(spec_from=src.label(), spec_file=src.spec_file.spec.source if src.spec_file else None,
                     convention=src.convention)
         res = resolve_from_env(target, draft, environ=environ, config=config)
     except CaptureSpecError as exc:

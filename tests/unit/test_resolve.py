@@ -195,7 +195,8 @@ def test_config_spec_wins_over_the_environment(target, tmp_path, spec_yaml):
     src = spec_source(additional({"taps": ["embed", 3, 31], "draft_ids_convention": "sglang-legacy"}), env)
     assert src.origin == "--additional-config" and src.spec_file.spec.taps == (0, 3, 31)
     r = resolve_from_env(target, make_draft(tmp_path), env, config=additional(yaml.safe_load(spec_yaml.read_text())))
-    assert r.spec.taps == (0, 3, 31) and "capturing taps [embed, 3, 31] (spec from --additional-config)" in r.log_line()
+    assert r.spec.taps == (0, 3, 31) and "capturing taps [embed, 3, 31] (spec from --additional-config; $EAGLE3_SPEC " \
+        "ignored)" in r.log_line()
     assert spec_source(additional(convention="vllm"), env).convention == "vllm"  # the config's no-spec case wins too
     fallback = spec_source({"other_plugin": {}}, {ENV_SPEC: str(spec_yaml)})
     assert fallback.origin == "$EAGLE3_SPEC" and fallback.spec_file.spec.taps == (0, 3, 31)

@@ -167,7 +167,7 @@ def validate(vllm_argv: Sequence[str], given: bool) -> None:
     target = _local_folder(model, "target")
     draft = _local_folder(str(draft_name), "draft")
     resolution = resolve_capture(target, draft, spec_path=src.spec_file, convention=src.convention,
-                                 spec_from=src.origin)
+                                 spec_from=src.label())
     check_pipeline_parallel(resolution.spec, resolution.target.num_layers,
                             int_option(vllm_argv, "pipeline-parallel-size", "-pp"),
                             envs.get("VLLM_PP_LAYER_PARTITION"))
