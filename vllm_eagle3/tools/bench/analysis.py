@@ -224,7 +224,7 @@ def capture_ab(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
     forward (verify) time per decode step from the worker timers, each configuration's servers alternating.
 
     The fair pair is the second head on its own taps 3/31/59 both ways (same head, same taps, same acceptance);
-    the shipped head's embed tap vs the incident wiring differs in acceptance too, so its gap is not the capture's
+    the shipped head's embed tap vs the SGLang default wiring differs in acceptance too, so its gap is not the capture's
     alone (``tau`` of each side is reported to show it). The verdict compares the gap with its interval AND with
     the gap between two servers of the same configuration.
 

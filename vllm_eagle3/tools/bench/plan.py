@@ -38,6 +38,12 @@ JUDGE_REPLICAS = 2
 turns on a 2-core VM, measured up to 0.83x of each other with identical drafts, so one server per side cannot resolve
 a 10 % target. Under load only one (six servers with a KV cache for 64 requests do not fit 23 GiB)."""
 CELL_KINDS = ("throughput", "untimed", "split", "stream")
+_CAPTURE_LABELS = {EMBED_TAP: "the capture spec's taps (--capture-spec, plugin capture)",
+                   NATIVE: "taps 3/31/59 by vLLM's native capture (the incident wiring)",
+                   LAYER_TAPS: "second head, its taps 3/31/59 by the plugin's capture spec",
+                   NATIVE_LAYERS: "second head, its taps 3/31/59 by vLLM's native capture"}
+_MLA_LABELS = {MLA_DEFAULT: "", MLA_OFF: ", MLA verify-as-decode opted out (vLLM's own verify path)",
+               MLA_ON: ", MLA verify-as-decode forced on"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +69,7 @@ class Variant:
 
     k: int
     capture: str = EMBED_TAP
-    mla_verify: str = MLA_DEFAULT  # default: what the installed plugin does; off/on: EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0/1
+    mla_verify: str = MLA_DEFAULT  # default: the installed plugin's; off/on: EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0/1
     compiled: bool = False
     replica: int = 1
     cells: tuple[Cell, ...] = ()
@@ -141,18 +147,9 @@ class Variant:
         elif self.adaptive:
             s = (f"EAGLE-3, k per batch size {schedule_text(self.schedule)}" if self.schedule else
                  f"EAGLE-3, k per batch size (up to {self.k}) from this run's static-k servers")
-        elif self.capture == NATIVE:
-            s = f"EAGLE-3 k={self.k}, taps 3/31/59 by vLLM's native capture (the incident wiring)"
-        elif self.capture == LAYER_TAPS:
-            s = f"EAGLE-3 k={self.k}, second head, its taps 3/31/59 by the plugin's capture spec"
-        elif self.capture == NATIVE_LAYERS:
-            s = f"EAGLE-3 k={self.k}, second head, its taps 3/31/59 by vLLM's native capture"
         else:
-            s = f"EAGLE-3 k={self.k}, the capture spec's taps (--capture-spec, plugin capture)"
-        if self.mla_verify == MLA_OFF:
-            s += ", MLA verify-as-decode opted out (vLLM's own verify path)"
-        elif self.mla_verify == MLA_ON:
-            s += ", MLA verify-as-decode forced on"
+            s = f"EAGLE-3 k={self.k}, {_CAPTURE_LABELS[self.capture]}"
+        s += _MLA_LABELS[self.mla_verify]
         if not self.check:
             s += ", online wiring check off"
         s += f", {self.mode}"

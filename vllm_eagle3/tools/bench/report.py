@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from vllm_eagle3.tools.bench.cells_text import _v, e, f, table
+from vllm_eagle3.tools.bench.cells_text import _v, e, f, per_server, same_config, table
 from vllm_eagle3.tools.bench.machine import backend_label
 from vllm_eagle3.tools.bench.plan import SGLANG_DEFAULT_WIRING
 from vllm_eagle3.tools.bench.report_adaptive import adaptive_block
@@ -106,8 +106,9 @@ def all_cells(summary: Mapping) -> str:
                          if v["variant"]["k"] else "-"])
     failed = [f"**Failed:** {v['key']}: {v['error']}" for v in summary["variants"] if v["error"]]
     failed += [f"**Not started:** {v['key']}: {v['skipped']}" for v in summary["variants"] if v.get("skipped")]
-    return "\n\n".join(failed + [table(["variant", "conc.", "tok/s", "latency ms (median)", "ms per token (median)", "speedup",
-                  "speedup, timed cells", "tau", "per-position acceptance", "MLA verify ran on"], rows)])
+    return "\n\n".join(failed + [table(["variant", "conc.", "tok/s", "latency ms (median)", "ms per token (median)",
+                                        "speedup", "speedup, timed cells", "tau", "per-position acceptance",
+                                        "MLA verify ran on"], rows)])
 
 
 def split_block(summary: Mapping) -> str:
@@ -131,9 +132,8 @@ def capture_block(summary: Mapping) -> str:
     rows = []
     for o in summary["capture_ab"]:
         rows.append([AB_NAMES[o["plugin"]], str(o["k"]), str(o["concurrency"]),
-                     " / ".join(f(x, 1) for x in o["plugin_forward_ms"]), " / ".join(f(x, 1) for x in o["native_forward_ms"]),
-                     f"**{e(o['ratio'], 3)}**", " ; ".join(e(s, 3) for s in o["same_config_ratios"]) or "-",
-                     " / ".join(f(t, 2) for t in o["tau"]), o["verdict"]])
+                     per_server(o["plugin_forward_ms"]), per_server(o["native_forward_ms"]), f"**{e(o['ratio'], 3)}**",
+                     same_config(o["same_config_ratios"]), per_server(o["tau"], 2), o["verdict"]])
     if not rows:
         return "_not measured in this run_"
     out = table(["comparison", "k", "conc.", "target forward ms, plugin capture (per server)", "native (per server)",
@@ -144,9 +144,8 @@ def capture_block(summary: Mapping) -> str:
         nz = o.get("normalized")
         if nz:
             norm.append([AB_NAMES[o["plugin"]], str(o["k"]), str(o["concurrency"]),
-                         " / ".join(f(x, 2) for x in nz["plugin"]), " / ".join(f(x, 2) for x in nz["native"]),
-                         f"**{e(nz['ratio'], 3)}**", " ; ".join(e(s, 3) for s in nz["same_config_ratios"]) or "-",
-                         nz["verdict"]])
+                         per_server(nz["plugin"], 2), per_server(nz["native"], 2), f"**{e(nz['ratio'], 3)}**",
+                         same_config(nz["same_config_ratios"]), nz["verdict"]])
     if norm:
         out += ("\n\nThe same steps, target forward per millisecond of draft (per step: forward ms / draft ms). The "
                 "draft does the same work on both sides of the fair pair (same head, same tokens), so this cancels "
@@ -159,9 +158,8 @@ def capture_block(summary: Mapping) -> str:
 def check_block(summary: Mapping) -> str:
     """The online wiring check's cost (plan ``check``), with its heading; empty for a run without check-off
     servers, so that a headline run's page has no such section."""
-    rows = [[o["config"], o["mode"], str(o["concurrency"]), " / ".join(f(x, 1) for x in o["on_tok_s"]),
-             " / ".join(f(x, 1) for x in o["off_tok_s"]), f"**{e(o['ratio'], 3)}**",
-             " ; ".join(e(s, 3) for s in o["same_config_ratios"]) or "-", o["verdict"]]
+    rows = [[o["config"], o["mode"], str(o["concurrency"]), per_server(o["on_tok_s"]), per_server(o["off_tok_s"]),
+             f"**{e(o['ratio'], 3)}**", same_config(o["same_config_ratios"]), o["verdict"]]
             for o in summary["check_cost"]]
     if not rows:
         return ""

@@ -86,7 +86,7 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
         "acceptance length and the models tau / (v + k c), tau / (1 + k c) are k = 3's, from its timed cells. "
         "Greedy: requests whose text equals no speculation's, of all.",
         table(["conc.", "no spec tok/s", "k=3", "best static k", "adaptive", "adaptive / best",
-               "identical servers #1 / #2", ">= 1.0x (lower end)", "within 10 % of best", "break-even tau (k=3)", "tau/(v+kc) (k=3)", "tau/(1+kc) (k=3)", "greedy same",
-               "no spec #2 / #1"], table_rows),
+               "identical servers #1 / #2", ">= 1.0x (lower end)", "within 10 % of best", "break-even tau (k=3)",
+               "tau/(v+kc) (k=3)", "tau/(1+kc) (k=3)", "greedy same", "no spec #2 / #1"], table_rows),
         "Acceptance length per static k (concurrency-1 requests): "
         + ", ".join(f"k={k} {e(t)}" for k, t in sorted(tau.items())) + "."] if x])
