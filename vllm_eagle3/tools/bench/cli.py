@@ -164,12 +164,18 @@ def write_docs(data: dict, md: Path, png: Path) -> None:
 
     report.plot(data, png)
     md.parent.mkdir(parents=True, exist_ok=True)
-    main_page = md.resolve() == (REPO / DOCS["md"]).resolve()
-    soak = report.load_soak(REPO / DOCS["soak"]) if main_page else None
-    adaptive = repo_adaptive_runs() if main_page else []
-    md.write_text(report.render(data, os.path.relpath(png, md.parent), soak=soak, adaptive_runs=adaptive))
+    md.write_text(page(data, md, os.path.relpath(png, md.parent)))
     print(report.printed_advice(data))
     print(f"[bench] wrote {md} and {png}")
+
+
+def page(data: dict | None, md: Path, png_rel: str) -> str:
+    """The text of ``md``: the repository's BENCHMARKS.md also shows the last soak and the adaptive-k runs."""
+    from vllm_eagle3.tools.bench import report
+
+    if md.resolve() != (REPO / DOCS["md"]).resolve():
+        return report.render(data, png_rel)
+    return report.render(data, png_rel, soak=report.load_soak(REPO / DOCS["soak"]), adaptive_runs=repo_adaptive_runs())
 
 
 def repo_adaptive_runs() -> list[dict]:
@@ -184,9 +190,7 @@ def render_repo_benchmarks_md() -> Path:
     from vllm_eagle3.tools.bench import report
 
     results, md = REPO / DOCS["json"], REPO / DOCS["md"]
-    md.write_text(report.render(report.load(results) if results.exists() else None, DOCS["png"],
-                                soak=report.load_soak(REPO / DOCS["soak"]),
-                                adaptive_runs=repo_adaptive_runs()))
+    md.write_text(page(report.load(results) if results.exists() else None, md, DOCS["png"]))
     return md
 
 

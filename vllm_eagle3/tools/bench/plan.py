@@ -241,7 +241,7 @@ def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3
                   sweep_concurrencies=(1, 4), sglang_default_throughput=(), opt_out_throughput=(),
                   **sizes) -> Plan:
     """The default run: k vs no speculation at each concurrency (eager, and compiled unless ``compiled=False``),
-    the MLA opt-out, the incident wiring (the shipped head fed 3/31/59 by vLLM's native capture), the same-taps
+    the MLA opt-out, the SGLang default wiring (the shipped head fed 3/31/59 by vLLM's native capture), the same-taps
     capture A/B (the second head on its taps 3/31/59: plugin vs native capture, two servers each, alternating)
     and an optional k sweep."""
     cs = tuple(concurrencies)

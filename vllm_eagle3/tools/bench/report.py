@@ -284,7 +284,8 @@ def printed_advice(data: Mapping) -> str:
 
 
 def plot(data: Mapping, path: Path) -> None:
-    """Speedup with intervals per concurrency (eager, compiled, opt-out, incident) and the per-step split."""
+    """Speedup with intervals per concurrency (eager, compiled, opt-out, SGLang default wiring) and the
+    per-step split."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -54,7 +54,7 @@ def repo_path(p: str | Path) -> Path:
 
 
 def native_taps(num_layers: int) -> tuple[int, ...]:
-    """Three layer taps with the shipped head's fan-in, as the incident's engine captured them by default.
+    """Three layer taps with the shipped head's fan-in, as SGLang < 0.5.13 captured them by default.
 
     SGLang before 0.5.13 read the default ids ``engine_default_ids(L)`` with its always-+1 rule: taps
     (3, L//2 + 1, L - 2) = 3/31/59 on the 61-layer target. vLLM captures those in ``DeepseekV2Model.forward``
@@ -76,7 +76,7 @@ def make_native_draft(draft: Path, out_dir: Path, taps: Sequence[int], num_layer
     """A copy of ``draft`` (config rewritten, weights symlinked) whose ids name ``taps`` in vLLM's convention.
 
     Same weights and fan-in as the shipped head, so the per-step cost is that of the real head; fed taps it was not
-    trained on, it is the incident's wiring (acceptance collapses).
+    trained on, it is the SGLang default wiring (acceptance collapses).
     """
     from vllm_eagle3.conventions import taps_to_ids
     from vllm_eagle3.tools.convert import rewired_copy
