@@ -240,7 +240,7 @@ def _finish(variant: Variant, server: VllmServer, env: Mapping[str, str], log: P
     calls = client.worker_rpc(server.base_url, "bench_mla_calls")
     res["mla_calls"] = calls[0] if calls else {}
     if variant.capture != NO_SPEC:
-        needle = STOCK_LINE if env.get("VLLM_PLUGINS") == STOCK_PLUGIN else PLUGIN_LINE
+        needle = STOCK_LINE if envs.get("VLLM_PLUGINS", env) == STOCK_PLUGIN else PLUGIN_LINE
         lines = server.log_text().splitlines()
         taps = [ln for ln in lines if needle in ln]
         res["capture_line"] = taps[-1][taps[-1].index(needle):] if taps else ""
