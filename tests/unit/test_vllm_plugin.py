@@ -14,13 +14,27 @@ pytestmark = pytest.mark.unit
 
 
 def test_unsupported_vllm_version_names_installed_and_supported():
-    """A vLLM outside 0.32/0.33 fails at registration, naming both versions."""
-    from vllm_eagle3.compat import UnsupportedVersionError, check_vllm_version
+    """A vLLM outside SUPPORTED_VLLM (which tests/unit/test_compat_results.py holds to `make compat`) fails at
+    registration, naming both versions."""
+    from vllm_eagle3.compat import SUPPORTED_VLLM, UnsupportedVersionError, check_vllm_version
 
-    assert check_vllm_version("0.32.0") == "0.32.0"
-    assert check_vllm_version("0.33.1") == "0.33.1"
-    with pytest.raises(UnsupportedVersionError, match=r"supports vLLM 0\.32\.x, 0\.33\.x but vLLM 0\.34\.0 is installed"):
-        check_vllm_version("0.34.0")
+    for prefix in SUPPORTED_VLLM:
+        assert check_vllm_version(prefix + "1") == prefix + "1"
+    with pytest.raises(UnsupportedVersionError, match=r"supports vLLM 0\.32\.x.* but vLLM 0\.31\.0 is installed"):
+        check_vllm_version("0.31.0")
+
+
+def test_a_cpu_only_patch_is_not_version_guarded_where_it_is_not_needed():
+    """GPU vLLM 0.33 could not register: a vLLM-CPU patch written for 0.32 raised PatchVersionError before its
+    platform check said it was not needed there. A patch not needed in this process is skipped, whatever the version;
+    a needed one is still refused on a version it was not written for."""
+    off = Patch(name="unit_test_cpu_only_on_gpu", engine="vllm", supported=("0.32.",), retire_when="upstream PR X",
+                apply_fn=lambda: "applied", needed_fn=lambda: (False, "platform is cuda, not cpu"))
+    assert apply(off, "0.34.0") == "unit_test_cpu_only_on_gpu: skipped (platform is cuda, not cpu)"
+    on = Patch(name="unit_test_cpu_only_on_cpu", engine="vllm", supported=("0.32.",), retire_when="upstream PR X",
+               apply_fn=lambda: "applied", needed_fn=lambda: (True, ""))
+    with pytest.raises(PatchVersionError, match=r"written for vllm 0\.32\.x but vllm 0\.34\.0 is installed"):
+        apply(on, "0.34.0")
 
 
 def test_patch_is_version_guarded_idempotent_and_recorded():

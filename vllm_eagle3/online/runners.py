@@ -177,8 +177,9 @@ KNOWN_WORKERS = ("vllm.v1.worker.gpu_worker.Worker", "vllm.v1.worker.cpu_worker.
 
 
 def runner_in_use(vllm_config) -> str:
-    """The :data:`RUNNERS` key of the runner this engine builds: vLLM's own rule (``use_v2_model_runner``)."""
-    return "V2" if vllm_config.use_v2_model_runner else "V1"
+    """The :data:`RUNNERS` key of the runner this engine builds: vLLM's own rule (``use_v2_model_runner``; vLLM 0.34
+    removed it with the V1 runner: V2 only)."""
+    return "V2" if getattr(vllm_config, "use_v2_model_runner", True) else "V1"
 
 
 def unknown_worker(vllm_config) -> str | None:

@@ -189,7 +189,7 @@ RELIED: tuple[Relied, ...] = (
     R("vllm.v1.worker.gpu.states", "RequestState.max_seq_len", None, "runners._v2_rows", V2),
     R("vllm.v1.worker.gpu.sample.states", "SamplingStates.temperature", None, "runners._v2_rows", V2),
     R("vllm.config.vllm", "VllmConfig.use_v2_model_runner", None,
-      "online/runners.runner_in_use reads it unguarded (capture.plan_check -> engine_hook.attach) to pick the row"),
+      "online/runners.runner_in_use picks the row by it (absent, as in 0.34: V2)", V1),
     R("vllm.v1.worker.gpu_worker", "Worker", None, "online/runners.KNOWN_WORKERS: builds the V1 or V2 runner"),
     R("vllm.v1.worker.cpu_worker", "CPUWorker", None, "online/runners.KNOWN_WORKERS"),
     # vLLM-CPU patches (model_patches/vllm_cpu_*): applied on the CPU platform only.
