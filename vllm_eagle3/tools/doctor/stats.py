@@ -1,6 +1,6 @@
 """Is the wiring I serve as good as the best one? Paired statistics and the verdict behind ``vllm-eagle3 doctor``.
 
-Data flow position: after :mod:`vllm_eagle3.tools.doctor.wirings` has drafted chains for each candidate wiring on the SAME
+Data flow position: after :mod:`vllm_eagle3.tools.doctor.measure` has drafted chains for each candidate wiring on the SAME
 sequences and anchors (per anchor: which of the k chained drafts equal the target's greedy tokens). This module
 reduces those matches to what serving depends on, compares the configured wiring with the best one, and returns a
 :class:`Verdict`. No model, no engine: plain tensors, unit-tested on synthetic matches.
