@@ -7,7 +7,7 @@ part) and print the answer and, when the server speculates, the acceptance over 
     python examples/image_client.py --image photo.png --question "What is this?"      # your own file
 
 The image travels inline as a ``data:image/png;base64,...`` URL (the server needs no network). The bare OpenAI call
-is :func:`send` below; the printing helper is ``vllm_eagle3.tools.bench.images.ask_image``.
+is :func:`send` below; the printing helper is ``vllm_eagle3.tools.images.ask_image``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default %(default)s)")
     args = p.parse_args(argv)
 
-    from vllm_eagle3.tools.bench.images import ask_image, make_png
+    from vllm_eagle3.tools.images import ask_image, make_png
 
     if args.image is not None and not args.image.is_file():
         p.error(f"--image {args.image}: no such file")

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.tools.bench.images import (DEFAULT_VISION_CONFIG, chat_tokens, data_url, image_part, image_prompts,
+from vllm_eagle3.tools.images import (DEFAULT_VISION_CONFIG, chat_tokens, data_url, image_part, image_prompts,
                                       image_tokens, make_png)
 from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 from vllm_eagle3.tools.serve.process import VllmServer
@@ -390,7 +390,7 @@ def test_bad_image_is_a_4xx_with_the_reason(spec, case):
     "too large for the context": no single image can overflow 1024 tokens (the processor scales any image to at most
     1024 patches, ~256 tokens), so ~800 tokens of text that fit alone (checked with ``/tokenize``) plus a 448x448
     image do. "unreachable URL": a loopback port nobody listens on (the same answer with or without a network);
-    stock vLLM 0.32 answers it 500, model_patches/vllm_media_fetch_unreachable.py makes it a 422 naming the URL."""
+    stock vLLM 0.32 answers it 500, vllm_eagle3/model_patches/vllm_media_fetch_unreachable.py makes it a 422 naming the URL."""
     import openai
 
     messages, phrase = _bad_requests()[case]

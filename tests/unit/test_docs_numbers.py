@@ -86,7 +86,7 @@ def test_readme_speed_numbers_come_from_the_results_file():
 def test_suite_time_quoted_from_its_results_file():
     """Issue 24: README and docs/testing.md say how long `make test` takes on a 2-core box from a fresh clone, with
     and without the installs; the numbers are bench/suite.json's (written by `python -m
-    vllm_eagle3.tools.bench.suite_time LOG` from a run's output), never typed; so are the slower host's
+    vllm_eagle3.tools.suite_time LOG` from a run's output), never typed; so are the slower host's
     (bench/suite_slow_host.json: an avx2-only EPYC)."""
     text = (REPO / "docs" / "testing.md").read_text()
     section = text[text.index("## How long the suite takes"):]

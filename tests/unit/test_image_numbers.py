@@ -1,5 +1,5 @@
 """The image-prompt numbers the model card quotes are bench/images.json's (written by ``python -m
-vllm_eagle3.tools.bench.images``), not typed by hand: every cell of the card's image table must be the results file's value
+vllm_eagle3.tools.images``), not typed by hand: every cell of the card's image table must be the results file's value
 rounded as printed. Reads files only; no engine."""
 
 from __future__ import annotations
@@ -28,4 +28,4 @@ def test_model_card_image_table_is_the_results_file():
         want = [f"{s['acceptance_length']:.2f}", f"{s['per_position'][0]:.2f}", f"{s['tokens_per_s_eagle3']:.2f}",
                 f"{s['tokens_per_s_none']:.2f}", f"{s['speedup']:.2f}x", f"{s['greedy_identical']}/{s['requests']}"]
         assert cells == want, (f"{CARD}, row {group!r}: {cells} but {RESULTS} says {want}: re-run "
-                               "`python -m vllm_eagle3.tools.bench.images` and copy its numbers")
+                               "`python -m vllm_eagle3.tools.images` and copy its numbers")

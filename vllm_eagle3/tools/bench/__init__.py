@@ -5,7 +5,7 @@ Data flow, one module each: ``plan`` (variants and cells) -> ``run`` (servers, a
 ``client`` sends the requests, ``timers`` is the worker extension that times the target forward and the draft) ->
 the results file -> ``analysis`` (paired intervals from ``stats``, the advice, ``advise``'s k per batch size) ->
 ``report`` / ``report_adaptive`` (``BENCHMARKS.md`` from ``template.md``, the plot). ``cli`` is the command line.
-Measurement scripts beside it: ``images``, ``heldout`` (prompts no model trained on), ``suite_time``.
+``heldout`` builds the prompts no shipped model trained on.
 Importing the package imports none of them.
 """
 

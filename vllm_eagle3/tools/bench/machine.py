@@ -1,5 +1,5 @@
 """What machine a measurement ran on, and when: the metadata every results file of ``vllm-eagle3 bench``,
-``bench.images``, ``bench.suite_time`` and ``soak`` carries (CPU model and ISA flags, cores, memory, versions, commit
+``images``, ``suite_time`` and ``soak`` carries (CPU model and ISA flags, cores, memory, versions, commit
 and whether the tree was dirty, load average before and after).
 """
 

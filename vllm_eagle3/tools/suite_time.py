@@ -6,7 +6,7 @@ and summary line; this reads them, adds the machine (as the benchmark records it
 tests/unit/test_docs_numbers.py checks that docs/testing.md quotes the file's numbers.
 
     make test 2>&1 | tee /tmp/make-test.log
-    python -m vllm_eagle3.tools.bench.suite_time /tmp/make-test.log --fresh-clone   # -> bench/suite.json
+    python -m vllm_eagle3.tools.suite_time /tmp/make-test.log --fresh-clone   # -> bench/suite.json
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def parse(log: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from vllm_eagle3.tools.bench.machine import machine_info, now_utc
 
-    p = argparse.ArgumentParser(prog="python -m vllm_eagle3.tools.bench.suite_time", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m vllm_eagle3.tools.suite_time", description=__doc__.split("\n")[0])
     p.add_argument("log", help="the saved output of `make test`")
     p.add_argument("--fresh-clone", action="store_true", help="the run started from a fresh clone (installs included)")
     p.add_argument("--commit", default=None, help="the commit the run tested (default: this checkout's HEAD)")

@@ -1,5 +1,5 @@
 """Images through the served path: test images, OpenAI chat messages carrying them, and the measurement of
-``python -m vllm_eagle3.tools.bench.images`` (image-prompt acceptance and speed with vs without speculation, next to
+``python -m vllm_eagle3.tools.images`` (image-prompt acceptance and speed with vs without speculation, next to
 the same prompts without images).
 
 Data flow position: client side, end to end. vLLM's Kimi K2.5 processor turns each ``image_url`` part into
@@ -183,15 +183,15 @@ def _run_group(base_url: str, model: str, conversations: Sequence[list], max_tok
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m vllm_eagle3.tools.bench.images``: see ``--help``."""
+    """``python -m vllm_eagle3.tools.images``: see ``--help``."""
     from vllm_eagle3.tools import REPO
     from vllm_eagle3.tools.bench.machine import loadavg, machine_info, now_utc
     from vllm_eagle3.tools.serve.process import VllmServer
 
     p = argparse.ArgumentParser(
-        prog="python -m vllm_eagle3.tools.bench.images",
+        prog="python -m vllm_eagle3.tools.images",
         description="Image-prompt acceptance and speed with vs without EAGLE-3 on the served miniature: serve "
-                    "--config (EAGLE-3 on), send the image prompts of vllm_eagle3.tools.bench.images.image_prompts "
+                    "--config (EAGLE-3 on), send the image prompts of vllm_eagle3.tools.images.image_prompts "
                     "(5 sizes / aspect ratios, two images in one prompt, image + multi-turn text) and the same "
                     "conversations without images, greedy, one at a time; then the same config with "
                     "--speculative-config None and the same requests. Writes acceptance length, per-position "
