@@ -248,7 +248,7 @@ def stop(server: VllmServer, say) -> None:
 
 def _image_demo(server: VllmServer, image: str, max_tokens: int, say) -> int:
     """``--image``: one chat request with an image (a file, or a generated PNG), its answer and acceptance."""
-    from vllm_eagle3.tools.bench.images import ask_image, make_png
+    from vllm_eagle3.tools.images import ask_image, make_png
 
     if image:
         path = Path(image)  # checked by main() before the server starts
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
               "for a generated PNG)", file=sys.stderr)
         return 2
     if args.image is not None and args.config == DEFAULT_SERVE_CONFIG:
-        from vllm_eagle3.tools.bench.images import DEFAULT_VISION_CONFIG
+        from vllm_eagle3.tools.images import DEFAULT_VISION_CONFIG
 
         args.config = DEFAULT_VISION_CONFIG
 
