@@ -24,8 +24,8 @@ def register() -> None:
 
     version = check_vllm_version()
 
-    import model_patches
-    from model_patches.vllm_plugin import vllm_patches
+    from vllm_eagle3 import model_patches
+    from vllm_eagle3.model_patches.vllm_plugin import vllm_patches
 
     records = model_patches.apply_all(vllm_patches(), version)
     _log_patches(records)

@@ -1,4 +1,4 @@
-"""The default-on CPU MLA verify-as-decode patch (model_patches/vllm_cpu_mla_verify_decode.py) keeps EAGLE-3 exact on
+"""The default-on CPU MLA verify-as-decode patch (vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py) keeps EAGLE-3 exact on
 every batch shape a real scheduler produces, and ``EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0`` gives vLLM's own path.
 
 Guards: a row expansion one token off (a draft token attending to its own future, or missing its own latent), a
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from model_patches.vllm_cpu_mla_verify_decode import ENV
+from vllm_eagle3.model_patches.vllm_cpu_mla_verify_decode import ENV
 
 pytestmark = pytest.mark.e2e
 

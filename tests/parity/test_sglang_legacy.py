@@ -4,7 +4,7 @@ Guards the incident end to end on the code that caused it. A Kimi K2.5 EAGLE-3 h
 ``cat([embed, layer 3, layer 31])`` was served by SGLang with draft ids ``[2, 30, 58]``; SGLang's legacy
 ``set_eagle3_layers_to_capture`` (``[val + 1 for val in layer_ids]``) turned them into taps 3/31/59, and the
 embedding could not be tapped at all (``-1`` -> capture index 0 -> ``hidden_states + residual`` with ``residual``
-None). The user patched ``deepseek_v2.py``; this project ships that as ``model_patches/sglang_embed_tap.py``.
+None). The user patched ``deepseek_v2.py``; this project ships that as ``vllm_eagle3/model_patches/sglang_embed_tap.py``.
 
 Which SGLang: PyPI's 0.5.13 and 0.5.13.post1 already carry the conditional rule (``if layer_ids and layer_ids[0] ==
 1``, ``srt/models/deepseek_v2.py`` ``set_eagle3_layers_to_capture``); 0.5.12.post1 is the newest release with the
@@ -50,7 +50,7 @@ TAP_REL = 1e-4
 NUM_LAYERS = 61  # the miniature has the incident model's depth
 TRAINED_TAPS = (EMBED, 3, 31)
 
-#: name -> (legacy ids, apply model_patches/sglang_embed_tap.py?); unpatched first (the patch is process-wide).
+#: name -> (legacy ids, apply vllm_eagle3/model_patches/sglang_embed_tap.py?); unpatched first (the patch is process-wide).
 LEGACY_CASES = {
     "incident_2_30_58": ([2, 30, 58], False),  # first: ids read by SGLang's ModelRunner itself
     "incident_listed_58_2_30": ([58, 2, 30], False),
@@ -217,7 +217,7 @@ def test_embed_id_minus_1_crashes_unpatched_legacy_sglang_as_for_the_incident_us
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# With model_patches/sglang_embed_tap.py on SGLang 0.5.12.post1.
+# With vllm_eagle3/model_patches/sglang_embed_tap.py on SGLang 0.5.12.post1.
 
 
 def test_legacy_ids_with_patch_are_taps_embed_3_31_on_legacy_sglang(legacy_run, mini_hf):

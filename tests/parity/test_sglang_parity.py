@@ -16,7 +16,7 @@ Tolerances (float32 in every engine, same weights, same token ids):
   tolerance leaves ~50x margin. It is also checked to DISCRIMINATE: neighbouring taps k-1 / k+1 differ by far more
   than it (:func:`assert_is_tap`), so an off-by-one capture cannot pass.
 - SGLang vs the vLLM plugin: the same ``ATOL``/``RTOL`` (measured: vLLM vs transformers ~8e-7 relative on the
-  61-layer checkpoint). This holds only with ``model_patches/vllm_cpu_rope_3d.py`` (vLLM-CPU's rotary kernel
+  61-layer checkpoint). This holds only with ``vllm_eagle3/model_patches/vllm_cpu_rope_3d.py`` (vLLM-CPU's rotary kernel
   mis-rotates 3-D MLA queries): without it vLLM was measured 47% off at tap 3 while SGLang stayed at ~1e-6.
 """
 
@@ -177,7 +177,7 @@ def test_sglang_ids_0_3_31_are_taps_embed_3_31(dsv3_run, dsv3_hf):
 
 
 def test_legacy_ids_with_patch_are_taps_embed_3_31(dsv3_run, dsv3_hf):
-    """Legacy [-1, 2, 30] + model_patches/sglang_embed_tap.py -> taps 0/3/31, identical to the 0.5.23 [0, 3, 31] run."""
+    """Legacy [-1, 2, 30] + vllm_eagle3/model_patches/sglang_embed_tap.py -> taps 0/3/31, identical to the 0.5.23 [0, 3, 31] run."""
     case = dsv3_run["cases"]["legacy_-1_2_30"]
     assert case["legacy_patch"] and case["legacy_patch"]["sglang_version"] == SGLANG_VERSION
     taps = ids_to_taps(case["draft_ids"], "sglang-legacy", INCIDENT_LAYERS)

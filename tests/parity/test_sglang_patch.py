@@ -1,4 +1,4 @@
-"""The SGLang patch ``model_patches/sglang_embed_tap.py`` keeps its contract on SGLang's real classes, in both
+"""The SGLang patch ``vllm_eagle3/model_patches/sglang_embed_tap.py`` keeps its contract on SGLang's real classes, in both
 SGLang venvs: 0.5.23 (``.venv-sglang``) and 0.5.12.post1, the legacy rule (``.venv-sglang-legacy``).
 
 Guards: a legacy-convention draft ([-1, 2, 30]) served by SGLang 0.5.23 either crashes ("captured 2 of 3 aux hidden

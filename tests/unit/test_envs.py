@@ -22,7 +22,7 @@ from vllm_eagle3 import envs
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
-SCANNED = ("vllm_eagle3", "model_patches")
+SCANNED = ("vllm_eagle3",)
 KNOWN = set(envs.VARIABLES) | {v.deprecated for v in envs.VARIABLES.values() if v.deprecated}
 
 

@@ -18,14 +18,14 @@ import pytest
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("vllm_eagle3", "model_patches")
+PACKAGES = ("vllm_eagle3",)
 MAX_LINES = 450
 CORE = {"vllm_eagle3.spec", "vllm_eagle3.conventions", "vllm_eagle3.checkpoint", "vllm_eagle3.resolve",
         "vllm_eagle3.capture", "vllm_eagle3.plugin", "vllm_eagle3.compat", "vllm_eagle3.watch",
         "vllm_eagle3.watch_vllm", "vllm_eagle3.envs", "vllm_eagle3.vllm_cpu_version", "vllm_eagle3.wirings",
         "vllm_eagle3.wiring_check", "vllm_eagle3.cpu_attention", "vllm_eagle3.engines",
         "vllm_eagle3.verdicts"}
-CORE_PACKAGES = ("vllm_eagle3.online", "model_patches")
+CORE_PACKAGES = ("vllm_eagle3.online", "vllm_eagle3.model_patches")
 """Whole packages of the runtime: every module under them is core."""
 
 
@@ -128,9 +128,9 @@ def test_dependencies_point_down(graph):
 def test_what_vllm_loads_imports_no_tooling(graph):
     """Everything reachable from vLLM's entry points (plugin, patches, capture, online check, watch) stays out of
     ``vllm_eagle3.tools``: a vLLM process must not load the commands, and a tooling change must not break serving
-    (``model_patches/vllm_cpu_amx_float32.py`` imported ``tools.serve.cpu_attention``). Function-level imports count."""
+    (``vllm_eagle3/model_patches/vllm_cpu_amx_float32.py`` imported ``tools.serve.cpu_attention``). Function-level imports count."""
     entry = vllm_entry_points()
-    assert {"vllm_eagle3.plugin", "model_patches.vllm_plugin", "vllm_eagle3.watch_vllm"} <= entry, entry
+    assert {"vllm_eagle3.plugin", "vllm_eagle3.model_patches.vllm_plugin", "vllm_eagle3.watch_vllm"} <= entry, entry
     seen, todo, via = set(), sorted(entry), {}
     while todo:
         mod = todo.pop()

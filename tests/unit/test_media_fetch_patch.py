@@ -1,4 +1,4 @@
-"""model_patches/vllm_media_fetch_unreachable.py: an image URL the server cannot reach is a 422 naming the URL.
+"""vllm_eagle3/model_patches/vllm_media_fetch_unreachable.py: an image URL the server cannot reach is a 422 naming the URL.
 
 Stock vLLM 0.32 returns the connection error unchanged from ``_wrap_media_fetch_error`` after its retries, and the
 API server answers 500 (measured through the server: tests/e2e/test_images.py, case "unreachable URL"). Here the
@@ -40,8 +40,8 @@ def test_unreachable_url_is_a_422_naming_the_url():
     from vllm.exceptions import VLLMUnprocessableEntityError
     from vllm.multimodal.media import connector
 
-    import model_patches
-    from model_patches import vllm_media_fetch_unreachable as patch
+    from vllm_eagle3 import model_patches
+    from vllm_eagle3.model_patches import vllm_media_fetch_unreachable as patch
 
     exc = _connect_error()
     assert isinstance(exc, aiohttp.ClientConnectorError), type(exc)

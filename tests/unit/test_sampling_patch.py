@@ -1,10 +1,10 @@
 """The two vLLM-CPU sampling patches that keep a speculative engine alive and its sampled output on-distribution.
 
 Guards (each test fails on stock vllm-cpu 0.32.0 and passes with the patch):
-- model_patches/vllm_cpu_spec_expand.py: vLLM-CPU's ``expand_kernel`` fallback wrote the per-draft-token
+- vllm_eagle3/model_patches/vllm_cpu_spec_expand.py: vLLM-CPU's ``expand_kernel`` fallback wrote the per-draft-token
   temperature / top-p / top-k into a temporary int64 copy, so the rejection sampler read uninitialised memory for
   every sampled request under speculation (wrong output distribution; a garbage top-k can kill the engine).
-- model_patches/vllm_cpu_top_k_empty.py: ``apply_top_k_only`` raised on a batch with no rows, which is what the
+- vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py: ``apply_top_k_only`` raised on a batch with no rows, which is what the
   rejection sampler hands it in every speculative step without drafts (each prefill): ONE ``top_k`` request killed
   the engine (HTTP 500, /health down).
 No engine is started: the functions the engine calls are called directly, with vLLM's CPU kernel overrides registered
@@ -61,8 +61,8 @@ def cumsum32(counts: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("values,counts,rfrom,rto", CASES, ids=["temperature", "top_p", "top_k_int32", "int64"])
 def test_patched_expand_matches_the_triton_kernel(cpu_overrides, values, counts, rfrom, rto):
     """``expand_batch_to_tokens`` (the rejection sampler's per-token temperature/top-k/top-p) after the patch."""
-    import model_patches
-    from model_patches import vllm_cpu_spec_expand
+    from vllm_eagle3 import model_patches
+    from vllm_eagle3.model_patches import vllm_cpu_spec_expand
     from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 
     record = model_patches.apply(vllm_cpu_spec_expand.PATCH, "0.32.0")
@@ -76,8 +76,8 @@ def test_patched_expand_matches_the_triton_kernel(cpu_overrides, values, counts,
 
 def test_stock_expand_drops_float_and_int32_outputs(cpu_overrides):
     """vLLM's own fallback leaves a float32 / int32 output untouched (it fills a temporary int64 copy). When this
-    fails, vLLM fixed ``_expand_kernel_impl``: retire model_patches/vllm_cpu_spec_expand.py."""
-    from model_patches.vllm_cpu_spec_expand import stock_expand_kernel_impl
+    fails, vLLM fixed ``_expand_kernel_impl``: retire vllm_eagle3/model_patches/vllm_cpu_spec_expand.py."""
+    from vllm_eagle3.model_patches.vllm_cpu_spec_expand import stock_expand_kernel_impl
 
     stock = stock_expand_kernel_impl()
     for values in (torch.tensor([0.8, 1.5]), torch.tensor([5, 20], dtype=torch.int32)):
@@ -88,14 +88,14 @@ def test_stock_expand_drops_float_and_int32_outputs(cpu_overrides):
 
 def test_top_k_on_an_empty_batch(cpu_overrides):
     """The rejection sampler's top-k on a step with no draft tokens: stock raises, the patch returns the logits."""
-    import model_patches
-    from model_patches import vllm_cpu_top_k_empty
+    from vllm_eagle3 import model_patches
+    from vllm_eagle3.model_patches import vllm_cpu_top_k_empty
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
     stock = vllm_cpu_top_k_empty.stock_apply_top_k_only()
     empty, no_k = torch.empty(0, 4096), torch.empty(0, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="numel\\(\\) == 0"):
-        stock(empty.clone(), no_k)  # when this stops raising, retire model_patches/vllm_cpu_top_k_empty.py
+        stock(empty.clone(), no_k)  # when this stops raising, retire vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py
 
     record = model_patches.apply(vllm_cpu_top_k_empty.PATCH, "0.32.0")
     assert "vllm_cpu_top_k_empty" in record and "skipped" not in record, record
@@ -114,13 +114,13 @@ def test_top_k_on_an_empty_batch(cpu_overrides):
 
 def test_skip_env_leaves_a_patch_out(monkeypatch):
     """``EAGLE3_SKIP_PATCHES`` (the e2e test's way to run stock vLLM minus one patch) is read per name."""
-    from model_patches import SKIP_ENV, skipped_by_env
+    from vllm_eagle3.model_patches import SKIP_ENV, skipped_by_env
 
     assert skipped_by_env({SKIP_ENV: " vllm_cpu_spec_expand, ,vllm_cpu_top_k_empty"}) == {
         "vllm_cpu_spec_expand", "vllm_cpu_top_k_empty"}
     assert skipped_by_env({}) == frozenset()
 
-    import model_patches
+    from vllm_eagle3 import model_patches
 
     ran = []
     patch = model_patches.Patch(name="unit_test_skip_env_probe", engine="vllm", supported=("0.32.",),

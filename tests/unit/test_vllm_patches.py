@@ -1,11 +1,11 @@
-"""The vLLM-CPU RoPE patch (model_patches/vllm_cpu_rope_3d.py), checked against a reference rotation.
+"""The vLLM-CPU RoPE patch (vllm_eagle3/model_patches/vllm_cpu_rope_3d.py), checked against a reference rotation.
 
 Guards the bug that made every DeepSeek/Kimi model on vLLM-CPU 0.32 attend with wrongly rotated queries: vLLM's
 MLA rotates ``q[..., qk_nope_head_dim:]`` (a 3-D, non-contiguous view) in place with the CPU rope kernel, which is
 only right for contiguous 2-D tensors. Before the patch the error below was 0.7-3.4 (max abs); after it, 0.
 Exact comparison: the kernel and the reference compute the same float32 products in the same order per element.
 
-Also the default-on MLA verify-as-decode patch (model_patches/vllm_cpu_mla_verify_decode.py): its row expansion for
+Also the default-on MLA verify-as-decode patch (vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py): its row expansion for
 requests of different query lengths, run through vLLM-CPU's real decode kernel, must equal causal attention over the
 latent cache (guards a row one token off, a request's rows given another request's block table, padding rows of
 length 0 producing rows); the switch is on by default, ``=0`` opts out, other values are errors.
@@ -34,8 +34,8 @@ def test_rope_on_strided_3d_query_matches_reference(tokens):
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
-    import model_patches
-    from model_patches import vllm_cpu_rope_3d
+    from vllm_eagle3 import model_patches
+    from vllm_eagle3.model_patches import vllm_cpu_rope_3d
 
     record = model_patches.apply(vllm_cpu_rope_3d.PATCH, "0.32.0")
     assert "vllm_cpu_rope_3d" in record and record in model_patches.applied_patches()
@@ -61,7 +61,7 @@ def test_rope_on_strided_3d_query_matches_reference(tokens):
 def test_expand_decode_rows_is_causal_per_request():
     """Token j of a request with q tokens and total length S gets exactly S - (q - 1 - j) cached tokens and its own
     request's block table, whatever the other requests' query lengths (0: a padding row, no kernel row)."""
-    from model_patches.vllm_cpu_mla_verify_decode import expand_decode_rows
+    from vllm_eagle3.model_patches.vllm_cpu_mla_verify_decode import expand_decode_rows
 
     bt = torch.tensor([[7, 8], [3, 4], [5, 6], [1, 2]], dtype=torch.int32)
     sl = torch.tensor([20, 33, 9, 2], dtype=torch.int32)
@@ -103,7 +103,7 @@ def test_decode_kernel_on_expanded_rows_equals_causal_attention():
     away on these random latents."""
     from vllm import _custom_ops as ops
 
-    from model_patches.vllm_cpu_mla_verify_decode import expand_decode_rows
+    from vllm_eagle3.model_patches.vllm_cpu_mla_verify_decode import expand_decode_rows
 
     torch.manual_seed(0)
     heads, block, dim = 4, 16, 576
@@ -138,8 +138,8 @@ def test_decode_kernel_on_expanded_rows_equals_causal_attention():
 def test_mla_verify_decode_is_default_and_rejects_unclear_values():
     """On unless EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0 (then the plugin leaves it out); a value like "yes" is an
     error naming the variable and the accepted values, never a silent default."""
-    from model_patches.vllm_cpu_mla_verify_decode import ENV, PATCH
-    from model_patches.vllm_plugin import VLLM_PATCHES, vllm_patches
+    from vllm_eagle3.model_patches.vllm_cpu_mla_verify_decode import ENV, PATCH
+    from vllm_eagle3.model_patches.vllm_plugin import VLLM_PATCHES, vllm_patches
 
     assert PATCH in VLLM_PATCHES
     assert vllm_patches({}) == VLLM_PATCHES and vllm_patches({ENV: "1"}) == VLLM_PATCHES
@@ -155,7 +155,7 @@ def test_mla_verify_decode_switch_follows_the_environment(monkeypatch):
     opted-out one), and one started without the variable gets the VARLEN builder."""
     from vllm.v1.attention.backends.mla import cpu_mla
 
-    from model_patches import vllm_cpu_mla_verify_decode as mla
+    from vllm_eagle3.model_patches import vllm_cpu_mla_verify_decode as mla
 
     monkeypatch.setenv(mla.ENV, "0")
     original = cpu_mla.CPUMLABackend.get_builder_cls()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from model_patches import Patch, PatchVersionError, applied_patches, apply
+from vllm_eagle3.model_patches import Patch, PatchVersionError, applied_patches, apply
 
 pytestmark = pytest.mark.unit
 
@@ -58,7 +58,7 @@ def test_cpu_block_size_patch_declares_16():
     from vllm import __version__
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from model_patches.vllm_plugin import register
+    from vllm_eagle3.model_patches.vllm_plugin import register
 
     records = register()
     assert register() == records

@@ -21,14 +21,14 @@ def prompt_ids(text: str = PROMPT) -> list[int]:
 
 def worker_applied_patches(worker: Any) -> list[str]:
     """``LLM.collective_rpc`` target: the model patches this worker process applied or skipped (one line each)."""
-    from model_patches import applied_patches
+    from vllm_eagle3.model_patches import applied_patches
 
     return applied_patches()
 
 
 def worker_mla_verify_calls(worker: Any) -> dict[str, int]:
     """``LLM.collective_rpc`` target: how often this worker ran model_patches/vllm_cpu_mla_verify_decode.py's path."""
-    from model_patches.vllm_cpu_mla_verify_decode import CALLS
+    from vllm_eagle3.model_patches.vllm_cpu_mla_verify_decode import CALLS
 
     return dict(CALLS)
 

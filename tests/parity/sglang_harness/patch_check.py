@@ -1,4 +1,4 @@
-"""Exercise ``model_patches/sglang_embed_tap.py`` against the installed SGLang (run with ``.venv-sglang/bin/python``).
+"""Exercise ``vllm_eagle3/model_patches/sglang_embed_tap.py`` against the installed SGLang (run with ``.venv-sglang/bin/python``).
 
 Where this sits: support for ``tests/parity/test_sglang_patch.py``. The patch's effect on a real model's capture
 (-1 -> the embedding, +1 everywhere) is checked tensor for tensor by ``test_sglang_parity.py``; this script checks
@@ -29,8 +29,8 @@ def main(argv=None) -> int:
     import sglang
     from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV2Model, DeepseekV3ForCausalLM
 
-    import model_patches
-    from model_patches import sglang_embed_tap as patch
+    from vllm_eagle3 import model_patches
+    from vllm_eagle3.model_patches import sglang_embed_tap as patch
 
     out: dict = {"sglang_version": sglang.__version__}
     original = DeepseekV2ForCausalLM.set_eagle3_layers_to_capture

@@ -78,7 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", required=True, help="checkpoint folder (DeepseekV3ForCausalLM or KimiK25)")
     p.add_argument("--case", action="append", required=True, metavar="NAME=DRAFT_DIR[:legacy]",
                    help="one capture case: SGLang reads DRAFT_DIR's eagle_config.eagle_aux_hidden_state_layer_ids; "
-                        "':legacy' applies model_patches/sglang_embed_tap.py first (process-wide, so every later "
+                        "':legacy' applies vllm_eagle3/model_patches/sglang_embed_tap.py first (process-wide, so every later "
                         "case must be ':legacy' too). "
                         "Repeatable; the FIRST case's draft is the one ModelRunner itself is started with.")
     p.add_argument("--input-ids", required=True, help="comma-separated token ids of the prefill")
@@ -333,7 +333,7 @@ def main(argv=None) -> int:
     target = Path(args.target).resolve()
     input_ids = [int(x) for x in args.input_ids.split(",") if x.strip()]
     sys.path.insert(0, str(REPO))
-    from model_patches import sglang_embed_tap
+    from vllm_eagle3.model_patches import sglang_embed_tap
 
     import sglang
     from array import array

@@ -72,7 +72,7 @@ class StepTimers:
         own counters of steps and verifications through its path; all zero when vLLM's own path ran: patch not
         installed or switched off). ``analysis.mla_verify_patched`` reads them."""
         try:
-            from model_patches.vllm_cpu_mla_verify_decode import CALLS
+            from vllm_eagle3.model_patches.vllm_cpu_mla_verify_decode import CALLS
         except ImportError:
             return {}
         return dict(CALLS)

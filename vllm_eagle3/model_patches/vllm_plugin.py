@@ -2,16 +2,16 @@
 
 Data flow position: none (the patches make vLLM run the target + draft pair). ``vllm_eagle3.plugin.register``
 applies :data:`VLLM_PATCHES` in every vLLM process. :func:`register` is meant for a second
-``vllm.general_plugins`` entry point (``vllm_eagle3_model_patches = "model_patches.vllm_plugin:register"``):
+``vllm.general_plugins`` entry point (``vllm_eagle3_model_patches = "vllm_eagle3.model_patches.vllm_plugin:register"``):
 with ``VLLM_PLUGINS=vllm_eagle3_model_patches`` vLLM runs *stock* model code plus these patches only, which
 is how tests/e2e/test_stock_vllm.py records what unpatched capture does on CPU.
 """
 
 from __future__ import annotations
 
-from model_patches import Patch, apply_all
-from model_patches import vllm_cpu_amx_float32, vllm_cpu_block_size, vllm_cpu_mla_verify_decode, vllm_cpu_rope_3d
-from model_patches import vllm_cpu_spec_expand, vllm_cpu_top_k_empty, vllm_media_fetch_unreachable
+from vllm_eagle3.model_patches import Patch, apply_all
+from vllm_eagle3.model_patches import vllm_cpu_amx_float32, vllm_cpu_block_size, vllm_cpu_mla_verify_decode, vllm_cpu_rope_3d
+from vllm_eagle3.model_patches import vllm_cpu_spec_expand, vllm_cpu_top_k_empty, vllm_media_fetch_unreachable
 
 VLLM_PATCHES = (vllm_cpu_block_size.PATCH, vllm_cpu_rope_3d.PATCH, vllm_cpu_mla_verify_decode.PATCH,
                 vllm_cpu_spec_expand.PATCH, vllm_cpu_top_k_empty.PATCH, vllm_media_fetch_unreachable.PATCH,

@@ -72,7 +72,7 @@ def check_version(patch: Patch, installed: str) -> None:
         raise PatchVersionError(
             f"model patch {patch.name!r} was written for {patch.engine} {supported} but {patch.engine} "
             f"{installed} is installed; install a supported {patch.engine} version, or check whether "
-            f"{patch.retire_when} made the patch unnecessary and update model_patches/"
+            f"{patch.retire_when} made the patch unnecessary and update vllm_eagle3/model_patches/"
         )
 
 

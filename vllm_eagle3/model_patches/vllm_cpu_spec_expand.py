@@ -30,7 +30,7 @@ uninitialised temperature/top_p/top_k"). Only applied on CPU without a Triton CP
 
 from __future__ import annotations
 
-from model_patches import Patch, vllm_cpu_only
+from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_spec_expand"
 KERNEL_NAME = "vllm.v1.sample.rejection_sampler.expand_kernel"

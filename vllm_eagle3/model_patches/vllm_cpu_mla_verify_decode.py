@@ -44,7 +44,7 @@ everything this patch touches) but not run here.
 
 from __future__ import annotations
 
-from model_patches import Patch, vllm_cpu_only
+from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 ENV = "EAGLE3_CPU_MLA_VERIFY_AS_DECODE"
 _MARK = "_vllm_eagle3_mla_verify_decode"

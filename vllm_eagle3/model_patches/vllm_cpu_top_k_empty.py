@@ -20,7 +20,7 @@ apply_top_k_only k.max() on an empty batch"). Only applied on CPU.
 
 from __future__ import annotations
 
-from model_patches import Patch, vllm_cpu_only
+from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_top_k_empty"
 _stock = None  # vLLM's own apply_top_k_only, kept when the patch wraps it

@@ -19,7 +19,7 @@ Retire when: the CPU ``rotary_embedding`` kernel honours the query's head stride
 
 from __future__ import annotations
 
-from model_patches import Patch, vllm_cpu_only
+from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_rope_3d"
 

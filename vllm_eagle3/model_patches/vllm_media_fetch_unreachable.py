@@ -33,7 +33,7 @@ after retries; VLLMUnprocessableEntityError's doc says 422").
 
 from __future__ import annotations
 
-from model_patches import Patch
+from vllm_eagle3.model_patches import Patch
 
 _MARK = "_vllm_eagle3_media_fetch_unreachable"
 _stock = None
@@ -68,7 +68,7 @@ def _apply() -> str:
     original = getattr(connector, "_wrap_media_fetch_error", None)
     if original is None:
         raise RuntimeError("vllm.multimodal.media.connector._wrap_media_fetch_error is gone: check whether vLLM now "
-                           "answers unreachable media URLs with a 4xx and retire model_patches/"
+                           "answers unreachable media URLs with a 4xx and retire vllm_eagle3/model_patches/"
                            "vllm_media_fetch_unreachable.py")
     if getattr(original, _MARK, False):
         return "already patched"

@@ -36,10 +36,10 @@ the patch is process-wide, so a process that needs both readings runs its unpatc
 
 Usage (in every SGLang process that builds the target, before it is built)::
 
-    from model_patches import sglang_embed_tap
+    from vllm_eagle3.model_patches import sglang_embed_tap
     sglang_embed_tap.apply()
 
-``.venv-sglang/bin/python -m model_patches.sglang_embed_tap --check`` (from the repo root) applies it and prints
+``.venv-sglang/bin/python -m vllm_eagle3.model_patches.sglang_embed_tap --check`` (from the repo root) applies it and prints
 the record (importing sglang needs the harness shims on a CPU-only machine: tests/parity/sglang_harness/shims.py).
 """
 
@@ -49,8 +49,8 @@ import argparse
 import sys
 from typing import Any, Callable, List, Optional
 
-from model_patches import Patch
-from model_patches import apply as apply_patch
+from vllm_eagle3.model_patches import Patch
+from vllm_eagle3.model_patches import apply as apply_patch
 
 SUPPORTED_SGLANG = ("0.5.12.post1", "0.5.23")
 """SGLang versions whose ``set_eagle3_layers_to_capture`` (and, where listed below, forward) this patch was written

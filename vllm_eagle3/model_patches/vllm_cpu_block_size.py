@@ -16,7 +16,7 @@ Only applied on the CPU platform: GPU backends are untouched.
 
 from __future__ import annotations
 
-from model_patches import Patch, vllm_cpu_only
+from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_block_size_16"
 
