@@ -72,6 +72,9 @@ _VARS = (
     Var("EAGLE3_CHECK_DIR", None, _text,
         "Folder of the online wiring check's engine<i>.json; unset: made by the first vLLM process, inherited.",
         "VLLM_EAGLE3_CHECK_DIR"),
+    Var("EAGLE3_HOME", None, _text,
+        "A vllm-eagle3 clone whose models/ and configs/ demo, bench and soak use by default; unset: the clone this "
+        "package is installed from (editable), else the current folder."),
     Var("_EAGLE3_SERVE_CHILD", False, _flag,
         "Internal: marks the supervised child of `vllm-eagle3 serve` (never set it yourself).",
         "_VLLM_EAGLE3_SERVE_CHILD"),

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools import REPO, bundled, where
 from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 from vllm_eagle3.tools.serve.process import LOOPBACK, ServerStartError, VllmServer, served_model_name
 
@@ -160,9 +160,10 @@ def run_queries(base_url: str, model: str | None = None, completion_prompts: Seq
 # ------------------------------------------------------------------------------------------------- the demo
 
 def _repo_path(path: str) -> Path:
-    """``path`` as given if it exists from here, else relative to the repository (so `make demo` works anywhere)."""
+    """``path`` as given if it exists from here, else the clone's (so `make demo` works anywhere; an installed wheel
+    has no clone: the error names where it looked and ``EAGLE3_HOME``)."""
     p = Path(path)
-    return p if p.exists() or p.is_absolute() else REPO / p
+    return p if p.exists() or p.is_absolute() else bundled(p, "demo")
 
 
 def attention_backend_line(log: str) -> str:
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Serve the shipped miniature Kimi K2.5 + EAGLE-3 head on 127.0.0.1 with the plugin (vLLM's own "
                     "`vllm serve`), send completions / chat / streaming requests with the openai client, print "
                     "answers, acceptance and per-position acceptance; then serve the same model without "
-                    "speculation and print the speed of both on the same prompts (and whether the texts match).")
+                    "speculation and print the speed of both on the same prompts (and whether the texts match).",
+        epilog=where() + ".")
     p.add_argument("--config", default=DEFAULT_SERVE_CONFIG,
                    help=f"vLLM serve config YAML (default {DEFAULT_SERVE_CONFIG})")
     p.add_argument("--capture-spec", default=DEFAULT_CAPTURE_SPEC,
@@ -302,11 +304,16 @@ def main(argv: list[str] | None = None) -> int:
 
         args.config = DEFAULT_VISION_CONFIG
 
-    config, spec = _repo_path(args.config), _repo_path(args.capture_spec)
+    try:
+        config, spec = _repo_path(args.config), _repo_path(args.capture_spec)
+    except SystemExit as exc:
+        print(exc.code, file=sys.stderr)
+        return 2
     missing = [m for m in MINIATURE if not (REPO / m / "config.json").is_file()]
     if missing and args.config == DEFAULT_SERVE_CONFIG:
-        print(f"vllm-eagle3: error: the shipped miniature is missing ({', '.join(missing)}); it is built by "
-              "`python -m vllm_eagle3.miniature.train_target` / `train_draft` (see models/kimi-k25-mini/MODEL_CARD.md)", file=sys.stderr)
+        print(f"vllm-eagle3: error: the shipped miniature is missing ({', '.join(missing)}): {where()}; a clone "
+              "builds it with `python -m vllm_eagle3.miniature.train_target` / `train_draft` "
+              "(models/kimi-k25-mini/MODEL_CARD.md)", file=sys.stderr)
         return 2
     base_args = ["--config", str(config)] + (["--no-enforce-eager"] if args.compile else [])
     say = lambda line: print(f"[demo] {line}", flush=True)  # noqa: E731
