@@ -120,7 +120,9 @@ class CaptureDeepseekV2Model(_VllmDeepseekV2Model, EagleModelMixin):
                              pp.is_last_rank, relay=relay)
         self.capture_taps = taps
         self.check_taps = check_taps
-        self.aux_hidden_state_layers = tuple(sorted(k for k in taps + check_taps if k != EMBED))
+        # A stage before the last drops the parent's aux list (the pre-hooks below read its taps instead).
+        self.aux_hidden_state_layers = tuple(sorted(k for k in taps + check_taps if k != EMBED)) \
+            if pp.is_last_rank else ()
         slots = tuple(sorted(taps + check_taps))  # embed = 0 sorts first
         # V2 reads these two: the slots computed upstream of this stage, and how many the last stage collects.
         self._aux_slot_base_cached = sum(k < self.start_layer for k in slots)
@@ -130,7 +132,7 @@ class CaptureDeepseekV2Model(_VllmDeepseekV2Model, EagleModelMixin):
         self._stage_taps, self._stage_hooks = (), ()
         if not pp.is_last_rank:
             self._stage_taps = tuple(k for k in slots if self.start_layer <= k < self.end_layer)
-            # The parent drops its aux list on a non-last stage; a pre-hook on layer k reads tap k as it enters.
+            # A forward pre-hook on layer k reads tap k as it enters the layer.
             self._stage_hooks = tuple(self.layers[k].register_forward_pre_hook(self._keep_stage_tap(k))
                                       for k in self._stage_taps if k != EMBED)
 
