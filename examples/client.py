@@ -1,21 +1,65 @@
 #!/usr/bin/env python3
-"""Query a running vllm-eagle3 / vLLM server with the OpenAI client: completions, chat, streaming chat.
+"""Query a running vLLM server (vllm-eagle3 or plain vLLM) with the OpenAI client: completions, chat, streaming chat.
 
-Prints each answer, tokens/s, and, when the server speculates, the acceptance length and per-position acceptance
-measured over these requests from vLLM's Prometheus counters on ``/metrics``
-(``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``,
-``..._num_accepted_tokens_per_pos_total``).
+Prints each answer and its tokens/s and, when the server speculates, the acceptance over these requests from vLLM's
+Prometheus counters on ``/metrics`` (``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
+``..._num_accepted_tokens_total``, ``..._num_accepted_tokens_per_pos_total``).
 
-    examples/serve_miniature.sh &            # or: vllm-eagle3 serve --config configs/serve_kimi_k25_mini.yaml ...
+    vllm-eagle3 serve --config configs/serve_kimi_k25_mini.yaml &     # or any OpenAI-compatible vLLM server
     python examples/client.py --base-url http://127.0.0.1:8000
+
+Standalone: needs only ``pip install openai``; copy it into an application as it is.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import time
+import urllib.request
 
-from vllm_eagle3.tools.demo import CHAT_MESSAGES, COMPLETION_PROMPTS, STREAM_MESSAGES, run_queries
+# The bundled miniature was trained on Python source code: prompts it can continue.
+COMPLETION_PROMPTS = ("def fibonacci(n):\n", "import os\nimport sys\n\n\ndef main(argv):\n")
+CHAT_MESSAGES = ("Write a Python function that reverses a string.",)
+STREAM_MESSAGES = ("Show me how to read a JSON file in Python.",)
+SPEC_PREFIX = "vllm:spec_decode_num_"
+
+
+def spec_counters(base_url: str) -> dict[str, float] | None:
+    """vLLM's speculative-decoding counters (summed over labels; per position keyed ``accepted_tokens_per_pos/<i>``),
+    or None when the server does not speculate."""
+    with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^vllm:spec_decode_num_(\w+?)_total(\{[^}]*\})?\s+(\S+)$", line)
+        if not m:
+            continue
+        name = m.group(1)
+        pos = re.search(r'position="(\d+)"', m.group(2) or "")
+        key = f"{name}/{pos.group(1)}" if pos else name
+        out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out or None
+
+
+def acceptance_line(before: dict[str, float], after: dict[str, float]) -> str:
+    """Mean acceptance length (1 + accepted tokens per draft) and per-position acceptance over the requests sent."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    drafts = d.get("drafts", 0.0)
+    if not drafts:
+        return "speculative decoding: on, no drafts in these requests"
+    positions = sorted((int(k.split("/")[1]), v) for k, v in d.items() if k.startswith("accepted_tokens_per_pos/"))
+    per_pos = ", ".join(f"{v / drafts:.2f}" for _, v in positions)
+    return (f"speculative decoding: {int(drafts)} drafts, {int(d.get('accepted_tokens', 0))} of "
+            f"{int(d.get('draft_tokens', 0))} drafted tokens accepted, acceptance length "
+            f"{1 + d.get('accepted_tokens', 0) / drafts:.2f}, per position [{per_pos}]")
+
+
+def report(kind: str, tokens: int, seconds: float, text: str | None) -> None:
+    print(f"  [{kind}] {tokens} tokens in {seconds:.2f} s = {tokens / seconds if seconds else 0:.1f} tok/s")
+    if text is not None:
+        print("      | " + text.replace("\n", "\n      | "))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,17 +67,47 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default %(default)s)")
     p.add_argument("--model", default=None, help="model name (default: the first one /v1/models lists)")
     p.add_argument("--prompt", action="append", default=None,
-                   help="completion prompt (repeatable; default: three Python snippets)")
+                   help="completion prompt (repeatable; default: two Python snippets)")
     p.add_argument("--chat", action="append", default=None, help="chat message (repeatable)")
     p.add_argument("--stream", action="append", default=None, help="streaming chat message (repeatable)")
     p.add_argument("--no-chat", action="store_true", help="skip chat and streaming chat (a model without a chat "
                                                           "template answers them with an error)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default %(default)s)")
     args = p.parse_args(argv)
-    chats = () if args.no_chat else (args.chat or CHAT_MESSAGES)
-    streams = () if args.no_chat else (args.stream or STREAM_MESSAGES)
-    run_queries(args.base_url, model=args.model, completion_prompts=args.prompt or COMPLETION_PROMPTS,
-                chat_messages=chats, stream_messages=streams, max_tokens=args.max_tokens)
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=args.base_url.rstrip("/") + "/v1", api_key="EMPTY")
+    model = args.model or client.models.list().data[0].id
+    before = spec_counters(args.base_url)
+
+    for prompt in args.prompt or COMPLETION_PROMPTS:
+        print(f"- completion, prompt {prompt!r}")
+        t0 = time.perf_counter()
+        r = client.completions.create(model=model, prompt=prompt, max_tokens=args.max_tokens, temperature=0.0)
+        report("completion", r.usage.completion_tokens, time.perf_counter() - t0, r.choices[0].text)
+    for message in () if args.no_chat else (args.chat or CHAT_MESSAGES):
+        print(f"- chat, user: {message!r}")
+        t0 = time.perf_counter()
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": message}],
+                                           max_tokens=args.max_tokens, temperature=0.0)
+        report("chat", r.usage.completion_tokens, time.perf_counter() - t0, r.choices[0].message.content or "")
+    for message in () if args.no_chat else (args.stream or STREAM_MESSAGES):
+        print(f"- streaming chat, user: {message!r}\n      | ", end="", flush=True)
+        t0, tokens = time.perf_counter(), 0
+        stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": message}],
+                                                max_tokens=args.max_tokens, temperature=0.0, stream=True,
+                                                stream_options={"include_usage": True})
+        for chunk in stream:
+            tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+            for choice in chunk.choices:
+                print((choice.delta.content or "").replace("\n", "\n      | "), end="", flush=True)
+        print()
+        report("stream", tokens, time.perf_counter() - t0, None)
+
+    after = spec_counters(args.base_url)
+    print("speculative decoding: off (no vllm:spec_decode_* counters in /metrics)" if before is None or after is None
+          else acceptance_line(before, after))
     return 0
 
 

@@ -1,32 +1,48 @@
 #!/usr/bin/env python3
-"""Send an image to a running vllm-eagle3 server with the OpenAI client (one chat message with an ``image_url``
-part) and print the answer and, when the server speculates, the acceptance over this request.
+"""Send an image to a running vLLM server (vllm-eagle3 or plain vLLM) with the OpenAI client: one chat message with an
+``image_url`` part; print the answer and its tokens/s.
 
-    vllm-eagle3 serve --config configs/serve_kimi_k25_mini_vision.yaml --capture-spec configs/kimi_k25_eagle3.yaml &
+    vllm-eagle3 serve --config configs/serve_kimi_k25_mini_vision.yaml &
     python examples/image_client.py --base-url http://127.0.0.1:8000                 # a generated test image
     python examples/image_client.py --image photo.png --question "What is this?"      # your own file
 
-The image travels inline as a ``data:image/png;base64,...`` URL (the server needs no network). The bare OpenAI call
-is :func:`send` below; the printing helper is ``vllm_eagle3.tools.images.ask_image``.
+The image travels inline as a ``data:image/png;base64,...`` URL (the server needs no network). Standalone: needs
+only ``pip install openai``; copy it into an application as it is. ``examples/client.py`` also prints the
+acceptance from ``/metrics``.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import struct
 import sys
+import time
+import zlib
 from pathlib import Path
 
 
-def send(base_url: str, model: str, image_path: Path, question: str, max_tokens: int = 64) -> str:
+def test_png(width: int = 168, height: int = 112) -> bytes:
+    """A PNG made with the standard library: red and green gradients over a 7-pixel blue checkerboard."""
+    rows = b"".join(b"\x00" + bytes(v for x in range(width) for v in (
+        x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), 255 * ((x // 7 + y // 7) % 2)))
+        for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def send(base_url: str, model: str | None, image: bytes, mime: str, question: str, max_tokens: int = 64):
     """The OpenAI-client request, nothing else: one user message with the image and the question."""
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY")
-    mime = "image/jpeg" if image_path.suffix.lower() in (".jpg", ".jpeg") else "image/png"
-    url = f"data:{mime};base64,{base64.b64encode(image_path.read_bytes()).decode()}"
-    r = client.chat.completions.create(
-        model=model,
+    url = f"data:{mime};base64,{base64.b64encode(image).decode()}"
+    return client.chat.completions.create(
+        model=model or client.models.list().data[0].id,
         messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}},
             {"type": "text", "text": question},
@@ -34,7 +50,6 @@ def send(base_url: str, model: str, image_path: Path, question: str, max_tokens:
         max_tokens=max_tokens,
         temperature=0.0,
     )
-    return r.choices[0].message.content or ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,18 +62,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="text sent after the image (default: %(default)r)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default %(default)s)")
     args = p.parse_args(argv)
-
-    from vllm_eagle3.tools.images import ask_image, make_png
-
     if args.image is not None and not args.image.is_file():
-        p.error(f"--image {args.image}: no such file")
-    data = args.image.read_bytes() if args.image else make_png(168, 112)
+        p.error(f"--image {args.image}: no such file (give a PNG or JPEG file, or leave --image out)")
+    data = args.image.read_bytes() if args.image else test_png()
     mime = "image/jpeg" if args.image and args.image.suffix.lower() in (".jpg", ".jpeg") else "image/png"
+
+    print(f"- chat with an image, user: {args.question!r}")
+    t0 = time.perf_counter()
     try:
-        ask_image(args.base_url, data, args.question, max_tokens=args.max_tokens, model=args.model, mime=mime)
+        r = send(args.base_url, args.model, data, mime, args.question, args.max_tokens)
     except Exception as exc:  # noqa: BLE001 - show the server's answer (a 4xx names the reason)
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    seconds = time.perf_counter() - t0
+    print("      | " + (r.choices[0].message.content or "").replace("\n", "\n      | "))
+    print(f"  {r.usage.prompt_tokens} prompt tokens, {r.usage.completion_tokens} tokens in {seconds:.2f} s = "
+          f"{r.usage.completion_tokens / seconds:.1f} tok/s")
     return 0
 
 

@@ -8,7 +8,7 @@ client; the answers, tokens/s, acceptance length and per-position acceptance (fr
 server is shut down.
 
 The request helpers here (:func:`complete`, :func:`chat`, :func:`stream_chat`, :func:`run_queries`) are shared with
-``examples/client.py`` and the e2e tests.
+the e2e tests; ``examples/client.py`` sends the same kinds of request with nothing but the openai client.
 """
 
 from __future__ import annotations
