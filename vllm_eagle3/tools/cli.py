@@ -23,13 +23,28 @@ SUBCOMMANDS = {
                                                     "make setup runs it)"),
 }
 
+NEEDS = {
+    # name: the pyproject extras it needs besides the base install ("engine": cpu or gpu); tests/unit/test_extras.py
+    # holds every command's imports to this
+    "serve": ("engine",), "demo": ("engine",), "resolve": (), "conventions": (), "inspect": (), "convert": (),
+    "doctor": ("engine",), "bench": ("engine", "bench"), "soak": ("engine", "bench"), "fix-vllm-cli": ("cpu",),
+}
+"""``bench``'s plots (matplotlib) are optional: without the extra the plot is skipped and the page still written."""
+
+
+def needs_text(name: str) -> str:
+    labels = {"engine": "[cpu]/[gpu]", "cpu": "[cpu]", "bench": "[bench] for plots"}
+    return ", ".join(labels[e] for e in NEEDS[name]) or "base"
+
 
 def usage() -> str:
     width = max(map(len, SUBCOMMANDS))
+    needs = max(len(needs_text(n)) for n in SUBCOMMANDS)
     lines = ["usage: vllm-eagle3 <command> [options]   (vllm-eagle3 <command> --help for each)", "",
              "EAGLE-3 for Kimi K2.5 on vLLM with an explicit aux-capture spec (tap k = hidden state entering "
-             "layer k; embed = tap 0).", "", "commands:"]
-    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in SUBCOMMANDS.items()]
+             "layer k; embed = tap 0).", "", f"  {'command':<{width}}  {'install':<{needs}}  what it does"]
+    lines += [f"  {name:<{width}}  {needs_text(name):<{needs}}  {text}" for name, (_, text) in SUBCOMMANDS.items()]
+    lines += ["", 'install: pip install ".[cpu]" from a clone (or ".[gpu]" next to CUDA vLLM); "base" = no extra.']
     return "\n".join(lines)
 
 
