@@ -7,6 +7,7 @@ credible as a right one.
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -379,12 +380,69 @@ def test_report_renders_every_slot_and_the_no_run_page(tmp_path):
 
 def test_from_json_writes_the_documents(tmp_path, capsys):
     """One command regenerates BENCHMARKS.md and the plot from a results file, without any engine."""
+    from vllm_eagle3.tools.soak import NO_SOAK
+
     res = tmp_path / "results.json"
     res.write_text(json.dumps(synthetic_results()))
     assert main(["--from-json", str(res), "--out-dir", str(tmp_path)]) == 0
-    assert (tmp_path / "BENCHMARKS.md").read_text() == report.render(json.loads(res.read_text()), "bench.png")
-    assert (tmp_path / "bench.png").stat().st_size > 0
+    assert (tmp_path / "BENCHMARKS.md").read_text() == report.render(json.loads(res.read_text()), "bench.png",
+                                                                     soak=NO_SOAK)
+    assert (tmp_path / "bench.png").stat().st_size > 0 and "](bench.png)" in (tmp_path / "BENCHMARKS.md").read_text()
     assert "advice" in capsys.readouterr().out
+
+
+def test_without_matplotlib_the_page_and_advice_are_still_written(tmp_path, capsys, monkeypatch):
+    """Issue 40: matplotlib is only in the [bench] extra, and the plot was drawn before the page and the advice, so a
+    run without it ended in an ImportError with both lost. Now: one line naming the extra, the page written without a
+    link to a plot that was not drawn, the advice printed, the soak's plot skipped the same way."""
+    import builtins
+
+    from vllm_eagle3.tools.soak import plot_rss
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    res = tmp_path / "results.json"
+    res.write_text(json.dumps(synthetic_results()))
+    assert main(["--from-json", str(res), "--out-dir", str(tmp_path)]) == 0
+    page = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "{{" not in page and "**2.00 [2.00-2.00]**" in page and "![benchmark plot]" not in page
+    assert not (tmp_path / "bench.png").exists()
+    out = capsys.readouterr().out
+    assert "=== vllm-eagle3 bench: advice ===" in out
+    assert [ln for ln in out.splitlines() if "skipped" in ln] == [
+        f"[plot] {tmp_path / 'bench.png'} skipped: matplotlib is not installed (pip install 'vllm-eagle3[bench]')"]
+    assert plot_rss({"rss_mb_series": {"t": [], "processes": {}}}, tmp_path / "rss.png") is False
+    assert not (tmp_path / "rss.png").exists()
+
+
+def test_progress_counts_cells_and_minutes_left_from_the_plans_estimate():
+    """Issue 40: an hour's run printed elapsed seconds only. Each cell now says 'cell i/N, ~M min left', M from the
+    same estimate --dry-run prints: the whole plan's before the first cell, nothing after the last."""
+    plan = plans.PLANS["default"]()
+    progress = plans.Progress(plan)
+    total = sum(len(v.cells) for v in plan.variants)
+    assert progress.cells == total
+    assert sum(progress.left.values()) == pytest.approx(plans.estimate_seconds(plan))
+    cells = [(v, c) for v in plan.variants for c in v.cells]
+    first = progress(cells[0][0], cells[0][1].kind, cells[0][1].concurrency)
+    assert first.startswith(f"cell 1/{total}, ~") and first.endswith(" min left")
+    est = plans.estimate_items(plan)  # the first server's start and its first cell are done
+    done = est[(cells[0][0].key,)] + est[(cells[0][0].key, cells[0][1].kind, cells[0][1].concurrency)]
+    assert first == f"cell 1/{total}, ~{(plans.estimate_seconds(plan) - done) / 60:.0f} min left"
+    for v, c in cells[1:]:
+        last = progress(v, c.kind, c.concurrency)
+    assert last == f"cell {total}/{total}, ~0 min left"
+    failed = plans.Progress(plan)
+    failed.drop(plan.variants[0])  # a server that did not start: its cells leave the count and the estimate
+    assert failed.cells == total - len(plan.variants[0].cells)
 
 
 def _soak_result(**over):
@@ -403,13 +461,15 @@ def _soak_result(**over):
 
 def test_soak_section_renders_each_check_and_the_verdict():
     """BENCHMARKS.md's soak section: counts, memory, every check by name, and a failed check stands out."""
-    ok = report.soak_block(_soak_result())
+    from vllm_eagle3.tools import soak
+
+    ok = soak.soak_block(_soak_result())
     assert "**passed**" in ok and "1150 x 200" in ok and "2000 -> 2050" in ok and "commit abc1234" in ok
     assert "memory bounded yes" in ok and "50 x \"The min_p" in ok
     bad = _soak_result(passed=False, verdict={**_soak_result()["verdict"], "no_5xx": False},
                        first_errors=["500 completion-n2: boom"])
-    text = report.soak_block(bad)
+    text = soak.soak_block(bad)
     assert "**FAILED**" in text and "no 5xx **NO**" in text and "`500 completion-n2: boom`" in text
-    assert report.soak_block(None) == report.NO_SOAK
-    rendered = report.render(None, soak=_soak_result())
+    assert soak.soak_block(None) == soak.NO_SOAK
+    rendered = report.render(None, soak=soak.soak_block(_soak_result()))
     assert "## Soak" in rendered and "**passed**" in rendered

@@ -90,7 +90,7 @@ def test_the_rss_plot_is_drawn(tmp_path):
 
 
 def test_the_soak_section_names_each_process_and_links_the_plot():
-    from vllm_eagle3.tools.bench import report
+    from vllm_eagle3.tools import soak as soaks
 
     verdict = {"memory_bounded": True}
     soak = {"date_utc": "2026-12-01 19:00", "machine": "x86_64, 2 cores", "duration_s": 600.0, "warmup_s": 60.0,
@@ -100,8 +100,8 @@ def test_the_soak_section_names_each_process_and_links_the_plot():
             "passed": True, "rss_mb_by_process_first_last": [{"1 supervisor": 25.0, "4 worker": 5000.0},
                                                              {"1 supervisor": 25.0, "4 worker": 5020.0}],
             "rss_mb_series": {"t": [5.0], "processes": {"4 worker": [5000.0]}}}
-    text = report.soak_block(soak)
-    assert "supervisor 25 -> 25, worker 5000 -> 5020" in text and f"]({report.SOAK_RSS_PNG})" in text
+    text = soaks.soak_block(soak)
+    assert "supervisor 25 -> 25, worker 5000 -> 5020" in text and f"]({soaks.SOAK_RSS_PNG})" in text
 
 
 def test_documented_refusals_are_tallied_not_listed_as_errors():
@@ -212,6 +212,9 @@ def test_readme_quotes_the_last_soak_result():
     from vllm_eagle3.tools import REPO
     from vllm_eagle3.tools.bench.cli import DOCS
 
+    from vllm_eagle3.tools.soak import DEFAULT_OUT
+
+    assert DOCS["soak"] == DEFAULT_OUT  # the page bench renders shows the file soak writes
     r = json.loads((REPO / DOCS["soak"]).read_text())
     text = (REPO / "docs" / "testing.md").read_text()
     start = text.index("`pytest -m slow tests/e2e/test_soak.py`")

@@ -1,29 +1,18 @@
 """``vllm-eagle3 soak``: one speculative server under mixed traffic for minutes, judged as operators judge it.
 
-Data flow position: outside the engine, as a client. Starts the shipped pair exactly as ``make demo`` serves it
-(``configs/serve_kimi_k25_mini.yaml`` + ``configs/kimi_k25_eagle3.yaml``, EAGLE-3 k=3) on loopback, records a greedy
-reference, then runs ``--concurrency`` clients for ``--duration`` seconds, each request drawing a mix: greedy and
-sampled completions and chats with every OpenAI sampling option (temperature, top_p, top_k, min_p, penalties,
-logit_bias, seed, stop, logprobs, n > 1), streaming requests of which a third disconnect early, long and short
-prompts. Verdict:
-- zero 5xx answers and zero transport errors; every 4xx is one of :data:`EXPECTED_4XX` (vLLM 0.32 refuses min_p and
-  logit_bias under speculative decoding with a 400 that says so: a refusal, not a failure), tallied by reason. A
-  request that fails on a kept-alive connection the server had just closed, before any answer, is sent again once on
-  a new connection, as HTTP clients do (:func:`stale_keepalive`), and counted apart (``stale_keepalive_retries``);
-- no growth of the server's memory (resident set of its whole process tree) beyond warm-up: the last sample may
-  exceed the first post-warm-up sample by at most ``--max-growth-mb`` (allocator noise; a leak per request grows
-  without bound over thousands of requests), and the second half of the samples by at most
-  ``--max-late-growth-mb`` (it levels off: a cache still filling passes the first bound for a while, not this one).
-  Every 5 s sample is kept per process (``rss_mb_series``: supervisor, API server, engine core, worker) and plotted
-  (``bench/soak_rss.png``), so a growth names its process. What this found (2026-12-01), each time only in the
-  worker: its glibc heap fragmenting, ~30 MiB/min (fixed by ``serve``'s malloc thresholds,
-  ``vllm_cpu.glibc_malloc_setting``), then oneDNN's primitive cache filling with a ~265 KiB matmul kernel per new
-  batch size up to 1024 of them, ~20 MiB/min in anonymous mmapped memory (capped by ``serve``,
-  ``vllm_cpu.onednn_cache_setting``);
-- the greedy reference unchanged at the end, ``/health`` still 200, the spec-decode counters advanced;
-- no wiring alarm: neither the watch's collapse WARNING nor the online wiring check's COSTS/WRONG WARNING (a right
-  wiring under mixed traffic); the check's report at the end is kept (``wiring_check``).
-Writes a JSON result (``--out``, default ``bench/soak.json``, committed) and renders it into BENCHMARKS.md.
+Data flow position: outside the engine, as a client. Starts the shipped pair as ``make demo`` serves it (EAGLE-3
+k=3) on loopback, records a greedy reference, then runs ``--concurrency`` clients for ``--duration`` seconds, each
+request drawn from a mix (:func:`draw_request`: completions and chats, every OpenAI sampling option, n > 1, streams
+of which a third disconnect early, long and short prompts). Verdict (``verdict`` of the result):
+- no 5xx, no transport error (a request that met a kept-alive connection the server had just closed is sent again
+  once, :func:`stale_keepalive`); every 4xx one of :data:`EXPECTED_4XX` (vLLM's documented refusals), by reason;
+- the server's memory (resident set of its process tree) grows after warm-up by at most ``--max-growth-mb`` and
+  over the second half by at most ``--max-late-growth-mb`` (it levels off); every 5 s sample is kept per process
+  and plotted (``bench/soak_rss.png``), so a growth names its process;
+- the greedy reference unchanged, ``/health`` 200, the spec-decode counters advanced, no wiring alarm
+  (:data:`WIRING_ALARMS`); the online check's report at the end is kept (``wiring_check``).
+Writes ``--out`` (default ``bench/soak.json``, committed), which the repository's BENCHMARKS.md shows
+(:func:`soak_block`).
 """
 
 from __future__ import annotations
@@ -36,33 +25,32 @@ import json
 import os
 import platform
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from vllm_eagle3.tools import REPO
-from vllm_eagle3.tools.bench.cli import DOCS, render_repo_benchmarks_md
-from vllm_eagle3.tools.bench.report import SOAK_RSS_PNG
+from vllm_eagle3.tools.bench.cells_text import f, pyplot, table
 from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 from vllm_eagle3.tools.serve.process import VllmServer, served_model_name
 
 SERVE_ARGS = ["--config", "configs/serve_kimi_k25_mini.yaml", "--capture-spec", "configs/kimi_k25_eagle3.yaml"]
 REFERENCE_PROMPTS = ("def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n")
 SHORT = ("def ", "import os\n", "x = ", "class A:\n", "for i in range(")
-DEFAULT_OUT = DOCS["soak"]
+DEFAULT_OUT = "bench/soak.json"  # what the repository's BENCHMARKS.md shows
+SOAK_RSS_PNG = "bench/soak_rss.png"  # its plot of resident memory per process over time
+NO_SOAK = "_No soak result yet: run `vllm-eagle3 soak` (see above)._"
 EXPECTED_4XX = ("The min_p and logit_bias sampling parameters are not yet supported with speculative decoding",)
 """4xx answers that are vLLM's documented refusals (``vllm/v1/engine/input_processor.py``), not defects."""
-
-
 ROLES = {"VLLM::EngineCor": "engine core", "VLLM::Worker": "worker"}  # /proc/PID/comm is cut at 15 characters
 
 
 def tree_rss_by_process(root: int) -> dict[str, float]:
-    """Resident memory (MiB) of ``root`` and each descendant, keyed ``"<pid> <role>"``: ``supervisor`` (``root``,
-    the ``vllm-eagle3 serve`` wrapper), ``API server`` (its child running vLLM's CLI), ``engine core``, ``worker``,
-    else the process name (/proc/PID/comm, e.g. ``python3`` for multiprocessing's resource tracker, told apart from
-    the API server by its command line)."""
+    """Resident memory (MiB) of ``root`` and each descendant, keyed ``"<pid> <role>"``: ``supervisor`` (``root``),
+    ``API server`` (its python child that is no multiprocessing helper), ``engine core``, ``worker``, else the
+    process name (/proc/PID/comm)."""
     from vllm_eagle3.tools.serve.supervisor import descendants
 
     out = {}
@@ -85,13 +73,12 @@ def tree_rss_by_process(root: int) -> dict[str, float]:
     return out
 
 
-def plot_rss(result: dict, path: Path) -> None:
+def plot_rss(result: dict, path: Path) -> bool:
     """Resident memory per process over the soak (``rss_mb_series``), as the change from each process's first sample
-    after warm-up (warm-up shaded): which process grows, and whether it levels off."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    after warm-up (warm-up shaded): which process grows, and whether it levels off. False without matplotlib."""
+    plt = pyplot(str(path))
+    if plt is None:
+        return False
 
     series, warmup = result["rss_mb_series"], result["warmup_s"]
     t = series["t"]
@@ -116,6 +103,42 @@ def plot_rss(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return True
+
+
+def soak_block(soak: Mapping | None) -> str:
+    """The last ``vllm-eagle3 soak`` result (``bench/soak.json``): what ran, what came back, each check's verdict."""
+    if not soak:
+        return NO_SOAK
+    statuses = ", ".join(f"{n} x {s}" for s, n in sorted(soak["by_status"].items()))
+    refusals = "; ".join(f"{n} x \"{r}\"" for r, n in sorted(soak["refusals_4xx"].items(), key=lambda x: -x[1]))
+    rss = soak.get("rss_mb_first_last") or ["n/a", "n/a"]
+    checks = ", ".join(f"{k.replace('_', ' ')} {'yes' if ok else '**NO**'}" for k, ok in soak["verdict"].items())
+    lines = [f"**Soak of {soak['date_utc']} UTC**: `vllm-eagle3 soak`, {soak['concurrency']} concurrent clients for "
+        f"{soak['duration_s']:.0f} s after {soak['warmup_s']:.0f} s of warm-up; machine {soak['machine']}"
+        + (f", load average {soak['load_before']} before" if soak.get("load_before") else "")
+        + (f"; commit {soak['commit']}" if soak.get("commit") else "")
+        + (" with uncommitted changes" if soak.get("dirty") == "yes" else "") + ".", "", table(["requests", "answers", "transport errors", "streams cut by the client", "completion tokens",
+               "resident memory after warm-up, first -> last (MiB)", "growth (limit)", "acceptance length",
+               "verdict"],
+              [[str(soak["requests"]), statuses, str(soak["transport_errors"]), str(soak["early_disconnects"]),
+                str(soak["completion_tokens"]), f"{f(rss[0], 0)} -> {f(rss[1], 0)}",
+                f"{f(soak['rss_growth_mb'], 0)} MiB ({f(soak['max_growth_mb'], 0)})", f(soak["acceptance_length"]),
+                "**passed**" if soak["passed"] else "**FAILED**"]]), "", f"Checks: {checks}."]
+    grew = soak.get("rss_mb_by_process_first_last")
+    if grew:
+        first, last = grew
+        lines += ["", "Resident memory per process, first -> last sample after warm-up (MiB): " + ", ".join(
+            f"{k.split(' ', 1)[-1]} {f(first.get(k), 0)} -> {f(last.get(k), 0)}"
+            for k in sorted(set(first) | set(last), key=lambda k: int(k.split()[0]) if k.split()[0].isdigit() else 0))
+            + "."]
+    if soak.get("rss_mb_series") and (REPO / SOAK_RSS_PNG).exists():
+        lines += ["", f"![resident memory per process during the soak]({SOAK_RSS_PNG})"]
+    if refusals:
+        lines += ["", f"4xx answers (vLLM's refusals, by reason): {refusals}."]
+    if soak.get("first_errors"):
+        lines += ["", "First errors:", "", *(f"- `{x}`" for x in soak["first_errors"])]
+    return "\n".join(lines)
 
 
 def long_prompt(rng: random.Random) -> str:
@@ -218,23 +241,12 @@ def describe_transport_error(label: str, exc: BaseException, ctx: dict, idle_s: 
 
 
 def stale_keepalive(exc: BaseException, ctx: dict, answered: bool) -> bool:
-    """The request failed on a keep-alive connection the server had already closed: reused from the pool, no
-    answer started, and the failure is the connection's (written to a closing transport, or closed before the
-    answer). The server never had the request; sending it again once on a new connection is what HTTP clients do
-    (aiohttp itself does it for idempotent methods; the OpenAI SDK retries connection errors twice, POST included).
-
-    Why the soak needs it: vLLM's API server (uvicorn) closes a connection idle for ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``
-    (5 s); a client that reuses it at that moment gets ``ClientOSError: Can not write request body``. The soak of
-    2026-12-01 19:36 counted one such error (a ``completion-n2`` request; nothing in the server's log). Reproduced
-    with the server's keep-alive cut to 1 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE=1``, the soak's mix with half the
-    requests n=2): 10 transport errors in 106 requests without this retry, every one on a reused connection taken
-    right after the previous answer was read (9 x the same ``Can not write request body``, cause ``Cannot write to
-    closing transport``; 1 x ``ServerDisconnectedError``), on n=2, logprobs, stop, penalties and logit_bias requests
-    alike, nothing in the server's log: uvicorn's idle timer starts when the server has written the answer, and a
-    client on a loaded box reads it late. Not an engine, streaming or n > 1 defect: the client lacked the retry.
-    With it, the same setup: 97 requests, 3 sent again, 0 transport errors (``bench/soak_keepalive_repro.json``).
-    ``tests/unit/test_soak_memory.py`` reproduces it against a server that closes a kept-alive connection when the
-    next request arrives on it."""
+    """The request failed on a kept-alive connection the server had already closed: reused from the pool, no answer
+    started, the failure the connection's. The server never had the request; HTTP clients send it again once on a
+    new connection (aiohttp for idempotent methods, the OpenAI SDK for POST too). Why the soak needs it: uvicorn
+    closes a connection idle for ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` (5 s) from when it wrote the answer, and a client
+    on a loaded box that reads it late and reuses the connection then gets ``ClientOSError: Can not write request
+    body`` (``bench/soak_keepalive_repro.json``; ``tests/unit/test_soak_memory.py`` reproduces it)."""
     import aiohttp
 
     return (ctx.get("reused") is True and not answered
@@ -300,8 +312,7 @@ def greedy_reference(base: str, model: str) -> list[str]:
 
 def late_growth(memory: list[tuple[float, float]]) -> float:
     """Growth (MiB) over the second half of the post-warm-up samples ``(t, MiB)``: the last sample minus the first
-    one at or after the midpoint in time. A bounded cache that is still filling, or a leak, shows here; a plateau
-    shows as allocator noise (a few MiB). nan with fewer than 2 samples."""
+    at or after the midpoint in time (a cache still filling or a leak shows here, a plateau as noise); nan < 2."""
     if len(memory) < 2:
         return float("nan")
     mid = (memory[0][0] + memory[-1][0]) / 2
@@ -309,8 +320,7 @@ def late_growth(memory: list[tuple[float, float]]) -> float:
 
 
 WIRING_ALARMS = ("EAGLE-3 acceptance COLLAPSED", "vllm-eagle3 wiring check [engine")
-"""Log lines of the wiring watch's collapse WARNING and of the online wiring check's COSTS/WRONG WARNING: a soak of
-a right wiring must raise none (sampled traffic is no excuse: the check follows only cool requests)."""
+"""The watch's collapse and the online check's COSTS/WRONG WARNING lines: a right wiring raises none, sampled or not."""
 
 
 def wiring_alarms(log: str) -> list[str]:
@@ -425,14 +435,14 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     png = REPO / SOAK_RSS_PNG if out == REPO / DEFAULT_OUT else out.with_name(out.stem + "_rss.png")
-    plot_rss(result, png)
-    print(f"[soak] resident memory per process plotted in {png}")
+    if plot_rss(result, png):
+        print(f"[soak] resident memory per process plotted in {png}")
     print(json.dumps({k: result[k] for k in ("requests", "by_status", "transport_errors", "stale_keepalive_retries",
-                                             "rss_growth_mb", "rss_late_growth_mb", "wiring_alarms",
-                                             "verdict", "passed")}, indent=1))
+                                             "rss_growth_mb", "rss_late_growth_mb", "wiring_alarms", "verdict",
+                                             "passed")}, indent=1))
     print(f"[soak] result written to {out}")
-    if out == REPO / DEFAULT_OUT:
-        print(f"[soak] {render_repo_benchmarks_md().name} rendered with it")
+    if out == REPO / DEFAULT_OUT:  # another process: bench's page imports this module's soak_block
+        subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.bench", "--repo-page"], cwd=REPO, check=True)
     return 0 if result["passed"] else 1
 
 

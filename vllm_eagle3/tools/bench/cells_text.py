@@ -1,5 +1,6 @@
-"""How the benchmark pages write numbers: an estimate with its interval, a float, a markdown table, and the summary's
-variants picked by their settings. Shared by ``report.py`` and ``report_adaptive.py``."""
+"""How the benchmark pages write numbers and draw series: an estimate with its interval, a float, a markdown table,
+the summary's variants picked by their settings, a variant's legend, a series' style, matplotlib if installed.
+Shared by ``report.py``, ``report_adaptive.py`` and ``vllm_eagle3.tools.soak``."""
 
 from __future__ import annotations
 
@@ -33,3 +34,40 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _v(summary: Mapping, **want) -> list[dict]:
     return [v for v in summary["variants"] if all(v["variant"].get(k) == x for k, x in want.items())]
+
+
+INSTALL_PLOTS = "pip install 'vllm-eagle3[bench]'"
+
+
+def pyplot(what: str):
+    """matplotlib's pyplot (off-screen), or None with one line saying how to get it: matplotlib is only in the
+    ``[bench]`` extra, and a run's page and advice must not be lost for want of a plot."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"[plot] {what} skipped: matplotlib is not installed ({INSTALL_PLOTS})", flush=True)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+_CAPTURE_WORDS = {"embed": "plugin capture", "native": "native capture of 3/31/59",
+                  "layers": "2nd head, plugin capture", "native-layers": "2nd head, native capture"}
+
+
+def legend(x: Mapping) -> str:
+    """A variant (``Variant.as_dict``) in a few words: ``EAGLE-3, plugin capture, k=3, compiled``."""
+    s = ("no speculation" if not x["k"] else f"EAGLE-3, k per batch size (up to {x['k']})" if x.get("adaptive")
+         else f"EAGLE-3, {_CAPTURE_WORDS[x['capture']]}, k={x['k']}")
+    s += {"off": ", MLA verify opted out", "on": ", MLA verify forced"}.get(x["mla_verify"], "")
+    s += ("" if x.get("check", True) else ", check off") + (", compiled" if x["compiled"] else "")
+    s += {1: " (choosing k, light load)", 2: " (choosing k, loaded)", 3: " (judged, light load)",
+          4: " (judged, loaded)"}.get(x.get("stretch", 0), "")
+    return s + (f", server #{x['replica']}" if x["replica"] > 1 else "")
+
+
+def style(i: int) -> dict:
+    """Series ``i``'s colour, marker and line: 10 colours x 7 markers (coprime: 70 distinct), dashed past 10."""
+    return {"color": f"C{i % 10}", "marker": "os^Dv<>"[i % 7], "linestyle": "-" if i < 10 else "--"}

@@ -87,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder, printed)")
     g.add_argument("--from-json", default=None, metavar="RESULTS",
                    help="run nothing: write BENCHMARKS.md and the plot again from a results file")
+    g.add_argument("--repo-page", action="store_true",
+                   help=f"run nothing: write the repository's {DOCS['md']} again from its committed results, the last "
+                        "soak and the adaptive-k runs (the plot left as it is; `vllm-eagle3 soak` does this)")
     g.add_argument("--advise", action="store_true",
                    help="with --from-json: print the k-per-batch-size table its static-k servers give, as the "
                         "speculative-config lines of a serve YAML, and write nothing")
@@ -160,29 +163,35 @@ def outputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
 
 
 def write_docs(data: dict, md: Path, png: Path) -> None:
-    from vllm_eagle3.tools.bench import report
+    """The page, its plot (skipped with one line without matplotlib; then the page does not link it) and the
+    advice; an adaptive-k run also draws its tok/s per k (``tok_s.png`` beside the plot)."""
+    from vllm_eagle3.tools.bench import report, report_adaptive
 
-    report.plot(data, png)
+    drawn = report.plot(data, png)
+    if drawn and report_adaptive.plot_tok_s(data, png.with_name("tok_s.png")):
+        print(f"[bench] tok/s per k plotted in {png.with_name('tok_s.png')}")
     md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(page(data, md, os.path.relpath(png, md.parent)))
+    md.write_text(page(data, md, os.path.relpath(png, md.parent) if drawn else None))
     print(report.printed_advice(data))
-    print(f"[bench] wrote {md} and {png}")
+    print(f"[bench] wrote {md}" + (f" and {png}" if drawn else ""))
 
 
-def page(data: dict | None, md: Path, png_rel: str) -> str:
+def page(data: dict | None, md: Path, png_rel: str | None) -> str:
     """The text of ``md``: the repository's BENCHMARKS.md also shows the last soak and the adaptive-k runs."""
+    from vllm_eagle3.tools import soak
     from vllm_eagle3.tools.bench import report
 
     if md.resolve() != (REPO / DOCS["md"]).resolve():
-        return report.render(data, png_rel)
-    return report.render(data, png_rel, soak=report.load_soak(REPO / DOCS["soak"]), adaptive_runs=repo_adaptive_runs())
+        return report.render(data, png_rel, soak=soak.NO_SOAK)
+    return report.render(data, png_rel, soak=soak.soak_block(report.load_json(REPO / DOCS["soak"])),
+                         adaptive_runs=repo_adaptive_runs())
 
 
 def repo_adaptive_runs() -> list[dict]:
     """The repository's committed ``--plan adaptive`` results (:data:`ADAPTIVE`) that exist, for its page."""
     from vllm_eagle3.tools.bench import report
 
-    return report.load_adaptive([REPO / DOCS[k] for k in ADAPTIVE])
+    return [report.load(REPO / DOCS[k]) for k in ADAPTIVE if (REPO / DOCS[k]).exists()]
 
 
 def render_repo_benchmarks_md() -> Path:
@@ -190,7 +199,7 @@ def render_repo_benchmarks_md() -> Path:
     from vllm_eagle3.tools.bench import report
 
     results, md = REPO / DOCS["json"], REPO / DOCS["md"]
-    md.write_text(page(report.load(results) if results.exists() else None, md, DOCS["png"]))
+    md.write_text(page(report.load_json(results), md, DOCS["png"]))
     return md
 
 
@@ -204,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(advise.config_lines(advise.from_results(report.load(Path(args.from_json))), source=args.from_json),
               end="")
+        return 0
+    if args.repo_page:
+        print(f"[bench] wrote {render_repo_benchmarks_md()}")
         return 0
     if args.from_json:
         from vllm_eagle3.tools.bench import report
@@ -256,10 +268,11 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
 
     from vllm_eagle3.tools.bench import advise
 
-    raws = []
+    raws, progress = [], plans.Progress(plan)
     for v in (v for v in plan.variants if not v.stretch):
         raws.append(run.run_variant(v, plan, base_cfg, wirings[v.capture], prompts, work, log_dir, say,
-                                    args.start_timeout))
+                                    args.start_timeout, progress))
+        progress.drop(v)
     for stretch in sorted({v.stretch for v in plan.variants if v.stretch}):
         side = []
         for v in (v for v in plan.variants if v.stretch == stretch):
@@ -276,7 +289,9 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
         if side:
             say(f"side by side (stretch {stretch}): {', '.join(v.key for v in side)}")
             raws += run.run_together(side, plan, base_cfg, wirings, prompts, work, log_dir, say,
-                                     args.start_timeout)
+                                     args.start_timeout, progress)
+        for v in (v for v in plan.variants if v.stretch == stretch):
+            progress.drop(v)
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = {"date": machine.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
             "load_before": load_before, "load_after": machine.loadavg(), "machine": machine.machine_info(),

@@ -354,9 +354,10 @@ def _tok_s(v: Variant, c: int) -> float:
     return base * f * (2.0 if v.compiled else 1.0)
 
 
-def estimate_seconds(plan: Plan, compile_cache_warm: bool = False) -> float:
-    """Rough duration of ``plan`` (see the assumptions above): server starts + tokens / assumed speed."""
-    total = 0.0
+def estimate_items(plan: Plan, compile_cache_warm: bool = False) -> dict[tuple, float]:
+    """Rough seconds of each server start (key ``(variant key,)``) and cell (``(variant key, kind, concurrency)``)
+    of ``plan``, from the assumptions above: server starts + tokens / assumed speed."""
+    out = {}
     # resolved at run time (advise.resolve): a judging stretch's static k servers about one server's worth of its
     # cells per replica (each concurrency's best k and table k, mostly the same); the loaded stretch about 4 of its ks
     sides = {s: [v for v in plan.variants if v.side_static and v.stretch == s] for s in JUDGING}
@@ -364,14 +365,43 @@ def estimate_seconds(plan: Plan, compile_cache_warm: bool = False) -> float:
     for v in plan.variants:
         share = (max(x.replica for x in sides[v.stretch]) / len(sides[v.stretch]) if v.side_static
                  else min(1.0, 3.0 / loaded) if v.stretch == CHOOSE_LOADED and v.k else 1.0)
-        total += (START_S["eager" if not v.compiled else "compiled-warm" if compile_cache_warm else "compiled-cold"]
-                  + 10.0) * min(1.0, share * 2)  # + warm-up
+        out[(v.key,)] = (START_S["eager" if not v.compiled else "compiled-warm" if compile_cache_warm
+                                 else "compiled-cold"] + 10.0) * min(1.0, share * 2)  # + warm-up
         for cell in v.cells:
             c = cell.concurrency
             if cell.kind in ("split", "untimed"):
-                total += share * plan.split_requests(c) * plan.split_tokens / _tok_s(v, c)
+                tokens = plan.split_requests(c) * plan.split_tokens
             elif cell.kind == "throughput":
-                total += share * plan.rounds * plan.throughput_requests(c) * plan.max_tokens / _tok_s(v, c)
+                tokens = plan.rounds * plan.throughput_requests(c) * plan.max_tokens
             else:
-                total += share * plan.stream_prompts * plan.max_tokens / _tok_s(v, 1) * 1.2
-    return total
+                tokens, c = plan.stream_prompts * plan.max_tokens * 1.2, 1
+            out[(v.key, cell.kind, cell.concurrency)] = share * tokens / _tok_s(v, c)
+    return out
+
+
+def estimate_seconds(plan: Plan, compile_cache_warm: bool = False) -> float:
+    """Rough duration of ``plan``: the sum of :func:`estimate_items`."""
+    return sum(estimate_items(plan, compile_cache_warm).values())
+
+
+class Progress:
+    """``cell i/N, ~M min left`` during a run: the plan's own estimate (:func:`estimate_items`, compile cache cold) of
+    the server starts and cells not run yet. A variant's start counts as done with its first cell."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.left = estimate_items(plan)
+        self.cells = sum(len(k) > 1 for k in self.left)
+        self.done = 0
+
+    def __call__(self, v: Variant, kind: str, concurrency: int) -> str:
+        self.done += 1
+        for key in ((v.key,), (v.key, kind, concurrency)):
+            self.left.pop(key, None)
+        return f"cell {min(self.done, self.cells)}/{self.cells}, ~{sum(self.left.values()) / 60:.0f} min left"
+
+    def drop(self, v: Variant) -> None:
+        """``v`` ran, failed or was left out: what is left of its estimate is no longer ahead."""
+        gone = [k for k in self.left if k[0] == v.key]
+        self.cells -= sum(len(k) > 1 for k in gone)
+        for k in gone:
+            del self.left[k]

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from vllm_eagle3.tools.bench.cells_text import _v, e, f, per_server, same_config, table
+from vllm_eagle3.tools.bench.cells_text import _v, e, f, legend, per_server, pyplot, same_config, style, table
 from vllm_eagle3.tools.bench.machine import backend_label
 from vllm_eagle3.tools.bench.plan import SGLANG_DEFAULT_WIRING
 from vllm_eagle3.tools.bench.report_adaptive import adaptive_block
@@ -22,7 +22,6 @@ from vllm_eagle3.tools.bench.stats import Estimate, finite
 TEMPLATE = Path(__file__).with_name("template.md")
 SLOT = re.compile(r"\{\{(\w+)\}\}")
 NO_RUN = "_No run of this benchmark yet: run `make bench` (see above)._"
-NO_SOAK = "_No soak result yet: run `vllm-eagle3 soak` (see above)._"
 NO_ADAPTIVE = "_No adaptive-k run yet: run `vllm-eagle3 bench --plan adaptive --out-dir bench/adaptive`._"
 
 
@@ -195,56 +194,12 @@ def capture_lines(summary: Mapping) -> str:
         or "_none_"
 
 
-SOAK_RSS_PNG = "bench/soak_rss.png"
-"""The soak's plot of resident memory per process over time, written next to ``bench/soak.json``."""
-
-
-def soak_block(soak: Mapping | None) -> str:
-    """The last ``vllm-eagle3 soak`` result (``bench/soak.json``): what ran, what came back, each check's verdict."""
-    if not soak:
-        return NO_SOAK
-    statuses = ", ".join(f"{n} x {s}" for s, n in sorted(soak["by_status"].items()))
-    refusals = "; ".join(f"{n} x \"{r}\"" for r, n in sorted(soak["refusals_4xx"].items(), key=lambda x: -x[1]))
-    rss = soak.get("rss_mb_first_last") or ["n/a", "n/a"]
-    checks = ", ".join(f"{k.replace('_', ' ')} {'yes' if ok else '**NO**'}" for k, ok in soak["verdict"].items())
-    lines = [
-        f"**Soak of {soak['date_utc']} UTC**: `vllm-eagle3 soak`, {soak['concurrency']} concurrent clients for "
-        f"{soak['duration_s']:.0f} s after {soak['warmup_s']:.0f} s of warm-up; machine {soak['machine']}"
-        + (f", load average {soak['load_before']} before" if soak.get("load_before") else "")
-        + (f"; commit {soak['commit']}" if soak.get("commit") else "")
-        + (" with uncommitted changes" if soak.get("dirty") == "yes" else "") + ".",
-        "",
-        table(["requests", "answers", "transport errors", "streams cut by the client", "completion tokens",
-               "resident memory after warm-up, first -> last (MiB)", "growth (limit)", "acceptance length",
-               "verdict"],
-              [[str(soak["requests"]), statuses, str(soak["transport_errors"]), str(soak["early_disconnects"]),
-                str(soak["completion_tokens"]), f"{f(rss[0], 0)} -> {f(rss[1], 0)}",
-                f"{f(soak['rss_growth_mb'], 0)} MiB ({f(soak['max_growth_mb'], 0)})", f(soak["acceptance_length"]),
-                "**passed**" if soak["passed"] else "**FAILED**"]]),
-        "",
-        f"Checks: {checks}.",
-    ]
-    grew = soak.get("rss_mb_by_process_first_last")
-    if grew:
-        first, last = grew
-        lines += ["", "Resident memory per process, first -> last sample after warm-up (MiB): " + ", ".join(
-            f"{k.split(' ', 1)[-1]} {f(first.get(k), 0)} -> {f(last.get(k), 0)}"
-            for k in sorted(set(first) | set(last), key=lambda k: int(k.split()[0]) if k.split()[0].isdigit() else 0))
-            + "."]
-    if soak.get("rss_mb_series"):
-        lines += ["", f"![resident memory per process during the soak]({SOAK_RSS_PNG})"]
-    if refusals:
-        lines += ["", f"4xx answers (vLLM's refusals, by reason): {refusals}."]
-    if soak.get("first_errors"):
-        lines += ["", "First errors:", "", *(f"- `{x}`" for x in soak["first_errors"])]
-    return "\n".join(lines)
-
-
-def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path = TEMPLATE,
-           soak: Mapping | None = None, adaptive_runs: Sequence[Mapping] = ()) -> str:
-    """The whole ``BENCHMARKS.md``: the template with its slots filled from the results (or the no-run note), from
-    the last soak result (``soak``, see :func:`load_soak`) and from the last ``--plan adaptive`` results of each
-    backend (``adaptive_runs``, see :func:`load_adaptive`; a results file of that plan renders its own)."""
+def render(data: Mapping | None, png_rel: str | None = "docs/bench.png", template: Path = TEMPLATE,
+           soak: str = "", adaptive_runs: Sequence[Mapping] | None = None) -> str:
+    """The whole ``BENCHMARKS.md``: the template with its slots filled from the results (or the no-run note), the
+    soak section's text (``soak``, ``vllm_eagle3.tools.soak.soak_block``), the plot's link unless ``png_rel`` is
+    None (not drawn), and, on the repository's page, the last ``--plan adaptive`` results of each backend
+    (``adaptive_runs``, a list; None: another page, where a results file of that plan renders its own)."""
     text = template.read_text()
     if data is None:
         slots = {name: NO_RUN if name == "run" else "" for name in set(SLOT.findall(text))}
@@ -255,15 +210,16 @@ def render(data: Mapping | None, png_rel: str = "docs/bench.png", template: Path
         slots = {"run": run_block(data["meta"], data["plan"]), "headline": headline(s), "advice": advice_block(s),
                  "cells": all_cells(s), "split": split_block(s), "capture": capture_block(s),
                  "check": check_block(s), "costs": costs_block(s), "capture_lines": capture_lines(s),
-                 "plot": f"![benchmark plot]({png_rel})"}
-    slots["soak"] = soak_block(soak)
-    # the repository's page (it has the soak) says when there is no adaptive run yet; other runs' pages say nothing
-    slots["adaptive"] = NO_ADAPTIVE if soak is not None and not adaptive_runs else ""
-    if not adaptive_runs and data is not None:  # a results file of the adaptive plan renders its own section
+                 "plot": f"![benchmark plot]({png_rel})" if png_rel else ""}
+    slots["soak"] = soak
+    # the repository's page says when there is no adaptive run yet; other runs' pages say nothing
+    slots["adaptive"] = NO_ADAPTIVE if adaptive_runs is not None and not adaptive_runs else ""
+    if adaptive_runs is None and data is not None:  # a results file of the adaptive plan renders its own section
         adaptive_runs, summaries = [data], [s]
     else:
         from vllm_eagle3.tools.bench.analysis import summarize
 
+        adaptive_runs = adaptive_runs or []
         summaries = [summarize(a) for a in adaptive_runs]
     block = "\n\n".join(b for b in (adaptive_block(sa, run_block(a["meta"], a["plan"]), backend_label(a["meta"]))
                                      for a, sa in zip(adaptive_runs, summaries)) if b)
@@ -283,14 +239,12 @@ def printed_advice(data: Mapping) -> str:
                       "", "=== plugin capture vs native capture ===", capture_block(s), "", check_block(s), ""])
 
 
-def plot(data: Mapping, path: Path) -> None:
+def plot(data: Mapping, path: Path) -> bool:
     """Speedup with intervals per concurrency (eager, compiled, opt-out, SGLang default wiring) and the
-    per-step split."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    per-step split. False (one line said) without matplotlib."""
+    plt = pyplot(str(path))
+    if plt is None:
+        return False
     from vllm_eagle3.tools.bench.analysis import summarize
 
     s = summarize(data)
@@ -304,7 +258,7 @@ def plot(data: Mapping, path: Path) -> None:
         ys = [p.value for _, p in pts]
         err = [[max(p.value - p.lo, 0) if finite(p.lo) else 0 for _, p in pts],
                [max(p.hi - p.value, 0) if finite(p.hi) else 0 for _, p in pts]]
-        ax1.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=v["key"])
+        ax1.errorbar(xs, ys, yerr=err, capsize=3, label=legend(v["variant"]), **style(i))
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.set_xscale("log", base=2)
     ax1.set_xticks(s["concurrencies"])
@@ -312,9 +266,9 @@ def plot(data: Mapping, path: Path) -> None:
     ax1.set_xlabel("concurrency (speedup from the throughput cells; timed cells where a variant has none)")
     ax1.set_ylabel("speedup over no speculation (95 % interval)")
     if ax1.get_legend_handles_labels()[0]:
-        ax1.legend(fontsize=7)
-    bars = [(f"{v['key']}\nc={c}", r["split"]) for v in s["variants"] for c, r in v["by_concurrency"].items()
-            if r.get("split", {}).get("steps") and v["variant"]["replica"] == 1]
+        ax1.legend(fontsize=6)
+    bars = [(f"{legend(v['variant'])}\nc={c}", r["split"]) for v in s["variants"]
+            for c, r in v["by_concurrency"].items() if r.get("split", {}).get("steps") and v["variant"]["replica"] == 1]
     if bars:
         xs = range(len(bars))
         fw = [b["forward_ms"]["value"] for _, b in bars]
@@ -332,17 +286,13 @@ def plot(data: Mapping, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def load_adaptive(paths: Sequence[Path]) -> list[dict]:
-    """The ``--plan adaptive`` results files among ``paths`` that exist (one per backend and dtype)."""
-    return [load(p) for p in paths if p.exists()]
-
-
-def load_soak(path: Path) -> dict | None:
-    """A soak result file (``vllm-eagle3 soak --out``), or None before the first soak."""
-    return json.loads(path.read_text()) if path.exists() else None
+def load_json(path: Path) -> dict | None:
+    """A results or soak file, or None before the first run."""
+    return load(path) if path.exists() else None

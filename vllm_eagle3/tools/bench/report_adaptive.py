@@ -7,9 +7,12 @@ Data flow position: called by ``report.render`` (through ``report.adaptive_block
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping
 
-from vllm_eagle3.tools.bench.cells_text import _v, e, f, table
+from vllm_eagle3.tools.bench.cells_text import _v, e, f, pyplot, style, table
+from vllm_eagle3.tools.bench.machine import backend_label
+from vllm_eagle3.tools.bench.plan import JUDGING
 
 
 def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
@@ -90,3 +93,50 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
                "tau/(v+kc) (k=3)", "tau/(1+kc) (k=3)", "greedy same", "no spec #2 / #1"], table_rows),
         "Acceptance length per static k (concurrency-1 requests): "
         + ", ".join(f"k={k} {e(t)}" for k, t in sorted(tau.items())) + "."] if x])
+
+
+def plot_tok_s(data: Mapping, path: Path) -> bool:
+    """tok/s against concurrency per static k (the choosing stretches) and of the adaptive server (its judging
+    stretch), and each over its stretch's no-speculation server: where each k wins. False for a run without an
+    adaptive server, or without matplotlib (one line said)."""
+    from vllm_eagle3.tools.bench.analysis import summarize
+
+    s = summarize(data)
+    if not s.get("adaptive") or (plt := pyplot(str(path))) is None:
+        return False
+    series: dict[str, dict[int, tuple[float, float]]] = {}  # name -> concurrency -> (tok/s, over no speculation)
+    for v in _v(s, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False):
+        base = {c: r["tok_s"]["value"] for x in _v(s, k=0, stretch=v["variant"]["stretch"])
+                for c, r in x["by_concurrency"].items() if "tok_s" in r}
+        for c, r in v["by_concurrency"].items():
+            if "tok_s" in r and v["variant"]["stretch"] not in JUDGING:
+                series.setdefault(f"k={v['variant']['k']}", {})[int(c)] = (r["tok_s"]["value"],
+                                                                          r["tok_s"]["value"] / base[c])
+    for x in _v(s, k=0):
+        for c, r in x["by_concurrency"].items():
+            if "tok_s" in r and x["variant"]["stretch"] not in JUDGING:
+                series.setdefault("no speculation", {})[int(c)] = (r["tok_s"]["value"], 1.0)
+    series["adaptive: k per batch size"] = {o["concurrency"]: (o["tok_s"], o["speedup"]["value"]) for o in s["adaptive"]}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for i, (name, pts) in enumerate(sorted(series.items(), key=lambda kv: (kv[0][0] != "n", kv[0]))):
+        cs = sorted(pts)
+        for ax, j in ((ax1, 0), (ax2, 1)):
+            ax.plot(cs, [pts[c][j] for c in cs], label=name + (" (k at c: " + ", ".join(
+                f"{o['concurrency']}: {o['k']}" for o in s["adaptive"]) + ")" if name.startswith("adaptive") else ""),
+                    **style(i))
+    for ax, label in ((ax1, "tokens per second (all requests)"), (ax2, "throughput / no speculation's")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(s["concurrencies"])
+        ax.set_xticklabels([str(c) for c in s["concurrencies"]])
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    ax2.axhline(1.0, color="grey", lw=0.8)
+    ax2.legend(fontsize=7)
+    fig.suptitle(f"EAGLE-3 k per batch size vs static k ({backend_label(data['meta'])}), {data['meta']['date']}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+

@@ -253,8 +253,10 @@ def _finish(variant: Variant, server: VllmServer, env: Mapping[str, str], log: P
 
 def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wiring: Wiring,
                 prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
-                say: Callable[[str], None], start_timeout: float | None = None) -> dict[str, Any]:
-    """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured."""
+                say: Callable[[str], None], start_timeout: float | None = None,
+                progress: Callable[[Variant, str, int], str] = lambda *_: "") -> dict[str, Any]:
+    """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured.
+    ``progress`` (:class:`~.plan.Progress`) says after each cell how far the run is."""
     res = _record(variant)
     kv = kv_cache_gib(variant, plan, max(map(len, prompts)), base_cfg.get("dtype", "float32"))
     server, env, log = _start(variant, base_cfg, wiring, work, log_dir, say, kv)
@@ -272,7 +274,8 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
                 toks = sum(r["tokens"] for r in rec["requests"])
                 say(f"{variant.key}: {cell.kind} c={cell.concurrency}"
                     + (f" round {rnd + 1}" if plan.rounds > 1 and cell.kind == "throughput" else "")
-                    + f": {len(rec['requests'])} requests, {toks} tokens in {time.monotonic() - t:.1f} s")
+                    + f": {len(rec['requests'])} requests, {toks} tokens in {time.monotonic() - t:.1f} s; "
+                    + progress(variant, cell.kind, cell.concurrency))
         _finish(variant, server, env, log, res, say)
     except Exception as exc:  # noqa: BLE001 - one broken variant must not lose the others' results
         res["error"] = f"{type(exc).__name__}: {exc}"
@@ -302,7 +305,8 @@ def turn_order(count: int, chunk: int) -> list[int]:
 
 def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str, Any],
                  wirings: Mapping[str, Wiring], prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
-                 say: Callable[[str], None], start_timeout: float | None = None) -> list[dict[str, Any]]:
+                 say: Callable[[str], None], start_timeout: float | None = None,
+                 progress: Callable[[Variant, str, int], str] = lambda *_: "") -> list[dict[str, Any]]:
     """Start every variant's server (one after the other, each warmed up), keep them all alive, and run their
     throughput cells side by side: per concurrency, the cell's prompts in :func:`chunks`, each chunk on every server
     that has the cell, in :func:`turn_order`. One record per variant, its chunks merged into one cell per
@@ -359,8 +363,9 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                     merged[v.key]["counters"] = client.summed([client.RequestRecord.from_dict(r)
                                                                for r in merged[v.key]["requests"]])
                     res["cells"].append(merged[v.key])
+            said = [progress(x[0], "throughput", c) for x in at][-1:]
             say(f"side by side c={c}: {len(at)} servers x {n} requests in {len(chunks(n, c))} turns, "
-                f"{time.monotonic() - t:.1f} s")
+                f"{time.monotonic() - t:.1f} s; " + "".join(said))
         for v, res, server, env, log in live:
             for cell in (c for c in v.cells if c.kind != "throughput" and not res["error"]):
                 try:
@@ -371,7 +376,8 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                     break
                 rec["round"] = 0
                 res["cells"].append(rec)
-                say(f"{v.key}: {cell.kind} c={cell.concurrency}: {len(rec['requests'])} requests")
+                say(f"{v.key}: {cell.kind} c={cell.concurrency}: {len(rec['requests'])} requests; "
+                    + progress(v, cell.kind, cell.concurrency))
         for v, res, server, env, log in live:
             if not res["error"]:
                 try:
