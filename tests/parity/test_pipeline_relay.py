@@ -55,7 +55,7 @@ def case(tmp_path_factory):
 
 def test_one_stage_taps_are_distinct(case):
     """The check below can see a reordering only if no two taps are equal: each pair differs somewhere by > 1e-2."""
-    aux = case["one"]["aux"]
+    aux = case["one"]["steps"][0]["aux"]
     assert len(aux) == len(SPEC_TAPS)
     for i in range(len(aux)):
         for j in range(i + 1, len(aux)):
@@ -67,13 +67,17 @@ def test_one_stage_taps_are_distinct(case):
 @pytest.mark.parametrize("pp_size, relayed", [(2, 3), (3, 4)])
 def test_pipeline_stages_hand_the_draft_the_one_stage_taps(case, pp_size, relayed):
     """PP=2 and PP=3 under V2: the last stage's hidden states and aux list equal the one-stage run tensor for tensor,
-    in the spec's order; V2 reserved a receive slot for every tap of the earlier stages (PP=2: embed, 3, 30; PP=3:
-    embed, 3, 30, 31, relayed through the middle stage by ``PPHandler.relay_aux_hidden_states``)."""
+    in the spec's order, at the prefill and at a decode step (the receive buffers reused, as the runner reuses
+    them); V2 reserved a receive slot for every tap of the earlier stages (PP=2: embed, 3, 30; PP=3: embed, 3, 30,
+    31, relayed through the middle stage by ``PPHandler.relay_aux_hidden_states``)."""
     one, last = case["one"], case["stages"](pp_size)[-1]
-    assert torch.equal(last["hidden"], one["hidden"])
-    assert len(last["aux"]) == len(one["aux"]) == len(SPEC_TAPS), "the relay lost a tap"
-    for tap, got, want in zip(SPEC_TAPS, last["aux"], one["aux"]):
-        assert torch.equal(got, want), f"tap {tap} at PP={pp_size}: max diff {(got - want).abs().max().item()}"
+    assert len(last["steps"]) == len(one["steps"]) == 2
+    for step, (got_step, want_step) in enumerate(zip(last["steps"], one["steps"])):  # prefill, decode
+        where = f"PP={pp_size}, {('prefill', 'decode')[step]}"
+        assert torch.equal(got_step["hidden"], want_step["hidden"]), where
+        assert len(got_step["aux"]) == len(want_step["aux"]) == len(SPEC_TAPS), f"the relay lost a tap ({where})"
+        for tap, got, want in zip(SPEC_TAPS, got_step["aux"], want_step["aux"]):
+            assert torch.equal(got, want), f"tap {tap} ({where}): max diff {(got - want).abs().max().item()}"
     assert last["relay_slots"] == [f"aux_hidden_states_{i}" for i in range(relayed)] + ["hidden_states", "residual"]
 
 

@@ -8,11 +8,14 @@ functions (``vllm/v1/worker/gpu/``): ``set_eagle3_aux_hidden_state_layers`` (whi
 as ``model_runner.py`` fills them, ``PPHandler.relay_aux_hidden_states`` on middle stages, and vLLM's
 ``send_tensor_dict`` / ``recv_tensor_dict`` between stages. The runner itself is not built: it needs CUDA streams.
 
-One prefill of ``prompt`` with no attention metadata: vLLM's attention layers then return zeros (their profile-run
-path), in every stage layout alike, so the stages compute the same function of the tokens as one stage does.
+Two forwards, the prefill of ``prompt`` and one decode step, with no attention metadata: vLLM's attention layers then
+return zeros (their profile-run path) in every stage layout alike, so the stages compute the same function of the
+tokens as one stage does.
 
-Usage: ``run_stages(target, draft, spec, prompt, pp_size, out_dir)`` -> the last stage's ``{"hidden", "aux",
-"v1_refusal"}`` (``v1_refusal``: what each stage said when asked to capture under the V1 runner instead).
+Usage: ``run_stages(target, draft, spec, prompt, pp_size, out_dir)`` -> each stage's ``{"steps", "relay_slots",
+"v1_refusal"}``: the last stage's ``steps`` hold each forward's ``hidden`` and ``aux`` (the list the draft would get),
+``relay_slots`` its receive buffers' keys, ``v1_refusal`` what the stage said when asked to capture under the V1
+runner instead (None: accepted).
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ from typing import Any, Sequence
 import torch
 
 SPECULATIVE_TOKENS = 1
+MAX_TOKENS = 64  # the receive buffers' rows (the runner's max_num_tokens)
+DECODE_TOKEN = ord("x")
+
+
+def _steps(prompt: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """(token ids, positions) of each forward: the prefill of ``prompt``, then one decode step."""
+    n = len(prompt)
+    return [(list(prompt), list(range(n))), ([DECODE_TOKEN], [n])]
 
 
 def _stage(rank: int, pp_size: int, init_file: str, target: str, draft: str, spec: str, prompt: list[int],
@@ -83,28 +94,31 @@ def _run_stage(rank: int, pp_size: int, init_file: str, target: str, draft: str,
         relay = PPHandler.relay_aux_hidden_states  # V2's relay, on a handler holding only its keys (no CUDA streams)
         handler = type("Relay", (), {"aux_hidden_state_relay_keys": aux_hidden_state_relay_keys(model)})()
 
-        n = len(prompt)
-        input_ids = torch.tensor(prompt, dtype=torch.long)
-        positions = torch.arange(n, dtype=torch.long)
-        intermediate = None
-        if not pp.is_first_rank:
-            received = pp.recv_tensor_dict()
-            # model_runner.py: buffers from make_empty_intermediate_tensors, each key copied from what arrived.
-            buffers = model.make_empty_intermediate_tensors(batch_size=n, dtype=torch.float32, device="cpu")
-            missing = sorted(set(buffers.tensors) - set(received))
-            if missing:
-                raise RuntimeError(f"stage {rank} expected {missing} from the stage before, got {sorted(received)}")
-            intermediate = IntermediateTensors({k: v[:n].copy_(received[k][:n]) for k, v in buffers.tensors.items()})
-        with torch.no_grad(), set_forward_context(None, vllm_config, num_tokens=n):
-            output = model(input_ids=input_ids if pp.is_first_rank else None, positions=positions,
-                           intermediate_tensors=intermediate)
-        if not pp.is_last_rank:
-            pp.send_tensor_dict(relay(handler, intermediate, output).tensors)
-        result: dict[str, Any] = {"v1_refusal": _v1_refusal(model)}
-        if pp.is_last_rank:
-            hidden, aux = output
-            result.update(hidden=hidden.clone(), aux=[t.clone() for t in aux],
-                          relay_slots=sorted(buffers.tensors) if intermediate is not None else [])
+        # model_runner.py: a non-first stage's receive buffers are made once, at the largest batch, and each step
+        # copies what arrived into their first rows.
+        buffers = None if pp.is_first_rank else model.make_empty_intermediate_tensors(
+            batch_size=MAX_TOKENS, dtype=torch.float32, device="cpu")
+        result: dict[str, Any] = {"steps": []}
+        for step_ids, step_positions in _steps(prompt):
+            n = len(step_ids)
+            intermediate = None
+            if buffers is not None:
+                received = pp.recv_tensor_dict()
+                missing = sorted(set(buffers.tensors) - set(received))
+                if missing:
+                    raise RuntimeError(f"stage {rank} expected {missing} from the stage before, got {sorted(received)}")
+                intermediate = IntermediateTensors({k: v[:n].copy_(received[k][:n])
+                                                    for k, v in buffers.tensors.items()})
+            with torch.no_grad(), set_forward_context(None, vllm_config, num_tokens=n):
+                output = model(input_ids=torch.tensor(step_ids) if pp.is_first_rank else None,
+                               positions=torch.tensor(step_positions), intermediate_tensors=intermediate)
+            if not pp.is_last_rank:
+                pp.send_tensor_dict(relay(handler, intermediate, output).tensors)
+            else:
+                hidden, aux = output
+                result["steps"].append({"hidden": hidden.clone(), "aux": [t.clone() for t in aux]})
+        result["relay_slots"] = sorted(buffers.tensors) if buffers is not None else []
+        result["v1_refusal"] = _v1_refusal(model)
         torch.save(result, out)
 
 
@@ -125,8 +139,8 @@ def _v1_refusal(model: torch.nn.Module) -> str | None:
 
 def run_stages(target: str | Path, draft: str | Path, spec: str | Path, prompt: Sequence[int], pp_size: int,
                out_dir: str | Path, timeout: float = 600.0) -> list[dict[str, Any]]:
-    """Run ``pp_size`` stage processes (spawned) for one prefill of ``prompt``; each stage's saved result, by rank
-    (the last stage's has ``hidden`` [num_tokens, hidden] and ``aux``, the list the draft would get)."""
+    """Run ``pp_size`` stage processes (spawned) for the prefill of ``prompt`` and one decode step; each stage's
+    saved result, by rank (module docstring)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     init_file = tempfile.mktemp(prefix="pp-init-", dir=out_dir)
