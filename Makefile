@@ -1,7 +1,8 @@
 # vllm-eagle3 — every target installs what it needs by itself.
 #   make demo   serve the bundled miniature Kimi K2.5 with its EAGLE-3 head and show it working
 #   make test   the whole test suite (unit, parity incl. SGLang, e2e)
-PY      ?= python3
+# The interpreter the venvs are made with: make PY=python3.11 (or PYTHON=python3.11 in the environment).
+PY      ?= $(or $(PYTHON),python3)
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.vllm-eagle3-installed
@@ -14,18 +15,18 @@ export DO_NOT_TRACK := 1
 .PHONY: setup sglang-env sglang-legacy-env test test-unit demo bench compat clean
 
 $(STAMP): pyproject.toml scripts/setup_venv.sh
-	bash scripts/setup_venv.sh $(VENV)
+	PYTHON=$(PY) bash scripts/setup_venv.sh $(VENV)
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 sglang-env:
-	bash scripts/setup_sglang_env.sh
+	PYTHON=$(PY) bash scripts/setup_sglang_env.sh
 
 # SGLang 0.5.12.post1, the newest release with the legacy EAGLE-3 id rule (tests/parity/test_sglang_legacy.py)
 # (seeded from .venv-sglang: the pins differ only in sglang, transformers, tokenizers)
 sglang-legacy-env: sglang-env
-	bash scripts/setup_sglang_env.sh .venv-sglang-legacy tests/parity/sglang_harness/requirements-legacy.txt .venv-sglang
+	PYTHON=$(PY) bash scripts/setup_sglang_env.sh .venv-sglang-legacy tests/parity/sglang_harness/requirements-legacy.txt .venv-sglang
 
 # Prints the 30 slowest tests and the whole time, installs included (docs/testing.md says what to expect). Two
 # pytest-xdist workers, one per core of CI's 2-core box (tests/conftest.py groups the tests that share a server).

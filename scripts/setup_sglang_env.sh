@@ -7,7 +7,7 @@
 # torch 2.13.0+cpu comes from the machine's local wheel folder (pip's configured find-links), as for .venv.
 # Never shares anything with vLLM's .venv. Idempotent: skips when the venv matches the pins (stamp) and imports.
 #   usage: scripts/setup_sglang_env.sh [VENV_DIR [REQUIREMENTS [SEED_VENV]]]   (default: .venv-sglang +
-#          requirements.txt; PYTHON=python3.11 to choose python)
+#          requirements.txt; PYTHON=python3.11 or `make PY=python3.11` to choose python)
 # SEED_VENV (the Makefile passes .venv-sglang for the legacy venv): a new venv starts as a hard-linked copy of that
 # complete venv (seconds, no extra disk), then the same `pip install --no-deps -r REQUIREMENTS` replaces only the
 # pins that differ (3 of 96 for the legacy venv) instead of unpacking torch again (~2 min of 2 CI cores). pip
@@ -49,13 +49,21 @@ elif [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 echo "[sglang-env] installing $(grep -cv '^#' "$req") pinned packages (sglang $version) into $venv (--no-deps, torch 2.13.0+cpu from the local wheel folder)"
+# pip's whole output goes to the log; each package it fetches and what it installs are shown as they happen.
 log="$venv/.sglang-env-pip.log"
-if ! "$venv/bin/python" -m pip install -q --no-deps --disable-pip-version-check -r "$req" >"$log" 2>&1; then
+step=$(date +%s) rc=0
+"$venv/bin/python" -m pip install --progress-bar off --no-deps --disable-pip-version-check -r "$req" 2>&1 \
+  | tee "$log" | grep --line-buffered -E "^(Collecting|Processing|Installing collected|Successfully installed|ERROR)" \
+  | sed -u 's/^/[sglang-env]   /' || rc=${PIPESTATUS[0]}
+if [ "$rc" -ne 0 ]; then
   grep -v "is ignored: it is neither" "$log" >&2 || true
   echo "[sglang-env] ERROR: pip install failed (log: $log); torch 2.13.0+cpu must be reachable (local wheel folder)" >&2
   exit 1
 fi
+echo "[sglang-env] pip install: done in $(( $(date +%s) - step )) s; checking that sglang, torch, transformers import"
+step=$(date +%s)
 "$venv/bin/python" -c "$check"
+echo "[sglang-env] import check: done in $(( $(date +%s) - step )) s"
 # The pins must be the whole environment: no CUDA wheel may have slipped in.
 if "$venv/bin/python" -m pip list 2>/dev/null | grep -Ei '^(nvidia-|cuda-|torchaudio |torchcodec )'; then
   echo "[sglang-env] ERROR: CUDA packages found in $venv (listed above); remove them or rebuild: rm -rf $venv" >&2
