@@ -166,8 +166,8 @@ def test_second_head_with_the_first_heads_wiring_is_caught(server_pool, second_h
     assert f"(= {SECOND / 'eval.json'})" in engine["expected"]["source"], engine["expected"]["source"]
     assert len(lines) == 1, f"expected one wiring warning in the server log, got {len(lines)}: {lines}"
     line = lines[0]
-    for part in ("WARNING", "taps [embed, 3, 31]", f"spec file {RIGHT_SPEC}", f"vs {own:.3f} expected (",
-                 f"vllm-eagle3 doctor --target {TARGET} --draft {draft}"):
+    for part in ("WARNING", "taps [embed, 3, 31]", f"from {engine['wiring']['source']}.",
+                 f"vs {own:.3f} expected (", f"vllm-eagle3 doctor --target {TARGET} --draft {draft}"):
         assert part in line, (part, line)
     assert body["verdict"] == V.WRONG and engine["verdict"] == V.WRONG, raw
     assert engine["window"]["position0"] < engine["expected"]["wrong_below"]
@@ -197,10 +197,10 @@ def test_incident_wiring_is_caught_while_serving(server_pool, shipped_keys, inci
     assert len(lines) == 1, f"expected one wiring warning in the server log, got {len(lines)}: {lines}"
     line = lines[0]
     assert "WARNING" in line, line
-    for part in ("taps [3, 31, 59]", f"spec file {incident_files['spec']}", "expected (",
+    engine = body["engines"][0]
+    for part in ("taps [3, 31, 59]", f"from {engine['wiring']['source']}.", "expected (",
                  f"vllm-eagle3 doctor --target {TARGET} --draft {incident_files['draft']}"):
         assert part in line, (part, line)
-    engine = body["engines"][0]
     assert body["verdict"] == V.WRONG and engine["verdict"] == V.WRONG, raw
     assert engine["wiring"]["taps"] == "[3, 31, 59]" and engine["lines_logged"] >= 1
     assert engine["window"]["position0"] < engine["expected"]["wrong_below"]
