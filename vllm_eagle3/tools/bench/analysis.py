@@ -1,14 +1,10 @@
 """Results file -> summary: every number the report prints, each with its 95 % interval where one exists.
 
-Data flow position: after ``run.py`` (which writes the raw results file) and before ``report.py`` (which only
-formats). Re-run on every render, so ``BENCHMARKS.md`` always follows from the results file and the current code.
-
-Pairing: every variant runs the same prompts in the same cells, so a speedup resamples *prompts* and keeps each
-prompt's two measurements together (:func:`~.stats.paired_ratio`). At concurrency 1 the seconds are the requests'
-own latencies; at concurrency C > 1 the point value is the cell's wall-clock throughput and its interval is that of
-the per-request latencies, scaled to it (C requests share the server, so per-request latency x C / tokens is the
-cell's time per token). Acceptance length: at concurrency 1 each request's own spec-decode counters (bootstrap over
-requests); elsewhere the cell's counters (no interval; greedy acceptance does not depend on concurrency).
+Data flow position: after ``run.py`` (the raw results file), before ``report.py`` (which only formats); re-run on
+every render. Pairing: every variant runs the same prompts, so a speedup resamples *prompts*, each prompt's two
+measurements together (:func:`~.stats.paired_ratio`). Seconds: the requests' own latencies at concurrency 1; at C > 1
+the cell's wall clock, its interval that of the per-request latencies scaled to it. Acceptance length: each
+concurrency-1 request's own spec-decode counters (bootstrap over requests), else the cells' counters pooled.
 """
 
 from __future__ import annotations
@@ -156,9 +152,8 @@ def step_models(v: Variant, sp: Mapping | None, base_sp: Mapping | None, tau: fl
 
 
 def mla_verify_patched(calls: Mapping[str, int]) -> bool:
-    """Whether the worker verified speculative tokens through model_patches/vllm_cpu_mla_verify_decode.py, from
-    its ``CALLS`` counters (``verify``: steps with multi-token queries on the patched path; ``expanded`` in the
-    patch's first, opt-in version). All zero: vLLM's own verify path ran."""
+    """Whether the worker verified drafts through model_patches/vllm_cpu_mla_verify_decode.py (its ``CALLS``
+    counters: ``verify``, or ``expanded`` in its first version); all zero: vLLM's own verify path ran."""
     return bool(calls.get("verify") or calls.get("expanded"))
 
 
@@ -220,19 +215,12 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def capture_ab(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
-    """Plugin capture vs vLLM's native capture, per :data:`~.plan.AB_PAIRS` pair present in the run: the target's
-    forward (verify) time per decode step from the worker timers, each configuration's servers alternating.
-
-    The fair pair is the second head on its own taps 3/31/59 both ways (same head, same taps, same acceptance);
-    the shipped head's embed tap vs the SGLang default wiring differs in acceptance too, so its gap is not the capture's
-    alone (``tau`` of each side is reported to show it). The verdict compares the gap with its interval AND with
-    the gap between two servers of the same configuration.
-
-    Each server process also runs at its own speed on this shared 2-core VM: two identical servers' forward times
-    differed by as much as the plugin / native gap, and their DRAFT times (identical work: same head, same tokens)
-    by as much, in the same direction. So each row also gives the target forward per
-    millisecond of draft in the same decode steps (``normalized``: per-step forward / draft), which cancels the
-    server's own speed and leaves the capture's cost. The draft's work is the same on both sides only when tau is."""
+    """Plugin capture vs vLLM's native capture, per :data:`~.plan.AB_PAIRS` pair in the run: the target's forward
+    (verify) ms per decode step from the worker timers, each side's servers alternating. The fair pair is the second
+    head on its own taps both ways; the shipped head's embed tap vs the SGLang default wiring differs in acceptance
+    too (``tau`` shows it). Each server process runs at its own speed on a shared VM, so each row also gives forward
+    per ms of draft in the same steps (``normalized``): the draft's work is the same on both sides when tau is, so
+    this cancels the server's speed. The verdict (:func:`_verdict`) sets the gap against two identical servers'."""
     out = []
     for plugin, native in AB_PAIRS:
         for nat_v, _ in res.find(capture=native, replica=1):
@@ -299,10 +287,9 @@ def _verdict(ratio: Estimate, same: Sequence[Estimate]) -> str:
 
 
 def check_cost(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
-    """Throughput with the online wiring check on / off (the ``check`` plan), per configuration with a check-off
-    server and per concurrency: the speedup statistic of speculation vs none (paired over prompts), here over the
-    servers of each side pooled (each prompt's tokens and seconds summed over them), and the same ratio between two
-    servers of one side, for the verdict of the capture A/B (:func:`_verdict`). Below 1: the check costs."""
+    """Throughput with the online wiring check on / off (plan ``check``), per configuration with a check-off server
+    and per concurrency: paired over prompts, each side's servers pooled, against the same ratio between two servers
+    of one side (:func:`_verdict`). Below 1: the check costs."""
     out = []
     for off_v, _ in res.find(check=False, replica=1):
         same = dict(k=off_v.k, capture=off_v.capture, compiled=off_v.compiled, mla_verify=off_v.mla_verify)
@@ -326,16 +313,11 @@ WITHIN_BEST = 0.90  # issue 29: the adaptive schedule within 10 % of the best st
 
 def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per concurrency, for a run with an adaptive server (``--plan adaptive``): no speculation, static k = 3, the
-    best static k (the highest throughput of the static servers that chose the table), the adaptive schedule's k
-    there and its throughput. Its speedups are over the servers that ran side by side with it in its judging
-    stretch (no speculation, and the best static k again where it ran there; paired over prompts, measured in
-    turns); k = 3's is over the no-speculation server of its own choosing stretch. Where a judging stretch has
-    several servers of one configuration (replicas), a ratio pools them (each prompt's tokens and seconds summed
-    over the servers, as :func:`check_cost` does), and the same ratio between two servers of one configuration
-    (adaptive #1 / #2, best static #1 / #2) says how far apart identical servers measured. The two targets:
-    adaptive >= 1.0x no speculation at the interval's lower end; adaptive >= 0.9 x the best static k. Greedy
-    identity of every speculative cell with no speculation's (same prompt, same text), and the judging stretch's
-    no-speculation server against the choosing stretches' (how far the machine drifted while the run went on)."""
+    best static k (fastest in the choosing stretches), the adaptive table's k and its throughput. Its speedups are
+    over the servers of its judging stretch (no speculation, the best static k's; replicas pooled, and compared
+    with each other: *identical servers*); k = 3's over its choosing stretch's no-speculation server. Targets:
+    adaptive >= 1.0x no speculation at the interval's lower end, >= :data:`WITHIN_BEST` x the best static k. Also
+    greedy identity with no speculation's text, and how far no speculation drifted between the stretches."""
     from vllm_eagle3.tools.bench.plan import k_at
 
     ad = [(v, raw) for v, raw in res.variants if v.adaptive and v.replica == 1]

@@ -32,23 +32,16 @@ SCRATCH = ".cache/bench-{plan}"  # where plans other than default/full write (gi
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vllm-eagle3 bench",
-        description="Benchmark the shipped miniature Kimi K2.5 on vLLM's OpenAI server: EAGLE-3 (k=3) vs no "
-                    "speculation at concurrency 1/4/16, eager and compiled, with 95% intervals; the MLA "
-                    "verify-as-decode opt-out; the plugin's capture vs vLLM's native capture of the same taps with "
-                    "the second head (alternating servers); the SGLang default wiring (taps 3/31/59); the "
-                    "draft/verify split from worker timers; advice (best k, break-even acceptance length). Default "
-                    "plan ~1 h on a quiet 2-core box (--dry-run prints the estimate). Run it alone on the machine: "
-                    "make bench (holds /tmp/vllm-engine.lock while it runs).")
+        description="EAGLE-3 vs no speculation on vLLM's OpenAI server (the shipped miniature), with 95% intervals: "
+                    "concurrency 1/4/16, eager and compiled, the MLA opt-out, plugin vs native capture, the SGLang "
+                    "default wiring (taps 3/31/59), the draft/verify split, advice. Default plan ~1 h on a quiet "
+                    "2-core box (--dry-run prints the estimate); run it alone on the machine (make bench).")
     p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
-                   help="smoke: a few minutes, every code path, numbers meaningless; quick: eager only, c=1/4, "
-                        "8 prompts x 64 tokens; default: the headline cells (~1 h); full: + k sweep 1..5 at "
-                        "c=1/4, SGLang default wiring and opt-out at every concurrency, 2 rounds (~3 h); check: what "
-                        "the online wiring check costs, k=3 with it on vs off, eager, c=1/4/16, two servers each "
-                        "(~30 min); adaptive: "
-                        "speculation that adapts to load: no speculation and k=1..5 side by side (c=1/4/16, then "
-                        "c=32/64 for the k still possible), k per batch size chosen from them, served side by side "
-                        "with no speculation and the static k it is judged against (two servers of each at c<=16), "
-                        "on held-out prompts (~80 min)")
+                   help="smoke: every code path in minutes, numbers meaningless; quick: eager, c=1/4, 8 prompts x 64 "
+                        "tokens; default: the headline cells (~1 h); full: + k sweep 1..5, SGLang default wiring and "
+                        "opt-out at every concurrency, 2 rounds (~3 h); check: the online wiring check's cost, on vs "
+                        "off (~30 min); adaptive: k per batch size chosen from no speculation and k=1..5 side by side, "
+                        "then judged against them, on held-out prompts (~80 min)")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")

@@ -1,12 +1,10 @@
 """What one ``vllm-eagle3 bench`` run measures: variants (one server each), their cells, and the named plans.
 
-Data flow position: built first by ``cli.py``; the contract between ``run.py`` (one server per :class:`Variant`,
-its :class:`Cell` s in order) and ``analysis.py`` (which pairs cells of different variants by prompt). Cell kinds:
-``throughput`` (closed loop at C in flight over ``plan.throughput_requests(C)`` different prompts: steady load;
-one wave would be timed by its least-accepted request), ``split`` (the worker timers around ``max(C, 4)`` requests
-of ``plan.split_tokens``), ``untimed`` (the same requests without the timers: what they cost) and ``stream``
-(streamed requests at concurrency 1: time to first token, inter-token latency). Plans: :func:`headline_plan`
-(smoke, quick, default, full), :func:`check_plan` (the online wiring check on vs off), :func:`adaptive_plan`.
+Data flow position: built first by ``cli.py``; the contract between ``run.py`` (one server per :class:`Variant`, its
+:class:`Cell` s in order) and ``analysis.py`` (which pairs cells of different variants by prompt). Cell kinds:
+``throughput`` (closed loop, C in flight, ``plan.throughput_requests(C)`` different prompts), ``split`` (the worker
+timers around ``max(C, 4)`` requests), ``untimed`` (the same without the timers: their cost), ``stream`` (time to
+first token, inter-token latency at concurrency 1).
 """
 
 from __future__ import annotations
@@ -14,29 +12,22 @@ from __future__ import annotations
 import dataclasses
 
 NO_SPEC, EMBED_TAP, NATIVE = "none", "embed", "native"
-SGLANG_DEFAULT_WIRING = "sglang_default_wiring"
-"""The advice row of the NATIVE variant: the shipped head fed the taps SGLang < 0.5.13 read from the engines' default
-ids (3/31/59), captured by vLLM's own code: a wrong wiring, measured against its break-even."""
-# The same-taps capture A/B: the SECOND shipped head (trained on taps [3, 31, 59], no embedding) served with those
-# taps by the plugin's capture spec, and by vLLM's own capture (stock model classes): same head, same taps, same
-# acceptance, so any difference in the target forward is the capture's.
+SGLANG_DEFAULT_WIRING = "sglang_default_wiring"  # advice row of NATIVE: the shipped head fed taps 3/31/59
+# The same-taps capture A/B: the SECOND head (trained on taps 3/31/59) served with those taps by the plugin's spec and
+# by vLLM's own capture: same head, taps and acceptance, so a difference in the target forward is the capture's.
 LAYER_TAPS, NATIVE_LAYERS = "layers", "native-layers"
 CAPTURES = (NO_SPEC, EMBED_TAP, NATIVE, LAYER_TAPS, NATIVE_LAYERS)
 NATIVE_CAPTURES = (NATIVE, NATIVE_LAYERS)  # served with VLLM_PLUGINS=<patches only>: vLLM's own capture code
 AB_PAIRS = ((LAYER_TAPS, NATIVE_LAYERS), (EMBED_TAP, NATIVE))  # (plugin, native) pairs the capture A/B compares
 MLA_DEFAULT, MLA_OFF, MLA_ON = "default", "off", "on"
-# side-by-side stretches of --plan adaptive (0: one server at a time): the one that chooses k at light load (every k,
-# concurrency <= LIGHT_MAX), the one that chooses it under load (only the k the light stretch left possible: k never
-# rises with the batch), and the two that judge the table, light and loaded (no speculation, the static k it is
-# compared with, the adaptive server; at light load two servers of each speculating configuration, JUDGE_REPLICAS).
+# side-by-side stretches of --plan adaptive (0: one server at a time): choosing k at light load (c <= LIGHT_MAX) and
+# loaded (only the k still possible), then judging the table at light load and loaded (JUDGE_REPLICAS servers of
+# each speculating configuration at light load: two identical servers on a 2-core VM measured up to 0.83x apart)
 CHOOSE_LIGHT, CHOOSE_LOADED, JUDGE, JUDGE_LOADED = 1, 2, 3, 4
 STRETCHES = (0, CHOOSE_LIGHT, CHOOSE_LOADED, JUDGE, JUDGE_LOADED)
 JUDGING = (JUDGE, JUDGE_LOADED)
 LIGHT_MAX = 16
 JUDGE_REPLICAS = 2
-"""Servers of each speculating configuration in the light judging stretch: two servers of one configuration, run in
-turns on a 2-core VM, measured up to 0.83x of each other with identical drafts, so one server per side cannot resolve
-a 10 % target. Under load only one (six servers with a KV cache for 64 requests do not fit 23 GiB)."""
 CELL_KINDS = ("throughput", "untimed", "split", "stream")
 _CAPTURE_LABELS = {EMBED_TAP: "the capture spec's taps (--capture-spec, plugin capture)",
                    NATIVE: "taps 3/31/59 by vLLM's native capture (the incident wiring)",
@@ -62,10 +53,10 @@ class Cell:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One server: ``k`` speculative tokens (0 = none), how the taps are captured, the CPU MLA verify path,
-    eager or compiled, whether the online wiring check runs (``check``: on, as shipped; off = the capture spec
-    with ``check: {enabled: false}``, to measure what it costs), and a replica number (2 = the same server started
-    again, to measure server-to-server noise)."""
+    """One server: ``k`` speculative tokens (0 = none), the capture, the CPU MLA verify path, eager or compiled, the
+    online wiring check on (as shipped) or off, a replica number (2 = the same server again: server-to-server
+    noise); ``adaptive``: k per batch size, ``schedule`` filled in by the run (``advise.resolve``); ``stretch``: 0 =
+    alone, n = the n-th side-by-side stretch (servers alive at once, cells in turns, ``run.run_together``)."""
 
     k: int
     capture: str = EMBED_TAP
@@ -73,17 +64,9 @@ class Variant:
     compiled: bool = False
     replica: int = 1
     cells: tuple[Cell, ...] = ()
-    check: bool = True  # as shipped
-    # adaptive: k per batch size (vLLM's num_speculative_tokens_per_batch_size), filled in by the run from the
-    # static-k servers measured before it (``schedule``: its (first batch size, last, k) ranges; k = the most it may
-    # draft)
+    check: bool = True
     adaptive: bool = False
-    schedule: tuple[tuple[int, int, int], ...] = ()
-    # stretch: 0 = one server at a time; n >= 1 = the n-th side-by-side stretch: started with the plan's other servers
-    # of that stretch, all alive at once, their throughput cells run in turns (a cell's prompts in chunks, the
-    # servers' order mirrored from chunk to chunk), so that a drift of the machine falls on all of them alike
-    # (run.run_together). Which cells a server of the CHOOSE_LOADED or a judging stretch runs is decided from the
-    # stretches before it (advise.resolve)
+    schedule: tuple[tuple[int, int, int], ...] = ()  # (first batch size, last, k) ranges
     stretch: int = 0
 
     def __post_init__(self) -> None:
@@ -168,30 +151,19 @@ class Variant:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Variant":
-        # older results files: ``together`` (their one side-by-side stretch, which judged) instead of ``stretch``
-        d = {**{k: v for k, v in d.items() if k not in ("search", "together")},
-             **({"stretch": JUDGE} if d.get("together") else {})}
         return cls(**{**d, "cells": tuple(Cell(k, c) for k, c in d["cells"]),
                       "schedule": tuple(tuple(int(x) for x in e) for e in d.get("schedule", ()))})
 
 
 def k_at(schedule, batch: int) -> int:
-    """The k ``schedule`` drafts at ``batch`` requests per step (vLLM's lookup: gaps and the tail carry the k
-    before them)."""
-    k = schedule[0][2]
-    for a, _, kk in schedule:
-        if a <= batch:
-            k = kk
-    return k
+    """The k ``schedule`` drafts at ``batch`` requests per step (vLLM's lookup: gaps and the tail keep the k before)."""
+    return next((kk for a, _, kk in reversed(schedule) if a <= batch), schedule[0][2])
 
 
 def schedule_text(schedule) -> str:
     """``1-2: k=3, 3-8: k=2, 9+: k=0`` (the last range open-ended)."""
-    parts = []
-    for i, (a, b, k) in enumerate(schedule):
-        rng = f"{a}+" if i == len(schedule) - 1 else (f"{a}" if a == b else f"{a}-{b}")
-        parts.append(f"{rng}: k={k}")
-    return ", ".join(parts)
+    return ", ".join(f"{f'{a}+' if i == len(schedule) - 1 else a if a == b else f'{a}-{b}'}: k={k}"
+                     for i, (a, b, k) in enumerate(schedule))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,8 +280,8 @@ def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), k
     return Plan(name, tuple(vs), **sizes)
 
 
-PLAN_ARGS = {
-    # smoke: a few minutes, proves every code path end to end (eager only), numbers meaningless
+PLAN_ARGS = {  # smoke: every code path in a few minutes, numbers meaningless; check, adaptive: eager (what make demo
+    # serves; compiling adds ~9 min per server), the cell sizes an interval needs (adaptive: c=64 x 2 waves)
     "smoke": dict(concurrencies=(1, 2), compiled=False, sglang_default_throughput=(2,), opt_out_throughput=(1,),
                   prompts=4, max_tokens=16, split_tokens=12, stream_prompts=2),
     "quick": dict(concurrencies=(1, 4), compiled=False, capture_ab=False, opt_out_throughput=(1, 4), prompts=8,
@@ -317,12 +289,7 @@ PLAN_ARGS = {
     "default": dict(),
     "full": dict(sweep=(1, 2, 4, 5), sglang_default_throughput=(1, 4, 16), opt_out_throughput=(1, 4, 16),
                  rounds=2),
-    # check: eager (what `make demo` serves; a compiled server would add ~9 min of compilation per configuration),
-    # the headline's cell sizes (16 prompts, 4 waves, 128 tokens: the requests an interval needs at each
-    # concurrency), 4 servers: ~29 min by the estimate below, most of it the concurrency-1 cells
     "check": dict(concurrencies=(1, 4, 16), compiled=False, prompts=16, waves=4, max_tokens=128),
-    # adaptive: eager, c=1..64 on held-out prompts (bench/heldout_prompts.json); 2 waves (a c=64 cell is 128
-    # requests), 128 tokens; ~20 servers in four side-by-side stretches
     "adaptive": dict(concurrencies=(1, 4, 16, 32, 64), compiled=False, prompts=16, waves=2, max_tokens=128),
 }
 BUILDERS = {"check": check_plan, "adaptive": adaptive_plan}

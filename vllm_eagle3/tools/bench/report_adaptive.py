@@ -14,6 +14,8 @@ from vllm_eagle3.tools.bench.cells_text import _v, e, f, pyplot, style, table
 from vllm_eagle3.tools.bench.machine import backend_label
 from vllm_eagle3.tools.bench.plan import JUDGING
 
+TEMPLATE = Path(__file__).with_name("template_adaptive.md")  # the section's method paragraph, in prose
+
 
 def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
     """Speculation that adapts to load (plan ``adaptive``), with its heading (naming ``backend``: the attention
@@ -65,29 +67,11 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
         raise ValueError("an adaptive results file from before the judging stretches had replicas (servers run one "
                          "at a time, or one server per configuration): render it with the commit that wrote it "
                          "(its meta.machine.commit)")
-    how = ("Every server ran **side by side**: all alive at once, each concurrency's prompts in turns (2 chunks, "
-           f"{turns1} at concurrency 1; the servers' order reversed from one chunk to the next), so that a drift "
-           "of the machine falls on all of them alike. Four stretches: no speculation and every k at "
-           "concurrencies up to 16; then at 32 and 64 no speculation and the k the first stretch left possible "
-           "(k never rises with the batch); their throughput chose the table. Then two judging stretches, up to "
-           "16 and above: no speculation again, the static k servers the adaptive server is compared with and "
-           f"the adaptive server; in the first, {replicas} servers of each speculating configuration, because "
-           "two servers of one configuration on this VM can differ by more than the 10 % target. Speedups are "
-           "over that stretch's no-speculation server, each side's servers pooled (every prompt's tokens over "
-           "its seconds, summed over them); *adaptive / best* pairs the adaptive servers with that stretch's "
-           "servers of the static k that measured fastest at that concurrency in the choosing stretches, and "
-           "*identical servers* is the same ratio between two servers of one configuration (adaptive ; best "
-           "static). k = 3 and the break-even columns are from the choosing stretches, over their "
-           "no-speculation server; the last column is the judging stretch's no-speculation server over the "
-           "choosing one's (how far the machine drifted between them).")
     return "\n\n".join([x for x in [
         "### Speculation that adapts to load: k per batch size" + (f" ({backend})" if backend else ""),
         run,
-        f"The adaptive server: {ad['label']} (vLLM's `num_speculative_tokens_per_batch_size`, chosen by "
-        "`vllm_eagle3/tools/bench/advise.py` from the static-k servers of this same run). " + how
-        + " Targets: adaptive >= 1.0x at the interval's lower end, and >= 0.9 x the best static k. Break-even "
-        "acceptance length and the models tau / (v + k c), tau / (1 + k c) are k = 3's, from its timed cells. "
-        "Greedy: requests whose text equals no speculation's, of all.",
+        " ".join(TEMPLATE.read_text().split("-->", 1)[1].split()).replace("{{label}}", ad["label"])
+        .replace("{{turns1}}", str(turns1)).replace("{{replicas}}", str(replicas)),
         table(["conc.", "no spec tok/s", "k=3", "best static k", "adaptive", "adaptive / best",
                "identical servers #1 / #2", ">= 1.0x (lower end)", "within 10 % of best", "break-even tau (k=3)",
                "tau/(v+kc) (k=3)", "tau/(1+kc) (k=3)", "greedy same", "no spec #2 / #1"], table_rows),

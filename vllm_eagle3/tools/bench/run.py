@@ -1,12 +1,9 @@
-"""Orchestration of ``vllm-eagle3 bench``: one server per variant, its cells in order, the results file; or, for a
-side-by-side stretch of the plan, its servers all alive at once and their throughput cells run in turns
-(:func:`run_together`).
+"""Orchestration of ``vllm-eagle3 bench``: one server per variant, its cells in order; or a side-by-side stretch's
+servers all alive at once, their throughput cells in turns (:func:`run_together`); then the results file.
 
-Data flow position: between ``plan.py`` and ``analysis.py``. Per :class:`~.plan.Variant`: its serve YAML (the base
-config with k, the draft, eager or compiled, prefix caching off so every request pays its prefill), ``vllm-eagle3
-serve`` with the step-timer worker extension loaded (inactive until a timed cell), a warm-up, its cells
-(``client.py``), what its log and worker say of its capture and MLA path, stop. Everything measured goes raw into
-the results file. Compiled servers share vLLM's compile cache in the gitignored ``.cache/vllm``.
+Data flow position: between ``plan.py`` and ``analysis.py``. Per :class:`~.plan.Variant`: its serve YAML (k, the
+draft, eager or compiled, prefix caching off), ``vllm-eagle3 serve`` with the step-timer worker extension, a warm-up,
+its cells (``client.py``), what its log and worker say of its capture and MLA path, stop; all raw into the results.
 """
 
 from __future__ import annotations
@@ -54,12 +51,8 @@ def repo_path(p: str | Path) -> Path:
 
 
 def native_taps(num_layers: int) -> tuple[int, ...]:
-    """Three layer taps with the shipped head's fan-in, as SGLang < 0.5.13 captured them by default.
-
-    SGLang before 0.5.13 read the default ids ``engine_default_ids(L)`` with its always-+1 rule: taps
-    (3, L//2 + 1, L - 2) = 3/31/59 on the 61-layer target. vLLM captures those in ``DeepseekV2Model.forward``
-    itself (``aux_hidden_state_layers``), no embedding involved.
-    """
+    """The taps SGLang < 0.5.13 captured by default (engine default ids, always +1: 3/31/59 of 61 layers); vLLM
+    captures them in ``DeepseekV2Model.forward`` itself, no embedding involved."""
     from vllm_eagle3.conventions import engine_default_ids, ids_to_taps
 
     return ids_to_taps(engine_default_ids(num_layers), "sglang-legacy", num_layers)
@@ -73,11 +66,8 @@ def stock_plugin_available() -> bool:
 
 
 def make_native_draft(draft: Path, out_dir: Path, taps: Sequence[int], num_layers: int) -> Path:
-    """A copy of ``draft`` (config rewritten, weights symlinked) whose ids name ``taps`` in vLLM's convention.
-
-    Same weights and fan-in as the shipped head, so the per-step cost is that of the real head; fed taps it was not
-    trained on, it is the SGLang default wiring (acceptance collapses).
-    """
+    """A copy of ``draft`` (config rewritten, weights symlinked) whose ids name ``taps`` in vLLM's convention: the
+    real head's per-step cost, fed taps it was not trained on (the SGLang default wiring)."""
     from vllm_eagle3.conventions import taps_to_ids
     from vllm_eagle3.tools.convert import rewired_copy
 
@@ -115,8 +105,7 @@ def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path
 
 
 def check_off_spec(spec: Path, out: Path) -> Path:
-    """``spec`` with the online wiring check off: its keys as they are, plus ``check: {enabled: false}`` (or
-    ``enabled: false`` set in its own ``check:`` mapping, its other check settings kept)."""
+    """``spec`` with ``check: {enabled: false}`` (its other keys and check settings kept)."""
     import yaml
 
     data = yaml.safe_load(spec.read_text()) or {}
@@ -126,8 +115,7 @@ def check_off_spec(spec: Path, out: Path) -> Path:
 
 
 def serve_args(variant: Variant, wiring: Wiring, yml: Path, work: Path) -> list[str]:
-    """``vllm-eagle3 serve``'s arguments: the serve YAML and the wiring's (a check-off variant's capture spec is
-    rewritten under ``work``, so the server differs from its check-on twin in that one key)."""
+    """``vllm-eagle3 serve``'s arguments: the serve YAML and the wiring's (a check-off variant's spec rewritten)."""
     args = list(wiring.args if variant.k else ())
     if not variant.check:
         i = args.index("--capture-spec") + 1
@@ -174,18 +162,14 @@ def _record(variant: Variant) -> dict[str, Any]:
             "error": None, "capture_line": "", "check_line": "", "mla_calls": {}, "cells": []}
 
 
-KV_TOKENS_PER_GIB = 7584
-"""Tokens of KV cache per GiB of ``VLLM_CPU_KVCACHE_SPACE`` for the miniature target + its EAGLE-3 draft in float32
-(vLLM's "CPU KV cache size: 7,584 tokens" line at 1 GiB; 7,632 without the draft): 61 MLA layers x 576 floats."""
+KV_TOKENS_PER_GIB = 7584  # vLLM's "CPU KV cache size" at 1 GiB, miniature target + draft in float32
 BLOCK_TOKENS = 16  # a request's last KV block is allocated whole
-KV_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-"""Bytes per KV cache element by the serve config's ``dtype`` (vLLM-CPU's cache is in the model's dtype)."""
+KV_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}  # vLLM-CPU's cache: the model's dtype
 
 
 def kv_cache_gib(variant: Variant, plan: Plan, prompt_tokens: int, dtype: str = "float32") -> int:
-    """GiB of KV cache that hold every request of the variant's busiest cell at once (prompt + output + the drafts
-    of a step + a block), so that a cell at concurrency C runs C requests per step instead of queueing the rest (a
-    1 GiB cache holds ~38 requests of 64 + 128 tokens in float32, twice as many in bf16)."""
+    """GiB of KV cache that hold every request of the variant's busiest cell at once (prompt + output + a step's
+    drafts + a block): a cell at concurrency C runs C requests per step instead of queueing the rest."""
     per_gib = KV_TOKENS_PER_GIB * 4 // KV_BYTES.get(str(dtype), 4)
     need = 0
     for cell in variant.cells:
@@ -195,8 +179,8 @@ def kv_cache_gib(variant: Variant, plan: Plan, prompt_tokens: int, dtype: str = 
 
 
 def memory_short(kv_gib: int, meminfo: str | None = None) -> str:
-    """Why one more server with ``kv_gib`` of KV cache does not fit next to the ones running ('' if it does): it
-    needs its KV cache, vllm_cpu.RUNTIME_GIB of processes, and 1 GiB is left for the client and the page cache."""
+    """Why one more server with ``kv_gib`` of KV cache (+ vllm_cpu.RUNTIME_GIB, + 1 GiB for the client and the page
+    cache) does not fit next to the ones running; '' if it does."""
     from vllm_eagle3.tools.serve.vllm_cpu import RUNTIME_GIB, mem_available_gib
 
     avail, need = mem_available_gib(meminfo), kv_gib + RUNTIME_GIB + 1.0
@@ -206,8 +190,7 @@ def memory_short(kv_gib: int, meminfo: str | None = None) -> str:
 
 def _start(variant: Variant, base_cfg: Mapping[str, Any], wiring: Wiring, work: Path, log_dir: Path,
            say: Callable[[str], None], kv_gib: int = 1) -> tuple[VllmServer, dict[str, str], Path]:
-    """Write the variant's serve YAML and start its server (not waited for) with ``kv_gib`` of KV cache (unless
-    the caller's environment sets VLLM_CPU_KVCACHE_SPACE)."""
+    """Write the variant's serve YAML and start its server (not waited for) with ``kv_gib`` of KV cache."""
     yml = serve_yaml(base_cfg, variant, wiring.draft, work / f"serve-{variant.key.replace('#', '-')}.yaml")
     args = serve_args(variant, wiring, yml, work)
     env = server_env(variant)
