@@ -158,8 +158,9 @@ def test_a_v2_step_becomes_the_rows_the_check_records(vllm_cpu_shims):
     kept = row.keep(runner, {"self": runner, "grammar_output": None})
     runner.execute_model_state = None  # what V2's sample_tokens does before it samples
     step = row.rows(runner, kept, result)
-    assert step.req_ids == ("b", "a") and step.query_start == (0, 4, 14) and step.valid == (2, 10)
-    assert step.first_position == (20, 0) and step.prompt_len == (12, 10) and step.max_len == (112, 15)
+    assert step.req_ids == ("b", "a") and step.query_start == (0, 4, 14)
+    assert step.device_rows() == ([2, 10], [20, 0])  # confirmed rows, first positions
+    assert step.prompt_len == (12, 10) and step.max_len == (112, 15)
     assert step.temperature == pytest.approx((0.2, 0.0)) and step.aux[1] is aux[1]
 
     checker = Checker(_plan(sample_every=1, max_temperature=0.3), None, 0, 3, 61, None)
@@ -252,3 +253,25 @@ def test_the_capture_models_plan_goes_through_the_runner_check(tmp_path, monkeyp
     monkeypatch.delitem(engine_hook._INSTALLED, "V2")
     plan = plan_check(resolution, config)
     assert not plan.enabled and "has no method propose_draft_token_ids" in plan.off_because
+
+
+def test_steps_of_requests_already_passed_over_do_not_wait_for_the_device(vllm_cpu_shims):
+    """Reading a V2 step's sampled counts waits for its kernels (a GPU sync that async scheduling is built to avoid):
+    the check reads them only when a request is followed or new, never in a step of requests it passed over."""
+    from vllm_eagle3.online.engine_hook import Checker
+    from vllm_eagle3.online.runners import RUNNERS
+
+    aux = [torch.zeros(14, H) for _ in range(3)]
+    runner, result = _v2_step(aux)
+    row = RUNNERS["V2"]
+    step = row.rows(runner, row.keep(runner, {}), result)
+    checker = Checker(_plan(sample_every=1, max_temperature=0.1), None, 0, 3, 61, None)
+    runner.get_model = lambda: SimpleNamespace(check_hidden={})
+    checker.observe(runner, step)
+    assert set(checker.tracker.traces) == {"a"} and checker.tracker.too_hot == 1  # b (temperature 0.2) passed over
+
+    def no_sync():
+        raise AssertionError("read the device for a step of requests already passed over")
+
+    only_b = dataclasses.replace(step, req_ids=("b",), query_start=(0, 4), device_rows=no_sync)
+    checker.observe(runner, only_b)

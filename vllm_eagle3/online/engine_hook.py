@@ -225,13 +225,17 @@ class Checker:
     def observe(self, runner, step: StepRows) -> None:
         for trace in self.tracker.finish(step.finished):
             self.score(trace)
+        t = self.tracker
+        if all(rid in t.decided and rid not in t.traces for rid in step.req_ids):
+            return  # nothing followed, nothing new: no need to wait for the step's counts on the device
+        valids, firsts = step.device_rows()
         chosen = []
         for i, rid in enumerate(step.req_ids):
             s, e = step.query_start[i], step.query_start[i + 1]
             if e <= s:
                 continue
-            valid = max(0, min(step.valid[i], e - s))
-            pos, limit = int(step.first_position[i]), step.max_len[i]
+            valid = max(0, min(valids[i], e - s))
+            pos, limit = int(firsts[i]), step.max_len[i]
             done = limit is not None and pos + valid + 1 >= limit
             span = RowSpan(rid, s, valid, pos, int(step.prompt_len[i]), float(step.temperature[i]), done)
             if valid and self.tracker.wants(span, self.within_budget()):

@@ -30,14 +30,15 @@ import torch
 class StepRows:
     """One target step, whatever the runner: the batch's requests, their rows and the aux list the draft received.
 
-    Request i's rows are ``query_start[i]:query_start[i + 1]`` of the step's flattened tokens; the first ``valid[i]``
-    of them are confirmed (a prefill chunk: all; a verify step: the accepted drafts + 1, the tokens sampled)."""
+    Request i's rows are ``query_start[i]:query_start[i + 1]`` of the step's flattened tokens. ``device_rows()``
+    returns, per request, how many of them are confirmed (a prefill chunk: all; a verify step: the accepted drafts + 1,
+    the tokens sampled; 0: never follow it) and the position of its first row: on a GPU reading them waits for the
+    step's kernels, so the check calls it only in steps where a request is followed or seen for the first time."""
 
     finished: tuple[str, ...]
     req_ids: tuple[str, ...]
     query_start: tuple[int, ...]  # [num_reqs + 1]
-    valid: tuple[int, ...]
-    first_position: tuple[int, ...]
+    device_rows: Callable[[], tuple[Sequence[int], Sequence[int]]]  # (valid, first_position)
     prompt_len: tuple[int, ...]
     temperature: tuple[float, ...]
     max_len: tuple[int | None, ...]  # prompt + max_tokens: the request ends there (None: no limit)
@@ -89,27 +90,36 @@ def _v1_rows(runner, args: dict[str, Any], _result) -> StepRows | None:
     req_ids = list(runner.input_batch.req_ids)
     aux = args["aux_hidden_states"]
     if not req_ids or aux is None:
-        return StepRows(tuple(sched.finished_req_ids), (), (0,), (), (), (), (), (), torch.empty(0), ())
+        return _empty(tuple(sched.finished_req_ids))
     n = sched.total_num_scheduled_tokens
     qsl = runner.query_start_loc.cpu[: len(req_ids) + 1].tolist()
-    sampled = args["sampled_token_ids"]
-    counts = (sampled != -1).sum(-1).tolist() if isinstance(sampled, torch.Tensor) else [len(x) for x in sampled]
-    meta = args["spec_decode_metadata"]
-    drafts = list(meta.num_draft_tokens) if meta is not None else [0] * len(req_ids)
-    pos_buf = runner.positions if runner.positions.dim() == 1 else runner.positions[0]
-    first = pos_buf[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))].tolist()
-    prompt, temp, max_len = [], [], []
-    valid = [counts[i] if drafts[i] > 0 else qsl[i + 1] - qsl[i] for i in range(len(req_ids))]
-    for i, rid in enumerate(req_ids):
+    prompt, temp, max_len, usable = [], [], [], []
+    for rid in req_ids:
         state = runner.requests.get(rid)
         sp = getattr(state, "sampling_params", None)
-        if sp is None:  # no sampling parameters (a pooling request): never followed
-            valid[i] = 0
+        usable.append(sp is not None)  # no sampling parameters (a pooling request): never followed
         prompt.append(state.num_prompt_tokens if state is not None else 0)
         temp.append(float(sp.temperature or 0.0) if sp is not None else 0.0)
         max_len.append(prompt[-1] + sp.max_tokens if sp is not None and sp.max_tokens is not None else None)
-    return StepRows(tuple(sched.finished_req_ids), tuple(req_ids), tuple(qsl), tuple(valid), tuple(first),
-                    tuple(prompt), tuple(temp), tuple(max_len), runner.input_ids.gpu[:n], tuple(aux))
+
+    def device_rows() -> tuple[list[int], list[int]]:
+        sampled = args["sampled_token_ids"]
+        counts = (sampled != -1).sum(-1).tolist() if isinstance(sampled, torch.Tensor) else [len(x) for x in sampled]
+        meta = args["spec_decode_metadata"]
+        drafts = list(meta.num_draft_tokens) if meta is not None else [0] * len(req_ids)
+        pos_buf = runner.positions if runner.positions.dim() == 1 else runner.positions[0]
+        first = pos_buf[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))].tolist()
+        valid = [(counts[i] if drafts[i] > 0 else qsl[i + 1] - qsl[i]) if usable[i] else 0
+                 for i in range(len(req_ids))]
+        return valid, first
+
+    return StepRows(tuple(sched.finished_req_ids), tuple(req_ids), tuple(qsl), device_rows, tuple(prompt),
+                    tuple(temp), tuple(max_len), runner.input_ids.gpu[:n], tuple(aux))
+
+
+def _empty(finished: tuple[str, ...]) -> StepRows:
+    """A step that only reports finished requests."""
+    return StepRows(finished, (), (0,), lambda: ((), ()), (), (), (), torch.empty(0), ())
 
 
 # ----------------------------------------------------------------------------------------------- V2
@@ -126,9 +136,8 @@ def _v2_rows(runner, state, result) -> StepRows | None:
     finished = tuple(state.finished_req_ids or ())
     sampled = getattr(result, "num_sampled_tokens", None)
     if sampled is None:  # sample_tokens returned no AsyncOutput: nothing was sampled
-        return StepRows(finished, (), (0,), (), (), (), (), (), torch.empty(0), ())
+        return _empty(finished)
     qsl = _tolist(batch.query_start_loc_np[: r + 1])
-    counts = _tolist(sampled[:r])
     drafts = _tolist(batch.num_draft_tokens_per_req[:r]) if batch.num_draft_tokens_per_req is not None else [0] * r
     idx = batch.idx_mapping_np[:r]
     states = runner.req_states
@@ -136,9 +145,13 @@ def _v2_rows(runner, state, result) -> StepRows | None:
     max_len = _tolist(states.max_seq_len[idx])  # prompt_len + max_tokens
     temp = _tolist(runner.sampler.sampling_states.temperature.np[idx])
     n = int(qsl[-1])
-    first = _tolist(batch.positions[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))])
-    valid = [counts[i] if drafts[i] > 0 else qsl[i + 1] - qsl[i] for i in range(r)]
-    return StepRows(finished, tuple(batch.req_ids[:r]), tuple(qsl), tuple(valid), tuple(first), tuple(prompt),
+
+    def device_rows() -> tuple[list[int], list[int]]:
+        counts = _tolist(sampled[:r])  # [num_reqs] on the device
+        first = _tolist(batch.positions[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))])
+        return [counts[i] if drafts[i] > 0 else qsl[i + 1] - qsl[i] for i in range(r)], first
+
+    return StepRows(finished, tuple(batch.req_ids[:r]), tuple(qsl), device_rows, tuple(prompt),
                     tuple(float(t) for t in temp), tuple(max_len), batch.input_ids[:n], tuple(state.aux_hidden_states))
 
 
