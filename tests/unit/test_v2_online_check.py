@@ -100,7 +100,8 @@ def vllm_cpu_shims(monkeypatch):
     import vllm.utils.torch_utils as torch_utils
     import vllm.v1.worker.gpu.buffer_utils as gpu_buffer_utils
 
-    for owner, names in ((torch, ("Event",)), (torch.cuda, ("Event", "Stream", "set_stream", "current_stream", "stream")),
+    for owner, names in ((torch, ("Event",)),
+                         (torch.cuda, ("Event", "Stream", "set_stream", "current_stream", "stream")),
                          (torch.accelerator, ("synchronize", "empty_cache", "get_memory_info")),
                          (torch.Tensor, ("pin_memory", "record_stream")), (torch_utils, ("async_tensor_h2d",)),
                          (gpu_buffer_utils, ("UvaBuffer",))):
@@ -140,7 +141,8 @@ def _v2_step(aux):
                               finished_req_ids=set(), ec_connector_output=None, cudagraph_stats=None,
                               num_spec_tokens_to_schedule=3)
     runner = object.__new__(_v2_runner_class())  # V2's class; its __init__ needs CUDA streams
-    runner.req_states, runner.sampler, runner.execute_model_state = states, SimpleNamespace(sampling_states=sampling), state
+    runner.req_states, runner.execute_model_state = states, state
+    runner.sampler = SimpleNamespace(sampling_states=sampling)  # V2's Sampler holds more; the check reads this
     return runner, SimpleNamespace(num_sampled_tokens=torch.tensor([2, 1], dtype=torch.int32))  # AsyncOutput's field
 
 
@@ -170,7 +172,8 @@ def test_a_v2_step_becomes_the_rows_the_check_records(vllm_cpu_shims):
     assert set(traces) == {"a", "b"}
     tokens, taps = traces["b"].materialize()
     assert traces["b"].start == 20 and tokens.tolist() == [100, 101]
-    assert torch.equal(taps[EMBED], aux[0][:2]) and torch.equal(taps[31], aux[2][:2]) and torch.equal(taps[59], -aux[2][:2])
+    assert torch.equal(taps[EMBED], aux[0][:2]) and torch.equal(taps[31], aux[2][:2])
+    assert torch.equal(taps[59], -aux[2][:2])  # the check's extra tap, from the capture model's check_hidden
     tokens, taps = traces["a"].materialize()
     assert traces["a"].start == 0 and tokens.tolist() == list(range(104, 114)) and torch.equal(taps[3], aux[1][4:])
 

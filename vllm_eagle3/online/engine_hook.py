@@ -108,7 +108,8 @@ def attach(plan, vllm_config):
     why = unknown_worker(vllm_config)
     if why is None and _INSTALLED.get(name) is not None:
         row = RUNNERS[name]
-        why = f"vLLM serves with Model Runner {name} here and its hook is missing: {_INSTALLED[name]} ({row.cls}.{row.method})"
+        why = (f"vLLM serves with Model Runner {name} here and its hook ({row.cls}.{row.method}) is missing: "
+               f"{_INSTALLED[name]}")
     if why is None:
         return plan
     plan = dataclasses.replace(plan, extra_taps=(), off_because=why)
