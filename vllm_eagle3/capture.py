@@ -267,7 +267,9 @@ def plan_check(resolution: Resolution, vllm_config: VllmConfig) -> CheckPlan:
     if len(cands) < 2:
         return CheckPlan(cfg, tuple(cands), off_because="no other wiring to compare with")
     extra = sorted({k for c in cands for k in c.taps} - set(resolution.spec.taps))
-    return CheckPlan(cfg, tuple(cands), tuple(extra))
+    from vllm_eagle3.online.engine_hook import attach  # off, saying why, where the serving runner has no hook
+
+    return attach(CheckPlan(cfg, tuple(cands), tuple(extra)), vllm_config)
 
 
 class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):

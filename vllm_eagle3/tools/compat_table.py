@@ -148,7 +148,7 @@ RELIED: tuple[Relied, ...] = (
       "hands the draft config's ids to set_aux_hidden_state_layers", V1, body=()),
     R(V1R, "GPUModelRunner.propose_draft_token_ids", "self, scheduler_output, sampled_token_ids, sampling_metadata, "
       "hidden_states, sample_hidden_states, aux_hidden_states, spec_decode_metadata",
-      "online/engine_hook.py wraps it (EXPECTED_PARAMS)", V1, WRAP),
+      "online/runners.py RUNNERS['V1'] wraps it", V1, WRAP),
     R(V1R, "GPUModelRunner.input_batch", None, "engine_hook: the step's req_ids", V1),
     R(V1R, "GPUModelRunner.query_start_loc", None, "engine_hook: each request's rows", V1),
     R(V1R, "GPUModelRunner.input_ids", None, "engine_hook: the step's tokens", V1),
