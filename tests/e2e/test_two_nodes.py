@@ -41,8 +41,9 @@ TP = 2  # one worker per node
 NUM_PROMPTS = 4
 MAX_TOKENS = 64
 ACCEPTANCE_TOL = 0.1  # tokens per step: the same drafts, up to a near-tie flipped by TP's float32 re-association
-SPEC_CHANNEL_ENV = ("EAGLE3_SPEC", "VLLM_EAGLE3_SPEC", "EAGLE3_CONVENTION", "VLLM_EAGLE3_CONVENTION")
-"""The environment's spec channel (new and deprecated names): unset on both nodes, so the config alone carries it."""
+PROJECT_ENV_PREFIXES = ("EAGLE3_", "VLLM_EAGLE3_")
+"""The project's variables (new and deprecated names, the spec channel among them): unset on both nodes, so the
+config alone carries the spec and the nodes run the project's defaults whatever the developer's shell says."""
 
 
 def say(line: str) -> None:
@@ -82,7 +83,7 @@ def one_node(server_pool, shipped_keys, prompts) -> dict:
 def two_nodes(session_env, prompts, one_node) -> dict:
     """The shipped pair over two nodes (TP=2, one worker each): plain `vllm serve`, the spec from the serve
     config's additional-config only, the same head and k as the one-node server."""
-    env = {k: v for k, v in session_env.items() if k not in SPEC_CHANNEL_ENV}
+    env = {k: v for k, v in session_env.items() if not k.startswith(PROJECT_ENV_PREFIXES)}
     env.pop("VLLM_PLUGINS", None)
     args = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3_config(DRAFT),
             "--tensor-parallel-size", str(TP)]
