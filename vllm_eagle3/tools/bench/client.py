@@ -1,12 +1,10 @@
 """The load generator of ``vllm-eagle3 bench``: what a measuring client sends, and what it reads back.
 
-Data flow position: outside the server, between ``run.py`` (which prompts, how many in flight, how many tokens) and
-the results file. The client must weigh on the 2-core server as little as a real one: :func:`plain_cell` sends plain
-non-streaming greedy ``/v1/completions`` (``ignore_eos``), closed loop at ``concurrency`` in flight;
-:func:`stream_cell` streamed ones (time to first token, inter-token latency). Tokens come from ``usage``; each
-request's spec-decode counters from vLLM's per-request metrics (``metrics.speculative_decoding`` of the response, or
-of the last chunk when streamed; servers run with ``per-request-spec-decode-metrics: summary``), so no request waits
-on a ``/metrics`` read. :func:`worker_rpc` calls the worker extension (:mod:`.timers`).
+Data flow position: outside the server, between ``run.py`` and the results file. Light on the 2-core server:
+:func:`plain_cell` sends non-streaming greedy ``/v1/completions`` (``ignore_eos``), closed loop at ``concurrency``;
+:func:`stream_cell` streamed ones (TTFT, inter-token latency). Tokens from ``usage``; each request's spec-decode
+counters from vLLM's per-request metrics (``metrics.speculative_decoding``; servers run with
+``per-request-spec-decode-metrics: summary``). :func:`worker_rpc` calls the worker extension (:mod:`.timers`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from vllm_eagle3.tools.bench.cells_text import _v, e, f, pyplot, style, table
 from vllm_eagle3.tools.bench.machine import backend_label
-from vllm_eagle3.tools.bench.plan import JUDGING
+from vllm_eagle3.tools.bench.plan import Variant
 
 TEMPLATE = Path(__file__).with_name("template_adaptive.md")  # the section's method paragraph, in prose
 
@@ -89,25 +89,20 @@ def plot_tok_s(data: Mapping, path: Path) -> bool:
     if not s.get("adaptive") or (plt := pyplot(str(path))) is None:
         return False
     series: dict[str, dict[int, tuple[float, float]]] = {}  # name -> concurrency -> (tok/s, over no speculation)
-    for v in _v(s, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False):
-        base = {c: r["tok_s"]["value"] for x in _v(s, k=0, stretch=v["variant"]["stretch"])
-                for c, r in x["by_concurrency"].items() if "tok_s" in r}
-        for c, r in v["by_concurrency"].items():
-            if "tok_s" in r and v["variant"]["stretch"] not in JUDGING:
-                series.setdefault(f"k={v['variant']['k']}", {})[int(c)] = (r["tok_s"]["value"],
-                                                                          r["tok_s"]["value"] / base[c])
-    for x in _v(s, k=0):
-        for c, r in x["by_concurrency"].items():
-            if "tok_s" in r and x["variant"]["stretch"] not in JUDGING:
-                series.setdefault("no speculation", {})[int(c)] = (r["tok_s"]["value"], 1.0)
-    series["adaptive: k per batch size"] = {o["concurrency"]: (o["tok_s"], o["speedup"]["value"]) for o in s["adaptive"]}
+    for v in (v for v in s["variants"] if Variant.from_dict(v["variant"]).chooses_k):
+        base = {c: r["tok_s"]["value"] for b in _v(s, k=0, stretch=v["variant"]["stretch"])
+                for c, r in b["by_concurrency"].items() if "tok_s" in r}
+        for c, r in ((c, r) for c, r in v["by_concurrency"].items() if "tok_s" in r):
+            name = f"k={v['variant']['k']}" if v["variant"]["k"] else "no speculation"
+            series.setdefault(name, {})[int(c)] = (r["tok_s"]["value"], r["tok_s"]["value"] / base[c])
+    table = ", ".join(f"{o['concurrency']}: {o['k']}" for o in s["adaptive"])
+    series[f"adaptive: k per batch size (k at c: {table})"] = {o["concurrency"]: (o["tok_s"], o["speedup"]["value"])
+                                                              for o in s["adaptive"]}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     for i, (name, pts) in enumerate(sorted(series.items(), key=lambda kv: (kv[0][0] != "n", kv[0]))):
         cs = sorted(pts)
         for ax, j in ((ax1, 0), (ax2, 1)):
-            ax.plot(cs, [pts[c][j] for c in cs], label=name + (" (k at c: " + ", ".join(
-                f"{o['concurrency']}: {o['k']}" for o in s["adaptive"]) + ")" if name.startswith("adaptive") else ""),
-                    **style(i))
+            ax.plot(cs, [pts[c][j] for c in cs], label=name, **style(i))
     for ax, label in ((ax1, "tokens per second (all requests)"), (ax2, "throughput / no speculation's")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(s["concurrencies"])

@@ -1,9 +1,8 @@
 """Statistics of ``vllm-eagle3 bench``: point estimates with 95 % bootstrap intervals, and the speedup models.
 
-Data flow position: pure math between the measurements (``client.py``: one record per request; ``timers.py``: one
-record per decode step) and the report (``report.py``). One resampler, :func:`draws` (numpy), also used by the
-doctor's paired bootstrap; it is seeded by the name of what is estimated, so re-rendering ``BENCHMARKS.md`` from the
-same results file gives the same text (``tests/unit/test_docs_numbers.py`` relies on it).
+Data flow position: pure math between the measurements (``client.py``, ``timers.py``) and the report. One resampler,
+:func:`draws` (numpy; the doctor's paired bootstrap uses it too), seeded by the name of what is estimated, so the
+same results file always renders the same ``BENCHMARKS.md`` (``tests/unit/test_docs_numbers.py``).
 """
 
 from __future__ import annotations
@@ -75,9 +74,8 @@ def interval(value: float, replicates: np.ndarray, n: int, method: str) -> Estim
 
 def bootstrap(items: Sequence, statistic: Callable[[np.ndarray], np.ndarray], seed: str, *,
               method: str = "bootstrap") -> Estimate:
-    """``statistic(items)`` with a percentile-bootstrap 95 % interval. ``items`` is ``[n]`` or ``[n, m]`` (rows
-    resampled together); ``statistic`` reduces the item axis (-1 for ``[n]``, -2 for ``[n, m]``) and is called once
-    on all resamples at once. Fewer than 2 items: no interval."""
+    """``statistic(items)`` with a percentile-bootstrap 95 % interval. ``items`` ``[n]`` or ``[n, m]`` (rows resampled
+    together); ``statistic`` reduces the item axis of all resamples at once. Fewer than 2 items: no interval."""
     x = np.asarray(items, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         value = float(statistic(x)) if len(x) else NAN
@@ -94,12 +92,8 @@ def ratio_of_sums(rows: np.ndarray) -> np.ndarray:
 
 def paired_ratio(with_: dict[int, tuple[float, float]], without: dict[int, tuple[float, float]], seed: str,
                  *, method: str = "paired bootstrap over prompts") -> Estimate:
-    """Throughput ratio ``(sum tokens / sum seconds) with`` over ``... without``, paired by prompt.
-
-    ``with_`` and ``without`` map a prompt index to ``(tokens, seconds)`` of that prompt's request(s) in each
-    variant (several rounds: summed). Only prompts measured in both count; each resample draws prompts, so a
-    prompt's two measurements stay together (the prompt-to-prompt variation cancels).
-    """
+    """Throughput ratio ``with_`` / ``without`` (prompt -> (tokens, seconds), rounds summed), over the prompts in
+    both; each resample draws prompts, keeping a prompt's two measurements together."""
     keys = sorted(set(with_) & set(without))
     m = np.array([[*with_[k], *without[k]] for k in keys], dtype=float).reshape(-1, 4)
     return bootstrap(m, lambda r: ratio_of_sums(r[..., :2]) / ratio_of_sums(r[..., 2:]), seed, method=method)
@@ -112,12 +106,9 @@ def mean_ci(xs: Sequence[float], seed: str, method: str = "bootstrap over steps"
 
 def stratified_ratio(num: Sequence[Sequence[float]], den: Sequence[Sequence[float]], seed: str, *,
                      method: str = "bootstrap over steps within each server") -> Estimate:
-    """(mean over groups of the group means of ``num``) / (the same of ``den``), with a 95 % interval from
-    resampling each group's items (e.g. decode steps) independently, group by group (a group = one server).
-
-    The interval covers the step-to-step variation inside the servers measured, not the variation between server
-    processes: compare two servers of the same configuration for that.
-    """
+    """(mean of ``num``'s group means) / (the same of ``den``), each group's items (e.g. one server's decode steps)
+    resampled independently: the interval covers step-to-step variation, not server-to-server (compare two servers
+    of one configuration for that)."""
     groups = [np.asarray(g, dtype=float) for g in (*num, *den) if len(g)]
     split = sum(1 for g in num if len(g))
     if not split or split == len(groups):
@@ -146,13 +137,11 @@ def median(xs: Sequence[float]) -> float:
 # ------------------------------------------------------------------------------------------------ step models
 
 def ideal_speedup(tau: float, k: int, c: float, verify_factor: float = 1.0) -> float:
-    """Speedup of speculative decoding over plain decoding if only the draft and the verification cost time: one
-    speculative step emits ``tau`` tokens and costs ``verify_factor`` target steps (the forward over k+1 tokens per
-    request, relative to a 1-token forward) plus ``k`` draft forwards of ``c`` target steps each. With
-    ``verify_factor = 1`` this is the textbook ``tau / (1 + k c)``."""
+    """Speedup over plain decoding if only the draft and the verify cost time: a step emits ``tau`` tokens for
+    ``verify_factor`` target steps (k+1 tokens per request vs 1) plus ``k`` drafts of ``c`` target steps each;
+    ``verify_factor = 1``: the textbook ``tau / (1 + k c)``."""
     if k < 0 or c < 0 or verify_factor <= 0:
-        raise ValueError(f"ideal_speedup needs k >= 0, c >= 0 and verify_factor > 0, got k={k}, c={c}, "
-                         f"verify_factor={verify_factor}")
+        raise ValueError(f"ideal_speedup needs k >= 0, c >= 0 and verify_factor > 0, got {k=}, {c=}, {verify_factor=}")
     return tau / (verify_factor + k * c)
 
 
@@ -164,8 +153,8 @@ def cost_ratio(draft_ms_per_step: float, k: int, target_ms_per_step: float) -> f
 
 
 def break_even(spec_step_ms: float, plain_step_ms: float) -> float:
-    """The acceptance length under which speculation loses: a speculative step emits tau tokens in
-    ``spec_step_ms``, a plain step 1 token in ``plain_step_ms``, so speculation wins iff tau > their ratio."""
+    """The acceptance length below which speculation loses: tau tokens per ``spec_step_ms`` vs 1 per
+    ``plain_step_ms``."""
     if not (finite(spec_step_ms) and finite(plain_step_ms)) or plain_step_ms <= 0:
         return NAN
     return spec_step_ms / plain_step_ms

@@ -1,12 +1,10 @@
 """Per-step draft / verify timers inside the vLLM worker, and the per-step split computed from their records.
 
-Data flow position: inside the engine, only in the benchmark's *timed* cells. :class:`StepTimers` is a vLLM worker
-extension (``--worker-extension-cls vllm_eagle3.tools.bench.timers.StepTimers``) that every benchmark server loads
-and that does nothing until ``POST /collective_rpc`` calls :meth:`~StepTimers.bench_timers_start`: it then wraps the
-model runner *instance*'s ``_model_forward`` (the target forward: verifying k+1 tokens per request, capture
-included) and ``propose_draft_token_ids`` (the draft) with ``time.perf_counter`` (CPU kernels are synchronous), and
-:meth:`~StepTimers.bench_timers_stop` removes them. The report shows what they cost (the same requests untimed).
-:func:`step_split` turns one cell's records into per-step arrays.
+Data flow position: inside the engine, in the benchmark's *timed* cells only. :class:`StepTimers` is the worker
+extension every benchmark server loads; ``POST /collective_rpc`` ``bench_timers_start`` wraps the model runner
+instance's ``_model_forward`` (the target: verify k+1 tokens per request, capture included) and
+``propose_draft_token_ids`` (the draft) with ``time.perf_counter`` (CPU kernels are synchronous), ``..._stop`` removes
+them. :func:`step_split` turns one cell's records into per-step arrays.
 """
 
 from __future__ import annotations
@@ -68,9 +66,8 @@ class StepTimers:
         return [list(r) for r in state["records"]]
 
     def bench_mla_calls(self) -> dict:
-        """How this worker's CPU MLA attention ran: ``model_patches.vllm_cpu_mla_verify_decode.CALLS`` (the patch's
-        own counters of steps and verifications through its path; all zero when vLLM's own path ran: patch not
-        installed or switched off). ``analysis.mla_verify_patched`` reads them."""
+        """How this worker's CPU MLA attention ran: the verify-as-decode patch's ``CALLS`` counters (all zero: vLLM's
+        own path ran), read by ``analysis.mla_verify_patched``."""
         try:
             from vllm_eagle3.model_patches.vllm_cpu_mla_verify_decode import CALLS
         except ImportError:
@@ -104,14 +101,10 @@ EMPTY_SPLIT = StepSplit((), (), ())
 
 
 def step_split(records: Sequence[Sequence[Any]], decode_tokens: int) -> StepSplit:
-    """Per-step split from :class:`StepTimers` records ``(kind, start_s, seconds, tokens)`` of one cell.
-
-    ``kind`` is ``"F"`` (the runner's ``_model_forward``: the target) or ``"D"`` (``propose_draft_token_ids``: the
-    draft, which runs after the target's sampling and belongs to the target forward before it). A *pure decode
-    step* is a target forward over exactly ``decode_tokens`` tokens (= running requests x (k + 1)); prefill steps,
-    steps mixing prefill and decode, and the shorter last steps are left out. Step time = start of a pure decode
-    forward to the start of the next forward, when that one is a pure decode step too.
-    """
+    """Per-step split from :class:`StepTimers` records ``(kind, start_s, seconds, tokens)`` of one cell: ``"F"`` the
+    target forward, ``"D"`` the draft (after the target's sampling: belongs to the forward before it). Only *pure
+    decode steps* (a forward over exactly ``decode_tokens`` = running requests x (k + 1)) count; step time = start of
+    one to the start of the next forward, when that one is pure decode too."""
     steps: list[list[float]] = []  # [start, forward s, draft s, tokens]
     for kind, t0, dt, n in records:
         if kind == "F":
