@@ -21,11 +21,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sysconfig
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
+
+from .schedule import progress_text
 
 
 def default_roots() -> list[Path]:
@@ -207,8 +210,15 @@ def cached_training_mix(cache: Path | None, tok, train_files: Sequence[SourceFil
     if cache is not None and Path(cache).exists():
         saved = torch.load(cache, weights_only=False)
         if saved["key"] == key:
+            print(f"[data] tokenized training mix read from {cache}", flush=True)
             return TrainingMix(saved["stdlib"], saved["other"], stdlib_weight), saved["stats"]
+    print(f"[data] reading up to {stdlib_chars / 1e6:.0f} M standard-library and {other_chars / 1e6:.0f} M other "
+          f"characters of {len(train_files):,} files and tokenizing them"
+          + ("" if cache else " (minutes; --data-cache keeps the result for the next run)"), flush=True)
+    t0 = time.time()
     mix, stats = load_training_mix(tok, train_files, eot_id, stdlib_chars, other_chars, stdlib_weight)
+    print(f"[data] training mix: {stats['stdlib_tokens'] + stats['other_tokens']:,} tokens in {time.time() - t0:.0f} s",
+          flush=True)
     if cache is not None:
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
         torch.save({"key": key, "stdlib": mix.stdlib, "other": mix.other, "stats": stats}, cache)
@@ -216,12 +226,21 @@ def cached_training_mix(cache: Path | None, tok, train_files: Sequence[SourceFil
 
 
 def encode_texts(tokenizer, texts: Sequence[str], eot_id: int) -> torch.Tensor:
-    """One flat int32 token stream: each text's tokens followed by ``eot_id``."""
-    encs = tokenizer.encode_batch(list(texts), add_special_tokens=False)
+    """One flat int32 token stream: each text's tokens followed by ``eot_id``. Tokenized in tenths, each printed
+    with the share done and the time left (a full corpus takes minutes)."""
+    texts = list(texts)
+    chars = sum(map(len, texts)) or 1
     ids: list[int] = []
-    for e in encs:
-        ids.extend(e.ids)
-        ids.append(eot_id)
+    t0, done, step = time.time(), 0, max(1, len(texts) // 10)
+    for start in range(0, len(texts), step):
+        chunk = texts[start:start + step]
+        for e in tokenizer.encode_batch(chunk, add_special_tokens=False):
+            ids.extend(e.ids)
+            ids.append(eot_id)
+        done += sum(map(len, chunk))
+        if len(texts) > step:
+            print(f"[data] tokenizing {len(texts):,} files: {progress_text(done / chars, time.time() - t0)}",
+                  flush=True)
     return torch.tensor(ids, dtype=torch.int32)
 
 

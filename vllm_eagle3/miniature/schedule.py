@@ -20,6 +20,17 @@ def run_progress(step: int, elapsed_s: float, max_steps: int, time_budget_s: flo
     return max(step / max_steps if max_steps else 0.0, elapsed_s / time_budget_s if time_budget_s else 0.0)
 
 
+def progress_text(progress: float, elapsed_s: float) -> str:
+    """``"42%, ~3m10s left"``: the run's share done and the time left at the pace so far (the log lines of both
+    trainers carry it, so a run of minutes or hours says where it is)."""
+    p = min(1.0, max(0.0, progress))
+    if p <= 0:
+        return "0%, time left unknown"
+    left = int(round(elapsed_s * (1 - p) / p))
+    return f"{100 * p:.0f}%, ~{left // 3600}h{left % 3600 // 60:02d}m left" if left >= 3600 else \
+        f"{100 * p:.0f}%, ~{left // 60}m{left % 60:02d}s left"
+
+
 def set_lr(opt, lr: float) -> None:
     for g in opt.param_groups:
         g["lr"] = lr

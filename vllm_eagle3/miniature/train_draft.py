@@ -43,7 +43,7 @@ from vllm_eagle3.resolve import load_spec_file
 
 from . import data, export, tokenizer
 from vllm_eagle3.reference import ARCHITECTURES, DraftConfig, Eagle3Draft
-from .schedule import lr_at, run_progress, set_lr
+from .schedule import lr_at, progress_text, run_progress, set_lr
 from .target import use_dense_experts
 from vllm_eagle3.reference.teacher import DEFAULT_SPEC, greedy_continue, shifted, target_outputs
 
@@ -257,7 +257,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             log["train"].append({"step": step, "loss": float(loss.detach()), "step_losses": losses, "step_top1": accs,
                                  "time_s": time.time() - t0})
             if step % 100 == 0 or step == 1:
-                print(f"[train] step {step} loss {float(loss.detach()):.3f} top1/step {[round(a, 3) for a in accs]}", flush=True)
+                elapsed = time.time() - t0
+                done = run_progress(step, elapsed, args.max_steps, args.time_budget_s)
+                print(f"[train] step {step} ({progress_text(done, elapsed)}) loss {float(loss.detach()):.3f} "
+                      f"top1/step {[round(a, 3) for a in accs]}", flush=True)
     log["final"] = {"steps": step, "train_time_s": time.time() - t0, "tokens": step * args.batch * args.seq_len}
     extra = {"vllm_eagle3": {"taps": spec.label(), "ids_convention": convention, "spec": args.spec.name,
                              "target": args.target.name, "trained_with": "vllm_eagle3.miniature.train_draft"}}

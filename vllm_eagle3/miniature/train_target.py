@@ -43,7 +43,7 @@ from typing import Sequence
 import torch
 
 from . import data, export, tokenizer
-from .schedule import lr_at, run_progress, set_lr
+from .schedule import lr_at, progress_text, run_progress, set_lr
 from .step import COMPILE_MODES, eager, new_optimizer, prepare_for_training, train_step
 from .target import TargetShape, count_params, new_text_model, text_config_dict
 
@@ -222,8 +222,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             log["train"].append({"step": step, "loss": lv, "tokens": tokens_seen, "time_s": time_before + elapsed,
                                  "lr": opt.param_groups[0]["lr"]})
             if step % 50 == 0 or step == first_step + 1:
-                print(f"[train] step {step} loss {lv:.3f} lr {opt.param_groups[0]['lr']:.2e} tok/s "
-                      f"{tokens_seen / max(1e-9, time_before + elapsed):,.0f}", flush=True)
+                done = run_progress(step - first_step, elapsed, args.max_steps, args.time_budget_s)
+                print(f"[train] step {step} ({progress_text(done, elapsed)}) loss {lv:.3f} "
+                      f"lr {opt.param_groups[0]['lr']:.2e} tok/s {tokens_seen / max(1e-9, time_before + elapsed):,.0f}",
+                      flush=True)
         if step % args.eval_every == 0:
             m = heldout_metrics(model, held, device, 32, amp)
             log["eval"].append({"step": step, "tokens": tokens_seen, "time_s": time_before + time.time() - t0, **m})
