@@ -250,23 +250,20 @@ def _ab_row(a: Sequence[tuple[Variant, dict]], b: Sequence[tuple[Variant, dict]]
     (e, e_norm, tau_a), (n, n_norm, tau_b) = fw(a), fw(b)
     if not e or not n:
         return None
-    ratio, same, verdict = _compare(e, n, seed)
     row = {"servers": [len(e), len(n)], "plugin_forward_ms": [mean(g) for g in e],
-           "native_forward_ms": [mean(g) for g in n], "tau": [tau_a, tau_b],
-           "ratio": ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in same], "verdict": verdict}
+           "native_forward_ms": [mean(g) for g in n], "tau": [tau_a, tau_b], **_compare(e, n, seed)}
     if all(e_norm) and all(n_norm):
-        n_ratio, n_same, n_verdict = _compare(e_norm, n_norm, f"{seed}/per-draft")
         row["normalized"] = {"plugin": [mean(g) for g in e_norm], "native": [mean(g) for g in n_norm],
-                             "ratio": n_ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in n_same],
-                             "verdict": n_verdict}
+                             **_compare(e_norm, n_norm, f"{seed}/per-draft")}
     return row
 
 
-def _compare(e: Sequence[Sequence[float]], n: Sequence[Sequence[float]], seed: str) -> tuple[Estimate, list, str]:
+def _compare(e: Sequence[Sequence[float]], n: Sequence[Sequence[float]], seed: str) -> dict[str, Any]:
     """plugin / native over the servers of each side, the same ratio between two servers of one side, a verdict."""
     ratio = stratified_ratio(e, n, seed)
     same = [stratified_ratio([g[0]], [g[1]], f"{seed}/same/{i}") for i, g in enumerate((e, n)) if len(g) > 1]
-    return ratio, same, _verdict(ratio, same)
+    return {"ratio": ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in same],
+            "verdict": _verdict(ratio, same)}
 
 
 def _verdict(ratio: Estimate, same: Sequence[Estimate]) -> str:
@@ -275,15 +272,13 @@ def _verdict(ratio: Estimate, same: Sequence[Estimate]) -> str:
     gap = abs(math.log(ratio.value)) if finite(ratio.value) and ratio.value > 0 else NAN
     noise = max((abs(math.log(s.value)) for s in same if finite(s.value) and s.value > 0), default=NAN)
     if not ratio.excludes(1.0):
-        verdict = "within noise: the interval includes 1"
-    elif finite(noise) and gap <= noise:
-        verdict = ("within server-to-server noise: the interval excludes 1, but two servers of the same "
-                   "configuration differ by as much or more")
-    elif finite(noise):
-        verdict = "a real difference: outside the interval and larger than between two identical servers"
-    else:
-        verdict = "outside the interval (one server per side: server-to-server noise not measured)"
-    return verdict
+        return "within noise: the interval includes 1"
+    if finite(noise) and gap <= noise:
+        return ("within server-to-server noise: the interval excludes 1, but two servers of the same configuration "
+                "differ by as much or more")
+    if finite(noise):
+        return "a real difference: outside the interval and larger than between two identical servers"
+    return "outside the interval (one server per side: server-to-server noise not measured)"
 
 
 def check_cost(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:

@@ -27,9 +27,8 @@ NO_ADAPTIVE = "_No adaptive-k run yet: run `vllm-eagle3 bench --plan adaptive --
 
 def _requests(plan: Mapping) -> str:
     waves = plan.get("waves", 1)
-    if waves == 1:
-        return f"{plan['prompts']}"
-    return f"max({plan['prompts']}, {waves} x C) (C in flight, refilled as requests finish)"
+    return f"{plan['prompts']}" if waves == 1 else (f"max({plan['prompts']}, {waves} x C) (C in flight, refilled as "
+                                                    "requests finish)")
 
 
 def run_block(meta: Mapping, plan: Mapping) -> str:
@@ -128,29 +127,24 @@ AB_NAMES = {"layers": "second head, taps 3/31/59: plugin spec vs native",
 
 
 def capture_block(summary: Mapping) -> str:
-    rows = []
-    for o in summary["capture_ab"]:
-        rows.append([AB_NAMES[o["plugin"]], str(o["k"]), str(o["concurrency"]),
-                     per_server(o["plugin_forward_ms"]), per_server(o["native_forward_ms"]), f"**{e(o['ratio'], 3)}**",
-                     same_config(o["same_config_ratios"]), per_server(o["tau"], 2), o["verdict"]])
+    head = ["comparison", "k", "conc."]
+    rows = [[AB_NAMES[o["plugin"]], str(o["k"]), str(o["concurrency"]), per_server(o["plugin_forward_ms"]),
+             per_server(o["native_forward_ms"]), f"**{e(o['ratio'], 3)}**", same_config(o["same_config_ratios"]),
+             per_server(o["tau"], 2), o["verdict"]] for o in summary["capture_ab"]]
     if not rows:
         return "_not measured in this run_"
-    out = table(["comparison", "k", "conc.", "target forward ms, plugin capture (per server)", "native (per server)",
-                 "plugin / native", "same configuration: server 1 / server 2 (plugin ; native)",
-                 "tau plugin / native", "verdict"], rows)
-    norm = []
-    for o in summary["capture_ab"]:
-        nz = o.get("normalized")
-        if nz:
-            norm.append([AB_NAMES[o["plugin"]], str(o["k"]), str(o["concurrency"]),
-                         per_server(nz["plugin"], 2), per_server(nz["native"], 2), f"**{e(nz['ratio'], 3)}**",
-                         same_config(nz["same_config_ratios"]), nz["verdict"]])
+    out = table(head + ["target forward ms, plugin capture (per server)", "native (per server)", "plugin / native",
+                        "same configuration: server 1 / server 2 (plugin ; native)", "tau plugin / native",
+                        "verdict"], rows)
+    norm = [[AB_NAMES[o["plugin"]], str(o["k"]), str(o["concurrency"]), per_server(nz["plugin"], 2),
+             per_server(nz["native"], 2), f"**{e(nz['ratio'], 3)}**", same_config(nz["same_config_ratios"]),
+             nz["verdict"]] for o in summary["capture_ab"] if (nz := o.get("normalized"))]
     if norm:
         out += ("\n\nThe same steps, target forward per millisecond of draft (per step: forward ms / draft ms). The "
                 "draft does the same work on both sides of the fair pair (same head, same tokens), so this cancels "
                 "each server process's own speed on the shared machine and leaves the capture's cost:\n\n")
-        out += table(["comparison", "k", "conc.", "forward / draft, plugin capture (per server)", "native (per server)",
-                      "plugin / native", "same configuration: server 1 / server 2 (plugin ; native)", "verdict"], norm)
+        out += table(head + ["forward / draft, plugin capture (per server)", "native (per server)", "plugin / native",
+                             "same configuration: server 1 / server 2 (plugin ; native)", "verdict"], norm)
     return out
 
 
