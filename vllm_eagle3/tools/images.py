@@ -185,7 +185,7 @@ def _run_group(base_url: str, model: str, conversations: Sequence[list], max_tok
 def bench_main(argv: Sequence[str] | None = None) -> int:
     """``python -m vllm_eagle3.tools.images``: see ``--help``."""
     from vllm_eagle3.tools import REPO
-    from vllm_eagle3.tools.bench.machine import loadavg, machine_info, now_utc
+    from vllm_eagle3.tools.machine import loadavg, machine_info, now_utc
     from vllm_eagle3.tools.serve.process import VllmServer
 
     p = argparse.ArgumentParser(

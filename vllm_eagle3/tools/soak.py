@@ -337,7 +337,7 @@ def serve_args(draft: str | None) -> list[str]:
 
 def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: float, say=print,
          max_late_growth_mb: float = 20.0, draft: str | None = None) -> dict:
-    from vllm_eagle3.tools.bench.machine import loadavg, machine_info
+    from vllm_eagle3.tools.machine import loadavg, machine_info
     from vllm_eagle3.tools.serve.process import http_get
 
     load_before, machine = loadavg(), machine_info()  # the code that runs: HEAD (and dirty?) when the soak starts

@@ -44,7 +44,7 @@ def parse(log: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_eagle3.tools.bench.machine import machine_info, now_utc
+    from vllm_eagle3.tools.machine import machine_info, now_utc
 
     p = argparse.ArgumentParser(prog="python -m vllm_eagle3.tools.suite_time", description=__doc__.split("\n")[0])
     p.add_argument("log", help="the saved output of `make test`")

@@ -230,7 +230,8 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     import yaml
 
     from vllm_eagle3.resolve import TargetInfo
-    from vllm_eagle3.tools.bench import machine, run
+    from vllm_eagle3.tools import machine
+    from vllm_eagle3.tools.bench import run
 
     base_cfg = {str(k).lstrip("-").replace("_", "-"): v
                 for k, v in (yaml.safe_load(run.repo_path(args.config).read_text()) or {}).items()}

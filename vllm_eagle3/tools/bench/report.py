@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from vllm_eagle3.tools.bench.cells_text import _v, e, f, legend, per_server, pyplot, same_config, style, table
-from vllm_eagle3.tools.bench.machine import backend_label
+from vllm_eagle3.tools.machine import backend_label
 from vllm_eagle3.tools.bench.plan import SGLANG_DEFAULT_WIRING
 from vllm_eagle3.tools.bench.report_adaptive import adaptive_block
 from vllm_eagle3.tools.bench.stats import Estimate, finite

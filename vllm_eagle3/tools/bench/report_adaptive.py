@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_eagle3.tools.bench.cells_text import _v, e, f, pyplot, style, table
-from vllm_eagle3.tools.bench.machine import backend_label
+from vllm_eagle3.tools.machine import backend_label
 from vllm_eagle3.tools.bench.plan import Variant
 
 TEMPLATE = Path(__file__).with_name("template_adaptive.md")  # the section's method paragraph, in prose
