@@ -235,13 +235,18 @@ def printed_advice(data: Mapping) -> str:
 
 def plot(data: Mapping, path: Path) -> bool:
     """Speedup with intervals per concurrency (eager, compiled, opt-out, SGLang default wiring) and the
-    per-step split. False (one line said) without matplotlib."""
-    plt = pyplot(str(path))
-    if plt is None:
-        return False
+    per-step split. False (one line said) without matplotlib, or with nothing to draw (e.g. plan ``check``: no
+    no-speculation server, no timed cell): then the page links no plot."""
     from vllm_eagle3.tools.bench.analysis import summarize
 
     s = summarize(data)
+    if not any(r.get(x) for v in s["variants"] for r in v["by_concurrency"].values() if v["variant"]["k"]
+               for x in ("speedup", "speedup_timed", "split")):
+        print(f"[plot] {path} not drawn: no speedup and no timed cell in this run")
+        return False
+    plt = pyplot(str(path))
+    if plt is None:
+        return False
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     for i, v in enumerate(x for x in s["variants"] if x["variant"]["k"] and x["variant"]["replica"] == 1):
         pts = [(int(c), r.get("speedup") or r.get("speedup_timed")) for c, r in v["by_concurrency"].items()]
