@@ -197,3 +197,15 @@ def test_the_docs_table_is_the_vocabulary():
     want = [f"| `{w.word}` | {w.level} | {w.meaning} | "
             f"{logging.getLevelName(w.log_level) if w.log_level else 'no line'} |" for w in V.VOCABULARY]
     assert rows == want, "re-render the table in docs/wiring-watch.md from vllm_eagle3/verdicts.py"
+
+
+def test_the_soak_counts_the_alarm_lines_of_a_real_server_log():
+    """The soak looked for 'EAGLE-3 acceptance COLLAPSED', a line the watch no longer writes: a wrong wiring during a
+    soak would have passed unnoticed. The lines of a real served wrong wiring (docs/wiring_watch_example.txt, written
+    by tests/e2e/test_wiring_watch.py) must be found, and none in the healthy lines around them."""
+    from vllm_eagle3.tools.soak import wiring_alarms
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "wiring_watch_example.txt").read_text()
+    alarms = wiring_alarms(text)
+    assert len(alarms) == sum("WARNING" in ln and ": WRONG: " in ln for ln in text.splitlines()) >= 2, alarms
+    assert wiring_alarms("INFO vllm-eagle3 wiring watch [engine 0]: ok: served acceptance 0.7") == []

@@ -10,7 +10,7 @@ of which a third disconnect early, long and short prompts). Verdict (``verdict``
   over the second half by at most ``--max-late-growth-mb`` (it levels off); every 5 s sample is kept per process
   and plotted (``bench/soak_rss.png``), so a growth names its process;
 - the greedy reference unchanged, ``/health`` 200, the spec-decode counters advanced, no wiring alarm
-  (:data:`WIRING_ALARMS`); the online check's report at the end is kept (``wiring_check``).
+  (:func:`wiring_alarms`); the online check's report at the end is kept (``wiring_check``).
 Writes ``--out`` (default ``bench/soak.json``, committed), which the repository's BENCHMARKS.md shows
 (:func:`soak_block`).
 """
@@ -319,12 +319,12 @@ def late_growth(memory: list[tuple[float, float]]) -> float:
     return memory[-1][1] - next(mb for t, mb in memory if t >= mid)
 
 
-WIRING_ALARMS = ("EAGLE-3 acceptance COLLAPSED", "vllm-eagle3 wiring check [engine")
-"""The watch's collapse and the online check's COSTS/WRONG WARNING lines: a right wiring raises none, sampled or not."""
-
-
 def wiring_alarms(log: str) -> list[str]:
-    return [ln for ln in log.splitlines() if "WARNING" in ln and any(m in ln for m in WIRING_ALARMS)]
+    """The watch's and the online check's alarm lines (``vllm_eagle3.verdicts.ALARM_LINE``): a right wiring raises
+    none, sampled or not."""
+    from vllm_eagle3.verdicts import ALARM_LINE
+
+    return [ln for ln in log.splitlines() if "WARNING" in ln and ALARM_LINE.search(ln)]
 
 
 def serve_args(draft: str | None) -> list[str]:
