@@ -25,7 +25,7 @@ def _locate() -> tuple[Path, str]:
     if (source / "pyproject.toml").is_file() and (source / "models").is_dir():
         return source, "the clone this package is installed from"
     # Installed from a wheel: site-packages holds no models; relative defaults resolve like any other path.
-    return Path.cwd(), f"the current folder (installed from a wheel, ${HOME_ENV} unset)"
+    return Path.cwd(), f"the current folder: installed from a wheel, ${HOME_ENV} unset"
 
 
 REPO, REPO_SOURCE = _locate()
