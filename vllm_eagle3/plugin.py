@@ -2,7 +2,8 @@
 
 Data flow position: runs in every vLLM process (API server, EngineCore, workers) before a model is built.
 It (1) checks the vLLM version (``compat.py``), (2) applies the upstream patches in ``model_patches``
-(recorded; idempotent), (3) points vLLM's registry at the capture subclasses in ``capture.py``, which
+(recorded; idempotent; in the API server, before vLLM builds its app, one of them lets the wiring watch's read-only
+route load with ``VLLM_PLUGINS`` unset), (3) points vLLM's registry at the capture subclasses in ``capture.py``, which
 make the DeepSeek/Kimi target capture the spec's taps, and (4) hooks the online wiring check into vLLM's runner
 (``online/engine_hook.py``; it reads each step and changes nothing). Registration is lazy ("module:Class" strings): no
 model code is imported here. Calling :func:`register` twice is a no-op.

@@ -10,9 +10,9 @@ resolved from the spec of :func:`vllm_eagle3.resolve.spec_source` (``--additiona
 
 Entry points (pyproject.toml): ``vllm.stat_logger_plugins`` -> ``vllm_eagle3_watch`` (loaded by vLLM's async
 engine in the API server whenever ``VLLM_PLUGINS`` is unset or names it) and ``vllm.endpoint_plugins`` ->
-``vllm_eagle3_wiring`` (vLLM loads endpoint plugins only when ``VLLM_PLUGINS`` names them:
-:func:`vllm_eagle3.watch.plugins_allowlist_with_endpoint` builds that value). Offline ``vllm.LLM`` does not load
-stat-logger plugins. This module imports vLLM: only vLLM loads it.
+``vllm_eagle3_wiring`` (loaded when ``VLLM_PLUGINS`` is unset, by the engine patch
+:mod:`vllm_eagle3.model_patches.vllm_endpoint_default`, or names it, by vLLM's rule). Offline ``vllm.LLM`` does not
+load stat-logger plugins. This module imports vLLM: only vLLM loads it.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ class WiringWatchStatLogger(StatLoggerBase):
             e, c = self.watch.expectation, self.watch.cfg
             _watch.logger.info(
                 "vllm-eagle3 wiring watch [engine %d]: on; taps %s from %s; expected position-0 acceptance %s (%s); "
-                "%s below %.3f, window %d drafts, judged from %d; JSON at %s when VLLM_PLUGINS names %s",
+                "%s below %.3f, window %d drafts, judged from %d; JSON at %s (VLLM_PLUGINS unset or naming %s)",
                 self.engine_index, self.watch.wiring.get("taps"), self.watch.wiring.get("source"),
                 "n/a" if e.position0 is None else f"{e.position0:.3f}", e.source, V.WRONG, e.wrong_below, c.window,
                 c.min_drafts, ROUTE, _watch.ENDPOINT_PLUGIN)
