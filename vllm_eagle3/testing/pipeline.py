@@ -23,6 +23,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Sequence
@@ -154,13 +155,21 @@ def run_stages(target: str | Path, draft: str | Path, spec: str | Path, prompt: 
              for rank in range(pp_size)]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + timeout
+    # A stage that died leaves the others waiting on a receive forever: stop them all at the first failure.
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        if any(p.exitcode not in (None, 0) for p in procs):
+            break
+        time.sleep(0.5)
     for p in procs:
-        p.join(timeout)
-    errors = []
-    for rank, (p, out) in enumerate(zip(procs, outs)):
         if p.is_alive():
             p.kill()
-            errors.append(f"stage {rank} of {pp_size} did not finish in {timeout:.0f} s")
+            p.join()
+    errors = []
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        if p.exitcode == -9 and not out.with_suffix(".err").exists():
+            errors.append(f"stage {rank} of {pp_size} stopped: it had not finished in {timeout:.0f} s or another "
+                          "stage failed")
         elif p.exitcode != 0:
             err = out.with_suffix(".err")
             errors.append(f"stage {rank} of {pp_size} exited {p.exitcode}:\n"
