@@ -167,9 +167,11 @@ def validate(vllm_argv: Sequence[str], given: bool) -> None:
     draft = _local_folder(str(draft_name), "draft")
     resolution = resolve_capture(target, draft, spec_path=src.spec_file, convention=src.convention,
                                  spec_from=src.label())
-    check_pipeline_parallel(resolution.spec, resolution.target.num_layers,
-                            int_option(vllm_argv, "pipeline-parallel-size", "-pp"),
-                            envs.get("VLLM_PP_LAYER_PARTITION"))
+    assumed = check_pipeline_parallel(resolution.spec, resolution.target.num_layers,
+                                      int_option(vllm_argv, "pipeline-parallel-size", "-pp"),
+                                      envs.get("VLLM_PP_LAYER_PARTITION"))
+    if assumed:  # which runner the pre-start check assumed (each stage checks vLLM's actual choice again)
+        print(f"vllm-eagle3: {assumed}", file=sys.stderr, flush=True)
     print(resolution.log_line(), file=sys.stderr, flush=True)
 
 
