@@ -240,7 +240,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
                       "'captured n-1 of n aux hidden states'; drop that tap or serve with vllm-eagle3"),
     Engine("sglang-legacy", "SGLang < 0.5.13 + embed patch",
            "SGLang before PR #25454, i.e. <= 0.5.12.post1 (and its Llama path): id k is tap k+1 (always +1); "
-           "-1 = embedding (with model_patches/sglang_embed_tap.py); tap L not capturable",
+           "-1 = embedding (with vllm_eagle3/model_patches/sglang_embed_tap.py); tap L not capturable",
            "sglang 0.5.12.post1 srt/models/deepseek_v2.py L2529-2541 set_eagle3_layers_to_capture "
            "([val + 1 for val in layer_ids]), capture loop L2267-2282 (hidden_states + residual before layer i, "
            "residual None before layer 0: -1 needs the patch); model_executor/model_runner.py L414-441 reads the "

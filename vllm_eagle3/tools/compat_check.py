@@ -161,7 +161,7 @@ def unguarded_imports(modules: frozenset[str]) -> tuple[str, ...]:
         for child in ast.iter_child_nodes(node):
             visit(child, guarded, where)
 
-    for pkg in ("vllm_eagle3", "model_patches"):
+    for pkg in ("vllm_eagle3",):
         for f in sorted((REPO / pkg).rglob("*.py")):
             rel = f.relative_to(REPO).as_posix()
             if not rel.startswith(RUNTIME_SKIP):
@@ -320,7 +320,7 @@ def git_commit() -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.split()
 
     commit = (git("rev-parse", "HEAD") or ["unknown"])[0]
-    paths = ("vllm_eagle3", "model_patches")
+    paths = ("vllm_eagle3",)
     changed = git("diff", "--name-only", "HEAD", "--", *paths) + git("ls-files", "--others", "--exclude-standard",
                                                                        "--", *paths)
     dirty = sorted(f for f in set(changed) if not f.startswith(RUNTIME_SKIP) or "/compat_" in f)

@@ -4,7 +4,7 @@ Data flow position: none at run time. :mod:`vllm_eagle3.tools.compat_check` chec
 vLLM wheel's sources (``make compat``). Adding a relied-on name is one line here; a row names the module, the name
 (``func``, ``Class``, ``Class.member``, or a ``'string'`` the module must contain), the parameters relied on and why.
 Rows follow the plugin's modules: ``capture.py`` (the target), the drafts, ``watch_vllm.py``, ``online/engine_hook.py``
-(V1), V2's EAGLE-3 path, ``model_patches/``.
+(V1), V2's EAGLE-3 path, ``vllm_eagle3/model_patches/``.
 """
 
 from __future__ import annotations
@@ -140,10 +140,10 @@ RELIED: tuple[Relied, ...] = (
     R("vllm.platforms", "current_platform", None, "model_patches.vllm_cpu_only: CPU patches skip other platforms"),
     R("vllm.platforms.interface", "Platform.is_cpu", "self", "model_patches.vllm_cpu_only"),
     R("vllm.multimodal.media.connector", "_wrap_media_fetch_error", "url, exc",
-      "wrapped by model_patches/vllm_media_fetch_unreachable (every platform): returns connection errors as-is",
+      "wrapped by vllm_eagle3/model_patches/vllm_media_fetch_unreachable (every platform): returns connection errors as-is",
       use=WRAP, body=("5bb765b400c4",)),  # 0.33, 0.34: one more size-limit error mapped to 422; connection errors as-is
     R("vllm.exceptions", "VLLMUnprocessableEntityError", None, "vllm_media_fetch_unreachable answers 422"),
-    R("vllm.plugins", "load_endpoint_plugins", "supported_tasks", "overridden by model_patches/vllm_endpoint_default "
+    R("vllm.plugins", "load_endpoint_plugins", "supported_tasks", "overridden by vllm_eagle3/model_patches/vllm_endpoint_default "
       "(attach_endpoint_plugins calls it): with VLLM_PLUGINS unset it returns [] and warns", use=OVERRIDE, body=()),
     # V1 runner (vLLM-CPU's runner subclasses it): EAGLE-3 set-up and the online check's hook.
     R(V1R, "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs", "self",
@@ -194,7 +194,7 @@ RELIED: tuple[Relied, ...] = (
       "online/runners.runner_in_use picks the row by it (absent, as in 0.34: V2)", V1),
     R("vllm.v1.worker.gpu_worker", "Worker", None, "online/runners.KNOWN_WORKERS: builds the V1 or V2 runner"),
     R("vllm.v1.worker.cpu_worker", "CPUWorker", None, "online/runners.KNOWN_WORKERS"),
-    # vLLM-CPU patches (model_patches/vllm_cpu_*): applied on the CPU platform only.
+    # vLLM-CPU patches (vllm_eagle3/model_patches/vllm_cpu_*): applied on the CPU platform only.
     R("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackend.get_supported_kernel_block_sizes", "kv_cache_spec",
       "vllm_cpu_block_size", CPU, OVERRIDE),
     R("vllm.v1.attention.backend", "MultipleOf", None, "vllm_cpu_block_size", CPU),

@@ -152,7 +152,7 @@ def step_models(v: Variant, sp: Mapping | None, base_sp: Mapping | None, tau: fl
 
 
 def mla_verify_patched(calls: Mapping[str, int]) -> bool:
-    """Whether the worker verified drafts through model_patches/vllm_cpu_mla_verify_decode.py (its ``CALLS``
+    """Whether the worker verified drafts through vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py (its ``CALLS``
     counters: ``verify``, or ``expanded`` in its first version); all zero: vLLM's own verify path ran."""
     return bool(calls.get("verify") or calls.get("expanded"))
 
