@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools import REPO, bundled
 from vllm_eagle3.tools.bench.cells_text import f, pyplot, table
 from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 from vllm_eagle3.tools.serve.process import VllmServer, served_model_name
@@ -328,11 +328,11 @@ def wiring_alarms(log: str) -> list[str]:
 
 
 def serve_args(draft: str | None) -> list[str]:
-    """The shipped serve config and spec; with ``draft``, that EAGLE-3 head (k=3) instead of the config's."""
-    if not draft:
-        return list(SERVE_ARGS)
+    """The shipped serve config and spec (one line naming where they were looked for if missing); with ``draft``, that
+    EAGLE-3 head (k=3) instead of the config's."""
+    args = [str(bundled(a, "soak")) if a.endswith(".yaml") else a for a in SERVE_ARGS]
     spec = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
-    return [*SERVE_ARGS, "--speculative-config", spec]
+    return [*args, "--speculative-config", spec] if draft else args
 
 
 def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: float, say=print,

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools import REPO, bundled
 
 DEFAULT_AFTER = "7a77e1d"  # "Default head: the norm_output candidate ..." - the last commit that changed a model
 DEFAULT_OUT = "bench/heldout_prompts.json"
@@ -112,7 +112,7 @@ def build(after: str, n: int, prompt_tokens: int, per_file: int, roots: Sequence
     from vllm_eagle3.miniature.data import default_roots
     from vllm_eagle3.miniature.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(REPO / TOKENIZER_DIR)
+    tok = load_tokenizer(bundled(TOKENIZER_DIR, "bench"))
     head = git("rev-parse", "--short", "HEAD").strip()
     files = sorted(files_added_after(after), key=_order)
     cands = []

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from vllm_eagle3 import envs
-from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools import REPO, bundled
 from vllm_eagle3.tools.bench import client
 from vllm_eagle3.tools.bench.plan import (EMBED_TAP, LAYER_TAPS, MLA_OFF, MLA_ON, NATIVE, NATIVE_CAPTURES,
                                           NATIVE_LAYERS, NO_SPEC, Plan, Variant)
@@ -47,7 +47,7 @@ class Wiring:
 
 def repo_path(p: str | Path) -> Path:
     path = Path(p)
-    return path if path.is_absolute() or path.exists() else REPO / path
+    return path if path.is_absolute() or path.exists() else bundled(path, "bench")
 
 
 def native_taps(num_layers: int) -> tuple[int, ...]:
