@@ -114,7 +114,7 @@ def test_doctor_finds_specforge_wiring_and_flags_vllm_reading(tmp_path, target, 
     assert v.loss.low > 0.2 and v.best_is_better
     out = doctor.render(dx)
     assert "adopt [1, 2, 5] (significantly better than the configured wiring)" in out
-    assert '"eagle_aux_hidden_state_layer_ids": [1, 2, 5]' in out and "SpecForge: [0, 1, 4]" in out
+    assert '"eagle_aux_hidden_state_layer_ids": [1, 2, 5]' in out and "SpecForge 0.2 (training config): [0, 1, 4]" in out
 
 
 def test_doctor_finds_embedding_wiring_the_incident_shape(tmp_path, target, target_run):
@@ -128,7 +128,7 @@ def test_doctor_finds_embedding_wiring_the_incident_shape(tmp_path, target, targ
     out = doctor.render(dx)
     assert '"eagle_aux_hidden_state_layer_ids": [0, 2, 4]' in out  # vLLM / speculators
     assert '"eagle_aux_hidden_state_layer_ids": [-1, 1, 3]' in out  # SGLang legacy with the embed patch
-    assert "SpecForge: not expressible" in out
+    assert "SpecForge 0.2: not expressible" in out
     # Served with the right capture spec, the same head is OK and nothing is offered to adopt.
     spec = tmp_path / "spec.yaml"
     spec.write_text("taps: [embed, 2, 4]\nnum_layers: 8\ndraft_ids_convention: sglang-legacy\n")
