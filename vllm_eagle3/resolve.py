@@ -273,7 +273,8 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
         raise CaptureSpecError(
             f"the draft config's ids {list(ids)} have no stated convention, and they mean different taps in "
             "different engines; pass --capture-spec configs/<spec>.yaml or --convention "
-            f"<{'|'.join(CONVENTIONS)}> (env EAGLE3_SPEC / EAGLE3_CONVENTION)"
+            f"<{'|'.join(CONVENTIONS)}> (env EAGLE3_SPEC / EAGLE3_CONVENTION); with plain vllm serve, "
+            "--additional-config '{\"vllm_eagle3\": {\"capture_spec\": {\"taps\": [...]}}}'"
         )
 
     spec.check_num_layers(L)
