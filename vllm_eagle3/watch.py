@@ -422,26 +422,7 @@ def report(check: Mapping[str, Any] | None = None) -> dict[str, Any]:
             "engines": engines, "check": check, "verdicts": V.as_json()}
 
 
-# ----------------------------------------------------------------------------------------------- the endpoint switch
+# ----------------------------------------------------------------------------------------------- the endpoint plugin's name
 
 ENDPOINT_PLUGIN = "vllm_eagle3_wiring"
-
-
-def plugins_allowlist_with_endpoint(environ: Mapping[str, str] | None = None) -> str | None:
-    """A ``VLLM_PLUGINS`` value that loads what vLLM loads by default PLUS the wiring endpoint, or None to leave it.
-
-    vLLM loads every general / platform / stat-logger plugin when ``VLLM_PLUGINS`` is unset, but an endpoint plugin
-    only when ``VLLM_PLUGINS`` names it (HTTP routes are opt-in, ``vllm/plugins/__init__.py``). Naming every
-    installed plugin of the other groups keeps the default behaviour. An allowlist the user set is left alone (None).
-    """
-    from importlib.metadata import entry_points
-
-    from vllm_eagle3 import envs
-
-    if envs.is_set("VLLM_PLUGINS", environ):
-        return None
-    names = []
-    for group in ("vllm.general_plugins", "vllm.platform_plugins", "vllm.stat_logger_plugins",
-                  "vllm.io_processor_plugins"):
-        names += [ep.name for ep in entry_points(group=group)]
-    return ",".join(dict.fromkeys([*names, ENDPOINT_PLUGIN]))
+"""The entry point of ``GET /v1/eagle3/wiring`` (pyproject ``vllm.endpoint_plugins``)."""

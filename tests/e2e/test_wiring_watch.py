@@ -17,9 +17,9 @@ whose whole log and window it judges), all eager and float32:
   is pinned by tests/e2e/test_serving.py's walk comparison and the doctor, and a fourth start-up would cost CI
   ~3 min for a case the watch's unit tests already cover (same code, another eval.json).
 
-The route is an endpoint plugin, which vLLM loads only when ``VLLM_PLUGINS`` names it: ``vllm-eagle3 serve`` sets
-:func:`vllm_eagle3.watch.plugins_allowlist_with_endpoint` (every installed plugin + ``vllm_eagle3_wiring``) when the
-user set no ``VLLM_PLUGINS``; the servers here start with none, as a user's would.
+The route is an endpoint plugin: vLLM loads it when ``VLLM_PLUGINS`` names it, and the engine patch
+``vllm_eagle3/model_patches/vllm_endpoint_default.py`` loads it when ``VLLM_PLUGINS`` is unset; the servers here start
+with none, as a user's would.
 With ``EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt`` the test writes the warning line and the
 endpoint bodies it saw there (how docs/wiring_watch_example.txt was made).
 """

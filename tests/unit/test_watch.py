@@ -305,16 +305,6 @@ def test_observe_costs_microseconds(make_watch):
     assert per_call < 2e-4
 
 
-def test_endpoint_allowlist_keeps_default_plugins():
-    """Guards: enabling the JSON route by setting VLLM_PLUGINS and thereby dropping every other plugin (vLLM treats
-    it as an allowlist for all groups). The value names all installed plugins plus the endpoint; a user's own
-    allowlist is left alone."""
-    value = W.plugins_allowlist_with_endpoint({})
-    names = value.split(",")
-    assert "vllm_eagle3" in names and "vllm_eagle3_watch" in names and W.ENDPOINT_PLUGIN in names
-    assert W.plugins_allowlist_with_endpoint({"VLLM_PLUGINS": "vllm_eagle3"}) is None
-
-
 # ----------------------------------------------------------------------------------------------- the docs' example
 
 EXAMPLE = REPO / "docs" / "wiring_watch_example.txt"
