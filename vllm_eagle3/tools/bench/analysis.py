@@ -153,8 +153,8 @@ def step_models(v: Variant, sp: Mapping | None, base_sp: Mapping | None, tau: fl
 
 def mla_verify_patched(calls: Mapping[str, int]) -> bool:
     """Whether the worker verified drafts through vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py (its ``CALLS``
-    counters: ``verify``, or ``expanded`` in its first version); all zero: vLLM's own verify path ran."""
-    return bool(calls.get("verify") or calls.get("expanded"))
+    counter ``verify``); zero: vLLM's own verify path ran."""
+    return bool(calls.get("verify"))
 
 
 def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -169,28 +169,26 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
         rows: dict[str, Any] = {}
         for c in concs:
             row: dict[str, Any] = {}
-            thr = cells(raw, "throughput", c)
+            thr, spl, unt = (cells(raw, kind, c) for kind in ("throughput", "split", "untimed"))
+            bthr, bspl = (cells(base, kind, c) if base is not None else [] for kind in ("throughput", "split"))
             if thr:
-                row["tok_s"] = throughput(thr, f"{key}/{c}/tok_s").as_dict()
                 reqs = requests(thr)
-                row["latency_ms"] = median([r.latency_s * 1e3 for r in reqs])
-                row["ms_per_token"] = median([r.latency_s * 1e3 / r.tokens for r in reqs if r.tokens])
-                row["tokens"] = sum(r.tokens for r in reqs)
-                row["prompts"] = len({r.prompt for r in reqs})
+                row.update(tok_s=throughput(thr, f"{key}/{c}/tok_s").as_dict(),
+                           latency_ms=median([r.latency_s * 1e3 for r in reqs]),
+                           ms_per_token=median([r.latency_s * 1e3 / r.tokens for r in reqs if r.tokens]),
+                           tokens=sum(r.tokens for r in reqs), prompts=len({r.prompt for r in reqs}))
             sp = split_summary(raw, c, f"{key}/{c}/split")
             if sp:
                 row["split"] = sp
-            if cells(raw, "untimed", c) and cells(raw, "split", c):
-                row["timer_cost"] = speedup(cells(raw, "split", c), cells(raw, "untimed", c),
-                                            f"{key}/{c}/timers").as_dict()
+            if unt and spl:
+                row["timer_cost"] = speedup(spl, unt, f"{key}/{c}/timers").as_dict()
             if base is not None and v.k:
-                if thr and cells(base, "throughput", c):
-                    row["speedup"] = speedup(thr, cells(base, "throughput", c), f"{key}/{c}/speedup").as_dict()
-                    same = {r.prompt: r.text for r in requests(cells(base, "throughput", c))}
+                if thr and bthr:
+                    row["speedup"] = speedup(thr, bthr, f"{key}/{c}/speedup").as_dict()
+                    same = {r.prompt: r.text for r in requests(bthr)}
                     row["same_text"] = [sum(same.get(r.prompt) == r.text for r in reqs), len(reqs)]
-                if cells(raw, "split", c) and cells(base, "split", c):
-                    row["speedup_timed"] = speedup(cells(raw, "split", c), cells(base, "split", c),
-                                                   f"{key}/{c}/speedup_timed").as_dict()
+                if spl and bspl:
+                    row["speedup_timed"] = speedup(spl, bspl, f"{key}/{c}/speedup_timed").as_dict()
                 bsp = split_summary(base, c, f"base/{v.mode}/{c}/split")
                 row.update(step_models(v, sp, bsp, tau, raw, base, c, f"{key}/{c}"))
             if row:

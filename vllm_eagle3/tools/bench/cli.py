@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from vllm_eagle3.tools import REPO
-from vllm_eagle3.tools.bench import plan as plans
+from vllm_eagle3.tools.bench import plan as plans, report
 
 DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
 DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
@@ -158,7 +158,7 @@ def outputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
 def write_docs(data: dict, md: Path, png: Path) -> None:
     """The page, its plot (skipped with one line without matplotlib; then the page does not link it) and the
     advice; an adaptive-k run also draws its tok/s per k (``tok_s.png`` beside the plot)."""
-    from vllm_eagle3.tools.bench import report, report_adaptive
+    from vllm_eagle3.tools.bench import report_adaptive
 
     drawn = report.plot(data, png)
     if drawn and report_adaptive.plot_tok_s(data, png.with_name("tok_s.png")):
@@ -172,7 +172,6 @@ def write_docs(data: dict, md: Path, png: Path) -> None:
 def page(data: dict | None, md: Path, png_rel: str | None) -> str:
     """The text of ``md``: the repository's BENCHMARKS.md also shows the last soak and the adaptive-k runs."""
     from vllm_eagle3.tools import soak
-    from vllm_eagle3.tools.bench import report
 
     if md.resolve() != (REPO / DOCS["md"]).resolve():
         return report.render(data, png_rel, soak=soak.NO_SOAK)
@@ -182,18 +181,7 @@ def page(data: dict | None, md: Path, png_rel: str | None) -> str:
 
 def repo_adaptive_runs() -> list[dict]:
     """The repository's committed ``--plan adaptive`` results (:data:`ADAPTIVE`) that exist, for its page."""
-    from vllm_eagle3.tools.bench import report
-
     return [report.load(REPO / DOCS[k]) for k in ADAPTIVE if (REPO / DOCS[k]).exists()]
-
-
-def render_repo_benchmarks_md() -> Path:
-    """The repository's BENCHMARKS.md again from its committed results and soak files (the plot is left as it is)."""
-    from vllm_eagle3.tools.bench import report
-
-    results, md = REPO / DOCS["json"], REPO / DOCS["md"]
-    md.write_text(page(report.load_json(results), md, DOCS["png"]))
-    return md
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,17 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.advise and not args.from_json:
         parser().error("--advise reads a results file: give --from-json RESULTS")
     if args.advise:
-        from vllm_eagle3.tools.bench import advise, report
+        from vllm_eagle3.tools.bench import advise
 
         print(advise.config_lines(advise.from_results(report.load(Path(args.from_json))), source=args.from_json),
               end="")
         return 0
-    if args.repo_page:
-        print(f"[bench] wrote {render_repo_benchmarks_md()}")
+    if args.repo_page:  # from the committed results and soak files; the plot is left as it is
+        md = REPO / DOCS["md"]
+        md.write_text(page(report.load_json(REPO / DOCS["json"]), md, DOCS["png"]))
+        print(f"[bench] wrote {md}")
         return 0
     if args.from_json:
-        from vllm_eagle3.tools.bench import report
-
         write_docs(report.load(Path(args.from_json)), md, png)
         return 0
     try:
@@ -292,7 +280,5 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
             "serve_config": args.config, **machine.attention(base_cfg.get("dtype"))}
     run.write_results(results, meta, plan, raws)
     print(f"[bench] raw results: {results}; server logs: {log_dir}")
-    from vllm_eagle3.tools.bench import report
-
     write_docs(report.load(results), md, png)
     return 1 if any(r["error"] for r in raws) else 0

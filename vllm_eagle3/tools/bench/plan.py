@@ -190,11 +190,6 @@ class Plan:
         return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "variants"},
                 "variants": [v.as_dict() for v in self.variants]}
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
-        # results written before ``waves`` existed sent plan.prompts requests at every concurrency: one wave at most
-        return cls(**{"waves": 1, **d, "variants": tuple(Variant.from_dict(v) for v in d["variants"])})
-
     def throughput_requests(self, concurrency: int) -> int:
         """Requests (= different prompts) of a throughput cell at ``concurrency``: ``prompts``, and at least
         ``waves`` x concurrency so that C requests stay in flight for most of the cell."""

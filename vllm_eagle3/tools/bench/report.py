@@ -13,11 +13,12 @@ import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from vllm_eagle3.tools.bench.analysis import summarize
 from vllm_eagle3.tools.bench.cells_text import _v, e, f, legend, per_server, pyplot, same_config, style, table
-from vllm_eagle3.tools.machine import backend_label
 from vllm_eagle3.tools.bench.plan import SGLANG_DEFAULT_WIRING
 from vllm_eagle3.tools.bench.report_adaptive import adaptive_block
 from vllm_eagle3.tools.bench.stats import Estimate, finite
+from vllm_eagle3.tools.machine import backend_label
 
 TEMPLATE = Path(__file__).with_name("template.md")
 SLOT = re.compile(r"\{\{(\w+)\}\}")
@@ -198,26 +199,18 @@ def render(data: Mapping | None, png_rel: str | None = "docs/bench.png", templat
     if data is None:
         slots = {name: NO_RUN if name == "run" else "" for name in set(SLOT.findall(text))}
     else:
-        from vllm_eagle3.tools.bench.analysis import summarize
-
         s = summarize(data)
         slots = {"run": run_block(data["meta"], data["plan"]), "headline": headline(s), "advice": advice_block(s),
                  "cells": all_cells(s), "split": split_block(s), "capture": capture_block(s),
                  "check": check_block(s), "costs": costs_block(s), "capture_lines": capture_lines(s),
                  "plot": f"![benchmark plot]({png_rel})" if png_rel else ""}
-    slots["soak"] = soak
-    # the repository's page says when there is no adaptive run yet; other runs' pages say nothing
-    slots["adaptive"] = NO_ADAPTIVE if adaptive_runs is not None and not adaptive_runs else ""
-    if adaptive_runs is None and data is not None:  # a results file of the adaptive plan renders its own section
-        adaptive_runs, summaries = [data], [s]
-    else:
-        from vllm_eagle3.tools.bench.analysis import summarize
-
-        adaptive_runs = adaptive_runs or []
-        summaries = [summarize(a) for a in adaptive_runs]
+    # another page: a results file of the adaptive plan renders its own section
+    runs = ([(a, summarize(a)) for a in adaptive_runs] if adaptive_runs is not None else
+            [(data, s)] if data is not None else [])
     block = "\n\n".join(b for b in (adaptive_block(sa, run_block(a["meta"], a["plan"]), backend_label(a["meta"]))
-                                     for a, sa in zip(adaptive_runs, summaries)) if b)
-    slots["adaptive"] = block or slots["adaptive"]
+                                     for a, sa in runs) if b)
+    # the repository's page says when there is no adaptive run yet; other runs' pages say nothing
+    slots["soak"], slots["adaptive"] = soak, block or (NO_ADAPTIVE if adaptive_runs == [] else "")
     missing = set(SLOT.findall(text)) - set(slots)
     if missing:
         raise KeyError(f"template {template} has slots the report does not fill: {sorted(missing)}")
@@ -226,8 +219,6 @@ def render(data: Mapping | None, png_rel: str | None = "docs/bench.png", templat
 
 
 def printed_advice(data: Mapping) -> str:
-    from vllm_eagle3.tools.bench.analysis import summarize
-
     s = summarize(data)
     return "\n".join(["", "=== vllm-eagle3 bench: advice ===", advice_block(s), "", "=== headline ===", headline(s),
                       "", "=== plugin capture vs native capture ===", capture_block(s), "", check_block(s), ""])
@@ -237,8 +228,6 @@ def plot(data: Mapping, path: Path) -> bool:
     """Speedup with intervals per concurrency (eager, compiled, opt-out, SGLang default wiring) and the
     per-step split. False (one line said) without matplotlib, or with nothing to draw (e.g. plan ``check``: no
     no-speculation server, no timed cell): then the page links no plot."""
-    from vllm_eagle3.tools.bench.analysis import summarize
-
     s = summarize(data)
     if not any(r.get(x) for v in s["variants"] for r in v["by_concurrency"].values() if v["variant"]["k"]
                for x in ("speedup", "speedup_timed", "split")):
