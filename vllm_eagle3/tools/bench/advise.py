@@ -36,17 +36,11 @@ def points(raws: Sequence[Mapping[str, Any]]) -> dict[int, dict[int, float]]:
 
     out: dict[int, dict[int, float]] = {}
     for raw in raws:
-        if raw.get("error"):
-            continue
         v = Variant.from_dict(raw["variant"])
-        if not v.chooses_k:
-            continue
-        for cell in raw.get("cells", []):
-            if cell["kind"] == "throughput":
-                c = cell["concurrency"]
-                t = wall_tok_s(cells(raw, "throughput", c))
-                if math.isfinite(t):
-                    out.setdefault(c, {})[v.k] = t
+        for c in ({x["concurrency"] for x in raw.get("cells", []) if x["kind"] == "throughput"}
+                  if v.chooses_k and not raw.get("error") else ()):
+            if math.isfinite(t := wall_tok_s(cells(raw, "throughput", c))):
+                out.setdefault(c, {})[v.k] = t
     return out
 
 
@@ -87,13 +81,12 @@ def side_cells(v: Variant, raws: Sequence[Mapping[str, Any]]) -> tuple:
     k >= 1 the choosing servers measured (what the adaptive server is compared with)."""
     pts = points(raws)
     table = schedule(pts)
-    keep = []
-    for cell in v.cells:
-        c = cell.concurrency
+
+    def best_static(c: int) -> int | None:
         per_k = {k: t for k, t in pts.get(c, {}).items() if k >= 1}
-        if k_at(table, c) == v.k or (per_k and best_k(per_k) == v.k):
-            keep.append(cell)
-    return tuple(keep)
+        return best_k(per_k) if per_k else None
+
+    return tuple(cell for cell in v.cells if v.k in (k_at(table, cell.concurrency), best_static(cell.concurrency)))
 
 
 def resolve(v: Variant, raws: Sequence[Mapping[str, Any]]) -> Variant:

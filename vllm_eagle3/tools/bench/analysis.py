@@ -13,7 +13,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from vllm_eagle3.tools.bench.client import RequestRecord
-from vllm_eagle3.tools.bench.plan import AB_PAIRS, MLA_DEFAULT, NATIVE, SGLANG_DEFAULT_WIRING, Variant
+from vllm_eagle3.tools.bench.plan import AB_PAIRS, MLA_DEFAULT, NATIVE, SGLANG_DEFAULT_WIRING, Variant, k_at
 from vllm_eagle3.tools.bench.stats import (NAN, NONE, Estimate, bootstrap, cost_ratio, finite, ideal_speedup, mean,
                                            mean_ci, median, paired_ratio, ratio_of_sums, stratified_ratio)
 from vllm_eagle3.tools.bench.timers import StepSplit
@@ -86,9 +86,7 @@ def _scaled(point: float, est: Estimate) -> Estimate:
 
 
 def throughput(cs: Sequence[Mapping], seed: str) -> Estimate:
-    pp = per_prompt(cs)
-    items = sorted(pp.values())
-    lat = bootstrap(items, ratio_of_sums, seed, method="bootstrap over prompts")
+    lat = bootstrap(sorted(per_prompt(cs).values()), ratio_of_sums, seed, method="bootstrap over prompts")
     return _scaled(wall_tok_s(cs), lat)
 
 
@@ -311,11 +309,6 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     with each other: *identical servers*); k = 3's over its choosing stretch's no-speculation server. Targets:
     adaptive >= 1.0x no speculation at the interval's lower end, >= :data:`WITHIN_BEST` x the best static k. Also
     greedy identity with no speculation's text, and how far no speculation drifted between the stretches."""
-    from vllm_eagle3.tools.bench.plan import k_at
-
-    ad = [(v, raw) for v, raw in res.variants if v.adaptive and v.replica == 1]
-    if not ad:
-        return []
     out = []
     by_key = {v["key"]: v for v in summary["variants"]}
 
@@ -324,14 +317,10 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
         got = [g for g in got if g]
         return [sum(g[0] for g in got), sum(g[1] for g in got)] if got else None
 
-    for v, raw in ad:
+    for v, raw in res.find(adaptive=True, replica=1):
         base = res.base(v)
         choosers = [(sv, sraw) for sv, sraw in res.variants if sv.chooses_k and sv.compiled == v.compiled]
         twins = res.find(adaptive=True, compiled=v.compiled, stretch=v.stretch)  # it and its replicas, in order
-        side: dict[int, list] = {}
-        for sv, sraw in res.find(compiled=v.compiled, stretch=v.stretch):
-            if sv.side_static:
-                side.setdefault(sv.k, []).append((sv, sraw))
         for c in summary["concurrencies"]:
             if not cells(raw, "throughput", c) or base is None or not cells(base, "throughput", c):
                 continue
@@ -360,7 +349,8 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             if cand:
                 _, bv, braw = max(cand, key=lambda x: (x[0], -x[1].k))
                 row["best_static_k"] = bv.k
-                paired_by = by_server(side.get(bv.k, []), c)
+                paired_by = by_server([x for x in res.find(compiled=v.compiled, stretch=v.stretch, k=bv.k)
+                                       if x[0].side_static], c)
                 bcells = pooled(paired_by) or cells(braw, "throughput", c)
                 row["best_static_side_by_side"] = bool(paired_by)
                 row["servers"][1] = len(paired_by) or 1

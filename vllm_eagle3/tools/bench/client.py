@@ -58,10 +58,7 @@ def spec_counters(response: Any) -> tuple | None:
 def summed(records: Sequence[RequestRecord]) -> list | None:
     """A cell's counters: its requests' summed (None when no request carries any)."""
     cs = [r.counters for r in records if r.counters]
-    if not cs:
-        return None
-    return [sum(c[0] for c in cs), sum(c[1] for c in cs), sum(c[2] for c in cs),
-            [sum(x) for x in zip(*(c[3] for c in cs))]]
+    return [*(sum(c[i] for c in cs) for i in range(3)), [sum(x) for x in zip(*(c[3] for c in cs))]] if cs else None
 
 
 def _client(base_url: str):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import subprocess
 import sys
@@ -127,11 +128,7 @@ def build(after: str, n: int, prompt_tokens: int, per_file: int, roots: Sequence
     by_file: dict[str, list[dict]] = {}
     for c in kept:
         by_file.setdefault(c["source"].rsplit(":", 1)[0], []).append(c)
-    items: list[dict] = []
-    while len(items) < n and any(by_file.values()):
-        for path in list(by_file):
-            if by_file[path] and len(items) < n:
-                items.append(by_file[path].pop(0))
+    items = [c for row in itertools.zip_longest(*by_file.values()) for c in row if c][:n]
     if len(items) < n:
         raise SystemExit(f"only {len(items)} held-out prompts of {prompt_tokens} tokens (asked for {n}); "
                          f"raise --per-file or lower --prompts")

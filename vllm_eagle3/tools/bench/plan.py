@@ -132,10 +132,7 @@ class Variant:
                  f"EAGLE-3, k per batch size (up to {self.k}) from this run's static-k servers")
         else:
             s = f"EAGLE-3 k={self.k}, {_CAPTURE_LABELS[self.capture]}"
-        s += _MLA_LABELS[self.mla_verify]
-        if not self.check:
-            s += ", online wiring check off"
-        s += f", {self.mode}"
+        s += _MLA_LABELS[self.mla_verify] + ("" if self.check else ", online wiring check off") + f", {self.mode}"
         s += f" (server #{self.replica})" if self.replica > 1 else ""
         return s + (f", run in turns with the other servers of side-by-side stretch {self.stretch}"
                     if self.stretch else "")

@@ -84,9 +84,8 @@ def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path
 
     cfg = dict(base)
     cfg["model"] = str(repo_path(str(base["model"])).resolve())
-    cfg.pop("port", None)
-    cfg.pop("host", None)
-    cfg.pop("additional-config", None)  # each wiring passes its own --capture-spec
+    for key in ("port", "host", "additional-config"):  # additional-config: each wiring passes its own --capture-spec
+        cfg.pop(key, None)
     cfg["enable-prefix-caching"] = False  # the same prompts run in several cells: every request pays its prefill
     cfg["enforce-eager"] = not variant.compiled
     cfg["worker-extension-cls"] = TIMERS_EXTENSION  # inactive until bench_timers_start
@@ -130,10 +129,8 @@ def server_env(variant: Variant) -> dict[str, str]:
     env["VLLM_CACHE_ROOT"] = str(REPO / COMPILE_CACHE)
     for name in (MLA_ENV, envs.VARIABLES[MLA_ENV].deprecated):  # "default": the plugin's, whatever the shell says
         env.pop(name, None)
-    if variant.mla_verify == MLA_OFF:
-        env[MLA_ENV] = "0"
-    elif variant.mla_verify == MLA_ON:
-        env[MLA_ENV] = "1"
+    if variant.mla_verify in (MLA_OFF, MLA_ON):
+        env[MLA_ENV] = "0" if variant.mla_verify == MLA_OFF else "1"
     if variant.capture in NATIVE_CAPTURES and stock_plugin_available():
         env["VLLM_PLUGINS"] = STOCK_PLUGIN  # vLLM's own model classes + only the CPU patches
     return env
