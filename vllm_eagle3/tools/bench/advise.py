@@ -1,20 +1,11 @@
 """Measured throughput per (k, concurrency) -> a k-per-batch-size table for vLLM's
-``speculative_config.num_speculative_tokens_per_batch_size``, and the serve-config lines that carry it.
+``speculative_config.num_speculative_tokens_per_batch_size``, and the serve-config lines that carry it. Used during
+``--plan adaptive`` (``cli.execute`` asks :func:`resolve` for each variant of a stretch) and after it (``--advise``).
 
-Data flow position: inside a run of ``--plan adaptive`` (``cli.execute`` asks :func:`resolve` for each variant of a
-stretch: whether a static k can still be chosen, which cells a judging server runs, the adaptive server's table) and
-after one (``bench --from-json R --advise``; the unit test that the shipped serve configs carry the committed table).
-
-vLLM 0.32 expands the table into a lookup ``batch size -> k`` (``v1/spec_decode/dynamic/utils.py``: ranges
-inclusive from 1, gaps and the tail carry the previous k, k capped at ``num_speculative_tokens``) and drafts
-``lookup[requests scheduled]`` tokens each step. k = 0 still runs the draft's first forward (to keep its KV cache in
-sync), so it is chosen only where it measured faster than every k >= 1.
-
-The rule: at each measured concurrency the k of the highest throughput (a tie: the smaller k), then made
-non-increasing in concurrency, because a larger batch makes verifying k + 1 tokens per request dearer, never cheaper:
-a rise is noise. Batch sizes between two measured concurrencies C1 < C2 split at ``floor(sqrt(C1 * C2))``
-(throughput moves with log C); the last range is open-ended; neighbours with one k merge. In a closed loop with C in
-flight vLLM's batch is C requests most of the time, so concurrency and batch size are one axis.
+How vLLM reads the table, and the rule: docs/adaptive-k.md. The rule: at each measured concurrency the k of the
+highest throughput (a tie: the smaller k), made non-increasing in concurrency (a larger batch makes verifying k + 1
+tokens dearer, never cheaper: a rise is noise); batch sizes between two measured concurrencies C1 < C2 split at
+``floor(sqrt(C1 * C2))`` (throughput moves with log C); the last range is open-ended; neighbours with one k merge.
 """
 
 from __future__ import annotations

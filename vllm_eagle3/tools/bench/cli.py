@@ -1,9 +1,5 @@
-"""The command line of ``vllm-eagle3 bench`` (``make bench``): pick a plan, run it, write the documents.
-
-Data flow position: the entry point. ``vllm_eagle3.tools.cli`` maps ``bench`` to this package's :func:`main`.
-Builds a :class:`~.plan.Plan` from ``--plan`` and the flags that grow or shrink it, runs each variant
-(``run.py``), writes the results file, then ``BENCHMARKS.md`` and the plot from it (``report.py``) and prints
-the advice. ``--from-json`` only re-renders; ``--dry-run`` only prints the plan and its estimated duration.
+"""The command line of ``vllm-eagle3 bench`` (``make bench``): a :class:`~.plan.Plan` from ``--plan`` and the flags
+that grow or shrink it, run (``run.py``), the results file, then ``BENCHMARKS.md``, the plot and the advice from it.
 """
 
 from __future__ import annotations
@@ -109,17 +105,11 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
         for key in ("sglang_default_throughput", "opt_out_throughput") if headline else ():
             kept = tuple(c for c in kw.get(key, (16,)) if c in cs)  # keep those that remain, else the highest
             kw[key] = kept or (cs[-1],)
-    if args.compiled is not None:
-        kw["compiled"] = args.compiled
-    if args.no_opt_out:
-        kw["opt_out"] = False
-    if args.no_capture_ab:
-        kw["capture_ab"] = False
-    if args.sweep is not None:
-        kw["sweep"] = tuple(args.sweep)
-    sizes = {"prompts": args.prompts_per_cell, "max_tokens": args.max_tokens, "rounds": args.rounds,
-             "waves": args.waves}
-    kw.update({k: v for k, v in sizes.items() if v is not None})
+    given = {"compiled": args.compiled, "opt_out": False if args.no_opt_out else None,
+             "capture_ab": False if args.no_capture_ab else None,
+             "sweep": None if args.sweep is None else tuple(args.sweep), "prompts": args.prompts_per_cell,
+             "max_tokens": args.max_tokens, "rounds": args.rounds, "waves": args.waves}
+    kw.update({k: v for k, v in given.items() if v is not None})
     plan = plans.build(args.plan, **kw)
     if args.only:
         keys = [v.key for v in plan.variants]
@@ -256,23 +246,21 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
                                     args.start_timeout, progress))
         progress.drop(v)
     for stretch in sorted({v.stretch for v in plan.variants if v.stretch}):
-        side = []
-        for v in (v for v in plan.variants if v.stretch == stretch):
-            v = advise.resolve(v, raws)  # its cells, the adaptive server's table: from the stretches before it
+        # its cells, the adaptive server's table: from the stretches before it
+        group = [advise.resolve(v, raws) for v in plan.variants if v.stretch == stretch]
+        for v in group:
             if v.adaptive:
                 say(f"{v.key}: k per batch size from the static-k servers above: {plans.schedule_text(v.schedule)}")
-            if v.cells:
-                side.append(v)
-            elif v.stretch == plans.CHOOSE_LOADED:
-                say(f"{v.key}: not run: the table measured so far drafts fewer than {v.k} tokens at the highest "
-                    "concurrency, and k never rises with the batch")
-            else:
-                say(f"{v.key}: not run: k={v.k} is neither the table's nor the best anywhere")
-        if side:
+            if not v.cells:
+                say(f"{v.key}: not run: " + (f"the table measured so far drafts fewer than {v.k} tokens at the highest "
+                                             "concurrency, and k never rises with the batch"
+                                             if v.stretch == plans.CHOOSE_LOADED
+                                             else f"k={v.k} is neither the table's nor the best anywhere"))
+        if side := [v for v in group if v.cells]:
             say(f"side by side (stretch {stretch}): {', '.join(v.key for v in side)}")
             raws += run.run_together(side, plan, base_cfg, wirings, prompts, work, log_dir, say,
                                      args.start_timeout, progress)
-        for v in (v for v in plan.variants if v.stretch == stretch):
+        for v in group:
             progress.drop(v)
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = {"date": machine.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,

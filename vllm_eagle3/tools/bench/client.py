@@ -1,10 +1,6 @@
-"""The load generator of ``vllm-eagle3 bench``: what a measuring client sends, and what it reads back.
-
-Data flow position: outside the server, between ``run.py`` and the results file. Light on the 2-core server:
-:func:`plain_cell` sends non-streaming greedy ``/v1/completions`` (``ignore_eos``), closed loop at ``concurrency``;
-:func:`stream_cell` streamed ones (TTFT, inter-token latency). Tokens from ``usage``; each request's spec-decode
-counters from vLLM's per-request metrics (``metrics.speculative_decoding``; servers run with
-``per-request-spec-decode-metrics: summary``). :func:`worker_rpc` calls the worker extension (:mod:`.timers`).
+"""The load generator of ``vllm-eagle3 bench``, light on the 2-core server: greedy ``/v1/completions``
+(``ignore_eos``), closed loop at ``concurrency``, plain or streamed; tokens from ``usage``, each request's spec-decode
+counters from vLLM's per-request metrics (servers run with ``per-request-spec-decode-metrics: summary``).
 """
 
 from __future__ import annotations
@@ -61,12 +57,6 @@ def summed(records: Sequence[RequestRecord]) -> list | None:
     return [*(sum(c[i] for c in cs) for i in range(3)), [sum(x) for x in zip(*(c[3] for c in cs))]] if cs else None
 
 
-def _client(base_url: str):
-    from openai import AsyncOpenAI
-
-    return AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY", max_retries=0, timeout=1800)
-
-
 async def _plain_one(client, model: str, idx: int, prompt: Sequence[int], max_tokens: int) -> RequestRecord:
     t0 = time.perf_counter()
     resp = await client.completions.create(model=model, prompt=list(prompt), max_tokens=max_tokens, temperature=0.0,
@@ -98,7 +88,9 @@ async def _stream_one(client, model: str, idx: int, prompt: Sequence[int], max_t
 
 async def _cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence[int]]], concurrency: int,
                 max_tokens: int, stream: bool) -> tuple[float, list[RequestRecord]]:
-    client = _client(base_url)
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY", max_retries=0, timeout=1800)
     one = _stream_one if stream else _plain_one
     sem = asyncio.Semaphore(concurrency)
 

@@ -1,12 +1,7 @@
-"""Prompts no shipped model ever trained on, for the benchmarks (``bench/heldout_prompts.json``).
-
-Why: the shipped heads' ``eval_prompts.json`` are slices of the miniature's held-out split, but site-packages vendor
-many stdlib modules and the heads were tuned looking at those prompts (acceptance ~3.4 there, ~2.7-2.9 on unseen
-Python). The text: this repository's Python files *added after the last model commit* (``--after``), checked twice
-(recorded in the output): each file's first commit (renames are not additions) descends from ``--after``, and no
-:data:`RUN` consecutive non-blank lines of a prompt occur together in a ``*.py`` file under the trainer's default
-roots (``miniature.data.default_roots()``). Each prompt is ``--prompt-tokens`` tokens from a line start, at most
-``--per-file`` per file, files in the order of a hash of their path. CLI: ``python -m vllm_eagle3.tools.bench.heldout``.
+"""Prompts no shipped model ever trained on, for the benchmarks (``bench/heldout_prompts.json``; why, and the two
+checks: docs/adaptive-k.md, "Prompts the heads never saw"; the heads were tuned looking at their eval prompts, too).
+Each prompt is ``--prompt-tokens`` tokens from a line start, at most ``--per-file`` per file, files in the order of a
+hash of their path. CLI: ``python -m vllm_eagle3.tools.bench.heldout``.
 """
 
 from __future__ import annotations
@@ -37,10 +32,6 @@ def files_added_after(after: str, under: Sequence[str] = ("vllm_eagle3", "model_
     added = git("log", "--diff-filter=A", "-M", "--name-only", "--format=", f"{after}..HEAD", "--", *under).split()
     alive = set(git("ls-files", "--", *under).split())
     return sorted({p for p in added if p.endswith(".py") and p in alive})
-
-
-def _order(path: str) -> str:
-    return hashlib.sha1(path.encode()).hexdigest()
 
 
 def _lines(text: str) -> list[str]:
@@ -115,7 +106,7 @@ def build(after: str, n: int, prompt_tokens: int, per_file: int, roots: Sequence
 
     tok = load_tokenizer(bundled(TOKENIZER_DIR, "bench"))
     head = git("rev-parse", "--short", "HEAD").strip()
-    files = sorted(files_added_after(after), key=_order)
+    files = sorted(files_added_after(after), key=lambda p: hashlib.sha1(p.encode()).hexdigest())
     cands = []
     for path in files:
         text = (REPO / path).read_text(encoding="utf-8")

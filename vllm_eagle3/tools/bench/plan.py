@@ -1,10 +1,7 @@
-"""What one ``vllm-eagle3 bench`` run measures: variants (one server each), their cells, and the named plans.
-
-Data flow position: built first by ``cli.py``; the contract between ``run.py`` (one server per :class:`Variant`, its
-:class:`Cell` s in order) and ``analysis.py`` (which pairs cells of different variants by prompt). Cell kinds:
-``throughput`` (closed loop, C in flight, ``plan.throughput_requests(C)`` different prompts), ``split`` (the worker
-timers around ``max(C, 4)`` requests), ``untimed`` (the same without the timers: their cost), ``stream`` (time to
-first token, inter-token latency at concurrency 1).
+"""What one ``vllm-eagle3 bench`` run measures: variants (one server each), their cells, and the named plans. Cell
+kinds: ``throughput`` (closed loop, C in flight, ``plan.throughput_requests(C)`` different prompts), ``split`` (the
+worker timers around ``max(C, 4)`` requests), ``untimed`` (the same without the timers: their cost), ``stream`` (time
+to first token, inter-token latency at concurrency 1).
 """
 
 from __future__ import annotations
@@ -245,13 +242,8 @@ def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, com
 
 def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), ks=(1, 2, 3, 4, 5),
                   compiled: bool = False, **sizes) -> Plan:
-    """Speculation that adapts to load, in four side-by-side stretches (``run.run_together``: servers all alive,
-    measured in turns), because two servers of one configuration measured one after the other on a shared VM differ
-    by more than the k choice is worth. CHOOSE_LIGHT (c <= LIGHT_MAX) and CHOOSE_LOADED (the rest; only the k still
-    possible, ``advise.resolve``): no speculation and each k of ``ks``, throughput cells in turns, then timed cells;
-    their throughput chooses the table (:mod:`.advise`). JUDGE and JUDGE_LOADED: no speculation again, the static k
-    it is judged against and the adaptive server (JUDGE_REPLICAS of each speculating one at light load). Stretches
-    are split by load for memory: each server's KV cache is sized for its busiest cell."""
+    """Speculation that adapts to load, in four side-by-side stretches (``run.run_together``; what each runs, and
+    why side by side: docs/adaptive-k.md). Split by load for memory: each server's KV cache fits its busiest cell."""
     light = tuple(c for c in concurrencies if c <= LIGHT_MAX)
     loaded = tuple(c for c in concurrencies if c > LIGHT_MAX)
     vs = []

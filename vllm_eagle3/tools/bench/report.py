@@ -1,9 +1,6 @@
-"""``BENCHMARKS.md``, ``docs/bench.png`` and the printed advice, from the results file.
-
-Data flow position: last. ``BENCHMARKS.md`` is ``template.md`` (the method, in prose, with no measured number)
-with its ``{{...}}`` slots filled from :func:`~.analysis.summarize` of the results file, so one command
-(``vllm-eagle3 bench --from-json bench/results.json``) regenerates it and ``tests/unit/test_docs_numbers.py``
-checks that the committed file is exactly that rendering. Formatting only: no statistic is computed here.
+"""``BENCHMARKS.md``, ``docs/bench.png`` and the printed advice, from the results file: ``template.md`` (the
+method in prose, no measured number) with its ``{{...}}`` slots filled from :func:`~.analysis.summarize`, so
+``tests/unit/test_docs_numbers.py`` can check the committed page is that rendering. No statistic is computed here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The adaptive-k section of ``BENCHMARKS.md`` (``--plan adaptive``): the table of speculation that adapts to load,
-against no speculation and the best static k, and how it was measured.
-
-Data flow position: called by ``report.render`` (through ``report.adaptive_block``) with the summary of
-``analysis.summarize``, whose ``adaptive`` rows (``analysis.adaptive``) it only formats.
+"""The adaptive-k section of ``BENCHMARKS.md`` (``--plan adaptive``) and its tok/s plot: ``analysis.adaptive``'s
+rows against no speculation and the best static k, formatted, and how they were measured.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Orchestration of ``vllm-eagle3 bench``: one server per variant, its cells in order; or a side-by-side stretch's
-servers all alive at once, their throughput cells in turns (:func:`run_together`); then the results file.
-
-Data flow position: between ``plan.py`` and ``analysis.py``. Per :class:`~.plan.Variant`: its serve YAML (k, the
-draft, eager or compiled, prefix caching off), ``vllm-eagle3 serve`` with the step-timer worker extension, a warm-up,
-its cells (``client.py``), what its log and worker say of its capture and MLA path, stop; all raw into the results.
+servers all alive at once, their throughput cells in turns (:func:`run_together`); then the results file. Per
+server: its serve YAML, a warm-up, its cells, what its log and worker say of its capture and MLA path, stop.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import os
 import time
@@ -25,8 +23,7 @@ from vllm_eagle3.tools.serve.process import ServerStartError, VllmServer, served
 
 SCHEMA = 2
 TIMERS_EXTENSION = "vllm_eagle3.tools.bench.timers.StepTimers"
-STOCK_PLUGIN = "vllm_eagle3_model_patches"
-"""The project's second ``vllm.general_plugins`` entry: vLLM's CPU patches only, none of the capture classes."""
+STOCK_PLUGIN = "vllm_eagle3_model_patches"  # the 2nd vllm.general_plugins entry: CPU patches, no capture classes
 MLA_ENV = "EAGLE3_CPU_MLA_VERIFY_AS_DECODE"  # vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py
 COMPILE_CACHE = ".cache/vllm"
 START_TIMEOUT_S = {"eager": 400.0, "compiled": 1200.0}  # a cold compile takes ~270 s on a quiet 2-core box
@@ -56,13 +53,6 @@ def native_taps(num_layers: int) -> tuple[int, ...]:
     from vllm_eagle3.conventions import engine_default_ids, ids_to_taps
 
     return ids_to_taps(engine_default_ids(num_layers), "sglang-legacy", num_layers)
-
-
-def stock_plugin_available() -> bool:
-    """Whether the patches-only plugin entry point is installed (then the native variant runs stock vLLM code)."""
-    import importlib.metadata as md
-
-    return any(ep.name == STOCK_PLUGIN for ep in md.entry_points(group="vllm.general_plugins"))
 
 
 def make_native_draft(draft: Path, out_dir: Path, taps: Sequence[int], num_layers: int) -> Path:
@@ -103,22 +93,18 @@ def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path
     return out
 
 
-def check_off_spec(spec: Path, out: Path) -> Path:
-    """``spec`` with ``check: {enabled: false}`` (its other keys and check settings kept)."""
+def serve_args(variant: Variant, wiring: Wiring, yml: Path, work: Path) -> list[str]:
+    """``vllm-eagle3 serve``'s arguments: the serve YAML and the wiring's (a check-off variant's spec rewritten with
+    ``check: {enabled: false}``, its other keys and check settings kept)."""
     import yaml
 
-    data = yaml.safe_load(spec.read_text()) or {}
-    data["check"] = {**(data.get("check") or {}), "enabled": False}
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
-
-
-def serve_args(variant: Variant, wiring: Wiring, yml: Path, work: Path) -> list[str]:
-    """``vllm-eagle3 serve``'s arguments: the serve YAML and the wiring's (a check-off variant's spec rewritten)."""
     args = list(wiring.args if variant.k else ())
     if not variant.check:
         i = args.index("--capture-spec") + 1
-        args[i] = str(check_off_spec(Path(args[i]), work / f"spec-{variant.key.replace('#', '-')}.yaml"))
+        spec, out = yaml.safe_load(Path(args[i]).read_text()) or {}, work / f"spec-{variant.key.replace('#', '-')}.yaml"
+        spec["check"] = {**(spec.get("check") or {}), "enabled": False}
+        out.write_text(yaml.safe_dump(spec, sort_keys=False))
+        args[i] = str(out)
     return ["--config", str(yml), *args]
 
 
@@ -131,7 +117,8 @@ def server_env(variant: Variant) -> dict[str, str]:
         env.pop(name, None)
     if variant.mla_verify in (MLA_OFF, MLA_ON):
         env[MLA_ENV] = "0" if variant.mla_verify == MLA_OFF else "1"
-    if variant.capture in NATIVE_CAPTURES and stock_plugin_available():
+    if variant.capture in NATIVE_CAPTURES and any(  # installed: the native variants run stock vLLM model classes
+            ep.name == STOCK_PLUGIN for ep in importlib.metadata.entry_points(group="vllm.general_plugins")):
         env["VLLM_PLUGINS"] = STOCK_PLUGIN  # vLLM's own model classes + only the CPU patches
     return env
 
@@ -231,6 +218,31 @@ def _finish(variant: Variant, server: VllmServer, env: Mapping[str, str], log: P
         res["check_line"] = checks[0][checks[0].index(CHECK_LINE):] if checks else ""
 
 
+def _failed(v: Variant, res: dict[str, Any], exc: Exception, log: Path, say: Callable[[str], None]) -> None:
+    res["error"] = f"{type(exc).__name__}: {exc}"
+    say(f"{v.key}: failed: {res['error']} (server log {log})")
+
+
+def _kv_gib(v: Variant, plan: Plan, base_cfg: Mapping[str, Any], prompts: Sequence[Sequence[int]]) -> int:
+    return kv_cache_gib(v, plan, max(map(len, prompts)), base_cfg.get("dtype", "float32"))
+
+
+def _run_cells(v: Variant, cells: Sequence, url: str, model: str, plan: Plan, prompts: Sequence[Sequence[int]],
+               res: dict[str, Any], say: Callable[[str], None], progress: Callable[[Variant, str, int], str]) -> None:
+    """``cells`` of ``v`` one after the other on its server (throughput cells ``plan.rounds`` times), into ``res``."""
+    for cell in cells:
+        for rnd in range(plan.rounds if cell.kind == "throughput" else 1):
+            t = time.monotonic()
+            rec = _run_cell(url, model, v, cell.kind, cell.concurrency, plan, prompts)
+            rec["round"] = rnd
+            res["cells"].append(rec)
+            toks = sum(r["tokens"] for r in rec["requests"])
+            say(f"{v.key}: {cell.kind} c={cell.concurrency}"
+                + (f" round {rnd + 1}" if plan.rounds > 1 and cell.kind == "throughput" else "")
+                + f": {len(rec['requests'])} requests, {toks} tokens in {time.monotonic() - t:.1f} s; "
+                + progress(v, cell.kind, cell.concurrency))
+
+
 def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wiring: Wiring,
                 prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
                 say: Callable[[str], None], start_timeout: float | None = None,
@@ -238,28 +250,14 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
     """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured.
     ``progress`` (:class:`~.plan.Progress`) says after each cell how far the run is."""
     res = _record(variant)
-    kv = kv_cache_gib(variant, plan, max(map(len, prompts)), base_cfg.get("dtype", "float32"))
-    server, env, log = _start(variant, base_cfg, wiring, work, log_dir, say, kv)
+    server, env, log = _start(variant, base_cfg, wiring, work, log_dir, say, _kv_gib(variant, plan, base_cfg, prompts))
     try:
-        if not _ready(variant, server, res, say, start_timeout, prompts):
-            return res
-        url = server.base_url
-        model = served_model_name(url)
-        for cell in variant.cells:
-            for rnd in range(plan.rounds if cell.kind == "throughput" else 1):
-                t = time.monotonic()
-                rec = _run_cell(url, model, variant, cell.kind, cell.concurrency, plan, prompts)
-                rec["round"] = rnd
-                res["cells"].append(rec)
-                toks = sum(r["tokens"] for r in rec["requests"])
-                say(f"{variant.key}: {cell.kind} c={cell.concurrency}"
-                    + (f" round {rnd + 1}" if plan.rounds > 1 and cell.kind == "throughput" else "")
-                    + f": {len(rec['requests'])} requests, {toks} tokens in {time.monotonic() - t:.1f} s; "
-                    + progress(variant, cell.kind, cell.concurrency))
-        _finish(variant, server, env, log, res, say)
+        if _ready(variant, server, res, say, start_timeout, prompts):
+            _run_cells(variant, variant.cells, server.base_url, served_model_name(server.base_url), plan, prompts,
+                       res, say, progress)
+            _finish(variant, server, env, log, res, say)
     except Exception as exc:  # noqa: BLE001 - one broken variant must not lose the others' results
-        res["error"] = f"{type(exc).__name__}: {exc}"
-        say(f"{variant.key}: failed: {res['error']} (server log {log})")
+        _failed(variant, res, exc, log, say)
     finally:
         say(f"{variant.key}: stopping")
         server.stop()
@@ -287,20 +285,17 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                  wirings: Mapping[str, Wiring], prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
                  say: Callable[[str], None], start_timeout: float | None = None,
                  progress: Callable[[Variant, str, int], str] = lambda *_: "") -> list[dict[str, Any]]:
-    """Start every variant's server (one after the other, each warmed up), keep them all alive, and run their
-    throughput cells side by side: per concurrency, the cell's prompts in :func:`chunks`, each chunk on every server
-    that has the cell, in :func:`turn_order`. One record per variant, its chunks merged into one cell per
-    concurrency (requests of all chunks, ``wall_s`` their sum, counters their sum, ``chunks`` their count). Then
-    each server's other cells (the worker timers' split cells: per-step costs within one server), one server at a
-    time. A server that fails to start or dies is recorded with its error; the others go on."""
+    """Start every variant's server (one after the other, each warmed up) and keep them all alive; per
+    concurrency, the throughput cell's prompts in :func:`chunks`, each chunk on every server that has the cell, in
+    :func:`turn_order`, merged into one cell per server (``chunks``: how many). Then each server's other cells (the
+    worker timers': per-step costs within one server), one server at a time. A server that fails to start or dies
+    is recorded with its error; the others go on."""
     recs = [_record(v) for v in variants]
     live: list[tuple[Variant, dict, VllmServer, dict, Path]] = []
-    top = max(map(len, prompts))
     try:
         for v, res in zip(variants, recs):
-            kv = kv_cache_gib(v, plan, top, base_cfg.get("dtype", "float32"))
-            short = memory_short(kv)
-            if short:  # all servers stay alive: one more than the machine holds would be OOM-killed mid-stretch
+            kv = _kv_gib(v, plan, base_cfg, prompts)
+            if short := memory_short(kv):  # all stay alive: one more than the machine holds would be OOM-killed
                 res["skipped"] = short
                 say(f"{v.key}: not started: {short}")
                 continue
@@ -309,61 +304,40 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
             try:
                 ok = _ready(v, server, res, say, start_timeout, prompts)
             except Exception as exc:  # noqa: BLE001 - a warm-up that fails: recorded, the others go on
-                res["error"], ok = f"{type(exc).__name__}: {exc}", False
-                say(f"{v.key}: failed: {res['error']} (server log {log})")
+                _failed(v, res, exc, log, say)
+                ok = False
             if not ok:
                 server.stop()
                 live.pop()
         models = {v.key: served_model_name(server.base_url) for v, _, server, _, _ in live}
-        concs = sorted({c for v, *_ in live for c in v.cell_list("throughput")})
-        for c in concs:
+        for c in sorted({c for v, *_ in live for c in v.cell_list("throughput")}):
             at = [x for x in live if c in x[0].cell_list("throughput") and not x[1]["error"]]
-            n = plan.throughput_requests(c)
-            merged = {x[0].key: {"kind": "throughput", "concurrency": c, "round": 0, "split": None, "wall_s": 0.0,
-                                 "requests": [], "counters": None, "chunks": 0} for x in at}
-            t = time.monotonic()
-            for i, part in enumerate(chunks(n, c)):
-                for j in turn_order(len(at), i):
-                    v, res, server, _, log = at[j]
-                    if res["error"]:
-                        continue
+            n, parts, t = plan.throughput_requests(c), chunks(plan.throughput_requests(c), c), time.monotonic()
+            got: dict[str, list] = {x[0].key: [] for x in at}  # per server: (wall s, requests) of each chunk
+            for i, part in enumerate(parts):
+                for v, res, server, _, log in (at[j] for j in turn_order(len(at), i)):
                     try:
-                        wall, reqs = client.plain_cell(server.base_url, models[v.key],
-                                                       [(p, prompts[p]) for p in part], c, plan.max_tokens)
+                        if not res["error"]:
+                            got[v.key].append(client.plain_cell(server.base_url, models[v.key],
+                                                                 [(p, prompts[p]) for p in part], c, plan.max_tokens))
                     except Exception as exc:  # noqa: BLE001 - one broken server must not lose the others' cells
-                        res["error"] = f"{type(exc).__name__}: {exc}"
-                        say(f"{v.key}: failed: {res['error']} (server log {log})")
-                        continue
-                    m = merged[v.key]
-                    m["wall_s"] += wall
-                    m["requests"] += [r.as_dict() for r in reqs]
-                    m["chunks"] += 1
-            for v, res, server, *_ in at:
-                if not res["error"]:
-                    merged[v.key]["counters"] = client.summed([client.RequestRecord.from_dict(r)
-                                                               for r in merged[v.key]["requests"]])
-                    res["cells"].append(merged[v.key])
+                        _failed(v, res, exc, log, say)
+            for v, res, *_ in (x for x in at if not x[1]["error"]):
+                reqs = [r for _, rs in got[v.key] for r in rs]
+                res["cells"].append({"kind": "throughput", "concurrency": c, "round": 0, "split": None,
+                                     "wall_s": sum(w for w, _ in got[v.key]), "requests": [r.as_dict() for r in reqs],
+                                     "counters": client.summed(reqs), "chunks": len(got[v.key])})
             said = [progress(x[0], "throughput", c) for x in at][-1:]
-            say(f"side by side c={c}: {len(at)} servers x {n} requests in {len(chunks(n, c))} turns, "
+            say(f"side by side c={c}: {len(at)} servers x {n} requests in {len(parts)} turns, "
                 f"{time.monotonic() - t:.1f} s; " + "".join(said))
         for v, res, server, env, log in live:
-            for cell in (c for c in v.cells if c.kind != "throughput" and not res["error"]):
-                try:
-                    rec = _run_cell(server.base_url, models[v.key], v, cell.kind, cell.concurrency, plan, prompts)
-                except Exception as exc:  # noqa: BLE001
-                    res["error"] = f"{type(exc).__name__}: {exc}"
-                    say(f"{v.key}: failed: {res['error']} (server log {log})")
-                    break
-                rec["round"] = 0
-                res["cells"].append(rec)
-                say(f"{v.key}: {cell.kind} c={cell.concurrency}: {len(rec['requests'])} requests; "
-                    + progress(v, cell.kind, cell.concurrency))
-        for v, res, server, env, log in live:
-            if not res["error"]:
-                try:
+            try:
+                if not res["error"]:
+                    _run_cells(v, [c for c in v.cells if c.kind != "throughput"], server.base_url, models[v.key],
+                               plan, prompts, res, say, progress)
                     _finish(v, server, env, log, res, say)
-                except Exception as exc:  # noqa: BLE001
-                    res["error"] = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # noqa: BLE001
+                _failed(v, res, exc, log, say)
     finally:
         for v, _, server, _, _ in live:
             say(f"{v.key}: stopping")

@@ -1,7 +1,5 @@
-"""Statistics of ``vllm-eagle3 bench``: point estimates with 95 % bootstrap intervals, and the speedup models.
-
-Data flow position: pure math between the measurements (``client.py``, ``timers.py``) and the report. One resampler,
-:func:`draws` (numpy; the doctor's paired bootstrap uses it too), seeded by the name of what is estimated, so the
+"""Statistics of ``vllm-eagle3 bench``: point estimates with 95 % bootstrap intervals, and the speedup models. One
+resampler, :func:`draws` (the doctor's paired bootstrap uses it too), seeded by the name of what is estimated, so the
 same results file always renders the same ``BENCHMARKS.md`` (``tests/unit/test_docs_numbers.py``).
 """
 
@@ -124,14 +122,13 @@ def stratified_ratio(num: Sequence[Sequence[float]], den: Sequence[Sequence[floa
     return interval(value, reps, sum(map(len, groups)), method)
 
 
-def mean(xs: Sequence[float]) -> float:
+def mean(xs: Sequence[float], of: Callable = np.mean) -> float:
     ys = [x for x in xs if finite(x)]
-    return float(np.mean(ys)) if ys else NAN
+    return float(of(ys)) if ys else NAN
 
 
 def median(xs: Sequence[float]) -> float:
-    ys = [x for x in xs if finite(x)]
-    return float(np.median(ys)) if ys else NAN
+    return mean(xs, np.median)
 
 
 # ------------------------------------------------------------------------------------------------ step models

@@ -1,10 +1,7 @@
-"""Per-step draft / verify timers inside the vLLM worker, and the per-step split computed from their records.
-
-Data flow position: inside the engine, in the benchmark's *timed* cells only. :class:`StepTimers` is the worker
-extension every benchmark server loads; ``POST /collective_rpc`` ``bench_timers_start`` wraps the model runner
-instance's ``_model_forward`` (the target: verify k+1 tokens per request, capture included) and
-``propose_draft_token_ids`` (the draft) with ``time.perf_counter`` (CPU kernels are synchronous), ``..._stop`` removes
-them. :func:`step_split` turns one cell's records into per-step arrays.
+"""Per-step draft / verify timers inside the vLLM worker (timed cells only), and the per-step split from their
+records. ``POST /collective_rpc`` ``bench_timers_start`` wraps the model runner instance's ``_model_forward`` (the
+target: verify k+1 tokens per request, capture included) and ``propose_draft_token_ids`` (the draft) with
+``time.perf_counter`` (CPU kernels are synchronous); ``..._stop`` removes them.
 """
 
 from __future__ import annotations
