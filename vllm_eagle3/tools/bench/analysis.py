@@ -212,11 +212,8 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def capture_ab(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
     """Plugin capture vs vLLM's native capture, per :data:`~.plan.AB_PAIRS` pair in the run: the target's forward
-    (verify) ms per decode step from the worker timers, each side's servers alternating. The fair pair is the second
-    head on its own taps both ways; the shipped head's embed tap vs the SGLang default wiring differs in acceptance
-    too (``tau`` shows it). Each server process runs at its own speed on a shared VM, so each row also gives forward
-    per ms of draft in the same steps (``normalized``): the draft's work is the same on both sides when tau is, so
-    this cancels the server's speed. The verdict (:func:`_verdict`) sets the gap against two identical servers'."""
+    (verify) ms per decode step from the worker timers, and forward per ms of draft in the same steps
+    (``normalized``: the draft's work is the same on both sides when tau is, so this cancels each server's speed)."""
     out = []
     for plugin, native in AB_PAIRS:
         for nat_v, _ in res.find(capture=native, replica=1):
@@ -303,12 +300,9 @@ WITHIN_BEST = 0.90  # issue 29: the adaptive schedule within 10 % of the best st
 
 
 def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per concurrency, for a run with an adaptive server (``--plan adaptive``): no speculation, static k = 3, the
-    best static k (fastest in the choosing stretches), the adaptive table's k and its throughput. Its speedups are
-    over the servers of its judging stretch (no speculation, the best static k's; replicas pooled, and compared
-    with each other: *identical servers*); k = 3's over its choosing stretch's no-speculation server. Targets:
-    adaptive >= 1.0x no speculation at the interval's lower end, >= :data:`WITHIN_BEST` x the best static k. Also
-    greedy identity with no speculation's text, and how far no speculation drifted between the stretches."""
+    """Per concurrency, for a run with an adaptive server: the rows of the page's adaptive table (what each column
+    is over which servers: ``template_adaptive.md``). Targets: >= 1.0x no speculation at the interval's lower end,
+    >= :data:`WITHIN_BEST` x the best static k."""
     out = []
     by_key = {v["key"]: v for v in summary["variants"]}
 

@@ -41,40 +41,39 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
-    g.add_argument("--k", type=int, default=None,
-                   help="speculative tokens of the headline variants (default 3); --plan adaptive: the largest k "
-                        "tried (5)")
-    g.add_argument("--concurrency", type=int, nargs="+", default=None, help="default 1 4 16")
-    g.add_argument("--prompts-per-cell", type=int, default=None, help="different prompts per throughput cell (16)")
-    g.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (128)")
-    g.add_argument("--rounds", type=int, default=None, help="repeats of each throughput cell (1)")
-    g.add_argument("--waves", type=int, default=None,
+    g.add_argument("--k", type=int, help="speculative tokens of the headline variants (default 3); --plan adaptive: "
+                                         "the largest k tried (5)")
+    g.add_argument("--concurrency", type=int, nargs="+", help="default 1 4 16")
+    g.add_argument("--prompts-per-cell", type=int, help="different prompts per throughput cell (16)")
+    g.add_argument("--max-tokens", type=int, help="output tokens per request (128)")
+    g.add_argument("--rounds", type=int, help="repeats of each throughput cell (1)")
+    g.add_argument("--waves", type=int,
                    help="a throughput cell at concurrency C sends max(prompts-per-cell, waves x C) requests, C in "
                         "flight (4: steady load; 1: one wave, timed by its slowest request)")
-    g.add_argument("--sweep", type=int, nargs="*", default=None, metavar="K",
+    g.add_argument("--sweep", type=int, nargs="*", metavar="K",
                    help="also k = these at concurrency 1 and 4 (e.g. --sweep 1 2 4 5: ~+12 min)")
-    g.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=None,
+    g.add_argument("--compiled", action=argparse.BooleanOptionalAction,
                    help="add (--compiled) or skip (--no-compiled, saves ~9 min) the compiled (torch.compile) "
                         "variants; default: the plan's (default and full: yes)")
     g.add_argument("--no-opt-out", action="store_true", help="skip the MLA verify-as-decode opt-out variant")
     g.add_argument("--no-capture-ab", action="store_true",
                    help="skip the plugin-vs-native capture servers (and with them the SGLang default wiring)")
-    g.add_argument("--only", nargs="+", metavar="KEY", default=None,
+    g.add_argument("--only", nargs="+", metavar="KEY",
                    help="run only these variants of the plan (keys as --dry-run lists them, e.g. nospec+compiled)")
     g = p.add_argument_group("inputs and outputs")
     g.add_argument("--config", default=DEFAULT_SERVE_CONFIG, help=f"base serve YAML ({DEFAULT_SERVE_CONFIG})")
     g.add_argument("--capture-spec", default=DEFAULT_CAPTURE_SPEC, help=f"({DEFAULT_CAPTURE_SPEC})")
-    g.add_argument("--prompts", default=None,
+    g.add_argument("--prompts",
                    help=f"prompt token ids (default {DEFAULT_PROMPTS}; --plan adaptive: "
                         f"{plans.PLAN_PROMPTS['adaptive']}, prompts no shipped model trained on)")
-    g.add_argument("--out-dir", default=None,
+    g.add_argument("--out-dir",
                    help="write results.json, BENCHMARKS.md and bench.png here (default: the repository's "
                         f"{DOCS['json']}, {DOCS['md']}, {DOCS['png']} for --plan default/full, else "
                         f"{SCRATCH.format(plan='<plan>')})")
-    g.add_argument("--start-timeout", type=float, default=None, metavar="S",
+    g.add_argument("--start-timeout", type=float, metavar="S",
                    help="seconds a server may take to start (default 400 eager, 1200 compiled)")
-    g.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder, printed)")
-    g.add_argument("--from-json", default=None, metavar="RESULTS",
+    g.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
+    g.add_argument("--from-json", metavar="RESULTS",
                    help="run nothing: write BENCHMARKS.md and the plot again from a results file")
     g.add_argument("--repo-page", action="store_true",
                    help=f"run nothing: write the repository's {DOCS['md']} again from its committed results, the last "

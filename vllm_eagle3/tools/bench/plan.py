@@ -227,14 +227,10 @@ def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3
 
 def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, compiled: bool = False,
                **sizes) -> Plan:
-    """What the online wiring check costs: the shipped configuration (EAGLE-3 k, the capture spec's taps with the
-    embed tap) with the check on, as shipped, and off, throughput cells only (the cost a client sees).
-
-    Two servers of each, as in the capture A/B, so that the on / off ratio can be set against the ratio between two
-    identical servers (on this shared 2-core VM a server process's own speed moves throughput by a few percent, as
-    much as the check's 2 % time budget). Started in the order on, off, off, on: a drift of the machine during the
-    run falls on both sides alike (on, off, on, off would put it on the check-off side). No speculation-free
-    server: the check's cost is relative to the same speculating server without it."""
+    """What the online wiring check costs: the shipped configuration with the check on and off, throughput cells
+    only (the cost a client sees), two servers of each: on this shared VM a server process's own speed moves
+    throughput as much as the check's 2 % budget, so the ratio is set against two identical servers'. Started on,
+    off, off, on: a drift of the machine falls on both sides alike (on, off, on, off would put it on one side)."""
     cells = _cells("throughput", concurrencies)
     return Plan(name, tuple(Variant(k, EMBED_TAP, compiled=compiled, replica=r, check=on, cells=cells)
                             for r, on in ((1, True), (1, False), (2, False), (2, True))), **sizes)
@@ -276,10 +272,8 @@ PLAN_ARGS = {  # smoke: every code path in a few minutes, numbers meaningless; c
     "check": dict(concurrencies=(1, 4, 16), compiled=False, prompts=16, waves=4, max_tokens=128),
     "adaptive": dict(concurrencies=(1, 4, 16, 32, 64), compiled=False, prompts=16, waves=2, max_tokens=128),
 }
-BUILDERS = {"check": check_plan, "adaptive": adaptive_plan}
-"""Plans not built by :func:`headline_plan`."""
-PLAN_PROMPTS = {"adaptive": "bench/heldout_prompts.json"}
-"""Plans whose prompts are not the default (the shipped head's eval_prompts.json)."""
+BUILDERS = {"check": check_plan, "adaptive": adaptive_plan}  # plans not built by headline_plan
+PLAN_PROMPTS = {"adaptive": "bench/heldout_prompts.json"}  # plans not run on the shipped head's eval_prompts.json
 
 
 def build(name: str, **kw) -> Plan:
