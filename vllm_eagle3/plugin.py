@@ -5,8 +5,9 @@ It (1) checks the vLLM version (``compat.py``), (2) applies the upstream patches
 (recorded; idempotent; in the API server, before vLLM builds its app, one of them lets the wiring watch's read-only
 route load with ``VLLM_PLUGINS`` unset), (3) points vLLM's registry at the capture subclasses in ``capture.py``, which
 make the DeepSeek/Kimi target capture the spec's taps, and (4) hooks the online wiring check into vLLM's runner
-(``online/engine_hook.py``; it reads each step and changes nothing). Registration is lazy ("module:Class" strings): no
-model code is imported here. Calling :func:`register` twice is a no-op.
+(``online/engine_hook.py``; it reads each step and changes nothing), and (5) wraps vLLM's scheduler so that
+``live_k`` in the plugin's config can choose k per batch size from this machine's step times (``live_k.py``).
+Registration is lazy ("module:Class" strings): no model code is imported here. Calling :func:`register` twice is a no-op.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def register() -> None:
     for arch in TAP_CAPTURE_ARCHITECTURES:
         ModelRegistry.register_model(arch, f"{CAPTURE_MODULE}:{arch}")
     _install_wiring_check()
+    from vllm_eagle3 import live_k
+
+    live_k.install()
     _registered = True
 
 

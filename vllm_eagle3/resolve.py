@@ -123,6 +123,7 @@ CONFIG_KEY = "vllm_eagle3"
 CONFIG_KEYS = {
     "capture_spec": "a capture-spec mapping, exactly what a capture-spec YAML holds (SPEC_FILE_KEYS)",
     "convention": "convention of the draft config's ids, when there is no capture spec",
+    "live_k": "true, false or a mapping: k per batch size measured while serving (vllm_eagle3/live_k.py)",
 }
 CONFIG_SPEC_SOURCE = "--additional-config"
 

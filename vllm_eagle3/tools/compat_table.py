@@ -57,6 +57,7 @@ DS = "vllm.model_executor.models.deepseek_v2"
 V1R = "vllm.v1.worker.gpu_model_runner"
 V2U = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
 V2R = "vllm.v1.worker.gpu.model_runner"
+SCHED = "vllm.v1.core.sched.scheduler"
 RELIED: tuple[Relied, ...] = (
     R("vllm.version", "__version__", None, "compat.installed_vllm_version"),
     R("vllm", "'ModelRegistry'", None, "plugin.register: `from vllm import ModelRegistry` (lazy export)"),
@@ -210,6 +211,17 @@ RELIED: tuple[Relied, ...] = (
     R("vllm.config.vllm", "VllmConfig.use_v2_model_runner", None,
       "online/runners.runner_in_use picks the row by it (absent, as in 0.34: V2)", V1),
     R("vllm.v1.worker.gpu_worker", "Worker", None, "online/runners.KNOWN_WORKERS: builds the V1 or V2 runner"),
+    # live_k.py: the scheduler's per-batch-size lookup, measured while serving (both runners draft what it says).
+    R(SCHED, "Scheduler.__init__", "self, vllm_config", "live_k.install wraps it to attach the live lookup", use=WRAP),
+    R(SCHED, "Scheduler.schedule", "self", "live_k.install wraps it: the step's decision and start time", use=WRAP),
+    R(SCHED, "Scheduler.update_from_output", "self, scheduler_output, model_runner_output",
+      "live_k.install wraps it: the step's time and verified drafts", use=WRAP),
+    R(SCHED, "Scheduler.dynamic_sd_lookup", None, "live_k.attach replaces it; schedule() indexes it by batch size"),
+    R(SCHED, "Scheduler.num_spec_tokens", None, "live_k.attach: the largest k"),
+    R("vllm.v1.core.sched.output", "SchedulerOutput.scheduled_spec_decode_tokens", None, "live_k: drafts verified"),
+    R("vllm.v1.core.sched.output", "SchedulerOutput.num_spec_tokens_to_schedule", None, "the k the runner drafts"),
+    R("vllm.v1.outputs", "ModelRunnerOutput.sampled_token_ids", None, "live_k: tokens accepted per request"),
+    R("vllm.v1.outputs", "ModelRunnerOutput.req_ids", None, "live_k: a request's row"),
     R("vllm.v1.worker.cpu_worker", "CPUWorker", None, "online/runners.KNOWN_WORKERS"),
     # vLLM-CPU patches (vllm_eagle3/model_patches/vllm_cpu_*): applied on the CPU platform only.
     R("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackend.get_supported_kernel_block_sizes", "kv_cache_spec",

@@ -1,0 +1,211 @@
+"""k per batch size measured while serving (``vllm_eagle3.live_k``), driven by a simulated engine whose step costs
+and acceptances are known, so the right k per batch size is known too; plus its settings, its errors and its hook in
+vLLM's own scheduler class.
+
+The simulation is the scheduler's loop: ask the lookup for k at batch size b, let the step take
+``b * cost(b, k_verified, k)`` seconds on a clock the test owns, verify the previous step's drafts with a seeded
+acceptance draw (each draft token accepted with probability ``p`` while the ones before it were), and hand the
+controller the step. Asserted on counts (which k it settles on, how many changes, how many probe steps), never on
+the wall clock.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_eagle3 import live_k
+from vllm_eagle3.live_k import LiveK, LiveKError, Settings
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cost_light(b: int, verified: int, drafted: int) -> float:
+    """Seconds per request-step where the machine idles between small batches: verifying more tokens is nearly free,
+    each draft pass costs a little."""
+    return (0.05 + 0.002 * verified) / b + 0.004 * drafted / b
+
+
+def cost_loaded(b: int, verified: int, drafted: int) -> float:
+    """Compute-bound: every verified token costs almost a plain step."""
+    return 0.008 * (1 + 0.9 * verified) + 0.0008 * max(drafted, 1)
+
+
+def best_k(cost, b: int, p: float, max_k: int) -> int:
+    gains = {k: (1 + sum(p ** j for j in range(1, k + 1))) / cost(b, k, k) for k in range(max_k + 1)}
+    return max(gains, key=gains.get)
+
+
+def simulate(live: LiveK, clock: Clock, cost, b: int, steps: int, p: float = 0.7, noise: float = 0.0,
+             seed: int = 0, probes: list[int] | None = None) -> list[int]:
+    """The k of each step; ``probes`` gets one entry per step drafting other than its bucket's k (a probe)."""
+    rng = random.Random(seed)
+    ks, prev = [], 0
+    for _ in range(steps):
+        k = live[b]
+        decision = live.decision
+        if probes is not None and k != live.buckets[live_k.bucket_of(b)].k:
+            probes.append(k)
+        seconds = b * cost(b, prev, k) * (1 + rng.uniform(-noise, noise))
+        verified = []
+        for _ in range(b if prev else 0):
+            accepted = 0
+            while accepted < prev and rng.random() < p:
+                accepted += 1
+            verified.append((prev, accepted))
+        clock.now += seconds
+        live.observe(decision, seconds, verified)
+        ks.append(k)
+        prev = k
+    return ks
+
+
+@pytest.mark.parametrize("cost,b,start", [(cost_light, 1, 2), (cost_loaded, 64, 5), (cost_loaded, 32, 3)])
+def test_settles_on_the_fastest_k(cost, b, start):
+    """From a table's k that is wrong for this machine, it walks to the fastest k (known from the cost model) and
+    stays: in the last third of the run the bucket's k is that k."""
+    want = best_k(cost, b, 0.7, 5)
+    assert want != start, "the case must start away from the answer"
+    clock = Clock()
+    live = LiveK(5, [start] * 128, Settings(), clock)
+    ks = simulate(live, clock, cost, b, 1500)
+    assert live.table() == [(*live_k.bucket_range(live_k.bucket_of(b)), want)]
+    tail = ks[1000:]
+    assert tail.count(want) / len(tail) >= 0.85  # the rest are bounded probes of a neighbour
+    assert set(tail) <= {want - 1, want, want + 1}
+
+
+def test_noise_does_not_make_it_oscillate():
+    """Step times +-8 % at random: after settling it changes k at most twice in 2,000 steps."""
+    clock = Clock()
+    live = LiveK(5, [3] * 128, Settings(), clock)
+    simulate(live, clock, cost_loaded, 64, 800, noise=0.08, seed=1)
+    before = live.changes
+    simulate(live, clock, cost_loaded, 64, 2000, noise=0.08, seed=2)
+    assert live.changes - before <= 2
+    assert live.table()[0][2] in {best_k(cost_loaded, 64, 0.7, 5) + d for d in (-1, 0, 1)}
+
+
+def test_exploration_is_bounded():
+    """Probe steps (a k other than the bucket's) are at most hold / (explore_every + hold) of the steps, whatever
+    the load."""
+    s = Settings(explore_every=32, hold=4)
+    for cost, b in ((cost_light, 1), (cost_loaded, 64)):
+        clock, probes = Clock(), []
+        live = LiveK(5, [2] * 128, s, clock)
+        ks = simulate(live, clock, cost, b, 1800, probes=probes)
+        assert 0 < len(probes) <= len(ks) * s.hold / (s.explore_every + s.hold) + s.hold
+
+
+def test_buckets_learn_apart():
+    """Batch 1 and batch 64 share acceptance but not cost: each bucket gets its own k."""
+    clock = Clock()
+    live = LiveK(5, [3] * 128, Settings(), clock)
+    for _ in range(6):
+        simulate(live, clock, cost_light, 1, 300, seed=3)
+        simulate(live, clock, cost_loaded, 64, 300, seed=4)
+    table = dict(((a, b), k) for a, b, k in live.table())
+    assert table[live_k.bucket_range(live_k.bucket_of(1))] == best_k(cost_light, 1, 0.7, 5)
+    assert table[live_k.bucket_range(live_k.bucket_of(64))] == best_k(cost_loaded, 64, 0.7, 5)
+
+
+def test_acceptance_estimate():
+    """a_j counted over verified drafts; a position never drafted is extrapolated with the last conditional rate."""
+    live = LiveK(5, [2, 2], Settings(memory=1.0))
+    live.observe(None, 0.0, [(2, 2)] * 49 + [(2, 1)] * 21 + [(2, 0)] * 30)
+    assert live.all_accepted(1) == pytest.approx(0.70)
+    assert live.all_accepted(2) == pytest.approx(0.49)
+    assert live.all_accepted(3) == pytest.approx(0.49 * 0.7)
+    assert live.tokens_per_step(0) == 1.0
+
+
+def test_a_step_after_a_change_is_not_a_cost_sample():
+    """A step verifies the previous step's drafts: the first step at a new k is not a sample of its cost."""
+    clock = Clock()
+    live = LiveK(3, [3, 3], Settings(explore_every=2, hold=2), clock)
+    seen = []
+    for _ in range(8):
+        k = live[1]
+        seen.append((k, live.decision[2]))
+        live.observe(live.decision, 0.1, [])
+    assert seen[0] == (3, False)  # nothing before it
+    assert (2, False) in seen and (3, False) in seen[1:]
+    first_probe = next(i for i, (k, _) in enumerate(seen) if k == 2)
+    assert seen[first_probe] == (2, False) and seen[first_probe + 1] == (2, True)
+    assert seen[first_probe + 2] == (3, False)
+
+
+def test_an_exception_inside_turns_it_off_not_the_engine(caplog):
+    def broken_clock():
+        raise RuntimeError("clock gone")
+
+    live = LiveK(5, [0, 5, 4, 3], Settings(), broken_clock)
+    live.buckets = None  # the next lookup fails inside
+    assert live[2] == 4  # the configured table answers
+    assert live.broken and "TypeError" in live.broken
+    assert any("OFF from now on" in r.getMessage() for r in caplog.records)
+    live.observe((2, 4, True), 1.0, [(4, 4)])  # ignored, no raise
+    assert live[40] == 3
+
+
+@pytest.mark.parametrize("value,needle", [
+    ({"explore_evry": 3}, "unknown key(s) ['explore_evry']"),
+    ({"hold": 1}, "hold >= 2"),
+    ({"margin": 2}, "margin must be in [0, 1)"),
+    ("yes", "must be true, false or a mapping"),
+    ({"hold": "x"}, "live_k: {'hold': 'x'}"),
+])
+def test_bad_settings_say_what_to_change(value, needle):
+    with pytest.raises(LiveKError) as err:
+        Settings.from_config(value)
+    assert needle in str(err.value)
+
+
+def _config(live, spec_k=5, dp=1):
+    spec = SimpleNamespace(num_speculative_tokens=spec_k) if spec_k else None
+    return SimpleNamespace(additional_config={"vllm_eagle3": {"live_k": live}}, speculative_config=spec,
+                           parallel_config=SimpleNamespace(data_parallel_size=dp))
+
+
+def test_config_errors_and_off():
+    assert live_k.settings_of(_config(False)) is None
+    assert live_k.settings_of(SimpleNamespace(additional_config={})) is None
+    assert live_k.settings_of(_config(True)) == Settings()
+    with pytest.raises(LiveKError, match="no speculative decoding: add --speculative-config"):
+        live_k.settings_of(_config(True, spec_k=0))
+    with pytest.raises(LiveKError, match="data_parallel_size 1"):
+        live_k.settings_of(_config(True, dp=2))
+
+
+def test_vllm_scheduler_is_wrapped_and_reads_the_lookup():
+    """vLLM's own Scheduler class after ``install`` (what the plugin does in every process): the three methods are
+    wrapped once, and the lookup vLLM indexes in ``schedule`` (``self.dynamic_sd_lookup[len(num_scheduled_tokens)]``,
+    read in the installed source) is the attribute ``attach`` replaces."""
+    import inspect
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    live_k.install()
+    assert live_k.install() == "already installed"
+    src = inspect.getsource(inspect.unwrap(Scheduler.schedule))
+    assert "self.dynamic_sd_lookup[" in src and "len(num_scheduled_tokens)" in src
+    # Both runners draft the k the scheduler put in its output (V1's propose_draft_token_ids, V2's execute_model).
+    from vllm.v1.worker import gpu_model_runner as v1
+    from vllm.v1.worker.gpu import model_runner as v2
+
+    assert "scheduler_output.num_spec_tokens_to_schedule" in inspect.getsource(
+        inspect.unwrap(v1.GPUModelRunner.propose_draft_token_ids))
+    assert "scheduler_output.num_spec_tokens_to_schedule" in inspect.getsource(v2.GPUModelRunner)
+    scheduler = SimpleNamespace(vllm_config=_config(True), num_spec_tokens=5, dynamic_sd_lookup=[0] + [5] * 8 + [2] * 8)
+    live = live_k.attach(scheduler)
+    assert scheduler.dynamic_sd_lookup is live and live[1] == 5 and live[12] == 2

@@ -1,0 +1,343 @@
+"""k per batch size measured while serving: the scheduler's lookup chooses k from this engine's own step times.
+
+Data flow position: vLLM's scheduler asks ``dynamic_sd_lookup[batch size]`` once per step for the number of tokens
+to draft (vLLM 0.32 ``v1/core/sched/scheduler.py``; both the V1 runner and Model Runner V2 draft what it says). With
+``live_k`` in the plugin's ``--additional-config`` that lookup is a :class:`LiveK` (:func:`install` wraps the
+scheduler), which answers from measurements of the machine that serves instead of a table measured elsewhere:
+
+- **cost**: each step's execution time (from ``schedule`` returning to ``update_from_output``), per batch-size
+  bucket (half-octaves: 1; 2; 3; 4; 5-6; 7-9; ...; 27-38; 39-53; 54-76: sizes that close cost alike per
+  request) and per k, as a moving
+  average of seconds per request. A step verifies the drafts of the step before, so only a step whose k equals the
+  previous step's is a sample of that k's cost.
+- **gain**: tokens a request emits per step at k, ``1 + a_1 + ... + a_k``, where ``a_j`` is the rate at which the
+  first j drafts are all accepted, counted over every verified draft (acceptance belongs to the head and the text,
+  not to the batch size, so all buckets share it). A position never drafted yet is extrapolated from the last one
+  measured (the head's conditional acceptance rate held).
+- **choice**: each bucket starts at the configured table's k. Every ``explore_every`` steps in a bucket it holds a
+  neighbouring k (one below, then one above, alternating) for ``hold`` steps, and moves there only when that k's
+  tokens per second beat the current k's by ``margin``. Exploration is bounded (``hold / (explore_every + hold)`` of
+  a bucket's steps, at a neighbour of the best k), and the margin plus the moving averages keep two near-equal ks
+  from trading places on noise.
+
+k = 0 still runs the draft's first pass (the head's KV cache must stay in step, docs/adaptive-k.md), so it is a
+choice like any other, not "no speculation". Greedy output does not depend on k (float32: verify and decode agree),
+so nothing here can change what is generated, only how fast.
+
+Off unless asked: ``--additional-config '{"vllm_eagle3": {"live_k": true}}'`` (the shipped serve configs ask), or a
+mapping of :class:`Settings` fields. Every change of a bucket's k is logged at INFO with the rates that decided it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import time
+from typing import Any, Callable, Mapping
+
+logger = logging.getLogger("vllm.vllm_eagle3.live_k")
+
+CONFIG_NAME = "live_k"
+"""The key of the plugin's ``--additional-config`` mapping that turns this on."""
+
+
+class LiveKError(ValueError):
+    """A ``live_k`` setting that cannot work; the message says what to change."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    explore_every: int = 32  # steps in a bucket between two probes of a neighbouring k
+    hold: int = 4  # steps a probe holds its k; the first verifies the previous k's drafts and is not a sample
+    margin: float = 0.03  # a neighbour must be this much faster (tokens/s) to take over
+    smoothing: float = 0.2  # weight of a new sample in a step-cost moving average
+    memory: float = 0.995  # per-step decay of the acceptance counts (~200 steps of memory)
+
+    def __post_init__(self) -> None:
+        if self.explore_every < 1 or self.hold < 2:
+            raise LiveKError(f"live_k: explore_every must be >= 1 and hold >= 2 (one step of a probe is never a "
+                             f"sample), got explore_every={self.explore_every}, hold={self.hold}")
+        if not (0 <= self.margin < 1 and 0 < self.smoothing <= 1 and 0 < self.memory <= 1):
+            raise LiveKError(f"live_k: margin must be in [0, 1), smoothing in (0, 1], memory in (0, 1]; got "
+                             f"margin={self.margin}, smoothing={self.smoothing}, memory={self.memory}")
+
+    @classmethod
+    def from_config(cls, value: Any) -> "Settings | None":
+        """``live_k``'s value -> settings (None: off). true/false, or a mapping of this class's fields."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        fields = {f.name: f.type for f in dataclasses.fields(cls)}
+        if not isinstance(value, Mapping):
+            raise LiveKError(f"live_k must be true, false or a mapping of {sorted(fields)}, got {value!r}")
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise LiveKError(f"live_k: unknown key(s) {unknown}; known keys: {sorted(fields)}")
+        try:
+            return cls(**{k: (int if fields[k] == "int" else float)(v) for k, v in value.items()})
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, LiveKError):
+                raise
+            raise LiveKError(f"live_k: {value!r}: {exc}") from None
+
+
+def bucket_of(batch: int) -> int:
+    """Half-octaves centred on the powers of two (1; 2; 3; 4; 5-6; 7-9; 10-13; 14-19; 20-26; 27-38; 39-53; 54-76;
+    ...): a server kept at 32 requests that dips to 31 between a finish and the next admission stays in one bucket."""
+    return round(2 * math.log2(batch))
+
+
+@functools.lru_cache(maxsize=None)
+def bucket_range(bucket: int) -> tuple[int, int]:
+    first = next(b for b in range(1, 1 << 21) if bucket_of(b) >= bucket)
+    return first, next(b for b in range(first, 1 << 21) if bucket_of(b + 1) > bucket)
+
+
+@dataclasses.dataclass
+class _Bucket:
+    k: int
+    cost: dict[int, float] = dataclasses.field(default_factory=dict)  # k -> seconds per request-step (average)
+    samples: dict[int, int] = dataclasses.field(default_factory=dict)
+    steps: int = 0  # steps since the last probe ended
+    probe_k: int | None = None
+    probe_left: int = 0
+    next_up: bool = False  # the next probe goes above the current k (alternates)
+
+
+class LiveK:
+    """The scheduler's per-batch-size k, chosen from this engine's measurements (module docstring).
+
+    ``start[b]`` is the k the configured table gives at batch size ``b`` (vLLM's dense lookup, index 0 unused);
+    ``clock`` is injectable for tests. :meth:`__getitem__` is vLLM's lookup; :meth:`observe` takes each finished
+    step. Not thread-safe: the scheduler calls both from its one thread.
+    """
+
+    def __init__(self, max_k: int, start: list[int], settings: Settings = Settings(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_k < 1:
+            raise LiveKError(f"live_k needs num_speculative_tokens >= 1, got {max_k}")
+        self.max_k, self.start, self.settings, self.clock = max_k, list(start), settings, clock
+        self.buckets: dict[int, _Bucket] = {}
+        self.drafted = [0.0] * (max_k + 1)  # [j]: drafts of length >= j (decayed counts)
+        self.accepted = [0.0] * (max_k + 1)  # [j]: drafts whose first j tokens were all accepted
+        self.last_k: int | None = None  # the k of the step before (its drafts are verified by the next step)
+        self.decision: tuple[int, int, bool] | None = None  # the last lookup's (batch, k, is a cost sample)
+        self.steps_at = [0] * (max_k + 1)  # steps scheduled at each k (what the log and tests read)
+        self.changes = 0
+        self.broken: str | None = None  # why live k stopped (an exception in here), else None
+
+    # -- vLLM's lookup --------------------------------------------------------------------------------------------
+
+    def __getitem__(self, batch: int) -> int:
+        if self.broken is None:
+            try:
+                return self._choose(batch)
+            except Exception as exc:  # never fatal to the engine: the configured table takes over, said once
+                self._break(exc)
+        return min(self.start[min(batch, len(self.start) - 1)], self.max_k)
+
+    def _break(self, exc: BaseException) -> None:
+        self.broken = f"{type(exc).__name__}: {exc}"
+        self.decision = None
+        logger.error("vllm-eagle3 live k: OFF from now on, the configured table serves instead: %s (please report "
+                     "this)", self.broken)
+
+    def _choose(self, batch: int) -> int:
+        b = self._bucket(batch)
+        k = b.k
+        if b.probe_k is not None:
+            k = b.probe_k
+        elif b.steps >= self.settings.explore_every:
+            k = self._start_probe(b)
+        sample = self.last_k == k  # else this step verifies another k's drafts
+        if b.probe_k is not None:
+            b.probe_left -= 1
+            if b.probe_left == 0:
+                b.probe_k = None
+        else:
+            b.steps += 1
+        self.decision = (batch, k, sample)
+        self.last_k = k
+        self.steps_at[k] += 1
+        return k
+
+    def _bucket(self, batch: int) -> _Bucket:
+        key = bucket_of(batch)
+        if key not in self.buckets:
+            self.buckets[key] = _Bucket(k=min(self.start[min(batch, len(self.start) - 1)], self.max_k))
+        return self.buckets[key]
+
+    def _start_probe(self, b: _Bucket) -> int:
+        b.steps = 0
+        up = [k for k in (b.k + 1,) if k <= self.max_k]
+        down = [k for k in (b.k - 1,) if k >= 0]
+        choice = (up + down) if b.next_up else (down + up)
+        b.next_up = not b.next_up
+        b.probe_k, b.probe_left = choice[0], self.settings.hold
+        return b.probe_k
+
+    # -- the finished step ----------------------------------------------------------------------------------------
+
+    def observe(self, decision: tuple[int, int, bool] | None, seconds: float,
+                verified: list[tuple[int, int]]) -> None:
+        """A finished step: ``decision`` is what its lookup returned (:attr:`decision` then; None: the step made no
+        lookup), ``seconds`` its execution time, ``verified`` (drafted, accepted) per request whose drafts it
+        verified."""
+        if self.broken is None:
+            try:
+                self._observe(decision, seconds, verified)
+            except Exception as exc:
+                self._break(exc)
+
+    def _observe(self, decision: tuple[int, int, bool] | None, seconds: float,
+                 verified: list[tuple[int, int]]) -> None:
+        s = self.settings
+        for j in range(1, self.max_k + 1):
+            self.drafted[j] *= s.memory
+            self.accepted[j] *= s.memory
+        for n, a in verified:
+            for j in range(1, min(n, self.max_k) + 1):
+                self.drafted[j] += 1
+                self.accepted[j] += j <= a
+        if decision is None:
+            return
+        batch, k, sample = decision
+        b = self._bucket(batch)
+        if sample and seconds > 0:
+            per_request = seconds / batch
+            old = b.cost.get(k)
+            b.cost[k] = per_request if old is None else old + s.smoothing * (per_request - old)
+            b.samples[k] = b.samples.get(k, 0) + 1
+        if b.probe_k is None and k != b.k:  # a probe's last step: decide
+            self._decide(batch, b, k)
+
+    def _decide(self, batch: int, b: _Bucket, probed: int) -> None:
+        if b.samples.get(probed, 0) < 2 or b.samples.get(b.k, 0) < 2:
+            return
+        now, other = self.rate(b, b.k), self.rate(b, probed)
+        if other > now * (1 + self.settings.margin):
+            lo, hi = bucket_range(bucket_of(batch))
+            logger.info("vllm-eagle3 live k: batch %d-%d: k %d -> %d (%.1f vs %.1f tokens/s per request: "
+                        "tokens per step %.2f vs %.2f, step %.1f vs %.1f ms per request)", lo, hi, b.k, probed,
+                        other, now, self.tokens_per_step(probed), self.tokens_per_step(b.k),
+                        1e3 * b.cost[probed], 1e3 * b.cost[b.k])
+            b.k = probed
+            self.changes += 1
+
+    # -- estimates ------------------------------------------------------------------------------------------------
+
+    def all_accepted(self, j: int) -> float:
+        """Rate at which a draft's first ``j`` tokens are all accepted (measured, else extrapolated)."""
+        known = [self.accepted[i] / self.drafted[i] for i in range(1, j + 1) if self.drafted[i] >= 8]
+        if len(known) == j:
+            return known[-1]
+        if not known:
+            return 0.5 ** j  # nothing verified yet: a cautious prior, replaced by the first drafts
+        last = known[-1]
+        ratio = last / known[-2] if len(known) >= 2 and known[-2] > 0 else last
+        return last * min(ratio, 1.0) ** (j - len(known))
+
+    def tokens_per_step(self, k: int) -> float:
+        return 1.0 + sum(self.all_accepted(j) for j in range(1, k + 1))
+
+    def rate(self, b: _Bucket, k: int) -> float:
+        cost = b.cost.get(k)
+        return self.tokens_per_step(k) / cost if cost else math.nan
+
+    def table(self) -> list[tuple[int, int, int]]:
+        """The current choice as vLLM's table rows, one per bucket seen: (first batch size, last, k)."""
+        return [(*bucket_range(key), self.buckets[key].k) for key in sorted(self.buckets)]
+
+
+# -------------------------------------------------------------------------------------------- the scheduler hook
+
+_MARK = "_vllm_eagle3_live_k"
+
+
+def settings_of(vllm_config: Any) -> Settings | None:
+    """The ``live_k`` setting of this config's plugin mapping (None: off); errors say what to change."""
+    from vllm_eagle3.resolve import plugin_config
+
+    value = plugin_config(getattr(vllm_config, "additional_config", None)).get(CONFIG_NAME)
+    settings = Settings.from_config(value)
+    if settings is None:
+        return None
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or not spec.num_speculative_tokens:
+        raise LiveKError("live_k chooses how many tokens to draft, but this server has no speculative decoding: "
+                         "add --speculative-config (e.g. method eagle3, num_speculative_tokens 5), or drop live_k")
+    if vllm_config.parallel_config.data_parallel_size > 1:
+        raise LiveKError("live_k needs data_parallel_size 1: vLLM runs one k across data-parallel ranks (it turns "
+                         "num_speculative_tokens_per_batch_size off there); drop live_k or data parallelism")
+    return settings
+
+
+def attach(scheduler: Any) -> LiveK | None:
+    """Replace ``scheduler.dynamic_sd_lookup`` with a :class:`LiveK` when its config asks (once per scheduler)."""
+    settings = settings_of(scheduler.vllm_config)
+    if settings is None:
+        return None
+    max_k, table = scheduler.num_spec_tokens, scheduler.dynamic_sd_lookup
+    where = "the configured num_speculative_tokens_per_batch_size" if table else f"k = {max_k}"
+    live = LiveK(max_k, table or [max_k] * 2, settings)
+    scheduler.dynamic_sd_lookup = live
+    setattr(scheduler, _MARK, live)
+    scheduler._vllm_eagle3_live_k_steps = {}
+    logger.info("vllm-eagle3 live k: on; k in 0..%d per batch size, starting from %s, measured on this machine "
+                "while serving (probe a neighbouring k every %d steps for %d, move when %.0f %% faster); each change "
+                "is logged", max_k, where, settings.explore_every, settings.hold, 100 * settings.margin)
+    return live
+
+
+def _verified(scheduler_output: Any, model_runner_output: Any) -> list[tuple[int, int]]:
+    spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+    sampled = getattr(model_runner_output, "sampled_token_ids", None)
+    index = {r: i for i, r in enumerate(getattr(model_runner_output, "req_ids", None) or ())}
+    out = []
+    for req_id, drafts in spec.items():
+        i = index.get(req_id)
+        if drafts and sampled and i is not None and i < len(sampled) and len(sampled[i]):
+            out.append((len(drafts), len(sampled[i]) - 1))
+    return out
+
+
+def install() -> str:
+    """Wrap vLLM's ``Scheduler`` (``__init__``, ``schedule``, ``update_from_output``) once per process."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    if getattr(Scheduler, _MARK, False):
+        return "already installed"
+    init, schedule, update = Scheduler.__init__, Scheduler.schedule, Scheduler.update_from_output
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        attach(self)
+
+    def schedule_(self, *args, **kwargs):
+        live = getattr(self, _MARK, None)
+        if live is not None:
+            live.decision = None
+        out = schedule(self, *args, **kwargs)
+        if live is not None:  # keyed by the output: under async scheduling the next schedule comes first
+            steps = self._vllm_eagle3_live_k_steps
+            if len(steps) > 16:  # outputs never handed back (an aborted step): forget them
+                steps.clear()
+            steps[id(out)] = (live.decision, live.clock())
+        return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        live = getattr(self, _MARK, None)
+        if live is not None:
+            decision, started = self._vllm_eagle3_live_k_steps.pop(id(scheduler_output), (None, None))
+            seconds = live.clock() - started if started is not None else 0.0
+            live.observe(decision, seconds, _verified(scheduler_output, model_runner_output))
+        return update(self, scheduler_output, model_runner_output)
+
+    for name, fn in (("__init__", __init__), ("schedule", schedule_), ("update_from_output", update_from_output)):
+        functools.update_wrapper(fn, getattr(Scheduler, name))
+        setattr(Scheduler, name, fn)
+    setattr(Scheduler, _MARK, True)
+    return "Scheduler: dynamic_sd_lookup measured live when live_k is set"
