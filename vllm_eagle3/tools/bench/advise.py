@@ -1,11 +1,7 @@
 """Measured throughput per (k, concurrency) -> a k-per-batch-size table for vLLM's
 ``speculative_config.num_speculative_tokens_per_batch_size``, and the serve-config lines that carry it. Used during
 ``--plan adaptive`` (``cli.execute`` asks :func:`resolve` for each variant of a stretch) and after it (``--advise``).
-
-How vLLM reads the table, and the rule: docs/adaptive-k.md. The rule: at each measured concurrency the k of the
-highest throughput (a tie: the smaller k), made non-increasing in concurrency (a larger batch makes verifying k + 1
-tokens dearer, never cheaper: a rise is noise); batch sizes between two measured concurrencies C1 < C2 split at
-``floor(sqrt(C1 * C2))`` (throughput moves with log C); the last range is open-ended; neighbours with one k merge.
+How vLLM reads the table, and the rule (:func:`schedule`): docs/adaptive-k.md.
 """
 
 from __future__ import annotations
@@ -40,12 +36,13 @@ def best_k(per_k: Mapping[int, float]) -> int:
 
 
 def schedule(pts: Mapping[int, Mapping[int, float]]) -> Schedule:
-    """The table (see the module docstring) from measured points; needs at least one concurrency."""
+    """The table from measured points (needs at least one concurrency): the last range open-ended, neighbours with
+    one k merged."""
     cs = sorted(c for c in pts if pts[c])
     if not cs:
         raise ValueError("no measured throughput to choose k from (every static server failed?)")
     ks = list(itertools.accumulate((best_k(pts[c]) for c in cs), min))  # k never rises with the batch
-    ends = [math.floor(math.sqrt(a * b)) for a, b in zip(cs, cs[1:])] + [OPEN_END]
+    ends = [math.floor(math.sqrt(a * b)) for a, b in zip(cs, cs[1:])] + [OPEN_END]  # throughput moves with log C
     ranges: list[list[int]] = []
     start = 1
     for end, k in zip(ends, ks):

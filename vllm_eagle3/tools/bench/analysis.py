@@ -1,10 +1,7 @@
-"""Results file -> summary: every number the report prints, each with its 95 % interval where one exists.
-
-Data flow position: after ``run.py`` (the raw results file), before ``report.py`` (which only formats); re-run on
-every render. Pairing: every variant runs the same prompts, so a speedup resamples *prompts*, each prompt's two
+"""Results file -> summary: every number the report prints, each with its 95 % interval where one exists (re-run
+on every render). Pairing: every variant runs the same prompts, so a speedup resamples *prompts*, each prompt's two
 measurements together (:func:`~.stats.paired_ratio`). Seconds: the requests' own latencies at concurrency 1; at C > 1
-the cell's wall clock, its interval that of the per-request latencies scaled to it. Acceptance length: each
-concurrency-1 request's own spec-decode counters (bootstrap over requests), else the cells' counters pooled.
+the cell's wall clock, its interval that of the per-request latencies scaled to it.
 """
 
 from __future__ import annotations
@@ -144,15 +141,9 @@ def step_models(v: Variant, sp: Mapping | None, base_sp: Mapping | None, tau: fl
     be = stratified_ratio([spk.step_ms], [sp0.step_ms], seed + "/break-even")
     return {"c": cc, "v": vf, "ideal": ideal_speedup(tau, v.k, cc) if finite(cc) and finite(tau) else NAN,
             "model_verify": ideal_speedup(tau, v.k, cc, vf) if finite(cc) and finite(vf) and finite(tau) else NAN,
-            # = stats.break_even(mean step with spec, mean step without), with its interval
+            # the acceptance length below which speculation loses: mean step with spec / without
             "break_even": Estimate(be.value, be.lo, be.hi, be.n,
                                    "ratio of mean decode-step times, bootstrap over steps").as_dict()}
-
-
-def mla_verify_patched(calls: Mapping[str, int]) -> bool:
-    """Whether the worker verified drafts through vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py (its ``CALLS``
-    counter ``verify``); zero: vLLM's own verify path ran."""
-    return bool(calls.get("verify"))
 
 
 def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -194,7 +185,8 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
         entry = {"key": key, "label": v.label, "variant": v.as_dict(), "ready_s": raw.get("ready_s"),
                  "error": raw.get("error"), "skipped": raw.get("skipped"), "capture_line": raw.get("capture_line", ""),
                  "check_line": raw.get("check_line", ""),
-                 "mla_verify_on_decode_kernel": mla_verify_patched(raw.get("mla_calls") or {}),
+                 # the verify-as-decode patch's CALLS["verify"] (timers.bench_mla_calls); zero: vLLM's own path
+                 "mla_verify_on_decode_kernel": bool((raw.get("mla_calls") or {}).get("verify")),
                  "acceptance": acc, "by_concurrency": rows}
         st = cells(raw, "stream", 1)
         if st:
@@ -306,10 +298,8 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
     by_key = {v["key"]: v for v in summary["variants"]}
 
-    def texts(vs, c):  # [same, all] summed over servers
-        got = [by_key[x.key]["by_concurrency"].get(str(c), {}).get("same_text") for x in vs]
-        got = [g for g in got if g]
-        return [sum(g[0] for g in got), sum(g[1] for g in got)] if got else None
+    def same_text(x: Variant, c: int) -> list | None:  # [same, all]: set where the server had the throughput cell
+        return by_key[x.key]["by_concurrency"].get(str(c), {}).get("same_text")
 
     for v, raw in res.find(adaptive=True, replica=1):
         base = res.base(v)
@@ -326,6 +316,7 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             cand = [(wall_tok_s(cells(sraw, "throughput", c)), sv, sraw) for sv, sraw in at_c if sv.k]
             cand = [x for x in cand if finite(x[0])]
             seed = f"adaptive/{v.key}/{c}"
+            texts = [g for x, _ in twins if (g := same_text(x, c))]
             row: dict[str, Any] = {"mode": v.mode, "concurrency": c, "k": k_at(v.schedule, c) if v.schedule else None,
                                    "nospec_tok_s": wall_tok_s(bcs), "tok_s": wall_tok_s(mine),
                                    "speedup": speedup(mine, bcs, seed).as_dict(),
@@ -333,7 +324,7 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                                    "chosen_side_by_side": bool(first_v and first_v.stretch),
                                    "stretch": v.stretch, "turns": mine_by[0][0].get("chunks"),
                                    "servers": [len(mine_by), 0], "same_config": {},
-                                   "same_text": texts([x for x, r in twins if cells(r, "throughput", c)], c)}
+                                   "same_text": list(map(sum, zip(*texts))) or None}  # summed over servers
             if len(mine_by) > 1:
                 row["same_config"]["adaptive"] = speedup(mine_by[0], mine_by[1], seed + "/same").as_dict()
             k3 = [x for x in cand if x[1].k == 3]
@@ -355,14 +346,11 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                                                                                          c), seed + "/best").as_dict()
                 row["vs_best_static"] = speedup(mine, bcells, seed + "/vs-best").as_dict()
                 row["measured_k"] = sorted(x[1].k for x in cand)
-                row["static_same_text"] = {str(x[1].k): by_key[x[1].key]["by_concurrency"].get(str(c), {})
-                                           .get("same_text") for x in cand}
+                row["static_same_text"] = {str(x[1].k): same_text(x[1], c) for x in cand}
             if first is not None and base is not first:
                 row["nospec_drift"] = speedup(bcs, cells(first, "throughput", c), seed + "/drift").as_dict()
-            lo = row["speedup"]["lo"]
-            row["never_slower"] = bool(finite(lo) and lo >= 1.0)
-            vb = row.get("vs_best_static", {}).get("value", NAN)
-            row["within_best"] = bool(finite(vb) and vb >= WITHIN_BEST)
+            lo, vb = row["speedup"]["lo"], row.get("vs_best_static", {}).get("value", NAN)
+            row.update(never_slower=bool(finite(lo) and lo >= 1.0), within_best=bool(finite(vb) and vb >= WITHIN_BEST))
             out.append(row)
     return sorted(out, key=lambda r: (r["mode"], r["concurrency"]))
 

@@ -33,11 +33,9 @@ def parser() -> argparse.ArgumentParser:
                     "default wiring (taps 3/31/59), the draft/verify split, advice. Default plan ~1 h on a quiet "
                     "2-core box (--dry-run prints the estimate); run it alone on the machine (make bench).")
     p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
-                   help="smoke: every code path in minutes, numbers meaningless; quick: eager, c=1/4, 8 prompts x 64 "
-                        "tokens; default: the headline cells (~1 h); full: + k sweep 1..5, SGLang default wiring and "
-                        "opt-out at every concurrency, 2 rounds (~3 h); check: the online wiring check's cost, on vs "
-                        "off (~30 min); adaptive: k per batch size chosen from no speculation and k=1..5 side by side, "
-                        "then judged against them, on held-out prompts (~80 min)")
+                   help="smoke: every code path, numbers meaningless; quick: eager, c=1/4; default: the headline "
+                        "cells (~1 h); full: + k sweep, more cells, 2 rounds (~3 h); check: the online wiring check's "
+                        "cost (~30 min); adaptive: k per batch size vs static k (~80 min); --dry-run lists each")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")

@@ -27,9 +27,6 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
     def same(x) -> str:
         return f"{x[0]}/{x[1]}" if x else "n/a"
 
-    def statics_same(d: Mapping | None) -> str:
-        return ", ".join(f"k={k} {same(x)}" for k, x in sorted((d or {}).items())) or "n/a"
-
     def servers(o) -> str:
         n = o.get("servers") or [1, 1]
         same_k = o["k"] == o.get("best_static_k")
@@ -51,16 +48,16 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
                        for x in ("adaptive", "best_static")),
             "yes" if o["never_slower"] else "**no**", "yes" if o["within_best"] else "**no**",
             e(kr.get("break_even")), f(kr.get("model_verify")), f(kr.get("ideal")),
-            same(o.get("same_text")) + " (static: " + statics_same(o.get("static_same_text")) + ")",
+            same(o.get("same_text")) + " (static: " + (", ".join(f"k={k} {same(x)}" for k, x in sorted(
+                (o.get("static_same_text") or {}).items())) or "n/a") + ")",
             e(o.get("nospec_drift"), 3)])
     tau: dict[int, Any] = {}  # the light stretch's (per-request intervals at concurrency 1) where a k has both
     for v in _v(summary, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False):
         tau.setdefault(v["variant"]["k"], (v.get("acceptance") or {}).get("tau"))
-    side = any(o.get("side_by_side") for o in rows)
-    chosen_side = any(o.get("chosen_side_by_side") for o in rows)
     replicas = max((o.get("servers") or [1])[0] for o in rows)
     turns1 = next((o.get("turns") for o in rows if o["concurrency"] == 1), None) or 4
-    if not (side and chosen_side and replicas > 1):
+    if not (any(o.get("side_by_side") for o in rows) and any(o.get("chosen_side_by_side") for o in rows)
+            and replicas > 1):
         raise ValueError("an adaptive results file from before the judging stretches had replicas (servers run one "
                          "at a time, or one server per configuration): render it with the commit that wrote it "
                          "(its meta.machine.commit)")

@@ -285,11 +285,9 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                  wirings: Mapping[str, Wiring], prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
                  say: Callable[[str], None], start_timeout: float | None = None,
                  progress: Callable[[Variant, str, int], str] = lambda *_: "") -> list[dict[str, Any]]:
-    """Start every variant's server (one after the other, each warmed up) and keep them all alive; per
-    concurrency, the throughput cell's prompts in :func:`chunks`, each chunk on every server that has the cell, in
-    :func:`turn_order`, merged into one cell per server (``chunks``: how many). Then each server's other cells (the
-    worker timers': per-step costs within one server), one server at a time. A server that fails to start or dies
-    is recorded with its error; the others go on."""
+    """Start every variant's server (each warmed up), all kept alive; per concurrency, each of :func:`chunks` on
+    every server with the cell, in :func:`turn_order`, merged into one cell per server. Then each server's other
+    cells, one server at a time. A server that fails to start or dies is recorded with its error; the others go on."""
     recs = [_record(v) for v in variants]
     live: list[tuple[Variant, dict, VllmServer, dict, Path]] = []
     try:

@@ -147,11 +147,3 @@ def cost_ratio(draft_ms_per_step: float, k: int, target_ms_per_step: float) -> f
     if k <= 0 or not target_ms_per_step > 0:
         return NAN
     return draft_ms_per_step / k / target_ms_per_step
-
-
-def break_even(spec_step_ms: float, plain_step_ms: float) -> float:
-    """The acceptance length below which speculation loses: tau tokens per ``spec_step_ms`` vs 1 per
-    ``plain_step_ms``."""
-    if not (finite(spec_step_ms) and finite(plain_step_ms)) or plain_step_ms <= 0:
-        return NAN
-    return spec_step_ms / plain_step_ms

@@ -64,7 +64,7 @@ class StepTimers:
 
     def bench_mla_calls(self) -> dict:
         """How this worker's CPU MLA attention ran: the verify-as-decode patch's ``CALLS`` counters (all zero: vLLM's
-        own path ran), read by ``analysis.mla_verify_patched``."""
+        own path ran), read by ``analysis.summarize``."""
         try:
             from vllm_eagle3.model_patches.vllm_cpu_mla_verify_decode import CALLS
         except ImportError:
