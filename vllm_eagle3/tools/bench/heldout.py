@@ -1,7 +1,6 @@
 """Prompts no shipped model ever trained on, for the benchmarks (``bench/heldout_prompts.json``; why, and the two
 checks: docs/adaptive-k.md, "Prompts the heads never saw"; the heads were tuned looking at their eval prompts, too).
-Each prompt is ``--prompt-tokens`` tokens from a line start, at most ``--per-file`` per file, files in the order of a
-hash of their path. CLI: ``python -m vllm_eagle3.tools.bench.heldout``.
+Files in the order of a hash of their path. CLI: ``python -m vllm_eagle3.tools.bench.heldout``.
 """
 
 from __future__ import annotations

@@ -188,10 +188,9 @@ def capture_lines(summary: Mapping) -> str:
 
 def render(data: Mapping | None, png_rel: str | None = "docs/bench.png", template: Path = TEMPLATE,
            soak: str = "", adaptive_runs: Sequence[Mapping] | None = None) -> str:
-    """The whole ``BENCHMARKS.md``: the template with its slots filled from the results (or the no-run note), the
-    soak section's text (``soak``, ``vllm_eagle3.tools.soak.soak_block``), the plot's link unless ``png_rel`` is
-    None (not drawn), and, on the repository's page, the last ``--plan adaptive`` results of each backend
-    (``adaptive_runs``, a list; None: another page, where a results file of that plan renders its own)."""
+    """The whole ``BENCHMARKS.md``: the template's slots filled from the results (or the no-run note), ``soak``
+    (``soak.soak_block``), the plot's link unless ``png_rel`` is None, and on the repository's page the last
+    ``--plan adaptive`` results of each backend (``adaptive_runs``; None: another page)."""
     text = template.read_text()
     if data is None:
         slots = {name: NO_RUN if name == "run" else "" for name in set(SLOT.findall(text))}
@@ -246,8 +245,7 @@ def plot(data: Mapping, path: Path) -> bool:
         ax1.errorbar(xs, ys, yerr=err, capsize=3, label=legend(v["variant"]), **style(i))
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.set_xscale("log", base=2)
-    ax1.set_xticks(s["concurrencies"])
-    ax1.set_xticklabels([str(c) for c in s["concurrencies"]])
+    ax1.set_xticks(s["concurrencies"], [str(c) for c in s["concurrencies"]])
     ax1.set_xlabel("concurrency (speedup from the throughput cells; timed cells where a variant has none)")
     ax1.set_ylabel("speedup over no speculation (95 % interval)")
     if ax1.get_legend_handles_labels()[0]:
@@ -262,8 +260,7 @@ def plot(data: Mapping, path: Path) -> bool:
         ax2.bar(xs, fw, label="target forward (verify)")
         ax2.bar(xs, dr, bottom=fw, label="draft")
         ax2.bar(xs, rs, bottom=[a + b for a, b in zip(fw, dr)], label="rest of step")
-        ax2.set_xticks(list(xs))
-        ax2.set_xticklabels([b[0] for b in bars], fontsize=5, rotation=90)
+        ax2.set_xticks(list(xs), [b[0] for b in bars], fontsize=5, rotation=90)
         ax2.set_ylabel("ms per decode step (timed cells)")
         ax2.legend(fontsize=7)
     fig.suptitle(f"vllm-eagle3 bench, {data['meta']['date']}, commit {data['meta']['machine']['commit']}")

@@ -99,8 +99,7 @@ def plot_tok_s(data: Mapping, path: Path) -> bool:
             ax.plot(cs, [pts[c][j] for c in cs], label=name, **style(i))
     for ax, label in ((ax1, "tokens per second (all requests)"), (ax2, "throughput / no speculation's")):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(s["concurrencies"])
-        ax.set_xticklabels([str(c) for c in s["concurrencies"]])
+        ax.set_xticks(s["concurrencies"], [str(c) for c in s["concurrencies"]])
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
