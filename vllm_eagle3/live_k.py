@@ -251,10 +251,26 @@ class LiveK:
         """The current choice as vLLM's table rows, one per bucket seen: (first batch size, last, k)."""
         return [(*bucket_range(key), self.buckets[key].k) for key in sorted(self.buckets)]
 
+    def report(self) -> dict[str, Any]:
+        """What ``GET /v1/eagle3/wiring`` shows under ``live_k``: the table now, each bucket's measured tokens/s per
+        request for each k it has run, the steps drafted at each k, acceptance per position."""
+        return {
+            "state": f"off: {self.broken}" if self.broken else "on",
+            "table": [list(row) for row in self.table()],
+            "rates": {f"{lo}-{hi}": {str(k): round(self.rate(self.buckets[key], k), 2)
+                                     for k in sorted(self.buckets[key].cost)}
+                      for key in sorted(self.buckets) for lo, hi in [bucket_range(key)]},
+            "steps_at_k": {str(k): n for k, n in enumerate(self.steps_at) if n},
+            "changes": self.changes,
+            "all_accepted": [round(self.all_accepted(j), 4) for j in range(1, self.max_k + 1)],
+            "settings": dataclasses.asdict(self.settings),
+        }
+
 
 # -------------------------------------------------------------------------------------------- the scheduler hook
 
-_MARK = "_vllm_eagle3_live_k"
+_MARK = "_vllm_eagle3_live_k"  # a scheduler's LiveK (instance attribute)
+_INSTALLED = "_vllm_eagle3_live_k_installed"  # on the Scheduler class
 
 
 def settings_of(vllm_config: Any) -> Settings | None:
@@ -266,9 +282,10 @@ def settings_of(vllm_config: Any) -> Settings | None:
     if settings is None:
         return None
     spec = getattr(vllm_config, "speculative_config", None)
-    if spec is None or not spec.num_speculative_tokens:
-        raise LiveKError("live_k chooses how many tokens to draft, but this server has no speculative decoding: "
-                         "add --speculative-config (e.g. method eagle3, num_speculative_tokens 5), or drop live_k")
+    if spec is None or not spec.num_speculative_tokens:  # e.g. a serve config's baseline: --speculative-config None
+        logger.warning("vllm-eagle3 live k: set, but this server does not speculate: there is no k to choose, so "
+                       "live_k does nothing here (drop it, or add --speculative-config to speculate)")
+        return None
     if vllm_config.parallel_config.data_parallel_size > 1:
         raise LiveKError("live_k needs data_parallel_size 1: vLLM runs one k across data-parallel ranks (it turns "
                          "num_speculative_tokens_per_batch_size off there); drop live_k or data parallelism")
@@ -304,11 +321,58 @@ def _verified(scheduler_output: Any, model_runner_output: Any) -> list[tuple[int
     return out
 
 
+REPORT_NAME = "live_k.json"
+REPORT_EVERY_S = 2.0
+
+
+def report_path(environ: Mapping[str, str] | None = None):
+    """``$EAGLE3_CHECK_DIR/live_k.json`` (the folder the online check's reports share with the API server)."""
+    from pathlib import Path
+
+    from vllm_eagle3 import envs
+
+    folder = envs.get("EAGLE3_CHECK_DIR", environ)
+    return Path(folder) / REPORT_NAME if folder else None
+
+
+def read_report(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The engine's latest live-k report (the API server's view), or None when live k is off or has not run."""
+    import json
+
+    path = report_path(environ)
+    try:
+        return json.loads(path.read_text()) if path is not None and path.is_file() else None
+    except (OSError, ValueError):  # being replaced right now: the next read has it
+        return None
+
+
+def _write_report(scheduler: Any, live: LiveK) -> None:
+    """Every REPORT_EVERY_S while serving and whenever the engine runs out of requests (so a finished burst is
+    always reported whole)."""
+    import json
+    import os
+
+    now = live.clock()
+    idle = not scheduler.get_num_unfinished_requests()
+    if not idle and now - getattr(scheduler, "_vllm_eagle3_live_k_written", -math.inf) < REPORT_EVERY_S:
+        return
+    scheduler._vllm_eagle3_live_k_written = now
+    path = report_path()
+    if path is None:
+        return
+    try:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(live.report()))
+        tmp.replace(path)
+    except OSError as exc:  # the endpoint loses the live-k view; serving goes on
+        logger.warning("vllm-eagle3 live k: could not write %s: %s", path, exc)
+
+
 def install() -> str:
     """Wrap vLLM's ``Scheduler`` (``__init__``, ``schedule``, ``update_from_output``) once per process."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    if getattr(Scheduler, _MARK, False):
+    if getattr(Scheduler, _INSTALLED, False):
         return "already installed"
     init, schedule, update = Scheduler.__init__, Scheduler.schedule, Scheduler.update_from_output
 
@@ -321,23 +385,35 @@ def install() -> str:
         if live is not None:
             live.decision = None
         out = schedule(self, *args, **kwargs)
-        if live is not None:  # keyed by the output: under async scheduling the next schedule comes first
-            steps = self._vllm_eagle3_live_k_steps
-            if len(steps) > 16:  # outputs never handed back (an aborted step): forget them
-                steps.clear()
-            steps[id(out)] = (live.decision, live.clock())
+        if live is not None and live.broken is None:
+            try:  # keyed by the output: under async scheduling the next schedule comes before this update
+                steps = self._vllm_eagle3_live_k_steps
+                if len(steps) > 16:  # outputs never handed back (an aborted step): forget them
+                    steps.clear()
+                steps[id(out)] = (live.decision, live.clock())
+            except Exception as exc:  # never fatal to the engine
+                live._break(exc)
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         live = getattr(self, _MARK, None)
+        if live is not None and live.broken is None:
+            try:
+                decision, started = self._vllm_eagle3_live_k_steps.pop(id(scheduler_output), (None, None))
+                seconds = live.clock() - started if started is not None else 0.0
+                live.observe(decision, seconds, _verified(scheduler_output, model_runner_output))
+            except Exception as exc:
+                live._break(exc)
+        out = update(self, scheduler_output, model_runner_output)
         if live is not None:
-            decision, started = self._vllm_eagle3_live_k_steps.pop(id(scheduler_output), (None, None))
-            seconds = live.clock() - started if started is not None else 0.0
-            live.observe(decision, seconds, _verified(scheduler_output, model_runner_output))
-        return update(self, scheduler_output, model_runner_output)
+            try:
+                _write_report(self, live)
+            except Exception as exc:
+                live._break(exc)
+        return out
 
     for name, fn in (("__init__", __init__), ("schedule", schedule_), ("update_from_output", update_from_output)):
         functools.update_wrapper(fn, getattr(Scheduler, name))
         setattr(Scheduler, name, fn)
-    setattr(Scheduler, _MARK, True)
+    setattr(Scheduler, _INSTALLED, True)
     return "Scheduler: dynamic_sd_lookup measured live when live_k is set"

@@ -409,17 +409,19 @@ def active_watches() -> list[WiringWatch]:
     return [_WATCHES[i] for i in sorted(_WATCHES)]
 
 
-def report(check: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def report(check: Mapping[str, Any] | None = None, live_k: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON body of ``GET /v1/eagle3/wiring``: ONE verdict (:func:`vllm_eagle3.verdicts.overall` of every judge
     on every engine), what each judge says, then each judge's evidence: ``engines`` (the watch: acceptance vs
-    expectation, per engine) and ``check`` (the online check's reports by engine: the candidates' scores)."""
+    expectation, per engine) and ``check`` (the online check's reports by engine: the candidates' scores); and
+    ``live_k`` (:mod:`vllm_eagle3.live_k`'s table and measurements; null when it is off)."""
     engines = [w.snapshot() for w in active_watches()]
     check = dict(check or {})
     judges = {"watch": V.overall(e["verdict"] for e in engines),
               "check": V.overall(r.get("verdict", V.OFF) for r in check.values())}
     verdict = V.overall(judges.values())
     return {"verdict": verdict, "meaning": V.entry(verdict).meaning, "judges": judges, "active": bool(engines),
-            "engines": engines, "check": check, "verdicts": V.as_json()}
+            "engines": engines, "check": check, "live_k": dict(live_k) if live_k else None,
+            "verdicts": V.as_json()}
 
 
 # ----------------------------------------------------------------------------------------------- the endpoint plugin's name

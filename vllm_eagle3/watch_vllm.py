@@ -24,6 +24,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from vllm_eagle3 import verdicts as V
 from vllm_eagle3 import watch as _watch
+from vllm_eagle3.live_k import read_report as read_live_k
 from vllm_eagle3.wiring_check import read_reports
 from vllm_eagle3.resolve import resolve_from_env, spec_source
 from vllm_eagle3.spec import CaptureSpecError
@@ -232,7 +233,7 @@ class WiringEndpoint:
 
         @router.get(ROUTE)
         async def eagle3_wiring() -> JSONResponse:
-            return JSONResponse(_watch.report(read_reports()))
+            return JSONResponse(_watch.report(read_reports(), read_live_k()))
 
         app.include_router(router)
 

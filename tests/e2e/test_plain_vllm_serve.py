@@ -101,6 +101,10 @@ def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env,
     wiring = json.loads(wiring_body)
     assert wiring["verdict"] in V.BY_WORD and wiring["active"], wiring
     assert [e["wiring"]["taps"] for e in wiring["engines"]] == ["[embed, 3, 31]"], wiring["engines"]
+    # The YAML's live_k: the scheduler's k lookup is the plugin's, and the engine reported the steps it chose k for.
+    assert "vllm-eagle3 live k: on; k in 0..5" in text, text[-3000:]
+    live = wiring["live_k"]
+    assert live and live["state"] == "on" and sum(live["steps_at_k"].values()) > 0, live
     assert FOUND not in text, [x for x in text.splitlines() if FOUND in x]
     wrapper = server_pool.get(shipped_keys["plugin"])  # `vllm-eagle3 serve` of the same pair
     assert greedy_token_ids_together(wrapper, MODEL_NAME, prompts(), MAX_TOKENS) == plain

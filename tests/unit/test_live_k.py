@@ -177,12 +177,12 @@ def _config(live, spec_k=5, dp=1):
                            parallel_config=SimpleNamespace(data_parallel_size=dp))
 
 
-def test_config_errors_and_off():
+def test_config_errors_and_off(caplog):
     assert live_k.settings_of(_config(False)) is None
     assert live_k.settings_of(SimpleNamespace(additional_config={})) is None
     assert live_k.settings_of(_config(True)) == Settings()
-    with pytest.raises(LiveKError, match="no speculative decoding: add --speculative-config"):
-        live_k.settings_of(_config(True, spec_k=0))
+    assert live_k.settings_of(_config(True, spec_k=0)) is None  # a baseline without speculation: said, not refused
+    assert "does not speculate: there is no k to choose" in caplog.text
     with pytest.raises(LiveKError, match="data_parallel_size 1"):
         live_k.settings_of(_config(True, dp=2))
 
@@ -209,3 +209,49 @@ def test_vllm_scheduler_is_wrapped_and_reads_the_lookup():
     scheduler = SimpleNamespace(vllm_config=_config(True), num_spec_tokens=5, dynamic_sd_lookup=[0] + [5] * 8 + [2] * 8)
     live = live_k.attach(scheduler)
     assert scheduler.dynamic_sd_lookup is live and live[1] == 5 and live[12] == 2
+
+
+def test_report_reaches_the_endpoint(tmp_path, monkeypatch):
+    """The engine writes its live-k report into the check folder when it runs out of requests (and every few seconds
+    while serving); ``GET /v1/eagle3/wiring``'s body carries it under ``live_k``."""
+    from vllm_eagle3 import watch
+
+    env = {"EAGLE3_CHECK_DIR": str(tmp_path)}
+    clock = Clock()
+    live = LiveK(5, [5] * 128, Settings(explore_every=8, hold=2), clock)
+    simulate(live, clock, cost_loaded, 64, 200)
+    busy = SimpleNamespace(get_num_unfinished_requests=lambda: 3)
+    idle = SimpleNamespace(get_num_unfinished_requests=lambda: 0)
+    old = live_k.report_path
+    live_k.report_path = lambda environ=None: old(env)
+    try:
+        live_k._write_report(busy, live)  # the first write of a busy engine
+        monkeypatch.setattr(live_k, "REPORT_EVERY_S", 1e9)  # the simulated steps take simulated seconds
+        simulate(live, clock, cost_loaded, 64, 10)
+        live_k._write_report(busy, live)  # busy and written just now: not rewritten
+        assert live_k.read_report(env)["steps_at_k"] != live.report()["steps_at_k"]
+        live_k._write_report(idle, live)  # idle: written whatever the time
+    finally:
+        live_k.report_path = old
+    got = live_k.read_report(env)
+    assert got == live.report() and got["state"] == "on"
+    assert sum(got["steps_at_k"].values()) == 210
+    assert got["table"] == [[54, 76, live.table()[0][2]]]
+    body = watch.report({}, got)
+    assert body["live_k"]["table"] == got["table"]
+    assert watch.report({})["live_k"] is None
+    assert live_k.read_report({}) is None
+
+
+def test_a_scheduler_without_live_k_is_untouched():
+    """The wrappers are on vLLM's class in every process; a scheduler whose config has no live_k (or false) keeps
+    vLLM's lookup and its wrapped methods do nothing else (a class-level marker once read as the instance's LiveK
+    killed such an engine at its first step)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    live_k.install()
+    off = SimpleNamespace(vllm_config=_config(False), num_spec_tokens=3, dynamic_sd_lookup=None)
+    assert live_k.attach(off) is None and off.dynamic_sd_lookup is None
+    assert getattr(off, live_k._MARK, None) is None
+    plain = Scheduler.__new__(Scheduler)  # no __init__: only what the wrappers read
+    assert getattr(plain, live_k._MARK, None) is None

@@ -218,6 +218,7 @@ RELIED: tuple[Relied, ...] = (
       "live_k.install wraps it: the step's time and verified drafts", use=WRAP),
     R(SCHED, "Scheduler.dynamic_sd_lookup", None, "live_k.attach replaces it; schedule() indexes it by batch size"),
     R(SCHED, "Scheduler.num_spec_tokens", None, "live_k.attach: the largest k"),
+    R(SCHED, "Scheduler.get_num_unfinished_requests", "self", "live_k: the report is written when the engine idles"),
     R("vllm.v1.core.sched.output", "SchedulerOutput.scheduled_spec_decode_tokens", None, "live_k: drafts verified"),
     R("vllm.v1.core.sched.output", "SchedulerOutput.num_spec_tokens_to_schedule", None, "the k the runner drafts"),
     R("vllm.v1.outputs", "ModelRunnerOutput.sampled_token_ids", None, "live_k: tokens accepted per request"),

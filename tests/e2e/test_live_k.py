@@ -1,0 +1,73 @@
+"""k per batch size measured while serving (``live_k``, issue 41) on a real `vllm-eagle3 serve` server of the shipped
+pair: vLLM's own scheduler asks the plugin's lookup for k at every step, the lookup probes neighbouring k, and the
+text does not change.
+
+Server: the shipped serve config's speculation (k up to 5, table [[1, 8, 5], [9, 4096, 2]]) with live k probing
+often (``explore_every`` 3, ``hold`` 2) so a few short requests reach every branch. Which k the controller settles on
+depends on the step times, so on how busy the box is: nothing here asserts it. Asserted, on counts and tokens:
+
+- the start-up line says live k is on, over k 0..5, from the configured table;
+- greedy output at one and at four requests per step is token-identical to transformers' float32 continuation (the
+  head's eval_prompts.json reference) while k moves between steps;
+- ``GET /v1/eagle3/wiring`` carries the engine's live-k report: on, the two batch sizes' buckets in its table, steps
+  at more than one k (the probes ran), every k within 0..5; the watch does not read the probes as a wrong wiring.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_eagle3.tools.serve.process import http_get
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
+TABLE = [[1, 8, 5], [9, 4096, 2]]
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def server(server_pool):
+    from vllm_eagle3.testing.pool import ServerKey
+    from vllm_eagle3.testing.shipped import SERVE_CONFIG, SERVER_ENV, SPEC, TARGET
+
+    argv = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config",
+            json.dumps({"method": "eagle3", "model": str(DRAFT), "num_speculative_tokens": 5,
+                        "num_speculative_tokens_per_batch_size": TABLE}),
+            "--additional-config", json.dumps({"vllm_eagle3": {"live_k": {"explore_every": 3, "hold": 2}}}),
+            "--capture-spec", str(SPEC)]
+    return server_pool.get(ServerKey.of("live k", argv, SERVER_ENV))
+
+
+def test_live_k_probes_and_greedy_is_unchanged(server):
+    from vllm_eagle3.testing.serving import greedy_mismatch, greedy_token_ids_together
+    from vllm_eagle3.testing.shipped import MODEL_NAME
+
+    items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"]
+    want = [it["continuation_token_ids"][:MAX_TOKENS] for it in items]
+    one = greedy_token_ids_together(server, MODEL_NAME, [items[0]["prompt_token_ids"]], MAX_TOKENS)
+    four = greedy_token_ids_together(server, MODEL_NAME, [it["prompt_token_ids"] for it in items[:4]], MAX_TOKENS)
+    assert greedy_mismatch(one, want[:1]) is None, greedy_mismatch(one, want[:1])
+    assert greedy_mismatch(four, want[:4]) is None, greedy_mismatch(four, want[:4])
+
+    log = server.log_text()
+    on = [x for x in log.splitlines() if "vllm-eagle3 live k: on; k in 0..5" in x]
+    assert on and "starting from the configured num_speculative_tokens_per_batch_size" in on[0], log[-3000:]
+    assert "live k: OFF" not in log
+
+    status, raw = http_get(server.base_url + "/v1/eagle3/wiring")
+    assert status == 200, raw[:500]
+    body = json.loads(raw)
+    live = body["live_k"]
+    print(f"[e2e] live k report: {live}", flush=True)
+    assert live and live["state"] == "on", body
+    buckets = {(lo, hi) for lo, hi, _ in live["table"]}
+    assert {(1, 1), (4, 4)} <= buckets, live["table"]
+    assert all(0 <= k <= 5 for _, _, k in live["table"]), live["table"]
+    steps = {int(k): n for k, n in live["steps_at_k"].items()}
+    assert len(steps) >= 2 and all(0 <= k <= 5 for k in steps), f"no probe ran: {steps}"
+    assert body["judges"]["watch"] != "wrong", body["engines"]
