@@ -199,6 +199,7 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
     out["check_cost"] = check_cost(res, concs)
     out["advice"] = advice(out)
     out["adaptive"] = adaptive(res, out)
+    out["shipped"] = shipped(res, out)
     return out
 
 
@@ -301,10 +302,10 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     def same_text(x: Variant, c: int) -> list | None:  # [same, all]: set where the server had the throughput cell
         return by_key[x.key]["by_concurrency"].get(str(c), {}).get("same_text")
 
-    for v, raw in res.find(adaptive=True, replica=1):
+    for v, raw in res.find(adaptive=True, replica=1, live=False):
         base = res.base(v)
         choosers = [(sv, sraw) for sv, sraw in res.variants if sv.chooses_k and sv.compiled == v.compiled]
-        twins = res.find(adaptive=True, compiled=v.compiled, stretch=v.stretch)  # it and its replicas, in order
+        twins = res.find(adaptive=True, compiled=v.compiled, stretch=v.stretch, live=False)  # it + replicas, in order
         for c in summary["concurrencies"]:
             if not cells(raw, "throughput", c) or base is None or not cells(base, "throughput", c):
                 continue
@@ -352,6 +353,39 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             lo, vb = row["speedup"]["lo"], row.get("vs_best_static", {}).get("value", NAN)
             row.update(never_slower=bool(finite(lo) and lo >= 1.0), within_best=bool(finite(vb) and vb >= WITHIN_BEST))
             out.append(row)
+    return sorted(out, key=lambda r: (r["mode"], r["concurrency"]))
+
+
+BAR = {"point": 1.00, "lo": 0.97, "point_c1": 2.0}  # issue 41: the shipped default vs no speculation, greedy identical
+
+
+def verdict(c: int, sp: Mapping, same_text: Sequence[int] | None) -> list[str]:
+    """What the shipped default misses of :data:`BAR` at concurrency ``c`` (empty: it meets it)."""
+    want = BAR["point_c1"] if c == 1 else BAR["point"]
+    miss = [] if finite(sp["value"]) and sp["value"] >= want else [f"point < {want:.2f}"]
+    miss += [] if finite(sp["lo"]) and sp["lo"] >= BAR["lo"] else [f"lower end < {BAR['lo']:.2f}"]
+    return miss + ([] if same_text and same_text[0] == same_text[1] else ["greedy output differs"])
+
+
+def shipped(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per concurrency, for a run with a live (shipped default) server: its servers pooled vs the no-speculation
+    server of its stretch (paired over prompts), acceptance length pooled over its requests, the :func:`verdict`."""
+    out = []
+    by_key = {v["key"]: v for v in summary["variants"]}
+    for v, _ in res.find(live=True, replica=1):
+        base, twins = res.base(v), res.find(live=True, compiled=v.compiled, stretch=v.stretch)
+        for c in summary["concurrencies"]:
+            mine, bcs = pooled(by_server(twins, c)), cells(base, "throughput", c) if base else []
+            if not mine or not bcs:
+                continue
+            sp = speedup(mine, bcs, f"shipped/{v.key}/{c}").as_dict()
+            texts = [g for x, _ in twins if (g := by_key[x.key]["by_concurrency"].get(str(c), {}).get("same_text"))]
+            same = list(map(sum, zip(*texts))) or None
+            counts = [r.counters for r in requests(mine) if r.counters and r.counters[0] > 0]
+            out.append({"concurrency": c, "mode": v.mode, "servers": len(by_server(twins, c)), "speedup": sp,
+                        "nospec_tok_s": wall_tok_s(bcs), "tok_s": wall_tok_s(mine), "same_text": same,
+                        "tau": 1 + sum(x[2] for x in counts) / sum(x[0] for x in counts) if counts else NAN,
+                        "misses": verdict(c, sp, same)})
     return sorted(out, key=lambda r: (r["mode"], r["concurrency"]))
 
 

@@ -35,7 +35,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
                    help="smoke: every code path, numbers meaningless; quick: eager, c=1/4; default: the headline "
                         "cells (~1 h); full: + k sweep, more cells, 2 rounds (~3 h); check: the online wiring check's "
-                        "cost (~30 min); adaptive: k per batch size vs static k (~80 min); --dry-run lists each")
+                        "cost (~30 min); adaptive: k per batch size vs static k (~80 min); shipped: the shipped "
+                        "default (live_k) vs no speculation, issue 41's bar (~30 min, bench/shipped-<host kind>); "
+                        "--dry-run lists each")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
@@ -87,7 +89,8 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
     kw = dict(plans.PLAN_ARGS[args.plan])
     headline = args.plan not in plans.BUILDERS
     if not headline:  # these flags change variants that only the headline plans have
-        given = [flag for flag, on in (("--sweep", args.sweep is not None), ("--no-opt-out", args.no_opt_out),
+        given = [flag for flag, on in (("--k", args.k is not None and args.plan == "shipped"),
+                                       ("--sweep", args.sweep is not None), ("--no-opt-out", args.no_opt_out),
                                        ("--no-capture-ab", args.no_capture_ab)) if on]
         if given:
             raise ValueError(f"{', '.join(given)}: not part of --plan {args.plan}")
@@ -137,6 +140,11 @@ def describe(plan: plans.Plan) -> str:
 def outputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
     if args.out_dir or args.plan not in ("default", "full"):
         d = Path(args.out_dir) if args.out_dir else REPO / SCRATCH.format(plan=args.plan)
+        if args.plan == "shipped" and not args.out_dir and not (args.from_json or args.repo_page):
+            from vllm_eagle3.tools import machine
+            from vllm_eagle3.tools.bench.report_adaptive import host_kind
+
+            d = REPO / "bench" / f"shipped-{host_kind(machine.machine_info())[1]}"
         d = d if d.is_absolute() else REPO / d
         return d / "results.json", d / "BENCHMARKS.md", d / "bench.png"
     return REPO / DOCS["json"], REPO / DOCS["md"], REPO / DOCS["png"]
@@ -214,6 +222,7 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     draft = run.repo_path(str((base_cfg.get("speculative-config") or {}).get("model",
                                                                               "models/kimi-k25-mini-eagle3")))
     num_layers = TargetInfo.load(target).num_layers
+    plan = dataclasses.replace(plan, variants=tuple(run.as_shipped(v, base_cfg) for v in plan.variants))
     args.prompts = args.prompts or plans.PLAN_PROMPTS.get(plan.name, DEFAULT_PROMPTS)
     prompts = run.load_prompts(run.repo_path(args.prompts))
     need = max([plan.prompts, plan.stream_prompts] + [plan.split_requests(c.concurrency) for v in plan.variants
@@ -247,7 +256,7 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
         group = [advise.resolve(v, raws) for v in plan.variants if v.stretch == stretch]
         for v in group:
             if v.adaptive:
-                say(f"{v.key}: k per batch size from the static-k servers above: {plans.schedule_text(v.schedule)}")
+                say(f"{v.key}: {v.label}")
             if not v.cells:
                 say(f"{v.key}: not run: " + (f"the table measured so far drafts fewer than {v.k} tokens at the highest "
                                              "concurrency, and k never rises with the batch"

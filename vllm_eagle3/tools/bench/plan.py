@@ -52,8 +52,9 @@ class Cell:
 class Variant:
     """One server: ``k`` speculative tokens (0 = none), the capture, the CPU MLA verify path, eager or compiled, the
     online wiring check on (as shipped) or off, a replica number (2 = the same server again: server-to-server
-    noise); ``adaptive``: k per batch size, ``schedule`` filled in by the run (``advise.resolve``); ``stretch``: 0 =
-    alone, n = the n-th side-by-side stretch (servers alive at once, cells in turns, ``run.run_together``)."""
+    noise); ``adaptive``: k per batch size, ``schedule`` filled in by the run (``advise.resolve``); ``live``: the
+    shipped default, an adaptive server as the base serve config says (its k, table and live_k: ``run.as_shipped``);
+    ``stretch``: 0 = alone, n = the n-th side-by-side stretch (servers alive at once, cells in turns)."""
 
     k: int
     capture: str = EMBED_TAP
@@ -65,27 +66,21 @@ class Variant:
     adaptive: bool = False
     schedule: tuple[tuple[int, int, int], ...] = ()  # (first batch size, last, k) ranges
     stretch: int = 0
+    live: bool = False
 
     def __post_init__(self) -> None:
-        if self.capture not in CAPTURES:
-            raise ValueError(f"capture must be one of {CAPTURES}, got {self.capture!r}")
-        if (self.k == 0) != (self.capture == NO_SPEC):
-            raise ValueError(f"k=0 means no speculation and needs capture={NO_SPEC!r} (got k={self.k}, "
-                             f"capture={self.capture!r})")
-        if self.mla_verify not in (MLA_DEFAULT, MLA_OFF, MLA_ON):
-            raise ValueError(f"mla_verify must be default, off or on, got {self.mla_verify!r}")
-        if self.replica < 1:
-            raise ValueError(f"replica must be >= 1, got {self.replica}")
-        if self.adaptive and (self.k == 0 or self.capture != EMBED_TAP):
-            raise ValueError(f"adaptive variants speculate with the capture spec's taps: k >= 1 and "
-                             f"capture={EMBED_TAP!r} (got k={self.k}, capture={self.capture!r})")
+        if (self.capture not in CAPTURES or self.mla_verify not in (MLA_DEFAULT, MLA_OFF, MLA_ON) or self.replica < 1
+                or self.stretch not in STRETCHES or (self.k == 0) != (self.capture == NO_SPEC)):
+            raise ValueError(f"capture must be one of {CAPTURES} (k=0 means no speculation: {NO_SPEC!r}), mla_verify "
+                             f"default, off or on, replica >= 1, stretch must be one of {STRETCHES}; got {self}")
+        if (self.adaptive or self.live) and (self.k == 0 or self.capture != EMBED_TAP or not self.adaptive):
+            raise ValueError(f"adaptive variants (live: adaptive ones) speculate with the capture spec's taps: "
+                             f"k >= 1 and capture={EMBED_TAP!r} (got k={self.k}, capture={self.capture!r})")
         if self.schedule and (not self.adaptive or max(e[2] for e in self.schedule) > self.k):
             raise ValueError(f"a schedule belongs to an adaptive variant and drafts at most its k={self.k}: "
                              f"{self.schedule}")
         if self.stretch and any(c.kind not in ("throughput", "split") for c in self.cells):
             raise ValueError(f"side-by-side servers run throughput and split cells only (got {self.cells})")
-        if self.stretch not in STRETCHES:
-            raise ValueError(f"stretch must be one of {STRETCHES}, got {self.stretch}")
         if not self.check and (self.k == 0 or self.capture in NATIVE_CAPTURES):
             raise ValueError(f"check=False needs a server with the plugin's capture: the online wiring check runs "
                              f"there only (got k={self.k}, capture={self.capture!r})")
@@ -93,7 +88,8 @@ class Variant:
     @property
     def config_key(self) -> str:
         """Same for two replicas of one configuration."""
-        base = ("nospec" if self.k == 0 else f"{self.capture}-adaptive" if self.adaptive
+        base = ("nospec" if self.k == 0 else f"{self.capture}-live" if self.live
+                else f"{self.capture}-adaptive" if self.adaptive
                 else f"{self.capture}-k{self.k}")
         mla = "" if self.mla_verify == MLA_DEFAULT else f"+mla-{self.mla_verify}"
         return base + mla + ("" if self.check else "+check-off") + ("+compiled" if self.compiled else "")
@@ -124,6 +120,8 @@ class Variant:
     def label(self) -> str:
         if self.k == 0:
             s = "no speculation"
+        elif self.live:
+            s = f"EAGLE-3 as shipped: k per batch size measured live, starting from {schedule_text(self.schedule)}"
         elif self.adaptive:
             s = (f"EAGLE-3, k per batch size {schedule_text(self.schedule)}" if self.schedule else
                  f"EAGLE-3, k per batch size (up to {self.k}) from this run's static-k servers")
@@ -237,13 +235,14 @@ def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, com
 
 
 def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), ks=(1, 2, 3, 4, 5),
-                  compiled: bool = False, **sizes) -> Plan:
+                  compiled: bool = False, live: bool = False, **sizes) -> Plan:
     """Speculation that adapts to load, in four side-by-side stretches (``run.run_together``; what each runs, and
-    why side by side: docs/adaptive-k.md). Split by load for memory: each server's KV cache fits its busiest cell."""
+    why side by side: docs/adaptive-k.md). Split by load for memory: each server's KV cache fits its busiest cell.
+    ``live`` (plan ``shipped``): the judging stretches only, the shipped default (``Variant.live``) vs no spec."""
     light = tuple(c for c in concurrencies if c <= LIGHT_MAX)
     loaded = tuple(c for c in concurrencies if c > LIGHT_MAX)
     vs = []
-    for stretch, concs in ((CHOOSE_LIGHT, light), (CHOOSE_LOADED, loaded)):
+    for stretch, concs in ((CHOOSE_LIGHT, light), (CHOOSE_LOADED, loaded)) if not live else ():
         if concs:  # throughput cells (run in turns) + timed cells (the worker timers: break-even tau per k)
             timed = _cells("throughput", concs) + _cells("split", concs)
             vs += [Variant(k, EMBED_TAP if k else NO_SPEC, compiled=compiled, cells=timed, stretch=stretch)
@@ -255,8 +254,9 @@ def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), k
         vs.append(Variant(0, NO_SPEC, compiled=compiled, cells=cells, stretch=stretch))
         for r in range(1, replicas + 1):
             vs.append(Variant(max(ks), EMBED_TAP, compiled=compiled, cells=cells, adaptive=True, replica=r,
-                              stretch=stretch))
-            vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=cells, replica=r, stretch=stretch) for k in ks]
+                              stretch=stretch, live=live))
+            vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=cells, replica=r, stretch=stretch)
+                   for k in (ks if not live else ())]
     return Plan(name, tuple(vs), **sizes)
 
 
@@ -271,9 +271,12 @@ PLAN_ARGS = {  # smoke: every code path in a few minutes, numbers meaningless; c
                  rounds=2),
     "check": dict(concurrencies=(1, 4, 16), compiled=False, prompts=16, waves=4, max_tokens=128),
     "adaptive": dict(concurrencies=(1, 4, 16, 32, 64), compiled=False, prompts=16, waves=2, max_tokens=128),
+    "shipped": dict(concurrencies=(1, 4, 16, 32, 64), compiled=False, prompts=16, waves=2, max_tokens=128,
+                    live=True),
 }
-BUILDERS = {"check": check_plan, "adaptive": adaptive_plan}  # plans not built by headline_plan
-PLAN_PROMPTS = {"adaptive": "bench/heldout_prompts.json"}  # plans not run on the shipped head's eval_prompts.json
+BUILDERS = {"check": check_plan, "adaptive": adaptive_plan, "shipped": adaptive_plan}  # not built by headline_plan
+# plans not run on the shipped head's eval_prompts.json
+PLAN_PROMPTS = {"adaptive": "bench/heldout_prompts.json", "shipped": "bench/heldout_prompts.json"}
 
 
 def build(name: str, **kw) -> Plan:

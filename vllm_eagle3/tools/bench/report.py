@@ -13,7 +13,8 @@ from typing import Mapping, Sequence
 from vllm_eagle3.tools.bench.analysis import summarize
 from vllm_eagle3.tools.bench.cells_text import _v, e, f, legend, per_server, pyplot, same_config, style, table
 from vllm_eagle3.tools.bench.plan import SGLANG_DEFAULT_WIRING
-from vllm_eagle3.tools.bench.report_adaptive import adaptive_block
+from vllm_eagle3.tools import REPO
+from vllm_eagle3.tools.bench.report_adaptive import SHIPPED_GLOB, adaptive_block, shipped_block, shipped_repo_block
 from vllm_eagle3.tools.bench.stats import Estimate, finite
 from vllm_eagle3.tools.machine import backend_label
 
@@ -207,6 +208,9 @@ def render(data: Mapping | None, png_rel: str | None = "docs/bench.png", templat
                                      for a, sa in runs) if b)
     # the repository's page says when there is no adaptive run yet; other runs' pages say nothing
     slots["soak"], slots["adaptive"] = soak, block or (NO_ADAPTIVE if adaptive_runs == [] else "")
+    slots["shipped"] = (shipped_repo_block([load(p) for p in sorted(REPO.glob(SHIPPED_GLOB))])
+                        if adaptive_runs is not None else "" if data is None
+                        else shipped_block(s, run_block(data["meta"], data["plan"]), data["meta"]["machine"]))
     missing = set(SLOT.findall(text)) - set(slots)
     if missing:
         raise KeyError(f"template {template} has slots the report does not fill: {sorted(missing)}")

@@ -1,11 +1,13 @@
 """The adaptive-k section of ``BENCHMARKS.md`` (``--plan adaptive``) and its tok/s plot: ``analysis.adaptive``'s
-rows against no speculation and the best static k, formatted, and how they were measured.
+rows against no speculation and the best static k, formatted, and how they were measured; the shipped default's
+section (``--plan shipped``: ``analysis.shipped``'s rows against issue 41's bar), on its page and per host kind.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from vllm_eagle3.tools.bench.cells_text import _v, e, f, pyplot, style, table
 from vllm_eagle3.tools.machine import backend_label
@@ -71,6 +73,60 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
                "tau/(v+kc) (k=3)", "tau/(1+kc) (k=3)", "greedy same", "no spec #2 / #1"], table_rows),
         "Acceptance length per static k (concurrency-1 requests): "
         + ", ".join(f"k={k} {e(t)}" for k, t in sorted(tau.items())) + "."] if x])
+
+
+SHIPPED_GLOB = "bench/shipped-*/results.json"
+BAR_TEXT = ("Issue 41's bar: the shipped default (`configs/serve_kimi_k25_mini.yaml` as it is: its k, its table, "
+            "`live_k`) at >= 1.00x no speculation (95 % lower end >= 0.97x) at every concurrency, >= 2.0x at "
+            "concurrency 1, greedy output identical; side by side in turns on `bench/heldout_prompts.json`.")
+
+
+def host_kind(m: Mapping) -> tuple[str, str]:
+    """A results file's machine as a host kind (CPU model + its widest vector ISA) and its slug:
+    ``("AMD EPYC, AVX-512", "amd-epyc-avx512")``."""
+    flags = str(m.get("flags", "")).split()
+    isa = next((isa for flag, isa in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags),
+               "no AVX2")
+    words = re.findall(r"[a-z0-9]+", re.sub(r"\((R|TM)\)", "", str(m.get("cpu", "cpu"))).lower())[:2]
+    return f"{m.get('cpu', '?')}, {isa}", "-".join(words + re.findall(r"[a-z0-9]+", isa.lower().replace("-", "")))
+
+
+def _verdict(rows: Sequence[Mapping]) -> str:
+    misses = [f"c={o['concurrency']} ({', '.join(o['misses'])})" for o in rows if o["misses"]]
+    return "**meets it**" if rows and not misses else "**misses it**: " + "; ".join(misses or ["no cell"])
+
+
+def shipped_block(summary: Mapping, run: str, machine: Mapping) -> str:
+    """A ``--plan shipped`` run's own section: per concurrency against the bar; empty for other runs."""
+    if not (rows := summary.get("shipped")):
+        return ""
+    return "\n\n".join([
+        f"## The shipped default against no speculation ({host_kind(machine)[0]})", run,
+        BAR_TEXT + " Speculating: " + next(v["label"] for v in summary["variants"] if v["variant"]["live"]) + ".",
+        table(["conc.", "servers", "no spec tok/s", "shipped tok/s", "shipped / no spec", "greedy same",
+               "acceptance length", "bar"],
+              [[str(o["concurrency"]), str(o["servers"]), f(o["nospec_tok_s"], 1), f(o["tok_s"], 1),
+                f"**{e(o['speedup'])}**", "%d/%d" % tuple(o["same_text"]) if o["same_text"] else "n/a", f(o["tau"]),
+                "yes" if not o["misses"] else "**no**: " + ", ".join(o["misses"])] for o in rows]),
+        "Verdict: " + _verdict(rows) + "."])
+
+
+def shipped_repo_block(runs: Sequence[Mapping]) -> str:
+    """The repository page's section: one row per ``bench/shipped-*/results.json``."""
+    from vllm_eagle3.tools.bench.analysis import summarize
+
+    head = "## The shipped default on each host kind"
+    how = ("`vllm-eagle3 bench --plan shipped` (alone on the machine; `--dry-run` prints its estimate) writes "
+           "`bench/shipped-<host kind>/` for the machine it runs on.")
+    if not runs:
+        return "\n\n".join([head, BAR_TEXT, "_No run on any host kind yet: " + how + "_"])
+    rows = [(d, summarize(d)["shipped"]) for d in runs]
+    cs = sorted({o["concurrency"] for _, r in rows for o in r})
+    return "\n\n".join([head, BAR_TEXT + " " + how, table(
+        ["host kind", "date", "commit"] + [f"c={c}" for c in cs] + ["verdict"],
+        [[host_kind(d["meta"]["machine"])[0], d["meta"]["date"], d["meta"]["machine"]["commit"]]
+         + [e(next((o["speedup"] for o in r if o["concurrency"] == c), None)) for c in cs] + [_verdict(r)]
+         for d, r in rows])])
 
 
 def plot_tok_s(data: Mapping, path: Path) -> bool:

@@ -68,6 +68,24 @@ def load_prompts(path: Path) -> list[list[int]]:
     return [list(it["prompt_token_ids"]) for it in json.loads(path.read_text())["items"]]
 
 
+def live_k(base: Mapping[str, Any]) -> Any:
+    """The base serve config's ``live_k`` (its additional-config's ``vllm_eagle3`` mapping), None without one."""
+    return ((base.get("additional-config") or {}).get("vllm_eagle3") or {}).get("live_k")
+
+
+def as_shipped(v: Variant, base: Mapping[str, Any]) -> Variant:
+    """A live variant as the base serve config ships it: its k and its table (where live_k starts from)."""
+    if not v.live:
+        return v
+    spec = base.get("speculative-config") or {}
+    if not live_k(base) or not spec.get("num_speculative_tokens"):
+        raise SystemExit("vllm-eagle3 bench: the shipped default is speculation with live_k on (the serve config's "
+                         "additional-config: vllm_eagle3: live_k); --config has no speculation or no live_k")
+    k = int(spec["num_speculative_tokens"])
+    table = spec.get("num_speculative_tokens_per_batch_size") or [[1, 4096, k]]
+    return dataclasses.replace(v, k=k, schedule=tuple(tuple(int(x) for x in e) for e in table))
+
+
 def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path) -> Path:
     """The serve config of one variant: the shipped one with k, the draft, eager/compiled and the timers set."""
     import yaml
@@ -76,6 +94,8 @@ def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path
     cfg["model"] = str(repo_path(str(base["model"])).resolve())
     for key in ("port", "host", "additional-config"):  # additional-config: each wiring passes its own --capture-spec
         cfg.pop(key, None)
+    if variant.live:  # the shipped default: live_k as the base says (serve merges the wiring's --capture-spec in)
+        cfg["additional-config"] = {"vllm_eagle3": {"live_k": live_k(base)}}
     cfg["enable-prefix-caching"] = False  # the same prompts run in several cells: every request pays its prefill
     cfg["enforce-eager"] = not variant.compiled
     cfg["worker-extension-cls"] = TIMERS_EXTENSION  # inactive until bench_timers_start
