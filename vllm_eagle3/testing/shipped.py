@@ -35,5 +35,5 @@ def shipped_server_argv(draft: Path | None = DRAFT, spec: Path | None = SPEC) ->
         return argv
     # The shipped config's own plugin mapping (its spec, live_k) is replaced: the spec by ``spec`` (serve refuses two
     # different specs), live k by the fixed k above. A test's drafts must not depend on how busy the box is
-    # (live_k moves k by measured step times); tests/e2e/test_live_k.py serves the shipped mapping as it is.
+    # (live_k moves k by measured step times); tests/e2e/test_live_k_serving.py serves live k.
     return argv + ["--additional-config", json.dumps({"vllm_eagle3": {"live_k": False}}), "--capture-spec", str(spec)]
