@@ -15,10 +15,12 @@ scheduler), which answers from measurements of the machine that serves instead o
   not to the batch size, so all buckets share it). A position never drafted yet is extrapolated from the last one
   measured (the head's conditional acceptance rate held).
 - **choice**: each bucket starts at the configured table's k. Every ``explore_every`` steps in a bucket it holds a
-  neighbouring k (one below, then one above, alternating) for ``hold`` steps, and moves there only when that k's
-  tokens per second beat the current k's by ``margin``. Exploration is bounded (``hold / (explore_every + hold)`` of
-  a bucket's steps, at a neighbour of the best k), and the margin plus the moving averages keep two near-equal ks
-  from trading places on noise.
+  neighbouring k (one below, then one above, alternating) for ``hold`` steps. Each probe is a paired measurement:
+  its steps' cost against the current k's steps just before it. The neighbour takes over when, over its last
+  ``evidence`` probes (at least ``min_probes``), its tokens per second beat the current k's by ``margin`` and by two
+  standard errors. Exploration is bounded (``hold / (explore_every + hold)`` of a bucket's steps, at a neighbour of
+  the current k); pairing and the evidence rule keep a noisy machine from walking k away from the best (comparing
+  moving averages did: in a side-by-side benchmark on two busy cores it took batch 1 from k=5 to k=2).
 
 k = 0 still runs the draft's first pass (the head's KV cache must stay in step, docs/adaptive-k.md), so it is a
 choice like any other, not "no speculation". Greedy output does not depend on k (float32: verify and decode agree),
@@ -52,13 +54,17 @@ class Settings:
     explore_every: int = 32  # steps in a bucket between two probes of a neighbouring k
     hold: int = 4  # steps a probe holds its k; the first verifies the previous k's drafts and is not a sample
     margin: float = 0.03  # a neighbour must be this much faster (tokens/s) to take over
+    min_probes: int = 3  # probes of a neighbour before it may take over
+    evidence: int = 8  # probes of a neighbour remembered (the last ones)
     smoothing: float = 0.2  # weight of a new sample in a step-cost moving average
     memory: float = 0.995  # per-step decay of the acceptance counts (~200 steps of memory)
 
     def __post_init__(self) -> None:
-        if self.explore_every < 1 or self.hold < 2:
-            raise LiveKError(f"live_k: explore_every must be >= 1 and hold >= 2 (one step of a probe is never a "
-                             f"sample), got explore_every={self.explore_every}, hold={self.hold}")
+        if self.explore_every < 1 or self.hold < 2 or self.min_probes < 2 or self.evidence < self.min_probes:
+            raise LiveKError(f"live_k: explore_every must be >= 1, hold >= 2 (one step of a probe is never a "
+                             f"sample), min_probes >= 2 and evidence >= min_probes; got explore_every="
+                             f"{self.explore_every}, hold={self.hold}, min_probes={self.min_probes}, "
+                             f"evidence={self.evidence}")
         if not (0 <= self.margin < 1 and 0 < self.smoothing <= 1 and 0 < self.memory <= 1):
             raise LiveKError(f"live_k: margin must be in [0, 1), smoothing in (0, 1], memory in (0, 1]; got "
                              f"margin={self.margin}, smoothing={self.smoothing}, memory={self.memory}")
@@ -105,6 +111,9 @@ class _Bucket:
     probe_k: int | None = None
     probe_left: int = 0
     next_up: bool = False  # the next probe goes above the current k (alternates)
+    window: list[float] = dataclasses.field(default_factory=list)  # the last samples at k, just before a probe
+    probed: list[float] = dataclasses.field(default_factory=list)  # this probe's samples
+    evidence: dict[int, list[float]] = dataclasses.field(default_factory=dict)  # k -> log(cost at k / cost now)
 
 
 class LiveK:
@@ -211,21 +220,44 @@ class LiveK:
             old = b.cost.get(k)
             b.cost[k] = per_request if old is None else old + s.smoothing * (per_request - old)
             b.samples[k] = b.samples.get(k, 0) + 1
+            if k == b.k:
+                b.window = (b.window + [per_request])[-(s.hold - 1):]
+            else:
+                b.probed.append(per_request)
         if b.probe_k is None and k != b.k:  # a probe's last step: decide
             self._decide(batch, b, k)
 
     def _decide(self, batch: int, b: _Bucket, probed: int) -> None:
-        if b.samples.get(probed, 0) < 2 or b.samples.get(b.k, 0) < 2:
+        """Each probe is one paired measurement: its steps against the current k's steps just before it (the
+        machine's load and the requests' lengths drift less in a dozen steps than between probes). The probed k
+        takes over when, over the last probes of it, the mean gain in tokens/s beats ``margin`` and two standard
+        errors: one lucky probe on a noisy machine is not enough."""
+        here, b.probed = b.probed, []
+        if len(here) < 1 or len(b.window) < 1:
             return
-        now, other = self.rate(b, b.k), self.rate(b, probed)
-        if other > now * (1 + self.settings.margin):
+        ev = b.evidence.setdefault(probed, [])
+        ev.append(math.log(sum(here) / len(here)) - math.log(sum(b.window) / len(b.window)))
+        del ev[:-self.settings.evidence]
+        gain = self.gain(b, probed)
+        if len(ev) < self.settings.min_probes or gain is None:
+            return
+        spread = math.sqrt(sum((x - sum(ev) / len(ev)) ** 2 for x in ev) / (len(ev) - 1) / len(ev))
+        if gain > math.log1p(self.settings.margin) and gain - 2 * spread > 0:
             lo, hi = bucket_range(bucket_of(batch))
-            logger.info("vllm-eagle3 live k: batch %d-%d: k %d -> %d (%.1f vs %.1f tokens/s per request: "
-                        "tokens per step %.2f vs %.2f, step %.1f vs %.1f ms per request)", lo, hi, b.k, probed,
-                        other, now, self.tokens_per_step(probed), self.tokens_per_step(b.k),
-                        1e3 * b.cost[probed], 1e3 * b.cost[b.k])
+            logger.info("vllm-eagle3 live k: batch %d-%d: k %d -> %d (%+.1f %% tokens/s over %d probes: tokens per "
+                        "step %.2f vs %.2f, step cost %+.1f %%)", lo, hi, b.k, probed, 100 * math.expm1(gain),
+                        len(ev), self.tokens_per_step(probed), self.tokens_per_step(b.k),
+                        100 * math.expm1(sum(ev) / len(ev)))
             b.k = probed
+            b.window, b.evidence = [], {}
             self.changes += 1
+
+    def gain(self, b: _Bucket, k: int) -> float | None:
+        """log(tokens/s at ``k`` / tokens/s at the bucket's k) from its probes' paired costs, or None."""
+        ev = b.evidence.get(k)
+        if not ev:
+            return None
+        return math.log(self.tokens_per_step(k) / self.tokens_per_step(b.k)) - sum(ev) / len(ev)
 
     # -- estimates ------------------------------------------------------------------------------------------------
 
@@ -260,6 +292,10 @@ class LiveK:
             "rates": {f"{lo}-{hi}": {str(k): round(self.rate(self.buckets[key], k), 2)
                                      for k in sorted(self.buckets[key].cost)}
                       for key in sorted(self.buckets) for lo, hi in [bucket_range(key)]},
+            "gain_pct": {f"{lo}-{hi}": {str(k): round(100 * math.expm1(g), 1)
+                                        for k in sorted(self.buckets[key].evidence)
+                                        for g in [self.gain(self.buckets[key], k)] if g is not None}
+                         for key in sorted(self.buckets) for lo, hi in [bucket_range(key)]},
             "steps_at_k": {str(k): n for k, n in enumerate(self.steps_at) if n},
             "changes": self.changes,
             "all_accepted": [round(self.all_accepted(j), 4) for j in range(1, self.max_k + 1)],
