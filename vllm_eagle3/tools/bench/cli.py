@@ -225,10 +225,9 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     plan = dataclasses.replace(plan, variants=tuple(run.as_shipped(v, base_cfg) for v in plan.variants))
     args.prompts = args.prompts or plans.PLAN_PROMPTS.get(plan.name, DEFAULT_PROMPTS)
     prompts = run.load_prompts(run.repo_path(args.prompts))
-    need = max([plan.prompts, plan.stream_prompts] + [plan.split_requests(c.concurrency) for v in plan.variants
-                                                      for c in v.cells]
-               + [plan.throughput_requests(c.concurrency) for v in plan.variants for c in v.cells
-                  if c.kind == "throughput"])
+    cells = [c for v in plan.variants for c in v.cells]
+    need = max([plan.prompts, plan.stream_prompts] + [plan.split_requests(c.concurrency) for c in cells]
+               + [plan.throughput_requests(c.concurrency) for c in cells if c.kind == "throughput"])
     if len(prompts) < need:
         raise SystemExit(f"vllm-eagle3 bench: {args.prompts} has {len(prompts)} prompts, the plan needs {need}; "
                          "lower --prompts-per-cell / --waves or the concurrency, or give a longer prompt file")

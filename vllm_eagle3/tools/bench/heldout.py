@@ -71,6 +71,8 @@ def windows(tok, text: str, prompt_tokens: int, per_file: int) -> list[tuple[int
 def corpus_hits(prompts: Iterable[str], roots: Sequence[Path], progress: bool = True) -> tuple[list[bool], int]:
     """For each prompt text, whether RUN of its consecutive non-blank lines occur together in a file under
     ``roots``; and how many files were read."""
+    from tqdm import tqdm
+
     from vllm_eagle3.miniature.data import source_files
 
     texts = list(prompts)
@@ -81,12 +83,7 @@ def corpus_hits(prompts: Iterable[str], roots: Sequence[Path], progress: bool = 
     hit = [False] * len(texts)
     firsts = {r[0] for r in wanted}
     files = source_files(roots)
-    try:
-        from tqdm import tqdm
-        it = tqdm(files, desc="corpus check", unit="file", disable=not progress)
-    except ImportError:
-        it = files
-    for f in it:
+    for f in tqdm(files, desc="corpus check", unit="file", disable=not progress):
         try:
             ls = _lines(f.path.read_text(encoding="utf-8", errors="ignore"))
         except OSError:
