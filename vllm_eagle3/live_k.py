@@ -5,7 +5,8 @@ to draft (vLLM 0.32 ``v1/core/sched/scheduler.py``; both the V1 runner and Model
 ``live_k`` in the plugin's ``--additional-config`` that lookup is a :class:`LiveK` (:func:`install` wraps the
 scheduler), which answers from measurements of the machine that serves instead of a table measured elsewhere:
 
-- **cost**: each step's execution time (from ``schedule`` returning to ``update_from_output``), per batch-size
+- **cost**: each step's time from ``schedule`` to the end of ``update_from_output`` (scheduling, the model's
+  execution and the scheduler's bookkeeping, which also grow with the tokens verified), per batch-size
   bucket (half-octaves: 1; 2; 3; 4; 5-6; 7-9; ...; 27-38; 39-53; 54-76: sizes that close cost alike per
   request) and per k, as a moving
   average of seconds per request. A step verifies the drafts of the step before, so only a step whose k equals the
@@ -418,31 +419,35 @@ def install() -> str:
 
     def schedule_(self, *args, **kwargs):
         live = getattr(self, _MARK, None)
-        if live is not None:
-            live.decision = None
-        out = schedule(self, *args, **kwargs)
+        started = None
         if live is not None and live.broken is None:
+            live.decision = None
+            started = live.clock()  # the step's cost: scheduling, execution and the scheduler's update
+        out = schedule(self, *args, **kwargs)
+        if started is not None:
             try:  # keyed by the output: under async scheduling the next schedule comes before this update
                 steps = self._vllm_eagle3_live_k_steps
                 if len(steps) > 16:  # outputs never handed back (an aborted step): forget them
                     steps.clear()
-                steps[id(out)] = (live.decision, live.clock())
+                steps[id(out)] = (live.decision, started)
             except Exception as exc:  # never fatal to the engine
                 live._break(exc)
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         live = getattr(self, _MARK, None)
+        verified: list[tuple[int, int]] = []
+        if live is not None and live.broken is None:
+            try:  # read before vLLM's update consumes the step
+                verified = _verified(scheduler_output, model_runner_output)
+            except Exception as exc:
+                live._break(exc)
+        out = update(self, scheduler_output, model_runner_output)
         if live is not None and live.broken is None:
             try:
                 decision, started = self._vllm_eagle3_live_k_steps.pop(id(scheduler_output), (None, None))
                 seconds = live.clock() - started if started is not None else 0.0
-                live.observe(decision, seconds, _verified(scheduler_output, model_runner_output))
-            except Exception as exc:
-                live._break(exc)
-        out = update(self, scheduler_output, model_runner_output)
-        if live is not None:
-            try:
+                live.observe(decision, seconds, verified)
                 _write_report(self, live)
             except Exception as exc:
                 live._break(exc)
