@@ -206,36 +206,24 @@ def _start(variant: Variant, base_cfg: Mapping[str, Any], wiring: Wiring, work: 
 
 
 def _ready(variant: Variant, server: VllmServer, res: dict[str, Any], say: Callable[[str], None],
-           start_timeout: float | None, prompts: Sequence[Sequence[int]]) -> bool:
-    """Wait for the server, then warm it up (not recorded); False (and ``res["error"]``) if it did not start."""
+           start_timeout: float | None, prompts: Sequence[Sequence[int]], log: Path) -> bool:
+    """Wait for the server, then warm it up (not recorded); False (and ``res["error"]``) if it did not start or the
+    warm-up failed."""
     try:
         timeout = start_timeout or START_TIMEOUT_S["compiled" if variant.compiled else "eager"]
         res["ready_s"] = server.wait_ready(timeout=timeout,
                                            progress=lambda s: say(f"{variant.key}:{s}"), progress_every=30)
+        say(f"{variant.key}: ready after {res['ready_s']:.0f} s")
+        top = max(c.concurrency for c in variant.cells)
+        client.plain_cell(server.base_url, served_model_name(server.base_url), list(enumerate(prompts[:top])), top, 16)
     except ServerStartError as exc:
         res["error"] = str(exc).splitlines()[0]
         say(f"{variant.key}: server did not start: {exc}")
         return False
-    say(f"{variant.key}: ready after {res['ready_s']:.0f} s")
-    top = max(c.concurrency for c in variant.cells)
-    client.plain_cell(server.base_url, served_model_name(server.base_url), list(enumerate(prompts[:top])), top, 16)
+    except Exception as exc:  # noqa: BLE001 - a warm-up that fails: recorded, the others go on
+        _failed(variant, res, exc, log, say)
+        return False
     return True
-
-
-def _finish(variant: Variant, server: VllmServer, env: Mapping[str, str], log: Path, res: dict[str, Any],
-            say: Callable[[str], None]) -> None:
-    """What the server says of its MLA verify path, its capture and its online check (read before stopping)."""
-    calls = client.worker_rpc(server.base_url, "bench_mla_calls")
-    res["mla_calls"] = calls[0] if calls else {}
-    if variant.capture != NO_SPEC:
-        needle = STOCK_LINE if envs.get("VLLM_PLUGINS", env) == STOCK_PLUGIN else PLUGIN_LINE
-        lines = server.log_text().splitlines()
-        taps = [ln for ln in lines if needle in ln]
-        res["capture_line"] = taps[-1][taps[-1].index(needle):] if taps else ""
-        if not taps:
-            say(f"{variant.key}: warning: no `{needle}` line in {log}")
-        checks = [ln for ln in lines if CHECK_LINE in ln]
-        res["check_line"] = checks[0][checks[0].index(CHECK_LINE):] if checks else ""
 
 
 def _failed(v: Variant, res: dict[str, Any], exc: Exception, log: Path, say: Callable[[str], None]) -> None:
@@ -247,13 +235,15 @@ def _kv_gib(v: Variant, plan: Plan, base_cfg: Mapping[str, Any], prompts: Sequen
     return kv_cache_gib(v, plan, max(map(len, prompts)), base_cfg.get("dtype", "float32"))
 
 
-def _run_cells(v: Variant, cells: Sequence, url: str, model: str, plan: Plan, prompts: Sequence[Sequence[int]],
-               res: dict[str, Any], say: Callable[[str], None], progress: Callable[[Variant, str, int], str]) -> None:
-    """``cells`` of ``v`` one after the other on its server (throughput cells ``plan.rounds`` times), into ``res``."""
+def _run_cells(v: Variant, cells: Sequence, server: VllmServer, model: str, env: Mapping[str, str], log: Path,
+               plan: Plan, prompts: Sequence[Sequence[int]], res: dict[str, Any], say: Callable[[str], None],
+               progress: Callable[[Variant, str, int], str]) -> None:
+    """``cells`` of ``v`` one after the other on its server (throughput cells ``plan.rounds`` times), into ``res``;
+    then what the server says of its MLA verify path, its capture and its online check (read before stopping)."""
     for cell in cells:
         for rnd in range(plan.rounds if cell.kind == "throughput" else 1):
             t = time.monotonic()
-            rec = _run_cell(url, model, v, cell.kind, cell.concurrency, plan, prompts)
+            rec = _run_cell(server.base_url, model, v, cell.kind, cell.concurrency, plan, prompts)
             rec["round"] = rnd
             res["cells"].append(rec)
             toks = sum(r["tokens"] for r in rec["requests"])
@@ -261,6 +251,17 @@ def _run_cells(v: Variant, cells: Sequence, url: str, model: str, plan: Plan, pr
                 + (f" round {rnd + 1}" if plan.rounds > 1 and cell.kind == "throughput" else "")
                 + f": {len(rec['requests'])} requests, {toks} tokens in {time.monotonic() - t:.1f} s; "
                 + progress(v, cell.kind, cell.concurrency))
+    calls = client.worker_rpc(server.base_url, "bench_mla_calls")
+    res["mla_calls"] = calls[0] if calls else {}
+    if v.capture != NO_SPEC:
+        needle = STOCK_LINE if envs.get("VLLM_PLUGINS", env) == STOCK_PLUGIN else PLUGIN_LINE
+        lines = server.log_text().splitlines()
+        taps = [ln for ln in lines if needle in ln]
+        res["capture_line"] = taps[-1][taps[-1].index(needle):] if taps else ""
+        if not taps:
+            say(f"{v.key}: warning: no `{needle}` line in {log}")
+        checks = [ln for ln in lines if CHECK_LINE in ln]
+        res["check_line"] = checks[0][checks[0].index(CHECK_LINE):] if checks else ""
 
 
 def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wiring: Wiring,
@@ -272,10 +273,9 @@ def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wirin
     res = _record(variant)
     server, env, log = _start(variant, base_cfg, wiring, work, log_dir, say, _kv_gib(variant, plan, base_cfg, prompts))
     try:
-        if _ready(variant, server, res, say, start_timeout, prompts):
-            _run_cells(variant, variant.cells, server.base_url, served_model_name(server.base_url), plan, prompts,
+        if _ready(variant, server, res, say, start_timeout, prompts, log):
+            _run_cells(variant, variant.cells, server, served_model_name(server.base_url), env, log, plan, prompts,
                        res, say, progress)
-            _finish(variant, server, env, log, res, say)
     except Exception as exc:  # noqa: BLE001 - one broken variant must not lose the others' results
         _failed(variant, res, exc, log, say)
     finally:
@@ -319,12 +319,7 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                 continue
             server, env, log = _start(v, base_cfg, wirings[v.capture], work, log_dir, say, kv)
             live.append((v, res, server, env, log))
-            try:
-                ok = _ready(v, server, res, say, start_timeout, prompts)
-            except Exception as exc:  # noqa: BLE001 - a warm-up that fails: recorded, the others go on
-                _failed(v, res, exc, log, say)
-                ok = False
-            if not ok:
+            if not _ready(v, server, res, say, start_timeout, prompts, log):
                 server.stop()
                 live.pop()
         models = {v.key: served_model_name(server.base_url) for v, _, server, _, _ in live}
@@ -351,9 +346,8 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
         for v, res, server, env, log in live:
             try:
                 if not res["error"]:
-                    _run_cells(v, [c for c in v.cells if c.kind != "throughput"], server.base_url, models[v.key],
+                    _run_cells(v, [c for c in v.cells if c.kind != "throughput"], server, models[v.key], env, log,
                                plan, prompts, res, say, progress)
-                    _finish(v, server, env, log, res, say)
             except Exception as exc:  # noqa: BLE001
                 _failed(v, res, exc, log, say)
     finally:
