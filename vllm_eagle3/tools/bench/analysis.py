@@ -289,6 +289,12 @@ def check_cost(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
     return out
 
 
+def same_text(summary: Mapping[str, Any], servers: Sequence[tuple[Variant, Any]], c: int) -> list | None:
+    """[same, all] greedy outputs at ``c``, summed over the ``servers`` that had the throughput cell there."""
+    rows = {v["key"]: v["by_concurrency"].get(str(c), {}) for v in summary["variants"]}
+    return list(map(sum, zip(*[g for x, _ in servers if (g := rows[x.key].get("same_text"))]))) or None
+
+
 WITHIN_BEST = 0.90  # issue 29: the adaptive schedule within 10 % of the best static k at every concurrency
 
 
@@ -297,11 +303,6 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     is over which servers: ``template_adaptive.md``). Targets: >= 1.0x no speculation at the interval's lower end,
     >= :data:`WITHIN_BEST` x the best static k."""
     out = []
-    by_key = {v["key"]: v for v in summary["variants"]}
-
-    def same_text(x: Variant, c: int) -> list | None:  # [same, all]: set where the server had the throughput cell
-        return by_key[x.key]["by_concurrency"].get(str(c), {}).get("same_text")
-
     for v, raw in res.find(adaptive=True, replica=1, live=False):
         base = res.base(v)
         choosers = [(sv, sraw) for sv, sraw in res.variants if sv.chooses_k and sv.compiled == v.compiled]
@@ -317,7 +318,6 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             cand = [(wall_tok_s(cells(sraw, "throughput", c)), sv, sraw) for sv, sraw in at_c if sv.k]
             cand = [x for x in cand if finite(x[0])]
             seed = f"adaptive/{v.key}/{c}"
-            texts = [g for x, _ in twins if (g := same_text(x, c))]
             row: dict[str, Any] = {"mode": v.mode, "concurrency": c, "k": k_at(v.schedule, c) if v.schedule else None,
                                    "nospec_tok_s": wall_tok_s(bcs), "tok_s": wall_tok_s(mine),
                                    "speedup": speedup(mine, bcs, seed).as_dict(),
@@ -325,7 +325,7 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                                    "chosen_side_by_side": bool(first_v and first_v.stretch),
                                    "stretch": v.stretch, "turns": mine_by[0][0].get("chunks"),
                                    "servers": [len(mine_by), 0], "same_config": {},
-                                   "same_text": list(map(sum, zip(*texts))) or None}  # summed over servers
+                                   "same_text": same_text(summary, twins, c)}
             if len(mine_by) > 1:
                 row["same_config"]["adaptive"] = speedup(mine_by[0], mine_by[1], seed + "/same").as_dict()
             k3 = [x for x in cand if x[1].k == 3]
@@ -347,7 +347,7 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                                                                                          c), seed + "/best").as_dict()
                 row["vs_best_static"] = speedup(mine, bcells, seed + "/vs-best").as_dict()
                 row["measured_k"] = sorted(x[1].k for x in cand)
-                row["static_same_text"] = {str(x[1].k): same_text(x[1], c) for x in cand}
+                row["static_same_text"] = {str(x[1].k): same_text(summary, [x[1:]], c) for x in cand}
             if first is not None and base is not first:
                 row["nospec_drift"] = speedup(bcs, cells(first, "throughput", c), seed + "/drift").as_dict()
             lo, vb = row["speedup"]["lo"], row.get("vs_best_static", {}).get("value", NAN)
@@ -371,7 +371,6 @@ def shipped(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per concurrency, for a run with a live (shipped default) server: its servers pooled vs the no-speculation
     server of its stretch (paired over prompts), acceptance length pooled over its requests, the :func:`verdict`."""
     out = []
-    by_key = {v["key"]: v for v in summary["variants"]}
     for v, _ in res.find(live=True, replica=1):
         base, twins = res.base(v), res.find(live=True, compiled=v.compiled, stretch=v.stretch)
         for c in summary["concurrencies"]:
@@ -379,8 +378,7 @@ def shipped(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             if not mine or not bcs:
                 continue
             sp = speedup(mine, bcs, f"shipped/{v.key}/{c}").as_dict()
-            texts = [g for x, _ in twins if (g := by_key[x.key]["by_concurrency"].get(str(c), {}).get("same_text"))]
-            same = list(map(sum, zip(*texts))) or None
+            same = same_text(summary, twins, c)
             counts = [r.counters for r in requests(mine) if r.counters and r.counters[0] > 0]
             out.append({"concurrency": c, "mode": v.mode, "servers": len(by_server(twins, c)), "speedup": sp,
                         "nospec_tok_s": wall_tok_s(bcs), "tok_s": wall_tok_s(mine), "same_text": same,
