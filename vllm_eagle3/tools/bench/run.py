@@ -1,7 +1,4 @@
-"""Orchestration of ``vllm-eagle3 bench``: one server per variant, its cells in order; or a side-by-side stretch's
-servers all alive at once, their throughput cells in turns (:func:`run_together`); then the results file. Per
-server: its serve YAML, a warm-up, its cells, what its log and worker say of its capture and MLA path, stop.
-"""
+"""Orchestration of ``vllm-eagle3 bench``: the servers (:func:`run_variant`, :func:`run_together`), the results file."""
 
 from __future__ import annotations
 
