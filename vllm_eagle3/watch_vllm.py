@@ -24,7 +24,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from vllm_eagle3 import verdicts as V
 from vllm_eagle3 import watch as _watch
-from vllm_eagle3.live_k import read_report as read_live_k
+from vllm_eagle3.live_k_vllm import read_report as read_live_k
 from vllm_eagle3.wiring_check import read_reports
 from vllm_eagle3.resolve import resolve_from_env, spec_source
 from vllm_eagle3.spec import CaptureSpecError

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_eagle3 import live_k
+from vllm_eagle3 import live_k, live_k_vllm
 from vllm_eagle3.live_k import LiveK, LiveKError, Settings
 
 pytestmark = pytest.mark.unit
@@ -178,13 +178,13 @@ def _config(live, spec_k=5, dp=1):
 
 
 def test_config_errors_and_off(caplog):
-    assert live_k.settings_of(_config(False)) is None
-    assert live_k.settings_of(SimpleNamespace(additional_config={})) is None
-    assert live_k.settings_of(_config(True)) == Settings()
-    assert live_k.settings_of(_config(True, spec_k=0)) is None  # a baseline without speculation: said, not refused
+    assert live_k_vllm.settings_of(_config(False)) is None
+    assert live_k_vllm.settings_of(SimpleNamespace(additional_config={})) is None
+    assert live_k_vllm.settings_of(_config(True)) == Settings()
+    assert live_k_vllm.settings_of(_config(True, spec_k=0)) is None  # a baseline without speculation: said, not refused
     assert "does not speculate: there is no k to choose" in caplog.text
     with pytest.raises(LiveKError, match="data_parallel_size 1"):
-        live_k.settings_of(_config(True, dp=2))
+        live_k_vllm.settings_of(_config(True, dp=2))
 
 
 def test_vllm_scheduler_is_wrapped_and_reads_the_lookup():
@@ -195,8 +195,8 @@ def test_vllm_scheduler_is_wrapped_and_reads_the_lookup():
 
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    live_k.install()
-    assert live_k.install() == "already installed"
+    live_k_vllm.install()
+    assert live_k_vllm.install() == "already installed"
     src = inspect.getsource(inspect.unwrap(Scheduler.schedule))
     assert "self.dynamic_sd_lookup[" in src and "len(num_scheduled_tokens)" in src
     # Both runners draft the k the scheduler put in its output (V1's propose_draft_token_ids, V2's execute_model).
@@ -207,7 +207,7 @@ def test_vllm_scheduler_is_wrapped_and_reads_the_lookup():
         inspect.unwrap(v1.GPUModelRunner.propose_draft_token_ids))
     assert "scheduler_output.num_spec_tokens_to_schedule" in inspect.getsource(v2.GPUModelRunner)
     scheduler = SimpleNamespace(vllm_config=_config(True), num_spec_tokens=5, dynamic_sd_lookup=[0] + [5] * 8 + [2] * 8)
-    live = live_k.attach(scheduler)
+    live = live_k_vllm.attach(scheduler)
     assert scheduler.dynamic_sd_lookup is live and live[1] == 5 and live[12] == 2
 
 
@@ -222,25 +222,25 @@ def test_report_reaches_the_endpoint(tmp_path, monkeypatch):
     simulate(live, clock, cost_loaded, 64, 200)
     busy = SimpleNamespace(get_num_unfinished_requests=lambda: 3)
     idle = SimpleNamespace(get_num_unfinished_requests=lambda: 0)
-    old = live_k.report_path
-    live_k.report_path = lambda environ=None: old(env)
+    old = live_k_vllm.report_path
+    live_k_vllm.report_path = lambda environ=None: old(env)
     try:
-        live_k._write_report(busy, live)  # the first write of a busy engine
-        monkeypatch.setattr(live_k, "REPORT_EVERY_S", 1e9)  # the simulated steps take simulated seconds
+        live_k_vllm._write_report(busy, live)  # the first write of a busy engine
+        monkeypatch.setattr(live_k_vllm, "REPORT_EVERY_S", 1e9)  # the simulated steps take simulated seconds
         simulate(live, clock, cost_loaded, 64, 10)
-        live_k._write_report(busy, live)  # busy and written just now: not rewritten
-        assert live_k.read_report(env)["steps_at_k"] != live.report()["steps_at_k"]
-        live_k._write_report(idle, live)  # idle: written whatever the time
+        live_k_vllm._write_report(busy, live)  # busy and written just now: not rewritten
+        assert live_k_vllm.read_report(env)["steps_at_k"] != live.report()["steps_at_k"]
+        live_k_vllm._write_report(idle, live)  # idle: written whatever the time
     finally:
-        live_k.report_path = old
-    got = live_k.read_report(env)
+        live_k_vllm.report_path = old
+    got = live_k_vllm.read_report(env)
     assert got == live.report() and got["state"] == "on"
     assert sum(got["steps_at_k"].values()) == 210
     assert got["table"] == [[54, 76, live.table()[0][2]]]
     body = watch.report({}, got)
     assert body["live_k"]["table"] == got["table"]
     assert watch.report({})["live_k"] is None
-    assert live_k.read_report({}) is None
+    assert live_k_vllm.read_report({}) is None
 
 
 def test_a_scheduler_without_live_k_is_untouched():
@@ -249,12 +249,12 @@ def test_a_scheduler_without_live_k_is_untouched():
     killed such an engine at its first step)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    live_k.install()
+    live_k_vllm.install()
     off = SimpleNamespace(vllm_config=_config(False), num_spec_tokens=3, dynamic_sd_lookup=None)
-    assert live_k.attach(off) is None and off.dynamic_sd_lookup is None
-    assert getattr(off, live_k._MARK, None) is None
+    assert live_k_vllm.attach(off) is None and off.dynamic_sd_lookup is None
+    assert getattr(off, live_k_vllm._MARK, None) is None
     plain = Scheduler.__new__(Scheduler)  # no __init__: only what the wrappers read
-    assert getattr(plain, live_k._MARK, None) is None
+    assert getattr(plain, live_k_vllm._MARK, None) is None
 
 
 def cost_idle(b: int, verified: int, drafted: int) -> float:
