@@ -32,9 +32,9 @@ def settings_of(vllm_config: Any) -> Settings | None:
     if settings is None:
         return None
     spec = getattr(vllm_config, "speculative_config", None)
-    if spec is None or not spec.num_speculative_tokens:  # e.g. a serve config's baseline: --speculative-config None
-        logger.warning("vllm-eagle3 live k: set, but this server does not speculate: there is no k to choose, so "
-                       "live_k does nothing here (drop it, or add --speculative-config to speculate)")
+    if spec is None or not spec.num_speculative_tokens:  # a serve config's baseline (--speculative-config None): said
+        logger.info("vllm-eagle3 live k: set, but this server does not speculate: there is no k to choose, so "
+                    "live_k does nothing here (drop it, or add --speculative-config to speculate)")
         return None
     if vllm_config.parallel_config.data_parallel_size > 1:
         raise LiveKError("live_k needs data_parallel_size 1: vLLM runs one k across data-parallel ranks (it turns "

@@ -178,6 +178,7 @@ def _config(live, spec_k=5, dp=1):
 
 
 def test_config_errors_and_off(caplog):
+    caplog.set_level("INFO", logger="vllm.vllm_eagle3.live_k")
     assert live_k_vllm.settings_of(_config(False)) is None
     assert live_k_vllm.settings_of(SimpleNamespace(additional_config={})) is None
     assert live_k_vllm.settings_of(_config(True)) == Settings()
