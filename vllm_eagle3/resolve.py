@@ -154,6 +154,13 @@ def plugin_config(additional_config: Mapping[str, Any] | None) -> dict[str, Any]
     if unknown:
         allowed = "; ".join(f"{k}: {v}" for k, v in CONFIG_KEYS.items())
         raise CaptureSpecError(f"--additional-config {CONFIG_KEY!r}: unknown key(s) {unknown}; allowed keys: {allowed}")
+    if "live_k" in mine:  # checked here too, so `vllm-eagle3 serve` refuses it before vLLM starts
+        from vllm_eagle3.live_k import LiveKError, Settings
+
+        try:
+            Settings.from_config(mine["live_k"])
+        except LiveKError as exc:
+            raise CaptureSpecError(f"--additional-config {CONFIG_KEY!r}: {exc}") from None
     return dict(mine)
 
 

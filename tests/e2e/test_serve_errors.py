@@ -166,6 +166,10 @@ CASES = {
     "unreadable draft config, method from the path": (
         lambda f: [str(f["target"]), "--speculative-config", json.dumps({"model": str(f["broken_eagle3"])}),
                    "--capture-spec", str(f["good_spec"])], ["draft config", "not valid JSON"]),
+    "live_k setting misspelt": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"]),
+                                           "--capture-spec", str(f["good_spec"]), "--additional-config",
+                                           json.dumps({"vllm_eagle3": {"live_k": {"explore_evry": 8}}})],
+                                ["live_k: unknown key(s) ['explore_evry']", "explore_every"]),
     "pipeline parallel drops a tap": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"]),
                                                  "--capture-spec", str(f["good_spec"]), "-pp", "2"],
                                       ["pipeline_parallel_size=2", "[embed, 3]", "earlier stages"]),

@@ -177,6 +177,15 @@ def _config(live, spec_k=5, dp=1):
                            parallel_config=SimpleNamespace(data_parallel_size=dp))
 
 
+def test_resolve_refuses_a_bad_live_k_where_it_reads_the_plugin_config():
+    from vllm_eagle3.resolve import plugin_config
+    from vllm_eagle3.spec import CaptureSpecError
+
+    assert plugin_config({"vllm_eagle3": {"live_k": {"hold": 6}}}) == {"live_k": {"hold": 6}}
+    with pytest.raises(CaptureSpecError, match=r"'vllm_eagle3': live_k: .*hold >= 2.*got .*hold=1"):
+        plugin_config({"vllm_eagle3": {"live_k": {"hold": 1}}})
+
+
 def test_config_errors_and_off(caplog):
     caplog.set_level("INFO", logger="vllm.vllm_eagle3.live_k")
     assert live_k_vllm.settings_of(_config(False)) is None
