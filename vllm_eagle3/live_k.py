@@ -138,6 +138,7 @@ class LiveK:
         self.steps_at = [0] * (max_k + 1)  # steps scheduled at each k (what the log and tests read)
         self.changes = 0
         self.broken: str | None = None  # why live k stopped (an exception in here), else None
+        self.hold_k = False  # set per step while a seeded sampled request is served: no probes (see _choose)
 
     # -- vLLM's lookup --------------------------------------------------------------------------------------------
 
@@ -158,7 +159,9 @@ class LiveK:
     def _choose(self, batch: int) -> int:
         b = self._bucket(batch)
         k = b.k
-        if b.probe_k is not None:
+        if self.hold_k:  # a seeded sampled request's output depends on the k of every step: keep the bucket's
+            b.probe_k, b.probe_left, b.probed = None, 0, []
+        elif b.probe_k is not None:
             k = b.probe_k
         elif b.steps >= self.settings.explore_every:
             k = self._start_probe(b)

@@ -71,6 +71,17 @@ def _verified(scheduler_output: Any, model_runner_output: Any) -> list[tuple[int
     return out
 
 
+def _seeded_sampling(scheduler: Any) -> bool:
+    """Whether the scheduler holds a request sampled with a seed. Its output depends on the k of every step it
+    runs in (the rejection sampler draws per draft token), so while one is served live k does not probe: the same
+    seed alone on the server gives the same text, as with a fixed table."""
+    for request in scheduler.requests.values():
+        params = request.sampling_params
+        if params is not None and params.seed is not None and params.temperature > 0:
+            return True
+    return False
+
+
 REPORT_NAME = "live_k.json"
 REPORT_EVERY_S = 2.0
 
@@ -135,6 +146,10 @@ def install() -> str:
         started = None
         if live is not None and live.broken is None:
             live.decision = None
+            try:
+                live.hold_k = _seeded_sampling(self)
+            except Exception as exc:  # never fatal to the engine
+                live._break(exc)
             started = live.clock()  # the step's cost: scheduling, execution and the scheduler's update
         out = schedule(self, *args, **kwargs)
         if started is not None:

@@ -9,6 +9,8 @@ depends on the step times, so on how busy the box is: nothing here asserts it. A
 - the start-up line says live k is on, over k 0..5, from the configured table;
 - greedy output at one and at four requests per step is token-identical to transformers' float32 continuation (the
   head's eval_prompts.json reference) while k moves between steps;
+- a seeded sampled request gives the same tokens twice (live k holds k while one is served: the rejection sampler
+  draws per draft token, so the text of a seeded request depends on the k of every step);
 - ``GET /v1/eagle3/wiring`` carries the engine's live-k report: on, the two batch sizes' buckets in its table, steps
   at more than one k (the probes ran), every k within 0..5; the watch does not read the probes as a wrong wiring.
 """
@@ -71,3 +73,25 @@ def test_live_k_probes_and_greedy_is_unchanged(server):
     steps = {int(k): n for k, n in live["steps_at_k"].items()}
     assert len(steps) >= 2 and all(0 <= k <= 5 for k in steps), f"no probe ran: {steps}"
     assert body["judges"]["watch"] != "wrong", body["engines"]
+
+
+def test_seeded_sampling_is_reproducible_while_live_k_probes(server):
+    """The same request twice, sampled with a seed, on a server that probes every 3 steps: the same tokens (a probe in
+    one of the two runs and not the other changed them before live k held k for seeded requests)."""
+    from openai import OpenAI
+
+    from vllm_eagle3.testing.shipped import MODEL_NAME
+
+    items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"]
+    client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=300)
+
+    def once() -> list[int]:
+        r = client.completions.create(model=MODEL_NAME, prompt=items[5]["prompt_token_ids"], max_tokens=48,
+                                      temperature=1.0, top_p=0.95, seed=1234,
+                                      extra_body={"top_k": 50, "ignore_eos": True, "return_token_ids": True})
+        return [int(t) for t in r.choices[0].model_extra["token_ids"]]
+
+    first = once()
+    greedy_between = items[6]["prompt_token_ids"]  # steps in between: the probe schedule moves on
+    client.completions.create(model=MODEL_NAME, prompt=greedy_between, max_tokens=17, temperature=0)
+    assert once() == first

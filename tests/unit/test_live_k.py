@@ -282,3 +282,27 @@ def test_a_noisy_machine_does_not_walk_it_away_from_the_best_k():
     ks = simulate(live, clock, cost_idle, 1, 3000, noise=0.25, seed=5)
     assert live.changes <= 1 and live.table()[0][2] == 5, (live.changes, live.table())
     assert ks[-500:].count(5) / 500 >= 0.85
+
+
+def test_a_seeded_sampled_request_holds_k():
+    """While a seeded sampled request is served (``hold_k``, set per step by the scheduler hook) no probe starts or
+    goes on: every step drafts the bucket's k, so the same seed alone gives the same text. When it ends, probing
+    resumes."""
+    clock = Clock()
+    live = LiveK(5, [5] * 8, Settings(explore_every=3, hold=2), clock)
+    ks = simulate(live, clock, cost_idle, 1, 7)
+    assert 4 in ks  # probing by default
+    live.hold_k = True
+    assert set(simulate(live, clock, cost_idle, 1, 60)) == {live.table()[0][2]}
+    live.hold_k = False
+    assert len(set(simulate(live, clock, cost_idle, 1, 12))) > 1
+
+
+def test_the_hook_sees_seeded_sampling():
+    def req(seed, temperature):
+        return SimpleNamespace(sampling_params=SimpleNamespace(seed=seed, temperature=temperature))
+
+    seen = live_k_vllm._seeded_sampling
+    assert not seen(SimpleNamespace(requests={"a": req(None, 1.0), "b": req(7, 0.0)}))  # greedy ignores its seed
+    assert seen(SimpleNamespace(requests={"a": req(None, 1.0), "b": req(7, 0.8)}))
+    assert not seen(SimpleNamespace(requests={"p": SimpleNamespace(sampling_params=None)}))  # pooling requests
