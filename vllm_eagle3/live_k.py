@@ -107,7 +107,6 @@ def bucket_range(bucket: int) -> tuple[int, int]:
 class _Bucket:
     k: int
     cost: dict[int, float] = dataclasses.field(default_factory=dict)  # k -> seconds per request-step (average)
-    samples: dict[int, int] = dataclasses.field(default_factory=dict)
     steps: int = 0  # steps since the last probe ended
     probe_k: int | None = None
     probe_left: int = 0
@@ -121,15 +120,16 @@ class LiveK:
     """The scheduler's per-batch-size k, chosen from this engine's measurements (module docstring).
 
     ``start[b]`` is the k the configured table gives at batch size ``b`` (vLLM's dense lookup, index 0 unused);
-    ``clock`` is injectable for tests. :meth:`__getitem__` is vLLM's lookup; :meth:`observe` takes each finished
+    ``held()`` says whether probing must wait (a seeded sampled request is served: its text depends on the k of every
+    step), asked only at steps that would probe; ``clock`` is injectable for tests. :meth:`__getitem__` is vLLM's lookup; :meth:`observe` takes each finished
     step. Not thread-safe: the scheduler calls both from its one thread.
     """
 
     def __init__(self, max_k: int, start: list[int], settings: Settings = Settings(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, held: Callable[[], bool] = lambda: False) -> None:
         if max_k < 1:
             raise LiveKError(f"live_k needs num_speculative_tokens >= 1, got {max_k}")
-        self.max_k, self.start, self.settings, self.clock = max_k, list(start), settings, clock
+        self.max_k, self.start, self.settings, self.clock, self.held = max_k, list(start), settings, clock, held
         self.buckets: dict[int, _Bucket] = {}
         self.drafted = [0.0] * (max_k + 1)  # [j]: drafts of length >= j (decayed counts)
         self.accepted = [0.0] * (max_k + 1)  # [j]: drafts whose first j tokens were all accepted
@@ -138,7 +138,6 @@ class LiveK:
         self.steps_at = [0] * (max_k + 1)  # steps scheduled at each k (what the log and tests read)
         self.changes = 0
         self.broken: str | None = None  # why live k stopped (an exception in here), else None
-        self.hold_k = False  # set per step while a seeded sampled request is served: no probes (see _choose)
 
     # -- vLLM's lookup --------------------------------------------------------------------------------------------
 
@@ -159,8 +158,8 @@ class LiveK:
     def _choose(self, batch: int) -> int:
         b = self._bucket(batch)
         k = b.k
-        if self.hold_k:  # a seeded sampled request's output depends on the k of every step: keep the bucket's
-            b.probe_k, b.probe_left, b.probed = None, 0, []
+        if (b.probe_k is not None or b.steps >= self.settings.explore_every) and self.held():
+            b.probe_k, b.probe_left, b.probed = None, 0, []  # no probe while held: every step drafts the bucket's k
         elif b.probe_k is not None:
             k = b.probe_k
         elif b.steps >= self.settings.explore_every:
@@ -223,7 +222,6 @@ class LiveK:
             per_request = seconds / batch
             old = b.cost.get(k)
             b.cost[k] = per_request if old is None else old + s.smoothing * (per_request - old)
-            b.samples[k] = b.samples.get(k, 0) + 1
             if k == b.k:
                 b.window = (b.window + [per_request])[-(s.hold - 1):]
             else:
@@ -288,8 +286,9 @@ class LiveK:
         return [(*bucket_range(key), self.buckets[key].k) for key in sorted(self.buckets)]
 
     def report(self) -> dict[str, Any]:
-        """What ``GET /v1/eagle3/wiring`` shows under ``live_k``: the table now, each bucket's measured tokens/s per
-        request for each k it has run, the steps drafted at each k, acceptance per position."""
+        """What ``GET /v1/eagle3/wiring`` shows under ``live_k``: the table now, each bucket's tokens/s (its batch's, from
+        the moving averages of step cost) for each k it has run, the paired gain of each probed k over the bucket's
+        k, the steps drafted at each k, acceptance per position."""
         return {
             "state": f"off: {self.broken}" if self.broken else "on",
             "table": [list(row) for row in self.table()],

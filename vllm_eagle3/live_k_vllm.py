@@ -16,6 +16,7 @@ import math
 from typing import Any, Mapping
 
 from vllm_eagle3.live_k import CONFIG_NAME, LiveK, LiveKError, Settings
+from vllm_eagle3.wiring_check import read_report_file, report_file, write_report_file
 
 logger = logging.getLogger("vllm.vllm_eagle3.live_k")
 
@@ -49,7 +50,7 @@ def attach(scheduler: Any) -> LiveK | None:
         return None
     max_k, table = scheduler.num_spec_tokens, scheduler.dynamic_sd_lookup
     where = "the configured num_speculative_tokens_per_batch_size" if table else f"k = {max_k}"
-    live = LiveK(max_k, table or [max_k] * 2, settings)
+    live = LiveK(max_k, table or [max_k] * 2, settings, held=functools.partial(_seeded_sampling, scheduler))
     scheduler.dynamic_sd_lookup = live
     setattr(scheduler, _MARK, live)
     scheduler._vllm_eagle3_live_k_steps = {}
@@ -87,32 +88,19 @@ REPORT_EVERY_S = 2.0
 
 
 def report_path(environ: Mapping[str, str] | None = None):
-    """``$EAGLE3_CHECK_DIR/live_k.json`` (the folder the online check's reports share with the API server)."""
-    from pathlib import Path
-
-    from vllm_eagle3 import envs
-
-    folder = envs.get("EAGLE3_CHECK_DIR", environ)
-    return Path(folder) / REPORT_NAME if folder else None
+    """``$EAGLE3_CHECK_DIR/live_k.json``, next to the online check's reports."""
+    return report_file(REPORT_NAME, environ)
 
 
 def read_report(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """The engine's latest live-k report (the API server's view), or None when live k is off or has not run."""
-    import json
-
     path = report_path(environ)
-    try:
-        return json.loads(path.read_text()) if path is not None and path.is_file() else None
-    except (OSError, ValueError):  # being replaced right now: the next read has it
-        return None
+    return read_report_file(path) if path is not None else None
 
 
 def _write_report(scheduler: Any, live: LiveK) -> None:
     """Every REPORT_EVERY_S while serving and whenever the engine runs out of requests (so a finished burst is
     always reported whole)."""
-    import json
-    import os
-
     now = live.clock()
     idle = not scheduler.get_num_unfinished_requests()
     if not idle and now - getattr(scheduler, "_vllm_eagle3_live_k_written", -math.inf) < REPORT_EVERY_S:
@@ -122,9 +110,7 @@ def _write_report(scheduler: Any, live: LiveK) -> None:
     if path is None:
         return
     try:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(live.report()))
-        tmp.replace(path)
+        write_report_file(path, live.report())
     except OSError as exc:  # the endpoint loses the live-k view; serving goes on
         logger.warning("vllm-eagle3 live k: could not write %s: %s", path, exc)
 
@@ -146,10 +132,6 @@ def install() -> str:
         started = None
         if live is not None and live.broken is None:
             live.decision = None
-            try:
-                live.hold_k = _seeded_sampling(self)
-            except Exception as exc:  # never fatal to the engine
-                live._break(exc)
             started = live.clock()  # the step's cost: scheduling, execution and the scheduler's update
         out = schedule(self, *args, **kwargs)
         if started is not None:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Mapping, Sequence
@@ -259,10 +260,31 @@ class Judge:
 
 # ----------------------------------------------------------------------------------------------- reports
 
+def report_file(name: str, environ: Mapping[str, str] | None = None) -> Path | None:
+    """``$EAGLE3_CHECK_DIR/<name>``: the folder where the engine's processes leave reports for the API server (the
+    online check's, live k's); None when it is not set."""
+    folder = envs.get("EAGLE3_CHECK_DIR", environ)
+    return Path(folder) / name if folder else None
+
+
+def write_report_file(path: Path, data: Any) -> None:
+    """Replace ``path`` whole (through a file of this process's), so a reader never sees half a report."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def read_report_file(path: Path) -> Any | None:
+    """A report's content, or None when it is absent or being replaced right now (the next read has it)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def report_path(engine_index: int, environ: Mapping[str, str] | None = None) -> Path | None:
     """Where engine ``engine_index``'s check writes its verdict: ``$EAGLE3_CHECK_DIR/engine<i>.json``."""
-    folder = envs.get("EAGLE3_CHECK_DIR", environ)
-    return Path(folder) / f"engine{engine_index}.json" if folder else None
+    return report_file(f"engine{engine_index}.json", environ)
 
 
 def read_reports(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -272,8 +294,7 @@ def read_reports(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     if not folder or not Path(folder).is_dir():
         return out
     for f in sorted(Path(folder).glob("engine*.json")):
-        try:
-            out[f.stem.removeprefix("engine")] = json.loads(f.read_text())
-        except (OSError, ValueError):  # being replaced right now: the next read has it
-            continue
+        report = read_report_file(f)
+        if report is not None:
+            out[f.stem.removeprefix("engine")] = report
     return out

@@ -285,16 +285,16 @@ def test_a_noisy_machine_does_not_walk_it_away_from_the_best_k():
 
 
 def test_a_seeded_sampled_request_holds_k():
-    """While a seeded sampled request is served (``hold_k``, set per step by the scheduler hook) no probe starts or
-    goes on: every step drafts the bucket's k, so the same seed alone gives the same text. When it ends, probing
-    resumes."""
+    """While a seeded sampled request is served (``held()``, which the scheduler hook answers from its requests) no
+    probe starts or goes on: every step drafts the bucket's k, so the same seed alone gives the same text. When it
+    ends, probing resumes."""
     clock = Clock()
     live = LiveK(5, [5] * 8, Settings(explore_every=3, hold=2), clock)
     ks = simulate(live, clock, cost_idle, 1, 7)
     assert 4 in ks  # probing by default
-    live.hold_k = True
+    live.held = lambda: True
     assert set(simulate(live, clock, cost_idle, 1, 60)) == {live.table()[0][2]}
-    live.hold_k = False
+    live.held = lambda: False
     assert len(set(simulate(live, clock, cost_idle, 1, 12))) > 1
 
 

@@ -27,10 +27,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -40,7 +38,7 @@ import torch
 from vllm_eagle3.online.runners import RUNNERS, RunnerHook, StepRows, runner_in_use, tp_rank, unknown_worker
 from vllm_eagle3.online.traces import RowSpan, Trace, Tracker
 from vllm_eagle3 import verdicts as V
-from vllm_eagle3.wiring_check import Judge, report_path
+from vllm_eagle3.wiring_check import Judge, report_path, write_report_file
 from vllm_eagle3.wirings import config_lines
 
 logger = logging.getLogger("vllm.vllm_eagle3.check")
@@ -304,6 +302,4 @@ class Checker:
         self.written = time.monotonic()
         if self.report is None:
             return
-        tmp = self.report.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.status(), indent=1) + "\n")
-        os.replace(tmp, self.report)
+        write_report_file(self.report, self.status())

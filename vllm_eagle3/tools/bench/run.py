@@ -66,8 +66,12 @@ def load_prompts(path: Path) -> list[list[int]]:
 
 
 def live_k(base: Mapping[str, Any]) -> Any:
-    """The base serve config's ``live_k`` (its additional-config's ``vllm_eagle3`` mapping), None without one."""
-    return ((base.get("additional-config") or {}).get("vllm_eagle3") or {}).get("live_k")
+    """The base serve config's ``live_k`` (its additional-config's plugin mapping, read and checked as every vLLM
+    process reads it), None without one."""
+    from vllm_eagle3.live_k import CONFIG_NAME
+    from vllm_eagle3.resolve import plugin_config
+
+    return plugin_config(base.get("additional-config")).get(CONFIG_NAME)
 
 
 def as_shipped(v: Variant, base: Mapping[str, Any]) -> Variant:
