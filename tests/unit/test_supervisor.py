@@ -70,9 +70,9 @@ def test_polite_server_stops_on_the_forwarded_signal_without_waiting_the_grace()
     assert took < 10, f"a server that exits on SIGTERM should not wait the 30 s grace ({took:.1f} s)"
 
 
-def _fake_vllm(tmp_path, script: str, capfd) -> tuple[int, str, str]:
+def _fake_vllm(tmp_path, script: str, capfd, *args: str) -> tuple[int, str, str]:
     env = {**os.environ, "EAGLE3_SERVE_LOG": str(tmp_path / "serve.log")}
-    code = supervise([sys.executable, "-c", script], env)
+    code = supervise([sys.executable, "-c", script, *args], env)
     out, err = capfd.readouterr()
     return code, out, err
 
@@ -91,6 +91,26 @@ def test_a_server_that_dies_after_start_up_exits_3_naming_the_process(tmp_path, 
                            "by SIGKILL (what the kernel's OOM killer sends"), line
     assert f"full log: {tmp_path / 'serve.log'}" in line
     assert "died unexpectedly" in (tmp_path / "serve.log").read_text()
+
+
+WORKER_KILLED = ("print('(Worker pid=7) ERROR 12-02 10:00:00 [multiproc_executor.py:315] Worker proc VllmWorker-1 "
+                 "died unexpectedly (exit code: -9), shutting down executor.', flush=True)")
+
+
+def test_a_headless_node_whose_worker_dies_while_serving_exits_3_not_did_not_start(tmp_path, capfd):
+    """A ``--headless`` node (workers only) never prints uvicorn's ready line; its executor's worker monitor runs only
+    after every worker was ready, so a death it logs is a death while serving (it was reported as "vLLM did not
+    start", exit 1). Without --headless the same output without the ready line is still a failed start."""
+    code, _, err = _fake_vllm(tmp_path, WORKER_KILLED, capfd, "serve", "--headless")
+    line = err.strip().splitlines()[-1]
+    assert code == 3 and line.startswith("vllm-eagle3: error: the engine died while serving: vLLM worker "
+                                         "VllmWorker-1 was killed by SIGKILL"), line
+    code, _, err = _fake_vllm(tmp_path, WORKER_KILLED, capfd, "serve")
+    assert code == 1 and "vLLM did not start" in err.strip().splitlines()[-1]
+    # what a real headless node logged when its worker was SIGKILLed (the monitor looked before the reap)
+    code, _, err = _fake_vllm(tmp_path, WORKER_KILLED.replace("-9", "None"), capfd, "serve", "--headless")
+    line = err.strip().splitlines()[-1]
+    assert code == 3 and "the engine died while serving: vLLM worker VllmWorker-1 died (vLLM saw no exit code" in line
 
 
 def test_a_server_that_never_starts_exits_1_with_the_cause_and_the_fix(tmp_path, capfd):

@@ -50,7 +50,9 @@ START_FAILURES: tuple[tuple[str, str], ...] = (
      "a model folder cannot be read (missing or broken config.json / tokenizer files): check the path"),
 )
 
-_WORKER_DIED = re.compile(r"Worker proc (\S+) died unexpectedly \(exit code: (-?\d+)\)")
+_WORKER_DIED = re.compile(r"Worker proc (\S+) died unexpectedly \(exit code: (-?\d+|None)\)")
+"""vLLM's worker monitor; the exit code is None when it looked before the process was reaped (seen on a headless
+node whose worker was SIGKILLed)."""
 _ENGINE_DEAD = re.compile(r"EngineDeadError|Engine core proc \S+ died|EngineCore[^ ]* died")
 
 
@@ -79,13 +81,23 @@ def start_failure(log: str) -> str:
     return f"{exc or 'vLLM exited without naming an exception'} (start-up reached: {where})"
 
 
+def served_headless(argv, log: str) -> bool:
+    """A ``--headless`` node (workers only: no API server, so no :data:`READY_MARK`) was serving when it ended: its
+    executor's worker monitor, which vLLM starts only after every worker reported ready (``multiproc_executor.py``
+    ``wait_for_ready`` then ``start_worker_monitor``), logged a worker's death."""
+    return "--headless" in argv and _WORKER_DIED.search(log) is not None
+
+
 def engine_death(log: str, gone: list[str] | None = None, together: list[str] | None = None) -> str:
     """Which process died while serving and why, from vLLM's output (``gone``: names of vLLM processes the
     supervisor saw disappear, first first, e.g. ``VLLM::Worker``; ``together``: those that ended in the same look
     as the first, whose order is the supervisor's best guess: a process killed by a signal before one that exited)."""
     m = _WORKER_DIED.search(log)
-    if m:
+    if m and m.group(2) != "None":
         return f"vLLM worker {m.group(1)} {_signal_name(int(m.group(2)))}"
+    if m and not gone:
+        return (f"vLLM worker {m.group(1)} died (vLLM saw no exit code: killed, e.g. by the kernel's OOM killer, or "
+                "crashed: its own output above says which)")
     if gone:
         also = f" (with {', '.join(together)} within 0.2 s)" if together else ""
         return (f"vLLM process {gone[0]} ended first{also} (killed, e.g. by the kernel's OOM killer, or crashed: its "

@@ -257,7 +257,7 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
             return 128 + got[0]
         log = tee.text()
         tee.end_line()
-        if tee.ready:
+        if tee.ready or failures.served_headless(argv, log):
             death = failures.engine_death(log, [name for group in gone for name in group], gone[0][1:] if gone else [])
             _say(f"error: the engine died while serving: {death}; vLLM exited with code {code}; full log: {log_path}")
             return failures.EXIT_ENGINE_DIED
