@@ -45,7 +45,7 @@ demo: setup
 	$(VENV)/bin/vllm-eagle3 demo
 
 # The default plan (~1 h on a quiet 2-core box; `make bench BENCH_ARGS=--dry-run` prints the plan and estimate,
-# BENCH_ARGS="--no-compiled" or "--plan full" shrink or grow it). Waits for other engines holding the lock.
+# BENCH_ARGS="--no-compiled" or "--concurrency 1 4 16 32" shrink or grow it). Waits for other engines holding the lock.
 BENCH_ARGS ?=
 bench: setup
 	flock /tmp/vllm-engine.lock $(VENV)/bin/vllm-eagle3 bench $(BENCH_ARGS)

@@ -316,3 +316,21 @@ def test_k_flag_sets_the_adaptive_plans_largest_k_and_refuses_zero():
     assert sorted({v.k for v in plan.variants if v.stretch == plans.CHOOSE_LIGHT}) == [0, 1, 2]
     with pytest.raises(ValueError, match="--k 0: speculative tokens must be >= 1"):
         cli.build_plan(cli.parser().parse_args(["--plan", "adaptive", "--k", "0"]))
+
+
+def test_a_judging_replica_that_failed_to_start_still_renders_the_page():
+    """A second adaptive server that did not start (memory, a port) is a failed row on the page, not a ValueError
+    after results.json was written (which left the run without a page); a results file from before the judging
+    stretches had replicas (no second adaptive server planned at all) is still refused."""
+    from vllm_eagle3.tools.bench.report_adaptive import adaptive_block
+
+    data = json.loads(ADAPTIVE_RESULTS.read_text())
+    for v in data["variants"]:
+        if v["variant"]["adaptive"] and v["variant"]["replica"] == 2:
+            v["error"], v["cells"] = "server did not start: simulated", []
+    page = report.render(data, png_rel=None)
+    assert "**Failed:** embed-adaptive#2@3: server did not start: simulated" in page
+    assert "Speculation that adapts to load" in page
+    data["variants"] = [v for v in data["variants"] if v["variant"]["replica"] == 1]
+    with pytest.raises(ValueError, match="before the judging stretches had replicas"):
+        adaptive_block(analysis.summarize(data))

@@ -144,7 +144,7 @@ def test_default_plan_has_the_headline_cells_with_enough_prompts():
             assert v.cell_list("throughput") == [1, 4, 16]
     ab = ["layers-k3", "native-layers-k3", "layers-k3#2", "native-layers-k3#2"]
     assert [keys.index(k) for k in ab] == sorted(keys.index(k) for k in ab)
-    assert plans.estimate_seconds(p) < 65 * 60
+    assert sum(plans.estimate_items(p).values()) < 65 * 60
 
 
 def test_variant_validation_and_labels():
@@ -190,11 +190,13 @@ def test_check_plan_measures_the_shipped_server_with_the_check_on_and_off(capsys
     assert all([(c.kind, c.concurrency) for c in v.cells] == [("throughput", c) for c in (1, 4, 16)]
                for v in p.variants)
     assert (p.prompts, p.waves, p.max_tokens) == (16, 4, 128)
-    assert 20 * 60 <= plans.estimate_seconds(p) <= 30 * 60
+    assert 20 * 60 <= sum(plans.estimate_items(p).values()) <= 30 * 60
     assert main(["--plan", "check", "--dry-run", "--concurrency", "1", "4"]) == 0
     assert "embed-k3+check-off#2" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        main(["--plan", "check", "--dry-run", "--sweep", "2"])
+    for flag in ("--no-opt-out", "--no-capture-ab"):
+        with pytest.raises(SystemExit):
+            main(["--plan", "check", "--dry-run", flag])
+    assert "--no-opt-out: not part of --plan check" in capsys.readouterr().err
 
 
 def test_check_off_server_gets_its_capture_spec_with_the_check_disabled(tmp_path):
@@ -370,6 +372,7 @@ def test_report_renders_every_slot_and_the_no_run_page(tmp_path):
     """BENCHMARKS.md is the template with every slot filled (a forgotten slot would print '{{name}}')."""
     text = report.render(synthetic_results())
     assert "{{" not in text and "**2.00 [2.00-2.00]**" in text and "abc1234" in text
+    assert "(1 round(s))" in text  # as the committed pages say: their results were written with a "rounds" field
     empty = report.render(None)
     assert "{{" not in empty and report.NO_RUN in empty
 
@@ -425,20 +428,21 @@ def test_progress_counts_cells_and_minutes_left_from_the_plans_estimate():
     plan = plans.PLANS["default"]()
     progress = plans.Progress(plan)
     total = sum(len(v.cells) for v in plan.variants)
-    assert progress.cells == total
-    assert sum(progress.left.values()) == pytest.approx(plans.estimate_seconds(plan))
+    est = plans.estimate_items(plan)
+    assert sum(progress.left.values()) == pytest.approx(sum(est.values()))
     cells = [(v, c) for v in plan.variants for c in v.cells]
     first = progress(cells[0][0], cells[0][1].kind, cells[0][1].concurrency)
     assert first.startswith(f"cell 1/{total}, ~") and first.endswith(" min left")
-    est = plans.estimate_items(plan)  # the first server's start and its first cell are done
+    # the first server's start and its first cell are done
     done = est[(cells[0][0].key,)] + est[(cells[0][0].key, cells[0][1].kind, cells[0][1].concurrency)]
-    assert first == f"cell 1/{total}, ~{(plans.estimate_seconds(plan) - done) / 60:.0f} min left"
+    assert first == f"cell 1/{total}, ~{(sum(est.values()) - done) / 60:.0f} min left"
     for v, c in cells[1:]:
         last = progress(v, c.kind, c.concurrency)
     assert last == f"cell {total}/{total}, ~0 min left"
     failed = plans.Progress(plan)
     failed.drop(plan.variants[0])  # a server that did not start: its cells leave the count and the estimate
-    assert failed.cells == total - len(plan.variants[0].cells)
+    v, c = cells[len(plan.variants[0].cells)]
+    assert failed(v, c.kind, c.concurrency).startswith(f"cell 1/{total - len(plan.variants[0].cells)}, ~")
 
 
 def _soak_result(**over):

@@ -11,6 +11,7 @@ import itertools
 import math
 from typing import Any, Mapping, Sequence
 
+from vllm_eagle3.tools.bench.analysis import cells, wall_tok_s
 from vllm_eagle3.tools.bench.plan import CHOOSE_LOADED, Variant, k_at
 
 OPEN_END = 4096  # the last range's end: vLLM caps it at max_num_seqs
@@ -19,8 +20,6 @@ Schedule = tuple[tuple[int, int, int], ...]
 
 def points(raws: Sequence[Mapping[str, Any]]) -> dict[int, dict[int, float]]:
     """concurrency -> {k: tok/s} over the static servers in ``raws`` (results-file variant records)."""
-    from vllm_eagle3.tools.bench.analysis import cells, wall_tok_s
-
     out: dict[int, dict[int, float]] = {}
     for raw in raws:
         v = Variant.from_dict(raw["variant"])
@@ -38,8 +37,7 @@ def best_k(per_k: Mapping[int, float]) -> int:
 def schedule(pts: Mapping[int, Mapping[int, float]]) -> Schedule:
     """The table from measured points (needs at least one concurrency): the last range open-ended, neighbours with
     one k merged."""
-    cs = sorted(c for c in pts if pts[c])
-    if not cs:
+    if not (cs := sorted(c for c in pts if pts[c])):
         raise ValueError("no measured throughput to choose k from (every static server failed?)")
     ks = list(itertools.accumulate((best_k(pts[c]) for c in cs), min))  # k never rises with the batch
     ends = [math.floor(math.sqrt(a * b)) for a, b in zip(cs, cs[1:])] + [OPEN_END]  # throughput moves with log C
@@ -59,9 +57,7 @@ def loaded_cells(v: Variant, raws: Sequence[Mapping[str, Any]]) -> tuple:
     concurrency measured so far (k never rises with the batch, so a larger k cannot be chosen at more load), else
     none. No speculation always runs (the baseline, and k = 0 may be chosen)."""
     pts = points(raws)
-    if v.k == 0 or not pts:
-        return v.cells
-    return v.cells if v.k <= k_at(schedule(pts), max(pts)) else ()
+    return v.cells if v.k == 0 or not pts or v.k <= k_at(schedule(pts), max(pts)) else ()
 
 
 def side_cells(v: Variant, raws: Sequence[Mapping[str, Any]]) -> tuple:

@@ -7,7 +7,7 @@ the cell's wall clock, its interval that of the per-request latencies scaled to 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from vllm_eagle3.tools.bench.client import RequestRecord
 from vllm_eagle3.tools.bench.plan import AB_PAIRS, MLA_DEFAULT, NATIVE, SGLANG_DEFAULT_WIRING, Variant, k_at
@@ -23,7 +23,6 @@ class Results:
         if data.get("schema") != 2:
             raise ValueError(f"results file schema {data.get('schema')!r} is not 2: it was written by an older "
                              "`vllm-eagle3 bench`; re-run the benchmark (make bench) to get one this code reads")
-        self.data = data
         self.variants = [(Variant.from_dict(v["variant"]), v) for v in data["variants"]]
 
     def find(self, **want) -> list[tuple[Variant, dict]]:
@@ -57,7 +56,7 @@ def pooled(per_server: Sequence[Sequence[dict]]) -> list[dict]:
 
 
 def per_prompt(cs: Sequence[Mapping]) -> dict[int, tuple[float, float]]:
-    """prompt -> (tokens, seconds) summed over the cells' rounds."""
+    """prompt -> (tokens, seconds) summed over the cells (those of pooled servers too)."""
     out: dict[int, tuple[float, float]] = {}
     for r in requests(cs):
         t, s = out.get(r.prompt, (0.0, 0.0))
@@ -76,9 +75,7 @@ def wall_tok_s(cs: Sequence[Mapping]) -> float:
 
 
 def _scaled(point: float, est: Estimate) -> Estimate:
-    if not (finite(point) and finite(est.value) and est.value):
-        return Estimate(point, NAN, NAN, est.n, est.method)
-    f = point / est.value
+    f = point / est.value if finite(point) and finite(est.value) and est.value else NAN
     return Estimate(point, est.lo * f, est.hi * f, est.n, est.method)
 
 
@@ -114,8 +111,7 @@ def acceptance(raw: Mapping, seed: str) -> dict[str, Any]:
 
 
 def split_summary(raw: Mapping, c: int, seed: str) -> dict[str, Any] | None:
-    cs = [x for x in cells(raw, "split", c) if x.get("split")]
-    if not cs:
+    if not (cs := [x for x in cells(raw, "split", c) if x.get("split")]):
         return None
     sp = StepSplit.from_dict(cs[0]["split"])
     if not sp.steps:
@@ -151,8 +147,7 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
     concs = sorted({cell[1] for v in data["plan"]["variants"] for cell in v["cells"]})
     out: dict[str, Any] = {"variants": [], "concurrencies": concs}
     for v, raw in res.variants:
-        key = v.key
-        base = res.base(v)
+        key, base = v.key, res.base(v)
         acc = acceptance(raw, f"{key}/tau") if v.k else None
         tau = acc["tau"]["value"] if acc else NAN
         rows: dict[str, Any] = {}
@@ -166,8 +161,7 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
                            latency_ms=median([r.latency_s * 1e3 for r in reqs]),
                            ms_per_token=median([r.latency_s * 1e3 / r.tokens for r in reqs if r.tokens]),
                            tokens=sum(r.tokens for r in reqs), prompts=len({r.prompt for r in reqs}))
-            sp = split_summary(raw, c, f"{key}/{c}/split")
-            if sp:
+            if sp := split_summary(raw, c, f"{key}/{c}/split"):
                 row["split"] = sp
             if unt and spl:
                 row["timer_cost"] = speedup(spl, unt, f"{key}/{c}/timers").as_dict()
@@ -188,8 +182,7 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
                  # the verify-as-decode patch's CALLS["verify"] (timers.bench_mla_calls); zero: vLLM's own path
                  "mla_verify_on_decode_kernel": bool((raw.get("mla_calls") or {}).get("verify")),
                  "acceptance": acc, "by_concurrency": rows}
-        st = cells(raw, "stream", 1)
-        if st:
+        if st := cells(raw, "stream", 1):
             sreq = requests(st)
             entry["stream"] = {"ttft_ms": median([r.ttft_s * 1e3 for r in sreq]),
                                "itl_ms": median([r.itl_s * 1e3 for r in sreq]),
@@ -213,8 +206,7 @@ def capture_ab(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
             same = dict(k=nat_v.k, compiled=nat_v.compiled, mla_verify=nat_v.mla_verify, check=nat_v.check)
             a, b = res.find(capture=plugin, **same), res.find(capture=native, **same)
             for c in concs:
-                row = _ab_row(a, b, c, f"ab/{plugin}/{nat_v.k}/{c}")
-                if row:
+                if row := _ab_row(a, b, c, f"ab/{plugin}/{nat_v.k}/{c}"):
                     out.append({"plugin": plugin, "native": native, "k": nat_v.k, "concurrency": c, **row})
     return out
 
@@ -244,10 +236,11 @@ def _ab_row(a: Sequence[tuple[Variant, dict]], b: Sequence[tuple[Variant, dict]]
     return row
 
 
-def _compare(e: Sequence[Sequence[float]], n: Sequence[Sequence[float]], seed: str) -> dict[str, Any]:
-    """plugin / native over the servers of each side, the same ratio between two servers of one side, a verdict."""
-    ratio = stratified_ratio(e, n, seed)
-    same = [stratified_ratio([g[0]], [g[1]], f"{seed}/same/{i}") for i, g in enumerate((e, n)) if len(g) > 1]
+def _compare(a: Sequence, b: Sequence, seed: str, ratio_of: Callable = stratified_ratio) -> dict[str, Any]:
+    """``ratio_of`` side ``a`` / side ``b`` (each a list of servers' items: timings, cells), the same ratio between
+    two servers of one side, a verdict."""
+    ratio = ratio_of(a, b, seed)
+    same = [ratio_of(g[:1], g[1:2], f"{seed}/same/{i}") for i, g in enumerate((a, b)) if len(g) > 1]
     return {"ratio": ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in same],
             "verdict": _verdict(ratio, same)}
 
@@ -274,18 +267,13 @@ def check_cost(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
     out = []
     for off_v, _ in res.find(check=False, replica=1):
         same = dict(k=off_v.k, capture=off_v.capture, compiled=off_v.compiled, mla_verify=off_v.mla_verify)
-        for c in concs:
-            on, off = by_server(res.find(check=True, **same), c), by_server(res.find(check=False, **same), c)
-            if not on or not off:
-                continue
-            seed = f"check/{off_v.config_key}/{c}"
-            ratio = speedup(pooled(on), pooled(off), seed)
-            same_servers = [speedup(g[0], g[1], f"{seed}/same/{i}") for i, g in enumerate((on, off)) if len(g) > 1]
-            out.append({"config": off_v.config_key.replace("+check-off", ""), "k": off_v.k, "mode": off_v.mode,
-                        "concurrency": c, "servers": [len(on), len(off)],
-                        "on_tok_s": [wall_tok_s(cs) for cs in on], "off_tok_s": [wall_tok_s(cs) for cs in off],
-                        "ratio": ratio.as_dict(), "same_config_ratios": [x.as_dict() for x in same_servers],
-                        "verdict": _verdict(ratio, same_servers)})
+        sides = [(c, by_server(res.find(check=True, **same), c), by_server(res.find(check=False, **same), c))
+                 for c in concs]
+        out += [{"config": off_v.config_key.replace("+check-off", ""), "k": off_v.k, "mode": off_v.mode,
+                 "concurrency": c, "servers": [len(on), len(off)],
+                 "on_tok_s": [wall_tok_s(cs) for cs in on], "off_tok_s": [wall_tok_s(cs) for cs in off],
+                 **_compare(on, off, f"check/{off_v.config_key}/{c}", lambda x, y, s: speedup(pooled(x), pooled(y), s))}
+                for c, on, off in sides if on and off]
     return out
 
 
@@ -310,9 +298,8 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
         for c in summary["concurrencies"]:
             if not cells(raw, "throughput", c) or base is None or not cells(base, "throughput", c):
                 continue
-            mine_by = by_server(twins, c)
+            mine_by, bcs = by_server(twins, c), cells(base, "throughput", c)
             mine = pooled(mine_by)
-            bcs = cells(base, "throughput", c)
             at_c = [(sv, sraw) for sv, sraw in choosers if cells(sraw, "throughput", c)]
             first_v, first = next(((sv, sraw) for sv, sraw in at_c if sv.k == 0), (None, None))
             cand = [(wall_tok_s(cells(sraw, "throughput", c)), sv, sraw) for sv, sraw in at_c if sv.k]
@@ -395,9 +382,8 @@ def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     for mode in ("eager", "compiled"):
         vs = [v for v in pool if v["variant"]["compiled"] == (mode == "compiled")]
         for c in summary["concurrencies"]:
-            cand = [(v["by_concurrency"][str(c)]["tok_s"]["value"], v) for v in vs
-                    if "tok_s" in v["by_concurrency"].get(str(c), {})]
-            cand = [(t, v) for t, v in cand if finite(t)]
+            cand = [(t, v) for v in vs  # those with a throughput cell at c
+                    if finite(t := v["by_concurrency"].get(str(c), {}).get("tok_s", {}).get("value"))]
             if not cand or not any(v["variant"]["k"] == 0 for _, v in cand):
                 if cand and any(v["variant"]["k"] == 0 for v in vs):  # its server failed: no advice, say why
                     out.append({"mode": mode, "concurrency": c, "best_k": None, "missing_base": True})

@@ -13,8 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_eagle3.tools import REPO
-from vllm_eagle3.tools.bench import plan as plans, report
+from vllm_eagle3.tools import REPO, machine
+from vllm_eagle3.tools.bench import advise, plan as plans, report, report_adaptive
 
 DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
 DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
@@ -22,7 +22,7 @@ DEFAULT_PROMPTS = "models/kimi-k25-mini-eagle3/eval_prompts.json"
 DOCS = {"md": "BENCHMARKS.md", "png": "docs/bench.png", "json": "bench/results.json", "soak": "bench/soak.json",
         "adaptive": "bench/adaptive/results.json", "adaptive_bf16": "bench/adaptive-bf16/results.json"}
 ADAPTIVE = ("adaptive", "adaptive_bf16")  # the adaptive-k runs the repository's page shows: CPU_MLA f32, AMX_MLA bf16
-SCRATCH = ".cache/bench-{plan}"  # where plans other than default/full write (gitignored)
+SCRATCH = ".cache/bench-{plan}"  # where plans other than default write (gitignored)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,11 +33,10 @@ def parser() -> argparse.ArgumentParser:
                     "default wiring (taps 3/31/59), the draft/verify split, advice. Default plan ~1 h on a quiet "
                     "2-core box (--dry-run prints the estimate); run it alone on the machine (make bench).")
     p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
-                   help="smoke: every code path, numbers meaningless; quick: eager, c=1/4; default: the headline "
-                        "cells (~1 h); full: + k sweep, more cells, 2 rounds (~3 h); check: the online wiring check's "
-                        "cost (~30 min); adaptive: k per batch size vs static k (~80 min); shipped: the shipped "
-                        "default (live_k) vs no speculation, issue 41's bar (~30 min, bench/shipped-<host kind>); "
-                        "--dry-run lists each")
+                   help="smoke: every code path, numbers meaningless; default: the headline cells (~1 h); check: "
+                        "the online wiring check's cost (~30 min); adaptive: k per batch size vs static k (~80 min); "
+                        "shipped: the shipped default (live_k) vs no speculation, issue 41's bar (~30 min, "
+                        "bench/shipped-<host kind>); --dry-run lists each")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
@@ -46,15 +45,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=int, nargs="+", help="default 1 4 16")
     g.add_argument("--prompts-per-cell", type=int, help="different prompts per throughput cell (16)")
     g.add_argument("--max-tokens", type=int, help="output tokens per request (128)")
-    g.add_argument("--rounds", type=int, help="repeats of each throughput cell (1)")
     g.add_argument("--waves", type=int,
                    help="a throughput cell at concurrency C sends max(prompts-per-cell, waves x C) requests, C in "
                         "flight (4: steady load; 1: one wave, timed by its slowest request)")
-    g.add_argument("--sweep", type=int, nargs="*", metavar="K",
-                   help="also k = these at concurrency 1 and 4 (e.g. --sweep 1 2 4 5: ~+12 min)")
     g.add_argument("--compiled", action=argparse.BooleanOptionalAction,
                    help="add (--compiled) or skip (--no-compiled, saves ~9 min) the compiled (torch.compile) "
-                        "variants; default: the plan's (default and full: yes)")
+                        "variants; default: the plan's (default: yes)")
     g.add_argument("--no-opt-out", action="store_true", help="skip the MLA verify-as-decode opt-out variant")
     g.add_argument("--no-capture-ab", action="store_true",
                    help="skip the plugin-vs-native capture servers (and with them the SGLang default wiring)")
@@ -68,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
                         f"{plans.PLAN_PROMPTS['adaptive']}, prompts no shipped model trained on)")
     g.add_argument("--out-dir",
                    help="write results.json, BENCHMARKS.md and bench.png here (default: the repository's "
-                        f"{DOCS['json']}, {DOCS['md']}, {DOCS['png']} for --plan default/full, else "
+                        f"{DOCS['json']}, {DOCS['md']}, {DOCS['png']} for --plan default, else "
                         f"{SCRATCH.format(plan='<plan>')})")
     g.add_argument("--start-timeout", type=float, metavar="S",
                    help="seconds a server may take to start (default 400 eager, 1200 compiled)")
@@ -88,33 +84,27 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
     """The named plan with the command line's changes (k, concurrencies, sizes, variants left out or kept)."""
     kw = dict(plans.PLAN_ARGS[args.plan])
     headline = args.plan not in plans.BUILDERS
-    if not headline:  # these flags change variants that only the headline plans have
-        given = [flag for flag, on in (("--k", args.k is not None and args.plan == "shipped"),
-                                       ("--sweep", args.sweep is not None), ("--no-opt-out", args.no_opt_out),
-                                       ("--no-capture-ab", args.no_capture_ab)) if on]
-        if given:
-            raise ValueError(f"{', '.join(given)}: not part of --plan {args.plan}")
+    refused = {"--k": args.k is not None and args.plan == "shipped", "--no-opt-out": args.no_opt_out,
+               "--no-capture-ab": args.no_capture_ab}  # these change variants that only the headline plans have
+    if not headline and any(refused.values()):
+        raise ValueError(f"{', '.join(flag for flag, on in refused.items() if on)}: not part of --plan {args.plan}")
     if args.k is not None:  # the adaptive plan tries every k from 1 to this one
         if args.k < 1:
-            raise ValueError(f"--k {args.k}: speculative tokens must be >= 1 (no speculation is in every plan "
-                             "already)")
+            raise ValueError(f"--k {args.k}: speculative tokens must be >= 1 (no speculation is in every plan already)")
         kw.update({"ks": tuple(range(1, args.k + 1))} if args.plan == "adaptive" else {"k": args.k})
     if args.concurrency:
-        cs = tuple(sorted(set(args.concurrency)))
-        kw["concurrencies"] = cs
+        kw["concurrencies"] = cs = tuple(sorted(set(args.concurrency)))
         for key in ("sglang_default_throughput", "opt_out_throughput") if headline else ():
             kept = tuple(c for c in kw.get(key, (16,)) if c in cs)  # keep those that remain, else the highest
             kw[key] = kept or (cs[-1],)
     given = {"compiled": args.compiled, "opt_out": False if args.no_opt_out else None,
-             "capture_ab": False if args.no_capture_ab else None,
-             "sweep": None if args.sweep is None else tuple(args.sweep), "prompts": args.prompts_per_cell,
-             "max_tokens": args.max_tokens, "rounds": args.rounds, "waves": args.waves}
+             "capture_ab": False if args.no_capture_ab else None, "prompts": args.prompts_per_cell,
+             "max_tokens": args.max_tokens, "waves": args.waves}
     kw.update({k: v for k, v in given.items() if v is not None})
     plan = plans.build(args.plan, **kw)
     if args.only:
         keys = [v.key for v in plan.variants]
-        unknown = sorted(set(args.only) - set(keys))
-        if unknown:
+        if unknown := sorted(set(args.only) - set(keys)):
             raise ValueError(f"--only {' '.join(unknown)}: not in this plan; its variants are {keys}")
         plan = dataclasses.replace(plan, variants=tuple(v for v in plan.variants if v.key in args.only))
     return plan
@@ -122,7 +112,7 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
 
 def describe(plan: plans.Plan) -> str:
     lines = [f"plan {plan.name}: {len(plan.variants)} servers; max({plan.prompts}, {plan.waves} x C) prompts x "
-             f"{plan.max_tokens} tokens per throughput cell at concurrency C, {plan.rounds} round(s)"]
+             f"{plan.max_tokens} tokens per throughput cell at concurrency C"]
     for v in plan.variants:
         cells = ", ".join(f"{c.kind} c={c.concurrency}" for c in v.cells)
         when = (" (at most: where the table or the best static k is this k)" if v.side_static else
@@ -130,21 +120,17 @@ def describe(plan: plans.Plan) -> str:
                 else "")
         when += f" [side-by-side stretch {v.stretch}]" if v.stretch else ""
         lines.append(f"  {v.key:<24} {cells}{when}")
-    warm, cold = plans.estimate_seconds(plan, True) / 60, plans.estimate_seconds(plan) / 60
-    compiled = any(v.compiled for v in plan.variants)
-    lines.append(f"estimated duration on a quiet 2-core box: ~{warm:.0f} min"
-                 + (f" with vLLM's compile cache warm (.cache/vllm), ~{cold:.0f} min cold" if compiled else ""))
+    warm, cold = (sum(plans.estimate_items(plan, w).values()) / 60 for w in (True, False))
+    lines.append(f"estimated duration on a quiet 2-core box: ~{warm:.0f} min"  # the same without a compiled server
+                 + (f" with vLLM's compile cache warm (.cache/vllm), ~{cold:.0f} min cold" if warm != cold else ""))
     return "\n".join(lines)
 
 
 def outputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
-    if args.out_dir or args.plan not in ("default", "full"):
+    if args.out_dir or args.plan != "default":
         d = Path(args.out_dir) if args.out_dir else REPO / SCRATCH.format(plan=args.plan)
         if args.plan == "shipped" and not args.out_dir and not (args.from_json or args.repo_page):
-            from vllm_eagle3.tools import machine
-            from vllm_eagle3.tools.bench.report_adaptive import host_kind
-
-            d = REPO / "bench" / f"shipped-{host_kind(machine.machine_info())[1]}"
+            d = REPO / "bench" / f"shipped-{report_adaptive.host_kind(machine.machine_info())[1]}"
         d = d if d.is_absolute() else REPO / d
         return d / "results.json", d / "BENCHMARKS.md", d / "bench.png"
     return REPO / DOCS["json"], REPO / DOCS["md"], REPO / DOCS["png"]
@@ -153,8 +139,6 @@ def outputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
 def write_docs(data: dict, md: Path, png: Path) -> None:
     """The page, its plot (skipped with one line without matplotlib; then the page does not link it) and the
     advice; an adaptive-k run also draws its tok/s per k (``tok_s.png`` beside the plot)."""
-    from vllm_eagle3.tools.bench import report_adaptive
-
     drawn = report.plot(data, png)
     if drawn and report_adaptive.plot_tok_s(data, png.with_name("tok_s.png")):
         print(f"[bench] tok/s per k plotted in {png.with_name('tok_s.png')}")
@@ -185,8 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.advise and not args.from_json:
         parser().error("--advise reads a results file: give --from-json RESULTS")
     if args.advise:
-        from vllm_eagle3.tools.bench import advise
-
         print(advise.config_lines(advise.from_results(report.load(Path(args.from_json))), source=args.from_json),
               end="")
         return 0
@@ -203,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser().error(str(exc))
     print(describe(plan), flush=True)
-    if args.dry_run:
-        return 0
-    return execute(plan, args, argv, results, md, png)
+    return 0 if args.dry_run else execute(plan, args, argv, results, md, png)
 
 
 def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, results: Path, md: Path,
@@ -213,15 +193,12 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     import yaml
 
     from vllm_eagle3.resolve import TargetInfo
-    from vllm_eagle3.tools import machine
     from vllm_eagle3.tools.bench import run
 
     base_cfg = {str(k).lstrip("-").replace("_", "-"): v
                 for k, v in (yaml.safe_load(run.repo_path(args.config).read_text()) or {}).items()}
-    target = run.repo_path(str(base_cfg["model"]))
-    draft = run.repo_path(str((base_cfg.get("speculative-config") or {}).get("model",
-                                                                              "models/kimi-k25-mini-eagle3")))
-    num_layers = TargetInfo.load(target).num_layers
+    num_layers = TargetInfo.load(run.repo_path(str(base_cfg["model"]))).num_layers
+    draft = run.repo_path(str((base_cfg.get("speculative-config") or {}).get("model", "models/kimi-k25-mini-eagle3")))
     plan = dataclasses.replace(plan, variants=tuple(run.as_shipped(v, base_cfg) for v in plan.variants))
     args.prompts = args.prompts or plans.PLAN_PROMPTS.get(plan.name, DEFAULT_PROMPTS)
     prompts = run.load_prompts(run.repo_path(args.prompts))
@@ -243,16 +220,12 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     def say(msg: str) -> None:
         print(f"[bench {time.monotonic() - t0:6.0f} s] {msg}", flush=True)
 
-    from vllm_eagle3.tools.bench import advise
-
     raws, progress = [], plans.Progress(plan)
-    for v in (v for v in plan.variants if not v.stretch):
-        raws.append(run.run_variant(v, plan, base_cfg, wirings[v.capture], prompts, work, log_dir, say,
-                                    args.start_timeout, progress))
-        progress.drop(v)
-    for stretch in sorted({v.stretch for v in plan.variants if v.stretch}):
-        # its cells, the adaptive server's table: from the stretches before it
-        group = [advise.resolve(v, raws) for v in plan.variants if v.stretch == stretch]
+    # the servers that run alone, one at a time; then each side-by-side stretch, its cells and the adaptive server's
+    # table from the stretches before it
+    by_stretch = {s: [v for v in plan.variants if v.stretch == s] for s in sorted({v.stretch for v in plan.variants})}
+    for group in [[v] for v in by_stretch.pop(0, [])] + list(by_stretch.values()):
+        group = [advise.resolve(v, raws) for v in group]
         for v in group:
             if v.adaptive:
                 say(f"{v.key}: {v.label}")
@@ -262,9 +235,10 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
                                              if v.stretch == plans.CHOOSE_LOADED
                                              else f"k={v.k} is neither the table's nor the best anywhere"))
         if side := [v for v in group if v.cells]:
-            say(f"side by side (stretch {stretch}): {', '.join(v.key for v in side)}")
-            raws += run.run_together(side, plan, base_cfg, wirings, prompts, work, log_dir, say,
-                                     args.start_timeout, progress)
+            if side[0].stretch:
+                say(f"side by side (stretch {side[0].stretch}): {', '.join(v.key for v in side)}")
+            raws += run.run_stretch(side, plan, base_cfg, wirings, prompts, work, log_dir, say, args.start_timeout,
+                                    progress)
         for v in group:
             progress.drop(v)
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))

@@ -43,8 +43,7 @@ def spec_counters(response: Any) -> tuple | None:
     """(drafts, draft tokens, accepted, accepted per position) of one request, from vLLM's per-request
     ``metrics.speculative_decoding`` (its ``acceptance_histogram[j]``: verify steps that accepted exactly j drafts, so
     position i was accepted in the steps with j > i); None from a server that does not speculate."""
-    sd = ((getattr(response, "model_extra", None) or {}).get("metrics") or {}).get("speculative_decoding")
-    if not sd:
+    if not (sd := ((getattr(response, "model_extra", None) or {}).get("metrics") or {}).get("speculative_decoding")):
         return None
     hist = sd["acceptance_histogram"]
     return (sd["num_spec_steps"], sd["num_draft_tokens"], sd["num_accepted_draft_tokens"],
@@ -57,24 +56,18 @@ def summed(records: Sequence[RequestRecord]) -> list | None:
     return [*(sum(c[i] for c in cs) for i in range(3)), [sum(x) for x in zip(*(c[3] for c in cs))]] if cs else None
 
 
-async def _plain_one(client, model: str, idx: int, prompt: Sequence[int], max_tokens: int) -> RequestRecord:
+async def _one(client, model: str, idx: int, prompt: Sequence[int], max_tokens: int, stream: bool) -> RequestRecord:
     t0 = time.perf_counter()
+    streamed = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
     resp = await client.completions.create(model=model, prompt=list(prompt), max_tokens=max_tokens, temperature=0.0,
-                                           extra_body={"ignore_eos": True})
-    dt = time.perf_counter() - t0
-    text = resp.choices[0].text if resp.choices else ""
-    return RequestRecord(idx, int(resp.usage.completion_tokens) if resp.usage else 0, dt, text,
-                         counters=spec_counters(resp))
-
-
-async def _stream_one(client, model: str, idx: int, prompt: Sequence[int], max_tokens: int) -> RequestRecord:
-    t0 = time.perf_counter()
+                                           extra_body={"ignore_eos": True}, **streamed)
+    if not stream:
+        dt = time.perf_counter() - t0
+        return RequestRecord(idx, int(resp.usage.completion_tokens) if resp.usage else 0, dt,
+                             resp.choices[0].text if resp.choices else "", counters=spec_counters(resp))
     first = last = NAN
     parts, tokens, counters = [], 0, None
-    stream = await client.completions.create(model=model, prompt=list(prompt), max_tokens=max_tokens,
-                                             temperature=0.0, stream=True, stream_options={"include_usage": True},
-                                             extra_body={"ignore_eos": True})
-    async for chunk in stream:
+    async for chunk in resp:
         now = time.perf_counter() - t0
         for choice in chunk.choices or ():
             if choice.text:
@@ -91,12 +84,11 @@ async def _cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY", max_retries=0, timeout=1800)
-    one = _stream_one if stream else _plain_one
     sem = asyncio.Semaphore(concurrency)
 
     async def run(idx, p):
         async with sem:
-            return await one(client, model, idx, p, max_tokens)
+            return await _one(client, model, idx, p, max_tokens, stream)
 
     t0 = time.perf_counter()
     try:
@@ -106,16 +98,11 @@ async def _cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence
     return time.perf_counter() - t0, out
 
 
-def plain_cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence[int]]], concurrency: int,
-               max_tokens: int) -> tuple[float, list[RequestRecord]]:
-    """Wall seconds (first send to last response) and one record per request (see module doc)."""
-    return asyncio.run(_cell(base_url, model, prompts, concurrency, max_tokens, False))
-
-
-def stream_cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence[int]]],
-                max_tokens: int) -> tuple[float, list[RequestRecord]]:
-    """Sequential streamed requests (time to first token, inter-token latency)."""
-    return asyncio.run(_cell(base_url, model, prompts, 1, max_tokens, True))
+def cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence[int]]], concurrency: int, max_tokens: int,
+         stream: bool = False) -> tuple[float, list[RequestRecord]]:
+    """Wall seconds (first send to last response) and one record per request (see module doc); ``stream``: each
+    request's time to first token and inter-token latency too (run at concurrency 1)."""
+    return asyncio.run(_cell(base_url, model, prompts, concurrency, max_tokens, stream))
 
 
 def worker_rpc(base_url: str, method: str) -> list[Any]:

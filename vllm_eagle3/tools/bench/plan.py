@@ -166,14 +166,12 @@ class Plan:
     max_tokens: int = 128  # output tokens per request (ignore_eos, greedy)
     split_tokens: int = 48
     stream_prompts: int = 4
-    rounds: int = 1  # repeats of each throughput cell (same prompts)
     waves: int = 4  # a throughput cell at concurrency C sends at least waves x C requests (see throughput_requests)
 
     def __post_init__(self) -> None:
-        if self.prompts < 2 or self.max_tokens < 2 or self.rounds < 1 or self.waves < 1:
-            raise ValueError(f"a plan needs prompts >= 2 (an interval needs two), max_tokens >= 2, rounds >= 1 and "
-                             f"waves >= 1; got prompts={self.prompts}, max_tokens={self.max_tokens}, "
-                             f"rounds={self.rounds}, waves={self.waves}")
+        if self.prompts < 2 or self.max_tokens < 2 or self.waves < 1:
+            raise ValueError(f"a plan needs prompts >= 2 (an interval needs two), max_tokens >= 2 and waves >= 1; got "
+                             f"prompts={self.prompts}, max_tokens={self.max_tokens}, waves={self.waves}")
         keys = [v.key for v in self.variants]
         if len(set(keys)) != len(keys):
             raise ValueError(f"two variants with the same key in the plan: {keys}; give the second replica=2")
@@ -190,19 +188,24 @@ class Plan:
     def split_requests(self, concurrency: int) -> int:
         return max(concurrency, 4)
 
+    def cell_size(self, kind: str, c: int) -> tuple[int, int]:
+        """(requests, output tokens per request) of a cell of ``kind`` at concurrency ``c``."""
+        if kind in ("split", "untimed"):
+            return self.split_requests(c), self.split_tokens
+        return (self.throughput_requests(c) if kind == "throughput" else self.stream_prompts), self.max_tokens
+
 
 def _cells(kind: str, concs) -> tuple[Cell, ...]:
     return tuple(Cell(kind, c) for c in concs)
 
 
 def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3, compiled: bool = True,
-                  opt_out: bool = True, capture_ab: bool = True, sweep: tuple[int, ...] = (),
-                  sweep_concurrencies=(1, 4), sglang_default_throughput=(), opt_out_throughput=(),
+                  opt_out: bool = True, capture_ab: bool = True, sglang_default_throughput=(), opt_out_throughput=(),
                   **sizes) -> Plan:
     """The default run: k vs no speculation at each concurrency (eager, and compiled unless ``compiled=False``),
-    the MLA opt-out, the SGLang default wiring (the shipped head fed 3/31/59 by vLLM's native capture), the same-taps
-    capture A/B (the second head on its taps 3/31/59: plugin vs native capture, two servers each, alternating)
-    and an optional k sweep."""
+    the MLA opt-out, the SGLang default wiring (the shipped head fed 3/31/59 by vLLM's native capture) and the
+    same-taps capture A/B (the second head on its taps 3/31/59: plugin vs native capture, two servers each,
+    alternating)."""
     cs = tuple(concurrencies)
     full = _cells("throughput", cs) + _cells("split", cs)
     head = _cells("throughput", cs) + (Cell("untimed", cs[0]),) + _cells("split", cs) + (Cell("stream", 1),)
@@ -216,8 +219,6 @@ def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3
     if capture_ab:
         vs += [Variant(k, cap, replica=r, cells=_cells("split", cs))
                for r in (1, 2) for cap in (LAYER_TAPS, NATIVE_LAYERS)]
-    sc = tuple(c for c in sweep_concurrencies if c in cs) or cs[:1]
-    vs += [Variant(kk, EMBED_TAP, cells=_cells("throughput", sc) + _cells("split", sc)) for kk in sweep if kk != k]
     if compiled:
         vs += [Variant(0, NO_SPEC, compiled=True, cells=full), Variant(k, EMBED_TAP, compiled=True, cells=full)]
     return Plan(name, tuple(vs), **sizes)
@@ -236,7 +237,7 @@ def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, com
 
 def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), ks=(1, 2, 3, 4, 5),
                   compiled: bool = False, live: bool = False, **sizes) -> Plan:
-    """Speculation that adapts to load, in four side-by-side stretches (``run.run_together``; what each runs, and
+    """Speculation that adapts to load, in four side-by-side stretches (``run.run_stretch``; what each runs, and
     why side by side: docs/adaptive-k.md). Split by load for memory: each server's KV cache fits its busiest cell.
     ``live`` (plan ``shipped``): the judging stretches only, the shipped default (``Variant.live``) vs no spec."""
     light = tuple(c for c in concurrencies if c <= LIGHT_MAX)
@@ -260,19 +261,12 @@ def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), k
     return Plan(name, tuple(vs), **sizes)
 
 
-PLAN_ARGS = {  # smoke: every code path in a few minutes, numbers meaningless; check, adaptive: eager (what make demo
-    # serves; compiling adds ~9 min per server), the cell sizes an interval needs (adaptive: c=64 x 2 waves)
+PLAN_ARGS = {  # smoke: every code path in a few minutes, numbers meaningless; the others: their builder's defaults
+    # (check, adaptive: eager, what make demo serves; compiling adds ~9 min per server) and Plan's cell sizes, which
+    # an interval needs (adaptive: c=64 x 2 waves)
     "smoke": dict(concurrencies=(1, 2), compiled=False, sglang_default_throughput=(2,), opt_out_throughput=(1,),
                   prompts=4, max_tokens=16, split_tokens=12, stream_prompts=2),
-    "quick": dict(concurrencies=(1, 4), compiled=False, capture_ab=False, opt_out_throughput=(1, 4), prompts=8,
-                  max_tokens=64, split_tokens=32),
-    "default": dict(),
-    "full": dict(sweep=(1, 2, 4, 5), sglang_default_throughput=(1, 4, 16), opt_out_throughput=(1, 4, 16),
-                 rounds=2),
-    "check": dict(concurrencies=(1, 4, 16), compiled=False, prompts=16, waves=4, max_tokens=128),
-    "adaptive": dict(concurrencies=(1, 4, 16, 32, 64), compiled=False, prompts=16, waves=2, max_tokens=128),
-    "shipped": dict(concurrencies=(1, 4, 16, 32, 64), compiled=False, prompts=16, waves=2, max_tokens=128,
-                    live=True),
+    "default": {}, "check": {}, "adaptive": dict(waves=2), "shipped": dict(waves=2, live=True),
 }
 BUILDERS = {"check": check_plan, "adaptive": adaptive_plan, "shipped": adaptive_plan}  # not built by headline_plan
 # plans not run on the shipped head's eval_prompts.json
@@ -296,12 +290,6 @@ _PLAIN_TOK_S = {1: 6.7, 2: 11.0, 4: 19.4, 8: 31.0, 16: 47.5}
 START_S = {"eager": 55.0, "compiled-warm": 120.0, "compiled-cold": 540.0}
 
 
-def _tok_s(v: Variant, c: int) -> float:
-    base = _PLAIN_TOK_S.get(c) or 15.0 * c ** 0.6
-    f = 1.0 if v.k == 0 else 0.5 if v.capture == NATIVE else 1.0 if v.mla_verify == MLA_OFF else 1.6
-    return base * f * (2.0 if v.compiled else 1.0)
-
-
 def estimate_items(plan: Plan, compile_cache_warm: bool = False) -> dict[tuple, float]:
     """Rough seconds of each server start (key ``(variant key,)``) and cell (``(variant key, kind, concurrency)``)
     of ``plan``, from the assumptions above: server starts + tokens / assumed speed."""
@@ -315,41 +303,31 @@ def estimate_items(plan: Plan, compile_cache_warm: bool = False) -> dict[tuple, 
                  else min(1.0, 3.0 / loaded) if v.stretch == CHOOSE_LOADED and v.k else 1.0)
         out[(v.key,)] = (START_S["eager" if not v.compiled else "compiled-warm" if compile_cache_warm
                                  else "compiled-cold"] + 10.0) * min(1.0, share * 2)  # + warm-up
-        for cell in v.cells:
-            c = cell.concurrency
-            if cell.kind in ("split", "untimed"):
-                tokens = plan.split_requests(c) * plan.split_tokens
-            elif cell.kind == "throughput":
-                tokens = plan.rounds * plan.throughput_requests(c) * plan.max_tokens
-            else:
-                tokens, c = plan.stream_prompts * plan.max_tokens * 1.2, 1
-            out[(v.key, cell.kind, cell.concurrency)] = share * tokens / _tok_s(v, c)
+        speed = ((1.0 if v.k == 0 else 0.5 if v.capture == NATIVE else 1.0 if v.mla_verify == MLA_OFF else 1.6)
+                 * (2.0 if v.compiled else 1.0))  # x plain decode's tok/s at the cell's concurrency
+        for x in v.cells:  # streamed: ~20 % slower
+            n, tokens = plan.cell_size(x.kind, x.concurrency)
+            tok_s = (_PLAIN_TOK_S.get(x.concurrency) or 15.0 * x.concurrency ** 0.6) * speed
+            out[(v.key, x.kind, x.concurrency)] = share * n * tokens * (1.2 if x.kind == "stream" else 1.0) / tok_s
     return out
-
-
-def estimate_seconds(plan: Plan, compile_cache_warm: bool = False) -> float:
-    """Rough duration of ``plan``: the sum of :func:`estimate_items`."""
-    return sum(estimate_items(plan, compile_cache_warm).values())
 
 
 class Progress:
     """``cell i/N, ~M min left`` during a run: the plan's own estimate (:func:`estimate_items`, compile cache cold) of
-    the server starts and cells not run yet. A variant's start counts as done with its first cell."""
+    the server starts and cells not run yet; N: the cells run and those still ahead. A variant's start counts as done
+    with its first cell."""
 
     def __init__(self, plan: Plan) -> None:
-        self.left = estimate_items(plan)
-        self.cells = sum(len(k) > 1 for k in self.left)
-        self.done = 0
+        self.left, self.done = estimate_items(plan), 0
 
     def __call__(self, v: Variant, kind: str, concurrency: int) -> str:
         self.done += 1
         for key in ((v.key,), (v.key, kind, concurrency)):
             self.left.pop(key, None)
-        return f"cell {min(self.done, self.cells)}/{self.cells}, ~{sum(self.left.values()) / 60:.0f} min left"
+        cells = self.done + sum(len(k) > 1 for k in self.left)
+        return f"cell {self.done}/{cells}, ~{sum(self.left.values()) / 60:.0f} min left"
 
     def drop(self, v: Variant) -> None:
         """``v`` ran, failed or was left out: what is left of its estimate is no longer ahead."""
-        gone = [k for k in self.left if k[0] == v.key]
-        self.cells -= sum(len(k) > 1 for k in gone)
-        for k in gone:
+        for k in [k for k in self.left if k[0] == v.key]:
             del self.left[k]

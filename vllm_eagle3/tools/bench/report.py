@@ -24,34 +24,27 @@ NO_RUN = "_No run of this benchmark yet: run `make bench` (see above)._"
 NO_ADAPTIVE = "_No adaptive-k run yet: run `vllm-eagle3 bench --plan adaptive --out-dir bench/adaptive`._"
 
 
-def _requests(plan: Mapping) -> str:
-    waves = plan.get("waves", 1)
-    return f"{plan['prompts']}" if waves == 1 else (f"max({plan['prompts']}, {waves} x C) (C in flight, refilled as "
-                                                    "requests finish)")
-
-
 def run_block(meta: Mapping, plan: Mapping) -> str:
-    m = meta["machine"]
+    m, waves = meta["machine"], plan.get("waves", 1)
+    requests = (f"{plan['prompts']}" if waves == 1 else
+                f"max({plan['prompts']}, {waves} x C) (C in flight, refilled as requests finish)")
     return (f"**Run of {meta['date']}**: `{meta['command']}`, plan `{plan['name']}`, {meta['duration_min']:.1f} min; "
             f"load average {meta['load_before']} before, {meta['load_after']} after. Machine: {m['cpu']}, "
-            f"{m['nproc']} cores, {m['memory']} ({m['flags']}); Python {m['python']}, torch {m['torch']}, vLLM "
-            f"{m['vllm']}, openai {m['openai']}; commit {m['commit']}"
-            f"{' with uncommitted changes' if m.get('dirty') == 'yes' else ''}. Cells: {_requests(plan)} different "
-            f"prompts x {plan['max_tokens']} output tokens per throughput cell ({plan['rounds']} round(s)); timed "
-            f"cells max(C, 4) requests x {plan['split_tokens']} tokens; streaming cell {plan['stream_prompts']} "
-            "requests. Values: estimate [95 % interval].")
+            f"{m['nproc']} cores, {m['memory']} ({m.get('emulated', m['flags'])}); Python {m['python']}, torch "
+            f"{m['torch']}, vLLM {m['vllm']}, openai {m['openai']}; commit {m['commit']}"
+            f"{' with uncommitted changes' if m.get('dirty') == 'yes' else ''}. Cells: {requests} different "
+            f"prompts x {plan['max_tokens']} output tokens per throughput cell ({plan.get('rounds', 1)} round(s)); "
+            f"timed cells max(C, 4) requests x {plan['split_tokens']} tokens; streaming cell "
+            f"{plan['stream_prompts']} requests. Values: estimate [95 % interval].")
 
 
 def headline(summary: Mapping) -> str:
     rows = []
     for mode in (False, True):
         base = _v(summary, k=0, compiled=mode, replica=1, mla_verify="default")
-        for v in _v(summary, capture="embed", compiled=mode, replica=1, mla_verify="default", check=True):
-            if not base:
-                continue
-            for c, row in v["by_concurrency"].items():
-                if "speedup" not in row:
-                    continue
+        spec = _v(summary, capture="embed", compiled=mode, replica=1, mla_verify="default", check=True) if base else []
+        for v in spec:
+            for c, row in ((c, row) for c, row in v["by_concurrency"].items() if "speedup" in row):
                 b = base[0]["by_concurrency"].get(c, {})
                 rows.append([("compiled" if mode else "eager"), c, str(v["variant"]["k"]), e(b.get("tok_s"), 1),
                              e(row.get("tok_s"), 1), f"**{e(row['speedup'])}**", e(v["acceptance"]["tau"]),
@@ -72,30 +65,25 @@ def advice_block(summary: Mapping) -> str:
                          f"({'throughput cells' if a['speedup_source'] == 'throughput' else 'timed cells'}); "
                          + ("speculation loses, as in the incident's 56.8 vs 90 tok/s." if finite(tau.value)
                             and finite(be.value) and tau.value < be.value else "see the tables."))
-            continue
-        if a.get("missing_base"):
+        elif a.get("missing_base"):
             lines.append(f"- {a['mode']}, concurrency {a['concurrency']}: no advice: the no-speculation server of "
                          "this mode was not measured (see the failed variants)")
-            continue
-        ks = ", ".join(map(str, a["measured_k"]))
-        if a["best_k"] == 0:
-            what = f"**do not speculate** (no speculation was fastest among k = {ks})"
         else:
-            what = f"**k = {a['best_k']}** (fastest among k = {ks}: {f(a['best_tok_s'], 1)} tok/s)"
-        lines.append(f"- {a['mode']}, concurrency {a['concurrency']}: {what}; acceptance length {tau.fmt()}, "
-                     f"break-even {be.fmt()} (speculation loses below it); ideal speedup {f(a.get('ideal'))}, "
-                     f"verify-aware {f(a.get('model_verify'))}, achieved {sp}.")
+            ks = ", ".join(map(str, a["measured_k"]))
+            what = (f"**do not speculate** (no speculation was fastest among k = {ks})" if a["best_k"] == 0 else
+                    f"**k = {a['best_k']}** (fastest among k = {ks}: {f(a['best_tok_s'], 1)} tok/s)")
+            lines.append(f"- {a['mode']}, concurrency {a['concurrency']}: {what}; acceptance length {tau.fmt()}, "
+                         f"break-even {be.fmt()} (speculation loses below it); ideal speedup {f(a.get('ideal'))}, "
+                         f"verify-aware {f(a.get('model_verify'))}, achieved {sp}.")
     return "\n".join(lines) or "_no advice: the run has no throughput cells with and without speculation_"
 
 
 def all_cells(summary: Mapping) -> str:
     rows = []
     for v in summary["variants"]:
-        for c, row in v["by_concurrency"].items():
-            if "tok_s" not in row and "speedup_timed" not in row:
-                continue
-            acc = v.get("acceptance") or {}
-            pp = ", ".join(f"{p:.2f}" for p in acc.get("per_position", [])) or "-"
+        acc = v.get("acceptance") or {}
+        pp = ", ".join(f"{p:.2f}" for p in acc.get("per_position", [])) or "-"
+        for c, row in ((c, row) for c, row in v["by_concurrency"].items() if "tok_s" in row or "speedup_timed" in row):
             rows.append([v["label"] + (f" (ERROR: {v['error']})" if v["error"] else ""), c, e(row.get("tok_s"), 1),
                          f(row.get("latency_ms"), 0), f(row.get("ms_per_token"), 1), e(row.get("speedup")),
                          e(row.get("speedup_timed")), e(acc.get("tau")) if v["variant"]["k"] else "-", pp,
@@ -109,14 +97,10 @@ def all_cells(summary: Mapping) -> str:
 
 
 def split_block(summary: Mapping) -> str:
-    rows = []
-    for v in summary["variants"]:
-        for c, row in v["by_concurrency"].items():
-            s = row.get("split")
-            if not s or not s.get("steps"):
-                continue
-            rows.append([v["label"], c, str(s["steps"]), e(s["forward_ms"], 1), e(s["draft_ms"], 1),
-                         f(s["rest_ms"], 1), e(s["step_ms"], 1), f(row.get("c"), 3), f(row.get("v"))])
+    rows = [[v["label"], c, str(s["steps"]), e(s["forward_ms"], 1), e(s["draft_ms"], 1), f(s["rest_ms"], 1),
+             e(s["step_ms"], 1), f(row.get("c"), 3), f(row.get("v"))]
+            for v in summary["variants"] for c, row in v["by_concurrency"].items()
+            if (s := row.get("split")) and s.get("steps")]
     return table(["variant", "conc.", "decode steps", "target forward (verify) ms", "draft ms", "rest ms",
                   "step ms", "c", "v"], rows)
 
@@ -171,12 +155,9 @@ def check_block(summary: Mapping) -> str:
 def costs_block(summary: Mapping) -> str:
     rows = []
     for v in summary["variants"]:
-        for c, row in v["by_concurrency"].items():
-            if "timer_cost" in row:
-                rows.append([v["label"], f"worker timers, concurrency {c}", f"tok/s timed / untimed = "
-                             f"{e(row['timer_cost'], 3)}"])
-        if v.get("stream"):
-            s = v["stream"]
+        rows += [[v["label"], f"worker timers, concurrency {c}", f"tok/s timed / untimed = {e(row['timer_cost'], 3)}"]
+                 for c, row in v["by_concurrency"].items() if "timer_cost" in row]
+        if s := v.get("stream"):
             rows.append([v["label"], "streaming client, concurrency 1", f"tok/s streamed / plain = "
                          f"{e(s['cost'], 3)}; TTFT {f(s['ttft_ms'], 0)} ms, ITL {f(s['itl_ms'], 1)} ms (median)"])
     return table(["variant", "measurement", "cost (same requests)"], rows) if rows else "_not measured_"
@@ -211,11 +192,9 @@ def render(data: Mapping | None, png_rel: str | None = "docs/bench.png", templat
     slots["shipped"] = (shipped_repo_block([load(p) for p in sorted(REPO.glob(SHIPPED_GLOB))])
                         if adaptive_runs is not None else "" if data is None
                         else shipped_block(s, run_block(data["meta"], data["plan"]), data["meta"]["machine"]))
-    missing = set(SLOT.findall(text)) - set(slots)
-    if missing:
+    if missing := set(SLOT.findall(text)) - set(slots):
         raise KeyError(f"template {template} has slots the report does not fill: {sorted(missing)}")
-    out = SLOT.sub(lambda m: slots[m.group(1)], text)
-    return re.sub(r"\n{3,}", "\n\n", out)
+    return re.sub(r"\n{3,}", "\n\n", SLOT.sub(lambda m: slots[m.group(1)], text))
 
 
 def printed_advice(data: Mapping) -> str:
@@ -233,20 +212,17 @@ def plot(data: Mapping, path: Path) -> bool:
                for x in ("speedup", "speedup_timed", "split")):
         print(f"[plot] {path} not drawn: no speedup and no timed cell in this run")
         return False
-    plt = pyplot(str(path))
-    if plt is None:
+    if (plt := pyplot(str(path))) is None:
         return False
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     for i, v in enumerate(x for x in s["variants"] if x["variant"]["k"] and x["variant"]["replica"] == 1):
-        pts = [(int(c), r.get("speedup") or r.get("speedup_timed")) for c, r in v["by_concurrency"].items()]
-        pts = [(c, Estimate.from_dict(d)) for c, d in pts if d]
-        if not pts:
-            continue
-        xs = [c * (1 + 0.04 * i) for c, _ in pts]
-        ys = [p.value for _, p in pts]
+        pts = [(int(c), Estimate.from_dict(d)) for c, r in v["by_concurrency"].items()
+               if (d := r.get("speedup") or r.get("speedup_timed"))]
         err = [[max(p.value - p.lo, 0) if finite(p.lo) else 0 for _, p in pts],
                [max(p.hi - p.value, 0) if finite(p.hi) else 0 for _, p in pts]]
-        ax1.errorbar(xs, ys, yerr=err, capsize=3, label=legend(v["variant"]), **style(i))
+        if pts:  # each series a little right of the one before: the intervals side by side
+            ax1.errorbar([c * (1 + 0.04 * i) for c, _ in pts], [p.value for _, p in pts], yerr=err, capsize=3,
+                         label=legend(v["variant"]), **style(i))
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.set_xscale("log", base=2)
     ax1.set_xticks(s["concurrencies"], [str(c) for c in s["concurrencies"]])

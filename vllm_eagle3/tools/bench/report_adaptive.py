@@ -9,9 +9,10 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from vllm_eagle3.tools.bench.analysis import summarize
 from vllm_eagle3.tools.bench.cells_text import _v, e, f, pyplot, style, table
-from vllm_eagle3.tools.machine import backend_label
 from vllm_eagle3.tools.bench.plan import Variant
+from vllm_eagle3.tools.machine import backend_label
 
 TEMPLATE = Path(__file__).with_name("template_adaptive.md")  # the section's method paragraph, in prose
 
@@ -19,8 +20,7 @@ TEMPLATE = Path(__file__).with_name("template_adaptive.md")  # the section's met
 def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
     """Speculation that adapts to load (plan ``adaptive``), with its heading (naming ``backend``: the attention
     backend and dtype served); empty for a run without an adaptive server."""
-    rows = summary.get("adaptive") or []
-    if not rows:
+    if not (rows := summary.get("adaptive")):
         return ""
     ad = next(v for v in summary["variants"] if v["variant"].get("adaptive"))
     k3 = {c: r for v in _v(summary, capture="embed", k=3, replica=1, mla_verify="default", check=True, adaptive=False)
@@ -30,8 +30,7 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
         return f"{x[0]}/{x[1]}" if x else "n/a"
 
     def servers(o) -> str:
-        n = o.get("servers") or [1, 1]
-        same_k = o["k"] == o.get("best_static_k")
+        n, same_k = o.get("servers") or [1, 1], o["k"] == o.get("best_static_k")
         if n == [1, 1]:
             return " (same k: two servers)" if same_k else ""
         return f" ({'same k, ' if same_k else ''}{n[0]} + {n[1]} servers)"
@@ -58,8 +57,8 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
         tau.setdefault(v["variant"]["k"], (v.get("acceptance") or {}).get("tau"))
     replicas = max((o.get("servers") or [1])[0] for o in rows)
     turns1 = next((o.get("turns") for o in rows if o["concurrency"] == 1), None) or 4
-    if not (any(o.get("side_by_side") for o in rows) and any(o.get("chosen_side_by_side") for o in rows)
-            and replicas > 1):
+    if not (any(o.get("side_by_side") for o in rows) and any(o.get("chosen_side_by_side") for o in rows)  # planned
+            and any(v["variant"]["replica"] > 1 for v in summary["variants"] if v["variant"]["adaptive"])):
         raise ValueError("an adaptive results file from before the judging stretches had replicas (servers run one "
                          "at a time, or one server per configuration): render it with the commit that wrote it "
                          "(its meta.machine.commit)")
@@ -86,7 +85,7 @@ def host_kind(m: Mapping) -> tuple[str, str]:
     ``("AMD EPYC, AVX-512", "amd-epyc-avx512")``."""
     flags = str(m.get("flags", "")).split()
     isa = next((isa for flag, isa in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags),
-               "no AVX2")
+               "no AVX2") + (" emulated" if m.get("emulated") else "")  # vllm-eagle3 emulate: not a host kind
     words = re.findall(r"[a-z0-9]+", re.sub(r"\((R|TM)\)", "", str(m.get("cpu", "cpu"))).lower())[:2]
     return f"{m.get('cpu', '?')}, {isa}", "-".join(words + re.findall(r"[a-z0-9]+", isa.lower().replace("-", "")))
 
@@ -113,11 +112,9 @@ def shipped_block(summary: Mapping, run: str, machine: Mapping) -> str:
 
 def shipped_repo_block(runs: Sequence[Mapping]) -> str:
     """The repository page's section: one row per ``bench/shipped-*/results.json``."""
-    from vllm_eagle3.tools.bench.analysis import summarize
-
     head = "## The shipped default on each host kind"
     how = ("`vllm-eagle3 bench --plan shipped` (alone on the machine; `--dry-run` prints its estimate) writes "
-           "`bench/shipped-<host kind>/` for the machine it runs on.")
+           "`bench/shipped-<host kind>/` for the machine it runs on (AVX2 emulated: `vllm-eagle3 emulate avx2`).")
     if not runs:
         return "\n\n".join([head, BAR_TEXT, "_No run on any host kind yet: " + how + "_"])
     rows = [(d, summarize(d)["shipped"]) for d in runs]
@@ -133,8 +130,6 @@ def plot_tok_s(data: Mapping, path: Path) -> bool:
     """tok/s against concurrency per static k (the choosing stretches) and of the adaptive server (its judging
     stretch), and each over its stretch's no-speculation server: where each k wins. False for a run without an
     adaptive server, or without matplotlib (one line said)."""
-    from vllm_eagle3.tools.bench.analysis import summarize
-
     s = summarize(data)
     if not s.get("adaptive") or (plt := pyplot(str(path))) is None:
         return False

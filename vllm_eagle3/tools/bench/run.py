@@ -1,4 +1,4 @@
-"""Orchestration of ``vllm-eagle3 bench``: the servers (:func:`run_variant`, :func:`run_together`), the results file."""
+"""Orchestration of ``vllm-eagle3 bench``: the servers (:func:`run_stretch`), the results file."""
 
 from __future__ import annotations
 
@@ -103,9 +103,8 @@ def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path
     if variant.k == 0:
         cfg.pop("speculative-config", None)
     else:
-        spec = dict(base.get("speculative-config") or {})
-        cfg["speculative-config"] = {**spec, "method": "eagle3", "model": str(draft.resolve()),
-                                     "num_speculative_tokens": variant.k}
+        cfg["speculative-config"] = {**(base.get("speculative-config") or {}), "method": "eagle3",
+                                     "model": str(draft.resolve()), "num_speculative_tokens": variant.k}
         cfg["per-request-spec-decode-metrics"] = "summary"  # each response carries its request's counters
         cfg["speculative-config"].pop("num_speculative_tokens_per_batch_size", None)  # static k unless adaptive
         if variant.schedule:
@@ -155,16 +154,16 @@ def wirings(draft: Path, capture_spec: Path, plan: Plan, work: Path, num_layers:
                              ("--convention", "vllm"))
     if used & {LAYER_TAPS, NATIVE_LAYERS}:
         second, spec = repo_path(SECOND_HEAD), repo_path(SECOND_SPEC)
-        taps = load_spec_yaml(spec).taps
         out[LAYER_TAPS] = Wiring(second, ("--capture-spec", str(spec)))
-        out[NATIVE_LAYERS] = Wiring(make_native_draft(second, work / "native-second", taps, num_layers),
-                                    ("--convention", "vllm"))
+        out[NATIVE_LAYERS] = Wiring(make_native_draft(second, work / "native-second", load_spec_yaml(spec).taps,
+                                                      num_layers), ("--convention", "vllm"))
     return out
 
 
-def _record(variant: Variant) -> dict[str, Any]:
-    return {"key": variant.key, "variant": variant.as_dict(), "label": variant.label, "ready_s": None,
-            "error": None, "capture_line": "", "check_line": "", "mla_calls": {}, "cells": []}
+def _record(v: Variant) -> dict[str, Any]:
+    """A server's raw record, before anything is measured."""
+    return {"key": v.key, "variant": v.as_dict(), "label": v.label, "ready_s": None, "error": None,
+            "capture_line": "", "check_line": "", "mla_calls": {}, "cells": []}
 
 
 KV_TOKENS_PER_GIB = 7584  # vLLM's "CPU KV cache size" at 1 GiB, miniature target + draft in float32
@@ -176,10 +175,8 @@ def kv_cache_gib(variant: Variant, plan: Plan, prompt_tokens: int, dtype: str = 
     """GiB of KV cache that hold every request of the variant's busiest cell at once (prompt + output + a step's
     drafts + a block): a cell at concurrency C runs C requests per step instead of queueing the rest."""
     per_gib = KV_TOKENS_PER_GIB * 4 // KV_BYTES.get(str(dtype), 4)
-    need = 0
-    for cell in variant.cells:
-        out = plan.split_tokens if cell.kind in ("split", "untimed") else plan.max_tokens
-        need = max(need, cell.concurrency * (prompt_tokens + out + variant.k + 1 + BLOCK_TOKENS))
+    need = max((c.concurrency * (prompt_tokens + plan.cell_size(c.kind, c.concurrency)[1] + variant.k + 1
+                                 + BLOCK_TOKENS) for c in variant.cells), default=0)
     return max(1, -(-need // per_gib))
 
 
@@ -197,10 +194,8 @@ def _start(variant: Variant, base_cfg: Mapping[str, Any], wiring: Wiring, work: 
            say: Callable[[str], None], kv_gib: int = 1) -> tuple[VllmServer, dict[str, str], Path]:
     """Write the variant's serve YAML and start its server (not waited for) with ``kv_gib`` of KV cache."""
     yml = serve_yaml(base_cfg, variant, wiring.draft, work / f"serve-{variant.key.replace('#', '-')}.yaml")
-    args = serve_args(variant, wiring, yml, work)
-    env = server_env(variant)
-    log = log_dir / f"server-{variant.key.replace('#', '-')}.log"
-    server = VllmServer(args, env=env, log_path=log, cwd=REPO, kv_cache_gib=kv_gib)
+    env, log = server_env(variant), log_dir / f"server-{variant.key.replace('#', '-')}.log"
+    server = VllmServer(serve_args(variant, wiring, yml, work), env=env, log_path=log, cwd=REPO, kv_cache_gib=kv_gib)
     say(f"{variant.key}: starting the server (log {log})")
     server.start()
     return server, env, log
@@ -211,12 +206,11 @@ def _ready(variant: Variant, server: VllmServer, res: dict[str, Any], say: Calla
     """Wait for the server, then warm it up (not recorded); False (and ``res["error"]``) if it did not start or the
     warm-up failed."""
     try:
-        timeout = start_timeout or START_TIMEOUT_S["compiled" if variant.compiled else "eager"]
-        res["ready_s"] = server.wait_ready(timeout=timeout,
+        res["ready_s"] = server.wait_ready(timeout=start_timeout or START_TIMEOUT_S[variant.mode],
                                            progress=lambda s: say(f"{variant.key}:{s}"), progress_every=30)
         say(f"{variant.key}: ready after {res['ready_s']:.0f} s")
         top = max(c.concurrency for c in variant.cells)
-        client.plain_cell(server.base_url, served_model_name(server.base_url), list(enumerate(prompts[:top])), top, 16)
+        client.cell(server.base_url, served_model_name(server.base_url), list(enumerate(prompts[:top])), top, 16)
     except ServerStartError as exc:
         res["error"] = str(exc).splitlines()[0]
         say(f"{variant.key}: server did not start: {exc}")
@@ -232,26 +226,18 @@ def _failed(v: Variant, res: dict[str, Any], exc: Exception, log: Path, say: Cal
     say(f"{v.key}: failed: {res['error']} (server log {log})")
 
 
-def _kv_gib(v: Variant, plan: Plan, base_cfg: Mapping[str, Any], prompts: Sequence[Sequence[int]]) -> int:
-    return kv_cache_gib(v, plan, max(map(len, prompts)), base_cfg.get("dtype", "float32"))
-
-
 def _run_cells(v: Variant, cells: Sequence, server: VllmServer, model: str, env: Mapping[str, str], log: Path,
                plan: Plan, prompts: Sequence[Sequence[int]], res: dict[str, Any], say: Callable[[str], None],
                progress: Callable[[Variant, str, int], str]) -> None:
-    """``cells`` of ``v`` one after the other on its server (throughput cells ``plan.rounds`` times), into ``res``;
-    then what the server says of its MLA verify path, its capture and its online check (read before stopping)."""
+    """``cells`` of ``v`` one after the other on its server, into ``res``; then what the server says of its MLA
+    verify path, its capture and its online check (read before stopping)."""
     for cell in cells:
-        for rnd in range(plan.rounds if cell.kind == "throughput" else 1):
-            t = time.monotonic()
-            rec = _run_cell(server.base_url, model, v, cell.kind, cell.concurrency, plan, prompts)
-            rec["round"] = rnd
-            res["cells"].append(rec)
-            toks = sum(r["tokens"] for r in rec["requests"])
-            say(f"{v.key}: {cell.kind} c={cell.concurrency}"
-                + (f" round {rnd + 1}" if plan.rounds > 1 and cell.kind == "throughput" else "")
-                + f": {len(rec['requests'])} requests, {toks} tokens in {time.monotonic() - t:.1f} s; "
-                + progress(v, cell.kind, cell.concurrency))
+        t = time.monotonic()
+        rec = _run_cell(server.base_url, model, v, cell.kind, cell.concurrency, plan, prompts)
+        res["cells"].append(rec)
+        toks = sum(r["tokens"] for r in rec["requests"])
+        say(f"{v.key}: {cell.kind} c={cell.concurrency}: {len(rec['requests'])} requests, {toks} tokens in "
+            f"{time.monotonic() - t:.1f} s; {progress(v, cell.kind, cell.concurrency)}")
     calls = client.worker_rpc(server.base_url, "bench_mla_calls")
     res["mla_calls"] = calls[0] if calls else {}
     if v.capture != NO_SPEC:
@@ -263,26 +249,6 @@ def _run_cells(v: Variant, cells: Sequence, server: VllmServer, model: str, env:
             say(f"{v.key}: warning: no `{needle}` line in {log}")
         checks = [ln for ln in lines if CHECK_LINE in ln]
         res["check_line"] = checks[0][checks[0].index(CHECK_LINE):] if checks else ""
-
-
-def run_variant(variant: Variant, plan: Plan, base_cfg: Mapping[str, Any], wiring: Wiring,
-                prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
-                say: Callable[[str], None], start_timeout: float | None = None,
-                progress: Callable[[Variant, str, int], str] = lambda *_: "") -> dict[str, Any]:
-    """Start this variant's server, warm it up, run its cells, stop it; the raw record of everything measured.
-    ``progress`` (:class:`~.plan.Progress`) says after each cell how far the run is."""
-    res = _record(variant)
-    server, env, log = _start(variant, base_cfg, wiring, work, log_dir, say, _kv_gib(variant, plan, base_cfg, prompts))
-    try:
-        if _ready(variant, server, res, say, start_timeout, prompts, log):
-            _run_cells(variant, variant.cells, server, served_model_name(server.base_url), env, log, plan, prompts,
-                       res, say, progress)
-    except Exception as exc:  # noqa: BLE001 - one broken variant must not lose the others' results
-        _failed(variant, res, exc, log, say)
-    finally:
-        say(f"{variant.key}: stopping")
-        server.stop()
-    return res
 
 
 def chunks(n: int, concurrency: int) -> list[range]:
@@ -302,29 +268,32 @@ def turn_order(count: int, chunk: int) -> list[int]:
     return order if chunk % 2 == 0 else order[::-1]
 
 
-def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str, Any],
-                 wirings: Mapping[str, Wiring], prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
-                 say: Callable[[str], None], start_timeout: float | None = None,
-                 progress: Callable[[Variant, str, int], str] = lambda *_: "") -> list[dict[str, Any]]:
-    """Start every variant's server (each warmed up), all kept alive; per concurrency, each of :func:`chunks` on
-    every server with the cell, in :func:`turn_order`, merged into one cell per server. Then each server's other
-    cells, one server at a time. A server that fails to start or dies is recorded with its error; the others go on."""
-    recs = [_record(v) for v in variants]
+def run_stretch(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str, Any],
+                wirings: Mapping[str, Wiring], prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
+                say: Callable[[str], None], start_timeout: float | None = None,
+                progress: Callable[[Variant, str, int], str] = lambda *_: "") -> list[dict[str, Any]]:
+    """The servers of one stretch, each started and warmed up, all kept alive; the raw record of everything each
+    measured. Stretch 0 (one server alone): its cells in order. Side by side: per concurrency, each of :func:`chunks`
+    on every server with the cell, in :func:`turn_order`, merged into one cell per server; then each server's other
+    cells, one server at a time. A server that fails to start or dies is recorded with its error; the others go on.
+    ``progress`` (:class:`~.plan.Progress`) says after each cell how far the run is."""
+    recs, turns = [_record(v) for v in variants], any(v.stretch for v in variants)
     live: list[tuple[Variant, dict, VllmServer, dict, Path]] = []
     try:
         for v, res in zip(variants, recs):
-            kv = _kv_gib(v, plan, base_cfg, prompts)
-            if short := memory_short(kv):  # all stay alive: one more than the machine holds would be OOM-killed
+            kv = kv_cache_gib(v, plan, max(map(len, prompts)), base_cfg.get("dtype", "float32"))
+            if turns and (short := memory_short(kv)):  # all stay alive: one more than the machine holds is OOM-killed
                 res["skipped"] = short
                 say(f"{v.key}: not started: {short}")
                 continue
             server, env, log = _start(v, base_cfg, wirings[v.capture], work, log_dir, say, kv)
             live.append((v, res, server, env, log))
             if not _ready(v, server, res, say, start_timeout, prompts, log):
+                say(f"{v.key}: stopping")
                 server.stop()
                 live.pop()
         models = {v.key: served_model_name(server.base_url) for v, _, server, _, _ in live}
-        for c in sorted({c for v, *_ in live for c in v.cell_list("throughput")}):
+        for c in sorted({c for v, *_ in live for c in v.cell_list("throughput")} if turns else ()):
             at = [x for x in live if c in x[0].cell_list("throughput") and not x[1]["error"]]
             n, parts, t = plan.throughput_requests(c), chunks(plan.throughput_requests(c), c), time.monotonic()
             got: dict[str, list] = {x[0].key: [] for x in at}  # per server: (wall s, requests) of each chunk
@@ -332,13 +301,13 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
                 for v, res, server, _, log in (at[j] for j in turn_order(len(at), i)):
                     try:
                         if not res["error"]:
-                            got[v.key].append(client.plain_cell(server.base_url, models[v.key],
-                                                                 [(p, prompts[p]) for p in part], c, plan.max_tokens))
+                            got[v.key].append(client.cell(server.base_url, models[v.key],
+                                                          [(p, prompts[p]) for p in part], c, plan.max_tokens))
                     except Exception as exc:  # noqa: BLE001 - one broken server must not lose the others' cells
                         _failed(v, res, exc, log, say)
             for v, res, *_ in (x for x in at if not x[1]["error"]):
                 reqs = [r for _, rs in got[v.key] for r in rs]
-                res["cells"].append({"kind": "throughput", "concurrency": c, "round": 0, "split": None,
+                res["cells"].append({"kind": "throughput", "concurrency": c, "split": None,
                                      "wall_s": sum(w for w, _ in got[v.key]), "requests": [r.as_dict() for r in reqs],
                                      "counters": client.summed(reqs), "chunks": len(got[v.key])})
             said = [progress(x[0], "throughput", c) for x in at][-1:]
@@ -347,8 +316,8 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
         for v, res, server, env, log in live:
             try:
                 if not res["error"]:
-                    _run_cells(v, [c for c in v.cells if c.kind != "throughput"], server, models[v.key], env, log,
-                               plan, prompts, res, say, progress)
+                    _run_cells(v, [c for c in v.cells if not turns or c.kind != "throughput"], server, models[v.key],
+                               env, log, plan, prompts, res, say, progress)
             except Exception as exc:  # noqa: BLE001
                 _failed(v, res, exc, log, say)
     finally:
@@ -360,22 +329,17 @@ def run_together(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str,
 
 def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: Plan,
               prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """One cell on the server at ``url``: split and untimed send the same requests, with / without the worker timers."""
     rec: dict[str, Any] = {"kind": kind, "concurrency": c, "counters": None, "split": None}
-    if kind == "throughput":
-        ps = list(enumerate(prompts[:plan.throughput_requests(c)]))
-        wall, reqs = client.plain_cell(url, model, ps, c, plan.max_tokens)
-    elif kind == "stream":
-        wall, reqs = client.stream_cell(url, model, list(enumerate(prompts[:plan.stream_prompts])), plan.max_tokens)
-    else:  # split / untimed: the same requests, with / without the worker timers
-        ps = list(enumerate(prompts[:plan.split_requests(c)]))
-        if kind == "split":
-            started = client.worker_rpc(url, "bench_timers_start")
-            rec["draft_timed"] = bool(started and started[0].get("draft_timed"))
-        wall, reqs = client.plain_cell(url, model, ps, c, plan.split_tokens)
-        if kind == "split":
-            records = client.worker_rpc(url, "bench_timers_stop")
-            rec["split"] = (step_split(records[0], c * (variant.k + 1)).as_dict()
-                            if records and isinstance(records[0], list) else None)
+    n, tokens = plan.cell_size(kind, c)
+    if kind == "split":
+        started = client.worker_rpc(url, "bench_timers_start")
+        rec["draft_timed"] = bool(started and started[0].get("draft_timed"))
+    wall, reqs = client.cell(url, model, list(enumerate(prompts[:n])), c, tokens, kind == "stream")
+    if kind == "split":
+        records = client.worker_rpc(url, "bench_timers_stop")
+        rec["split"] = (step_split(records[0], c * (variant.k + 1)).as_dict()
+                        if records and isinstance(records[0], list) else None)
     rec["counters"] = client.summed(reqs)
     rec["wall_s"] = wall
     rec["requests"] = [r.as_dict() for r in reqs]

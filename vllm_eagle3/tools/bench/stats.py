@@ -144,6 +144,4 @@ def ideal_speedup(tau: float, k: int, c: float, verify_factor: float = 1.0) -> f
 
 def cost_ratio(draft_ms_per_step: float, k: int, target_ms_per_step: float) -> float:
     """c = time of one draft forward / time of one target decode forward (no speculation, same batch)."""
-    if k <= 0 or not target_ms_per_step > 0:
-        return NAN
-    return draft_ms_per_step / k / target_ms_per_step
+    return draft_ms_per_step / k / target_ms_per_step if k > 0 and target_ms_per_step > 0 else NAN

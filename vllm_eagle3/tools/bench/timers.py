@@ -57,8 +57,7 @@ class StepTimers:
             return []
         for name in ("_model_forward", "propose_draft_token_ids"):
             runner.__dict__.pop(name, None)
-            if name in state["own"]:
-                setattr(runner, name, state["own"][name])
+        runner.__dict__.update(state["own"])
         delattr(runner, _ATTR)
         return [list(r) for r in state["records"]]
 
@@ -89,12 +88,7 @@ class StepSplit:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "StepSplit":
-        if not d:
-            return EMPTY_SPLIT
-        return cls(tuple(d["forward_ms"]), tuple(d["draft_ms"]), tuple(d["step_ms"]))
-
-
-EMPTY_SPLIT = StepSplit((), (), ())
+        return cls(*(tuple(d[k]) if d else () for k in ("forward_ms", "draft_ms", "step_ms")))
 
 
 def step_split(records: Sequence[Sequence[Any]], decode_tokens: int) -> StepSplit:
@@ -109,7 +103,6 @@ def step_split(records: Sequence[Sequence[Any]], decode_tokens: int) -> StepSpli
         elif kind == "D" and steps:
             steps[-1][2] += float(dt)
     decode = [i for i, st in enumerate(steps) if st[3] == decode_tokens]
-    ms = 1e3
-    gaps = tuple((steps[i + 1][0] - steps[i][0]) * ms for i in decode
+    gaps = tuple((steps[i + 1][0] - steps[i][0]) * 1e3 for i in decode
                  if i + 1 < len(steps) and steps[i + 1][3] == decode_tokens)
-    return StepSplit(tuple(steps[i][1] * ms for i in decode), tuple(steps[i][2] * ms for i in decode), gaps)
+    return StepSplit(tuple(steps[i][1] * 1e3 for i in decode), tuple(steps[i][2] * 1e3 for i in decode), gaps)
