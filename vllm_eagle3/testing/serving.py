@@ -93,3 +93,16 @@ def greedy_mismatch(got: Sequence[Sequence[int]], want: Sequence[Sequence[int]])
     i = bad[0]
     return (f"{len(bad)}/{len(got)} greedy continuations differ from the target's; first: prompt {i}: "
             f"{list(got[i])} vs {list(want[i])}")
+
+
+def reference_mismatch(server: Any, model_name: str, items: Sequence[dict], max_tokens: int,
+                       together: Sequence[int] = (1, 4)) -> str | None:
+    """``items`` (a head's eval_prompts.json entries) served greedily, the first ``n`` in one request for each ``n``
+    in ``together``, against their transformers float32 continuations: None when every one is identical, else
+    :func:`greedy_mismatch`'s message for the first ``n`` that differs."""
+    for n in together:
+        got = greedy_token_ids_together(server, model_name, [it["prompt_token_ids"] for it in items[:n]], max_tokens)
+        bad = greedy_mismatch(got, [it["continuation_token_ids"][:max_tokens] for it in items[:n]])
+        if bad is not None:
+            return f"{n} prompt(s) in one request: {bad}"
+    return None

