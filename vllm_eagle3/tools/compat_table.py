@@ -256,4 +256,7 @@ RELIED: tuple[Relied, ...] = (
     R("vllm.platforms.interface", "Platform.get_cpu_architecture", "cls", "vllm_cpu_amx_float32", CPU),
     R("vllm.platforms.interface", "CpuArchEnum", None, "vllm_cpu_amx_float32", CPU),
     R("vllm.v1.attention.backends.registry", "AttentionBackendEnum", None, "vllm_cpu_amx_float32", CPU),
+    R("vllm._custom_ops", "CPUDNNLGEMMHandler.__del__", "self", "vllm_cpu_onednn_release", CPU, OVERRIDE),
+    R("vllm._custom_ops", "CPUDNNLGEMMHandler.handler_tensor", None, "vllm_cpu_onednn_release reads its pointer", CPU),
+    R("vllm._custom_ops", "CPUDNNLGEMMHandler.dtor", None, "vllm_cpu_onednn_release frees the handler with it", CPU),
 )
