@@ -12,7 +12,9 @@ Guards issue 27: a speculative server whose worker was SIGKILLed (as the OOM kil
 away, but `vllm-eagle3 serve` exited 0, so `Restart=on-failure` supervisors left the service down. Killing the worker
 or the engine core while requests are in flight must end serve within seconds with exit code 3, one line naming the
 process that died, and nothing left running. (An engine that raises is killed by a request in
-tests/e2e/test_sampling_options.py's stock server, which checks the same exit.)
+tests/e2e/test_sampling_options.py's stock server, which checks the same exit.) The same holds for a
+`vllm-eagle3 serve --headless` node of a two-node deployment (workers only, no API server): it exited 4, "vLLM did
+not start", when its worker died while serving, because nothing on such a node ever says it is ready.
 """
 
 from __future__ import annotations
@@ -161,3 +163,35 @@ def test_engine_death_exits_3_naming_the_process(title, named):
     assert any(n in errors[0] for n in named), f"{errors[0]!r} does not name the killed process ({named})"
     assert "full log: " in errors[0]
     assert not left, f"processes left after the engine died: {left}"
+
+
+def test_headless_node_worker_death_exits_3(session_env):
+    """Node 1 of a two-node TP=2 deployment runs `vllm-eagle3 serve --headless`; after it served a request its
+    worker is SIGKILLed: the node exits 3 with one line saying the engine died while serving (not "did not start"),
+    and nothing of its session is left. Node 0 is plain `vllm serve`, as in tests/e2e/test_two_nodes.py."""
+    from vllm_eagle3.testing.nodes import NodeGroup
+    from vllm_eagle3.testing.serving import greedy_token_ids_together
+    from vllm_eagle3.testing.shipped import DRAFT, MODEL_NAME, SERVE_CONFIG, TARGET, eagle3_config
+
+    args = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3_config(DRAFT),
+            "--tensor-parallel-size", "2"]
+    group = NodeGroup(args, 2, env=session_env, cwd=REPO, plugin_ranks=(1,), node_env=lambda rank: {
+        "VLLM_CPU_OMP_THREADS_BIND": str(rank), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_HOST_IP": "127.0.0.1"})
+    node = group.nodes[1]
+    group.start()
+    try:
+        group.wait_ready(timeout=900)
+        served = greedy_token_ids_together(group.head, MODEL_NAME, [[1, 2, 3, 4]], 8)
+        assert len(served[0]) == 8, served
+        os.kill(vllm_process(node.proc.pid, "VLLM::Worker"), signal.SIGKILL)
+        code = node.proc.wait(timeout=120)
+        time.sleep(1.0)
+        left, log = session_processes(node.proc.pid), node.log_text()
+    finally:
+        group.stop()
+    errors = [x for x in log.splitlines() if x.startswith("vllm-eagle3: error:")]
+    print(f"headless worker killed: exit {code}; {errors}")
+    assert code == 3, f"headless node's exit code {code} after its worker died\n{log[-3000:]}"
+    assert len(errors) == 1 and "the engine died while serving" in errors[0], errors
+    assert "Worker" in errors[0], errors[0]
+    assert not left, f"processes left on the headless node: {left}"

@@ -1,4 +1,4 @@
-"""Several vLLM node ranks on one host: plain ``vllm serve --nnodes N --node-rank r`` processes (test support).
+"""Several vLLM node ranks on one host: ``vllm serve --nnodes N --node-rank r`` processes (test support).
 
 Data flow position: outside the engine, like ``tools/serve/process.py``. vLLM's multiprocessing executor spans
 hosts: node 0 runs the API server, the engine core and its own workers; every other node runs ``--headless``
@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from vllm_eagle3.tools.serve.process import LOOPBACK, ServerStartError, VllmServer, free_port, startup_phase
+from vllm_eagle3.tools.serve.process import (LOOPBACK, ServerStartError, VllmServer, free_port, serve_command,
+                                             startup_phase)
 
 
 def vllm_cli() -> Path:
@@ -28,34 +29,39 @@ def vllm_cli() -> Path:
 
 
 class NodeServer(VllmServer):
-    """Node ``rank`` of a multi-node plain ``vllm serve``: node 0 serves the API on ``host:port``, the others run
-    ``--headless``. ``serve_args`` are vLLM's options shared by every node (model, config, parallel sizes)."""
+    """Node ``rank`` of a multi-node ``vllm serve``: node 0 serves the API on ``host:port``, the others run
+    ``--headless``. ``serve_args`` are vLLM's options shared by every node (model, config, parallel sizes);
+    ``plugin``: the node runs ``vllm-eagle3 serve`` (its supervisor) instead of plain ``vllm serve``."""
 
     def __init__(self, serve_args: Sequence[str], *, rank: int, nnodes: int, master_port: int,
-                 master_addr: str = LOOPBACK, **kw) -> None:
+                 master_addr: str = LOOPBACK, plugin: bool = False, **kw) -> None:
         node_args = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr,
                      "--master-port", str(master_port)]
         super().__init__([*serve_args, *node_args], **kw)
         self.rank = rank
+        self.plugin = plugin
 
     def command(self) -> list[str]:
         where = ["--headless"] if self.rank else ["--host", self.host, "--port", str(self.port)]
-        return [str(vllm_cli()), "serve", *self.serve_args, *where]
+        args = [*self.serve_args, *where]
+        return serve_command(args) if self.plugin else [str(vllm_cli()), "serve", *args]
 
 
 class NodeGroup:
     """``nnodes`` :class:`NodeServer` s of one deployment on this host; node 0's ``base_url`` is the API.
 
-    ``node_env(rank)`` gives what each node adds to ``env`` (e.g. its own cores). :meth:`start` starts the headless
-    nodes first, :meth:`wait_ready` waits for node 0's ``/health`` and fails as soon as ANY node exits, naming it.
+    ``node_env(rank)`` gives what each node adds to ``env`` (e.g. its own cores); the ``plugin_ranks`` run
+    ``vllm-eagle3 serve``, the others plain ``vllm serve``. :meth:`start` starts the headless nodes first,
+    :meth:`wait_ready` waits for node 0's ``/health`` and fails as soon as ANY node exits, naming it.
     """
 
     def __init__(self, serve_args: Sequence[str], nnodes: int, *, env: Mapping[str, str],
                  node_env: Callable[[int], Mapping[str, str]] = lambda rank: {},
-                 cwd: str | Path | None = None) -> None:
+                 cwd: str | Path | None = None, plugin_ranks: Sequence[int] = ()) -> None:
         master_port = free_port()
         self.nodes = [NodeServer(serve_args, rank=rank, nnodes=nnodes, master_port=master_port,
-                                 env={**env, **node_env(rank)}, cwd=cwd) for rank in range(nnodes)]
+                                 env={**env, **node_env(rank)}, cwd=cwd, plugin=rank in plugin_ranks)
+                      for rank in range(nnodes)]
 
     @property
     def head(self) -> NodeServer:
