@@ -89,10 +89,10 @@ def test_suite_time_quoted_from_its_results_file():
     """Issue 24: README and docs/testing.md say how long `make test` takes on a 2-core box from a fresh clone, with
     and without the installs; the numbers are bench/suite.json's (written by `python -m
     vllm_eagle3.tools.suite_time LOG` from a run's output), never typed; so are the slower host's
-    (bench/suite_slow_host.json: an avx2-only EPYC)."""
+    (bench/suite_slow_host.json: an avx2-only EPYC) and the AMX host's (bench/suite_amx.json)."""
     text = (REPO / "docs" / "testing.md").read_text()
     section = text[text.index("## How long the suite takes"):]
-    for name in ("suite.json", "suite_slow_host.json"):
+    for name in ("suite.json", "suite_slow_host.json", "suite_amx.json"):
         run = json.loads((REPO / "bench" / name).read_text())
         assert run["fresh_clone"] and run["exit_code"] == 0 and run["machine"]["nproc"] == "2", run
         for quote in (f"{run['total_s']} s", f"{run['installs_s']} s", f"{run['pytest_s']} s", run["machine"]["cpu"],
