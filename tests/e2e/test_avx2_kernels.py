@@ -46,7 +46,7 @@ def _kernel_libraries(pid: int) -> set[str]:
 def test_avx2_kernels_serve_the_same_tokens(server):
     from vllm_eagle3.testing.serving import reference_mismatch
     from vllm_eagle3.testing.shipped import DRAFT, MODEL_NAME
-    from vllm_eagle3.tools.serve.process import http_get
+    from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
     from vllm_eagle3.tools.serve.supervisor import descendants
 
     libs = {pid: _kernel_libraries(pid) for pid in descendants(server.proc.pid)}
@@ -57,8 +57,4 @@ def test_avx2_kernels_serve_the_same_tokens(server):
     bad = reference_mismatch(server, MODEL_NAME, items, MAX_TOKENS, together=(1, 4))
     assert bad is None, bad
 
-    status, raw = http_get(server.base_url + "/metrics")
-    assert status == 200
-    accepted = sum(float(m) for m in re.findall(r"^vllm:spec_decode_num_accepted_tokens_total\{[^}]*\} (\S+)$", raw,
-                                               re.M))
-    assert accepted > 0, "no draft token was accepted on the AVX2 kernels"
+    assert SpecDecodeCounters.fetch(server.base_url).accepted > 0, "no draft token was accepted on the AVX2 kernels"

@@ -169,14 +169,13 @@ def test_headless_node_worker_death_exits_3(session_env):
     """Node 1 of a two-node TP=2 deployment runs `vllm-eagle3 serve --headless`; after it served a request its
     worker is SIGKILLed: the node exits 3 with one line saying the engine died while serving (not "did not start"),
     and nothing of its session is left. Node 0 is plain `vllm serve`, as in tests/e2e/test_two_nodes.py."""
-    from vllm_eagle3.testing.nodes import NodeGroup
+    from vllm_eagle3.testing.nodes import NodeGroup, one_core_per_node
     from vllm_eagle3.testing.serving import greedy_token_ids_together
     from vllm_eagle3.testing.shipped import DRAFT, MODEL_NAME, SERVE_CONFIG, TARGET, eagle3_config
 
     args = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3_config(DRAFT),
             "--tensor-parallel-size", "2"]
-    group = NodeGroup(args, 2, env=session_env, cwd=REPO, plugin_ranks=(1,), node_env=lambda rank: {
-        "VLLM_CPU_OMP_THREADS_BIND": str(rank), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_HOST_IP": "127.0.0.1"})
+    group = NodeGroup(args, 2, env=session_env, cwd=REPO, plugin_ranks=(1,), node_env=one_core_per_node)
     node = group.nodes[1]
     group.start()
     try:

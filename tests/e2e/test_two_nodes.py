@@ -29,7 +29,7 @@ import json
 import pytest
 
 from vllm_eagle3.resolve import CONFIG_SPEC_SOURCE
-from vllm_eagle3.testing.nodes import NodeGroup
+from vllm_eagle3.testing.nodes import NodeGroup, one_core_per_node
 from vllm_eagle3.testing.serving import greedy_mismatch, greedy_token_ids_together
 from vllm_eagle3.testing.shipped import DRAFT, MODEL_NAME, REPO, SERVE_CONFIG, TARGET, eagle3_config
 from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
@@ -48,12 +48,6 @@ config alone carries the spec and the nodes run the project's defaults whatever 
 
 def say(line: str) -> None:
     print(f"[two nodes] {line}", flush=True)
-
-
-def node_env(rank: int) -> dict[str, str]:
-    """vLLM-CPU: one core per node (rank r on core r), none reserved for the engine core (docs/serving-on-cpu.md);
-    VLLM_HOST_IP keeps node 0's message queues on loopback, as --master-addr keeps torch.distributed."""
-    return {"VLLM_CPU_OMP_THREADS_BIND": str(rank), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_HOST_IP": "127.0.0.1"}
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +81,7 @@ def two_nodes(session_env, prompts, one_node) -> dict:
     env.pop("VLLM_PLUGINS", None)
     args = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3_config(DRAFT),
             "--tensor-parallel-size", str(TP)]
-    group = NodeGroup(args, NNODES, env=env, node_env=node_env, cwd=REPO)
+    group = NodeGroup(args, NNODES, env=env, node_env=one_core_per_node, cwd=REPO)
     say(f"starting {NNODES} nodes: {' '.join(group.head.command())} (logs {[str(n.log_path) for n in group.nodes]})")
     group.start()
     try:

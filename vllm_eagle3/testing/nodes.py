@@ -28,6 +28,13 @@ def vllm_cli() -> Path:
     return cli
 
 
+def one_core_per_node(rank: int) -> dict[str, str]:
+    """vLLM-CPU on this host: node ``rank`` bound to core ``rank``, none reserved for the engine core
+    (docs/serving-on-cpu.md); VLLM_HOST_IP keeps node 0's message queues on loopback, as --master-addr keeps
+    torch.distributed. A :class:`NodeGroup` ``node_env``."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(rank), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_HOST_IP": LOOPBACK}
+
+
 class NodeServer(VllmServer):
     """Node ``rank`` of a multi-node ``vllm serve``: node 0 serves the API on ``host:port``, the others run
     ``--headless``. ``serve_args`` are vLLM's options shared by every node (model, config, parallel sizes);
