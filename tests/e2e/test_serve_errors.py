@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -96,14 +96,31 @@ def bad_weight_drafts(root: Path) -> dict[str, Path]:
             "wide_draft": wide, "broken_eagle3": broken}
 
 
-def serve(*args: str) -> tuple[int, str, str, float]:
-    """Run `vllm-eagle3 serve ARGS` (with start-up flags that would be valid); rc, stdout, stderr, seconds."""
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", *args, "--enforce-eager",
-                           "--host", "127.0.0.1", "--port", "1"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env={**__import__("os").environ, "EAGLE3_SPEC": "", "EAGLE3_CONVENTION": ""})
-    return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0
+# Runs the CLI as `python -m vllm_eagle3.tools.cli` does and, at exit, writes which vllm modules were imported.
+CLI_RECORDING_VLLM_IMPORTS = (
+    "import atexit, os, runpy, sys; "
+    "atexit.register(lambda: open(os.environ['VLLM_MODULES_OUT'], 'w').write("
+    "' '.join(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))); "
+    "sys.argv[0] = 'vllm-eagle3'; runpy.run_module('vllm_eagle3.tools.cli', run_name='__main__')")
+
+
+def serve(*args: str) -> tuple[int, str, str, list[str]]:
+    """Run `vllm-eagle3 serve ARGS` (with start-up flags that would be valid); rc, stdout, stderr and the vllm
+    modules the command imported."""
+    fd, name = tempfile.mkstemp(prefix="vllm-modules-")
+    os.close(fd)
+    out = Path(name)
+    out.unlink()
+    try:
+        proc = subprocess.run([sys.executable, "-c", CLI_RECORDING_VLLM_IMPORTS, "serve", *args, "--enforce-eager",
+                               "--host", "127.0.0.1", "--port", "1"],
+                              capture_output=True, text=True, timeout=120, cwd=REPO,
+                              env={**os.environ, "EAGLE3_SPEC": "", "EAGLE3_CONVENTION": "",
+                                   "VLLM_MODULES_OUT": str(out)})
+        imported = out.read_text().split() if out.exists() else ["(the command did not reach its exit handlers)"]
+    finally:
+        out.unlink(missing_ok=True)
+    return proc.returncode, proc.stdout, proc.stderr, imported
 
 
 def spec_config(draft: Path) -> str:
@@ -180,10 +197,10 @@ CASES = {
 def test_bad_input_stops_with_one_line(files, case):
     """Guards: bad capture input reaching vLLM (a deep traceback, or a silently wrong server)."""
     build, needles = CASES[case]
-    rc, out, err, seconds = serve(*build(files))
+    rc, out, err, vllm_modules = serve(*build(files))
     assert_one_clear_line(rc, out, err, *needles)
     # Static validation happens before vLLM is imported (importing it alone takes ~10 s on these machines).
-    assert seconds < 30, f"took {seconds:.1f} s: was vLLM started?"
+    assert not vllm_modules, f"vLLM was imported before the bad input was refused: {vllm_modules[:5]}"
 
 
 def test_bad_draft_in_vllm_config_yaml(files):
