@@ -209,24 +209,26 @@ def test_the_budget_counts_the_requests_followed_now():
     assert checker.status()["over_budget"] == 0 and checker.status()["cost"]["fraction_of_engine_time"] == round(1 / 70, 5)
 
 
-def test_idle_time_does_not_earn_check_time():
+def test_idle_time_does_not_earn_check_time(monkeypatch):
     """The engine's time is the time between steps, each gap counted up to IDLE_GAP_S: an hour without traffic adds
-    IDLE_GAP_S, so a burst after it gets no more check time than a busy engine would."""
-    import time
+    IDLE_GAP_S, so a burst after it gets no more check time than a busy engine would. The checker reads a stand-in
+    clock here, so the sums are exact whatever else the machine is doing."""
     from types import SimpleNamespace
 
     from vllm_eagle3.online import engine_hook
 
+    now = [10_000.0]
+    monkeypatch.setattr(engine_hook, "time", SimpleNamespace(monotonic=lambda: now[0], time=lambda: now[0]))
     cands = [SimpleNamespace(taps=(3, 31, 59), why="configured"), SimpleNamespace(taps=(EMBED, 3, 31), why="x")]
     checker = engine_hook.Checker(SimpleNamespace(config=CheckConfig(), candidates=cands, extra_taps=()), None, 0, 3,
                                   61, None)
     checker.observe = lambda runner, args: None
-    checker.last_step = time.monotonic() - 3600.0
+    checker.last_step = now[0] - 3600.0
     checker.observe_safely(None, {})
-    assert engine_hook.IDLE_GAP_S <= checker.engine_time < engine_hook.IDLE_GAP_S + 1.0
-    checker.last_step = time.monotonic() - 0.25  # a busy engine's step
+    assert checker.engine_time == engine_hook.IDLE_GAP_S
+    checker.last_step = now[0] - 0.25  # a busy engine's step
     checker.observe_safely(None, {})
-    assert engine_hook.IDLE_GAP_S + 0.25 <= checker.engine_time < engine_hook.IDLE_GAP_S + 1.25
+    assert checker.engine_time == engine_hook.IDLE_GAP_S + 0.25
 
 
 # ----------------------------------------------------------------------------------------------- scoring

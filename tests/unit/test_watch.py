@@ -294,14 +294,15 @@ def test_report_is_json_and_names_everything(make_watch):
 
 def test_observe_costs_microseconds(make_watch):
     """Guards: the watch slowing the server. One observe per scheduler step must cost nothing measurable against a
-    step (>= ~10 ms on GPU, ~100+ ms here): asserted < 0.2 ms on average even on a loaded 2-core box."""
+    step (>= ~10 ms on GPU, ~100+ ms here): asserted < 0.2 ms on average. This thread's CPU time is measured, not
+    the wall clock: time the scheduler gives to other processes of a busy box is not counted."""
     w, _, _ = make_watch()
     n = 20000
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     for i in range(n):
         w.observe(8, (7, 5, 3) if i % 2 else (6, 4, 2))
-    per_call = (time.perf_counter() - t0) / n
-    print(f"observe: {per_call * 1e6:.1f} us per step")
+    per_call = (time.thread_time() - t0) / n
+    print(f"observe: {per_call * 1e6:.1f} us of CPU per step")
     assert per_call < 2e-4
 
 
