@@ -56,8 +56,11 @@ class ServerPool:
         if server is not None:
             if not server.alive():
                 del self.alive[key]
-                raise AssertionError(f"shared server {key.name!r} died (exit code {server.proc.returncode}) while "
-                                     f"idle or in an earlier test; log {server.log_path}:\n{server.log_tail(60)}")
+                code = server.proc.returncode
+                why = (" (0 with no shutdown in its log: something else in this test process killed and reaped it, "
+                       "e.g. supervise() called in-process)" if code == 0 else "")
+                raise AssertionError(f"shared server {key.name!r} died (exit code {code}{why}) while idle or in an "
+                                     f"earlier test; log {server.log_path}:\n{server.log_tail(60)}")
             self.alive.move_to_end(key)
             return server
         while self.alive and (len(self.alive) >= self.capacity or mem_available_gib() < self.min_free_gib):
