@@ -46,6 +46,7 @@ demo: setup
 
 # The default plan (~1 h on a quiet 2-core box; `make bench BENCH_ARGS=--dry-run` prints the plan and estimate,
 # BENCH_ARGS="--no-compiled" or "--concurrency 1 4 16 32" shrink or grow it). Waits for other engines holding the lock.
+# Writes ~/.cache/vllm-eagle3/bench-default/; BENCH_ARGS=--publish also the repository's BENCHMARKS.md and results.
 BENCH_ARGS ?=
 bench: setup
 	flock /tmp/vllm-engine.lock $(VENV)/bin/vllm-eagle3 bench $(BENCH_ARGS)

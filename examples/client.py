@@ -6,7 +6,7 @@ Prometheus counters on ``/metrics`` (``vllm:spec_decode_num_drafts_total``, ``..
 ``..._num_accepted_tokens_total``, ``..._num_accepted_tokens_per_pos_total``).
 
     vllm-eagle3 serve --config configs/serve_kimi_k25_mini.yaml &     # or any OpenAI-compatible vLLM server
-    python examples/client.py --base-url http://127.0.0.1:8000
+    python examples/client.py                        # or --base-url http://HOST:8000/v1, or $OPENAI_BASE_URL
 
 Standalone: needs only ``pip install openai``; copy it into an application as it is.
 """
@@ -14,6 +14,7 @@ Standalone: needs only ``pip install openai``; copy it into an application as it
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -24,12 +25,30 @@ COMPLETION_PROMPTS = ("def fibonacci(n):\n", "import os\nimport sys\n\n\ndef mai
 CHAT_MESSAGES = ("Write a Python function that reverses a string.",)
 STREAM_MESSAGES = ("Show me how to read a JSON file in Python.",)
 SPEC_PREFIX = "vllm:spec_decode_num_"
+DEFAULT_BASE_URL = "http://localhost:8000/v1"  # vLLM's OpenAI-compatible server, as vLLM's docs write it
+
+
+def urls(base_url: str) -> tuple[str, str]:
+    """(OpenAI base URL, server root) from either form: http://localhost:8000/v1 or http://localhost:8000 both give
+    ("http://localhost:8000/v1", "http://localhost:8000"); the root serves /metrics and /health."""
+    root = base_url.rstrip("/")
+    root = root[: -len("/v1")] if root.endswith("/v1") else root
+    return root + "/v1", root
+
+
+def connection_args(p: argparse.ArgumentParser) -> None:
+    """--base-url and --api-key, defaulting to the OpenAI client's own environment variables."""
+    p.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
+                   help=f"the server's OpenAI base URL, with or without /v1 (default: $OPENAI_BASE_URL, else "
+                        f"{DEFAULT_BASE_URL})")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or "EMPTY",
+                   help="the server's --api-key, if it has one (default: $OPENAI_API_KEY, else EMPTY)")
 
 
 def spec_counters(base_url: str) -> dict[str, float] | None:
     """vLLM's speculative-decoding counters (summed over labels; per position keyed ``accepted_tokens_per_pos/<i>``),
-    or None when the server does not speculate."""
-    with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=30) as r:
+    or None when the server does not speculate. ``base_url``: with or without /v1."""
+    with urllib.request.urlopen(urls(base_url)[1] + "/metrics", timeout=30) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -64,7 +83,7 @@ def report(kind: str, tokens: int, seconds: float, text: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default %(default)s)")
+    connection_args(p)
     p.add_argument("--model", default=None, help="model name (default: the first one /v1/models lists)")
     p.add_argument("--prompt", action="append", default=None,
                    help="completion prompt (repeatable; default: two Python snippets)")
@@ -77,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from openai import OpenAI
 
-    client = OpenAI(base_url=args.base_url.rstrip("/") + "/v1", api_key="EMPTY")
+    client = OpenAI(base_url=urls(args.base_url)[0], api_key=args.api_key)
     model = args.model or client.models.list().data[0].id
     before = spec_counters(args.base_url)
 

@@ -3,8 +3,8 @@
 ``image_url`` part; print the answer and its tokens/s.
 
     vllm-eagle3 serve --config configs/serve_kimi_k25_mini_vision.yaml &
-    python examples/image_client.py --base-url http://127.0.0.1:8000                 # a generated test image
-    python examples/image_client.py --image photo.png --question "What is this?"      # your own file
+    python examples/image_client.py                      # a generated test image; --base-url or $OPENAI_BASE_URL
+    python examples/image_client.py --image photo.png --question "What is this?"   # your own file
 
 The image travels inline as a ``data:image/png;base64,...`` URL (the server needs no network). Standalone: needs
 only ``pip install openai``; copy it into an application as it is. ``examples/client.py`` also prints the
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
 import struct
 import sys
 import time
@@ -35,11 +36,32 @@ def test_png(width: int = 168, height: int = 112) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
-def send(base_url: str, model: str | None, image: bytes, mime: str, question: str, max_tokens: int = 64):
+DEFAULT_BASE_URL = "http://localhost:8000/v1"  # vLLM's OpenAI-compatible server, as vLLM's docs write it
+
+
+def urls(base_url: str) -> tuple[str, str]:
+    """(OpenAI base URL, server root) from either form: http://localhost:8000/v1 or http://localhost:8000 both give
+    ("http://localhost:8000/v1", "http://localhost:8000"); the root serves /metrics and /health."""
+    root = base_url.rstrip("/")
+    root = root[: -len("/v1")] if root.endswith("/v1") else root
+    return root + "/v1", root
+
+
+def connection_args(p: argparse.ArgumentParser) -> None:
+    """--base-url and --api-key, defaulting to the OpenAI client's own environment variables."""
+    p.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
+                   help=f"the server's OpenAI base URL, with or without /v1 (default: $OPENAI_BASE_URL, else "
+                        f"{DEFAULT_BASE_URL})")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or "EMPTY",
+                   help="the server's --api-key, if it has one (default: $OPENAI_API_KEY, else EMPTY)")
+
+
+def send(base_url: str, model: str | None, image: bytes, mime: str, question: str, max_tokens: int = 64,
+         api_key: str = "EMPTY"):
     """The OpenAI-client request, nothing else: one user message with the image and the question."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY")
+    client = OpenAI(base_url=urls(base_url)[0], api_key=api_key)
     url = f"data:{mime};base64,{base64.b64encode(image).decode()}"
     return client.chat.completions.create(
         model=model or client.models.list().data[0].id,
@@ -54,7 +76,7 @@ def send(base_url: str, model: str | None, image: bytes, mime: str, question: st
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default %(default)s)")
+    connection_args(p)
     p.add_argument("--model", default=None, help="model name (default: the first one /v1/models lists)")
     p.add_argument("--image", type=Path, default=None,
                    help="PNG or JPEG file (default: a generated 168x112 PNG: gradients and a checkerboard)")
@@ -70,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- chat with an image, user: {args.question!r}")
     t0 = time.perf_counter()
     try:
-        r = send(args.base_url, args.model, data, mime, args.question, args.max_tokens)
+        r = send(args.base_url, args.model, data, mime, args.question, args.max_tokens, args.api_key)
     except Exception as exc:  # noqa: BLE001 - show the server's answer (a 4xx names the reason)
         print(f"error: {exc}", file=sys.stderr)
         return 1

