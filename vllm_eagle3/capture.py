@@ -283,19 +283,6 @@ class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
         self._eagle3_vllm_config = vllm_config
         self.capture_resolution: Resolution | None = None
         self.check_plan: CheckPlan | None = None
-        self.check_hidden: dict[int, torch.Tensor] = {}  # the check's taps of the last forward, [num_tokens, hidden]
-
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
-        """vLLM's forward; on a check-enabled engine the check's extra taps are taken off the aux list (the runner
-        concatenates all of it for the draft's fc) and kept in :attr:`check_hidden` for the check."""
-        out = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
-        extra = self.model.check_taps
-        if extra and isinstance(out, tuple):
-            hidden_states, aux = out
-            n = len(aux) - len(extra)
-            self.check_hidden = dict(zip(extra, aux[n:]))
-            return hidden_states, aux[:n]
-        return out
 
     def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
         """Called by vLLM's runner with the draft config's ids; captures the spec's taps instead, if they agree."""
@@ -307,6 +294,10 @@ class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
         self.check_plan = plan_check(resolution, self._eagle3_vllm_config)
         self.model.set_capture_taps(resolution.spec.taps, self.check_plan.extra_taps if self.check_plan.enabled else (),
                                     relay=runner_relays_aux(self._eagle3_vllm_config))
+        # The forward returns the check's taps after the spec's; the runner hook takes them off before the draft.
+        from vllm_eagle3.online.engine_hook import serve_check_taps
+
+        serve_check_taps(self.model.check_taps)
         self.capture_resolution = resolution
         # Every rank logs (each holds its own copy of the spec): a rank without this line lacks the plugin.
         logger.info("%s [%s, pid %d]", resolution.log_line(), rank_label(), os.getpid())

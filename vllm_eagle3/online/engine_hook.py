@@ -65,9 +65,21 @@ def install() -> str:
     return f"installed ({hooked})" + "".join(f"; {name} not: {why}" for name, why in missed.items())
 
 
+def serve_check_taps(taps) -> None:
+    """The check's extra taps, in the order the capture model appends them to its aux list after the spec's (set when
+    vLLM asks the target for its aux states, before the first step; one target per worker process)."""
+    global _CHECK_TAPS
+    _CHECK_TAPS = tuple(int(k) for k in taps)
+
+
+_CHECK_TAPS: tuple[int, ...] = ()
+_STEP = "_vllm_eagle3_step"  # V2: (runner, kept state) of the sample_tokens call in progress, on its speculator
+
+
 def _install_row(row: RunnerHook) -> str | None:
     try:
         cls = row.target()
+        outer_cls = row.outer_target()
         problem = row.problem()
     except Exception as exc:  # noqa: BLE001 - an import that fails on this vLLM: that runner is not hooked
         return f"{row.module}.{row.cls} cannot be imported: {type(exc).__name__}: {exc}"
@@ -80,20 +92,49 @@ def _install_row(row: RunnerHook) -> str | None:
 
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
-        checker = _checker_for(self)
-        if checker is None:
-            return fn(self, *args, **kwargs)
-        if row.keep is None:  # the step is in the call's arguments: read it before the call
-            checker.observe_call(self, lambda: row.rows(self, sig.bind(self, *args, **kwargs).arguments, None))
-            return fn(self, *args, **kwargs)
-        kept = checker.guarded(lambda: row.keep(self, sig.bind(self, *args, **kwargs).arguments))
-        result = fn(self, *args, **kwargs)
-        checker.observe_call(self, lambda: row.rows(self, kept, result))
-        return result
+        """Hands the draft the spec's taps alone and shows the check the step (before the draft runs)."""
+        bound, check_aux = None, {}
+        if _CHECK_TAPS:
+            bound = sig.bind(self, *args, **kwargs)
+            aux = bound.arguments.get(row.aux_param)
+            if aux:
+                n = len(aux) - len(_CHECK_TAPS)
+                check_aux = dict(zip(_CHECK_TAPS, aux[n:]))  # each [num_tokens, hidden], from the forward's output
+                bound.arguments[row.aux_param] = list(aux[:n])
+                args, kwargs = bound.args[1:], bound.kwargs
+        runner, kept = (self, None) if row.outer is None else self.__dict__.get(_STEP, (None, None))
+        checker = _checker_for(runner) if runner is not None else None
+        if checker is not None:
+            arguments = (bound or sig.bind(self, *args, **kwargs)).arguments
+            checker.observe_call(runner, lambda: row.rows(runner, kept, arguments, check_aux))
+        return fn(self, *args, **kwargs)
 
     setattr(wrapper, _MARK, True)
     setattr(cls, row.method, wrapper)
+    if outer_cls is not None:
+        _wrap_outer(row, outer_cls)
     return None
+
+
+def _wrap_outer(row: RunnerHook, outer_cls: type) -> None:
+    """V2: ``sample_tokens`` keeps the step state it consumes where its ``propose`` call finds it."""
+    fn = getattr(outer_cls, row.outer[2])
+    if getattr(fn, _MARK, False):
+        return
+
+    @functools.wraps(fn)
+    def outer(self, *args, **kwargs):
+        speculator = getattr(self, "speculator", None)
+        if speculator is None or _checker_for(self) is None:
+            return fn(self, *args, **kwargs)
+        speculator.__dict__[_STEP] = (self, row.keep(self))
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            speculator.__dict__.pop(_STEP, None)
+
+    setattr(outer, _MARK, True)
+    setattr(outer_cls, row.outer[2], outer)
 
 
 def attach(plan, vllm_config):
@@ -242,9 +283,8 @@ class Checker:
         if not chosen:
             return
         tokens = step.input_ids.to("cpu", torch.long)
-        lm = _capture_model(runner)
         by_tap = dict(zip(self.plan.candidates[0].taps, step.aux))
-        by_tap.update(lm.check_hidden)
+        by_tap.update(step.check_aux)
         for span in chosen:
             rows = slice(span.first_row, span.first_row + span.valid)
             done = self.tracker.record(span, tokens[rows].clone(),

