@@ -6,7 +6,8 @@ the empty batch of a step without drafts; vllm_eagle3/model_patches/vllm_cpu_top
 verified with uninitialised temperature / top-p / top-k (vLLM-CPU's ``expand_kernel`` fallback wrote them into a
 dropped copy; vllm_eagle3/model_patches/vllm_cpu_spec_expand.py), so sampled output was not the target's distribution.
 
-Two engine start-ups in this module, one at a time:
+Three engine start-ups in this module, one at a time (the ``baseline`` target alone, shared, for greedy with
+``logit_bias`` below):
 - ``patched``: the shipped pair exactly as `make demo` serves it (float32, eager, EAGLE-3 k=3), shared by every
   check: each option below answered and /health 200 after each; the same options all at once (mixed batches);
   the sampled distribution under speculation against the target's exact one; greedy output of a reference prompt
@@ -14,10 +15,11 @@ Two engine start-ups in this module, one at a time:
 - ``stock``: the same server with the two patches left out (``EAGLE3_SKIP_PATCHES``): the ``top_k`` request
   still kills it. When this fails, vLLM fixed the bug: retire vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py.
 
-Refused (400 from vLLM's own request validation, ``SamplingParams._validate_spec_decode``): ``min_p`` and
-``logit_bias``. vLLM 0.32 builds no min-p / logit-bias logits processors when speculation is configured
-(``v1/sample/logits_processor/__init__.py`` ~207) and its rejection sampler applies neither to draft positions, so
-honouring them means new sampler features, not a fix; the 400 already names the reason.
+``min_p`` and ``logit_bias`` (issue 47): stock vLLM 0.32 refuses both under speculation (a 400 from
+``SamplingParams._validate_spec_decode``); vllm_eagle3/model_patches/vllm_cpu_spec_min_p_logit_bias.py serves them,
+applied at every verified position (draft rows and bonus row). Here: answered 200; a +100 bias makes every token the
+biased one (a bias on the bonus row only would let unbiased drafts through); greedy with ``logit_bias`` returns the
+tokens of the non-speculative ``baseline`` server. The distributions: tests/unit/test_spec_min_p_logit_bias.py.
 """
 
 from __future__ import annotations
@@ -232,15 +234,21 @@ OPTIONS = {
     "combination": (*completion(temperature=0.7, top_p=0.9, top_k=20, presence_penalty=0.3, frequency_penalty=0.2,
                                 repetition_penalty=1.1, logprobs=2, n=2, seed=3, stop=["\n\n"], min_tokens=4,
                                 bad_words=[" self"], prompt_logprobs=1), None),
+    "min_p": (*completion(temperature=0.8, min_p=0.1), None),
+    "min_p_top_k_top_p": (*completion(temperature=1.2, min_p=0.2, top_k=20, top_p=0.9), None),
+    "logit_bias": (*completion(logit_bias={"10": 5}), None),
+    "logit_bias_forced": (*completion(temperature=0.8, logit_bias={str(ALLOWED[2]): 100}, ignore_eos=True),
+                          lambda r: set(tokens(r)) == {ALLOWED[2]} or fail(r)),
+    "logit_bias_greedy_banned": (*completion(temperature=0.0, logit_bias={str(t): -100 for t in BAD_WORD_IDS}),
+                                 lambda r: not set(tokens(r)) & set(BAD_WORD_IDS) or fail(r)),
+    "chat_logit_bias": (*chat(logit_bias={"10": 5}), None),
+    "chat_min_p": (*chat(temperature=0.7, min_p=0.1), None),
     "chat_combination": (*chat(temperature=0.7, top_p=0.9, top_k=20, seed=5, logprobs=True, top_logprobs=2, n=2,
                                stop=["}"], response_format={"type": "json_object"}, max_tokens=32), None),
 }
 
 # Refused with a 400: name -> (endpoint, body, a substring the error message must contain).
 REFUSED = {
-    "min_p": (*completion(temperature=0.8, min_p=0.1), "not yet supported with speculative decoding"),
-    "logit_bias": (*completion(logit_bias={"10": 5}), "not yet supported with speculative decoding"),
-    "chat_logit_bias": (*chat(logit_bias={"10": 5}), "not yet supported with speculative decoding"),
     "max_tokens_over_context": (*completion(max_tokens=5000), "max_tokens"),
 }
 
@@ -305,7 +313,7 @@ def test_option_answered_engine_alive(server, before, name):
 
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_refused_with_reason(server, before, name):
-    """Options speculation cannot honour are refused with a 400 naming the reason; the engine is untouched."""
+    """Requests the server cannot honour are refused with a 400 naming the reason; the engine is untouched."""
     path, body, reason = REFUSED[name]
     status, text = post(server, path, body)
     assert status == 400, f"{name}: expected 400, got {status}: {text[:300]}"
@@ -454,6 +462,24 @@ def test_greedy_unchanged_and_speculation_ran(server, before):
     say(f"whole module: {counters.summary()}")
     assert counters.drafts > 0 and counters.draft_tokens > 0 and counters.accepted > 0, counters
     assert_healthy(server, "the module")
+
+
+def test_greedy_logit_bias_identical_to_no_speculation(server, before, server_pool, shipped_keys):
+    """Greedy with ``logit_bias`` (two of the reference continuation's tokens banned, one favoured): the speculative
+    server returns exactly the tokens of the target alone (``baseline``), and the bias did change the output."""
+    prompt, want = reference_prompt()
+    bias = {str(want[3]): -100, str(want[10]): -100, str(ALLOWED[1]): 3}
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": REFERENCE_TOKENS, "temperature": 0.0, "ignore_eos": True,
+            "return_token_ids": True, "logit_bias": bias}
+    counters0 = SpecDecodeCounters.fetch(server.base_url)
+    spec = tokens(post_ok(server, "/v1/completions", body))
+    counters = SpecDecodeCounters.fetch(server.base_url) - counters0
+    plain = tokens(post_ok(server_pool.get(shipped_keys["baseline"]), "/v1/completions", body))
+    say(f"greedy with logit_bias: {counters.summary()}")
+    assert spec != want[:REFERENCE_TOKENS], "the bias did not change the greedy output"
+    assert spec == plain, f"speculative {spec} != non-speculative {plain}"
+    assert counters.drafts > 0 and counters.accepted > 0, f"no speculation ran: {counters}"
+    assert_healthy(server, "greedy with logit_bias")
 
 
 @pytest.fixture
