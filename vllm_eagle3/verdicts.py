@@ -3,7 +3,7 @@
 Data flow position: beside the judges, below all of them. The doctor (offline, :mod:`vllm_eagle3.tools.doctor`),
 the wiring watch (API server, :mod:`vllm_eagle3.watch`: served acceptance against the draft's expectation) and the
 online wiring check (worker, :mod:`vllm_eagle3.wiring_check`: the served wiring against its near misses) measure
-different statistics; each maps its statistic onto the words below, so one wrong wiring reads ``wrong`` in the
+different statistics; each maps its statistic onto one :class:`Verdict`, so one wrong wiring reads ``wrong`` in the
 check's log line, the watch's log line, the doctor's report, ``GET /v1/eagle3/wiring`` and the gauges. Words are
 lower case in data (JSON, gauges, constants) and upper case where a line leads with them (:func:`heading`).
 Standard library only: vLLM loads this in every process.
@@ -11,7 +11,7 @@ Standard library only: vLLM loads this in every process.
 
 from __future__ import annotations
 
-import dataclasses
+import enum
 import logging
 import re
 from typing import Iterable
@@ -44,51 +44,60 @@ MIN_GAIN = 0.1
 problem, not the wiring."""
 
 
-@dataclasses.dataclass(frozen=True)
-class VerdictWord:
-    """One verdict: its word, its severity level (the gauges' value), what it means, and the log level of the one
+class Verdict(enum.StrEnum):
+    """The one verdict type of the three judges, in order of severity: each member is its word (what JSON, log
+    lines and the endpoint carry; a ``StrEnum`` so ``json.dumps`` and ``==`` on a word read from a report need no
+    conversion), with its severity ``level`` (the gauges' value), its ``meaning`` and the ``log_level`` of the one
     line a judge writes on reaching it (``logging.NOTSET``: no line)."""
 
-    word: str
     level: int
     meaning: str
-    log_level: int = logging.NOTSET
+    log_level: int
 
-    def __post_init__(self) -> None:
-        if self.word != self.word.lower() or not self.word:
-            raise ValueError(f"verdict word {self.word!r} must be non-empty lower case (heading() shouts it)")
+    def __new__(cls, word: str, level: int, meaning: str, log_level: int = logging.NOTSET) -> "Verdict":
+        if word != word.lower() or not word:
+            raise ValueError(f"verdict word {word!r} must be non-empty lower case (heading() shouts it)")
+        member = str.__new__(cls, word)
+        member._value_ = word
+        member.level, member.meaning, member.log_level = level, meaning, log_level
+        return member
+
+    @property
+    def word(self) -> str:
+        return self.value
+
+    OFF = ("off", -3, "the judge is not running: disabled in the capture spec, or stopped after an internal "
+                      "error (serving is not affected)")
+    PENDING = ("pending", -2, "too little evidence yet: fewer drafts, requests or sequences than the judge's "
+                              "minimum; nothing is judged")
+    UNDECIDED = ("undecided", -1, "judged, and the evidence decides neither way yet: more traffic or text will")
+    OK = ("ok", 0, "the served wiring gets the acceptance it should: within the tolerance of the best "
+                   "wiring (check, doctor), not below the expectation's costs cut (watch)")
+    COSTS = ("costs", 1, f"the served wiring loses acceptance: more than {TOLERANCE:.0%} below another wiring "
+                         f"(check, doctor), under {COSTS_RATIO:g} x the expectation (watch); a better wiring "
+                         "is named where one was measured", logging.WARNING)
+    WRONG = ("wrong", 2, f"the draft is not fed the wiring it was trained on: it keeps under {COLLAPSE_RATIO:g} "
+                         "of the acceptance it should reach (e.g. taps [3, 31, 59] for a head trained on "
+                         "[embed, 3, 31])", logging.WARNING)
+    NO_WIRING_WORKS = ("no wiring works", 3, f"even the best wiring gains under {MIN_GAIN:g} accepted drafts per "
+                                             "target forward: the head is untrained or for another target (doctor)",
+                       logging.WARNING)
 
 
-VOCABULARY = (
-    VerdictWord("off", -3, "the judge is not running: disabled in the capture spec, or stopped after an internal "
-                           "error (serving is not affected)"),
-    VerdictWord("pending", -2, "too little evidence yet: fewer drafts, requests or sequences than the judge's "
-                               "minimum; nothing is judged"),
-    VerdictWord("undecided", -1, "judged, and the evidence decides neither way yet: more traffic or text will"),
-    VerdictWord("ok", 0, "the served wiring gets the acceptance it should: within the tolerance of the best "
-                         "wiring (check, doctor), not below the expectation's costs cut (watch)"),
-    VerdictWord("costs", 1, f"the served wiring loses acceptance: more than {TOLERANCE:.0%} below another wiring "
-                            f"(check, doctor), under {COSTS_RATIO:g} x the expectation (watch); a better wiring "
-                            "is named where one was measured", logging.WARNING),
-    VerdictWord("wrong", 2, f"the draft is not fed the wiring it was trained on: it keeps under {COLLAPSE_RATIO:g} "
-                            "of the acceptance it should reach (e.g. taps [3, 31, 59] for a head trained on "
-                            "[embed, 3, 31])", logging.WARNING),
-    VerdictWord("no wiring works", 3, f"even the best wiring gains under {MIN_GAIN:g} accepted drafts per target "
-                                      "forward: the head is untrained or for another target (doctor)",
-                logging.WARNING),
-)
+VOCABULARY = tuple(Verdict)
 BY_WORD = {v.word: v for v in VOCABULARY}
-OFF, PENDING, UNDECIDED, OK, COSTS, WRONG, NO_WIRING_WORKS = (v.word for v in VOCABULARY)
-ALARMS = frozenset(v.word for v in VOCABULARY if v.log_level >= logging.WARNING)
-"""Words a judge reports with a WARNING line."""
+OFF, PENDING, UNDECIDED, OK, COSTS, WRONG, NO_WIRING_WORKS = VOCABULARY
+ALARMS = frozenset(v for v in VOCABULARY if v.log_level >= logging.WARNING)
+"""Verdicts a judge reports with a WARNING line."""
 
 ALARM_LINE = re.compile(r"vllm-eagle3 wiring (?:watch|check) \[engine \d+\]: (?:%s)\b"
                         % "|".join(re.escape(w.upper()) for w in sorted(ALARMS)))
 """Matches the WARNING line of the watch or the online check (what a soak or a log alert looks for)."""
 
 
-def entry(word: str) -> VerdictWord:
-    """The vocabulary entry of ``word``; an unknown word is a bug in a judge, said with the known ones."""
+def entry(word: str) -> Verdict:
+    """The verdict of ``word`` (a member or a word read from a report); an unknown word is a bug in a judge, said
+    with the known ones."""
     try:
         return BY_WORD[word]
     except KeyError:
@@ -106,18 +115,16 @@ def heading(word: str, loss: float | None = None) -> str:
     return f"{head} {loss:.1%}" if word == COSTS and loss is not None else head
 
 
-def overall(words: Iterable[str]) -> str:
+def overall(words: Iterable[str]) -> Verdict:
     """One wiring seen by several judges (or engines): the most severe decision any of them reached; when none
     decided (off, pending, undecided), the most advanced of those; ``off`` when there is nothing to combine."""
-    ws = [entry(w).word for w in words]
-    return max(ws, key=level, default=OFF)
+    return max(map(entry, words), key=lambda v: v.level, default=OFF)
 
 
-def worst(words: Iterable[str]) -> str:
+def worst(words: Iterable[str]) -> Verdict:
     """Several wirings, each judged once (the doctor's readings of one config): the most severe, where a wiring
     not shown ``ok`` (undecided, pending) outranks ``ok``: the config is ok only if every reading is."""
-    ws = [entry(w).word for w in words]
-    return max(ws, key=lambda w: (level(w) > 0, w != OK, level(w)), default=UNDECIDED)
+    return max(map(entry, words), key=lambda v: (v.level > 0, v != OK, v.level), default=UNDECIDED)
 
 
 def levels_help() -> str:

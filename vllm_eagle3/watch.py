@@ -298,11 +298,11 @@ class WiringWatch:
         self.verdict = V.PENDING
         self.bounds = (0.0, 1.0)
         self.clock, self.log = clock, log
-        self._last_line_at: dict[str, float] = {}  # per verdict: a costs line never holds back a wrong one
+        self._last_line_at: dict[V.Verdict, float] = {}  # per verdict: a costs line never holds back a wrong one
         self.lines_logged = 0
         self.lines_suppressed = 0
         self.last_warning: str | None = None
-        self._announced: set[str] = set()  # lines of the current bad episode (ok -> ... -> ok)
+        self._announced: set[V.Verdict] = set()  # lines of the current bad episode (ok -> ... -> ok)
 
     def observe(self, num_drafts: int, accepted_per_pos: Sequence[int],
                 draft_tokens_per_pos: Sequence[int] | None = None) -> str:
@@ -338,7 +338,7 @@ class WiringWatch:
             new = V.COSTS
         return new
 
-    def _announce(self, verdict: str) -> None:
+    def _announce(self, verdict: V.Verdict) -> None:
         self._announced.add(verdict)
         now = self.clock()
         last = self._last_line_at.get(verdict)
@@ -351,7 +351,7 @@ class WiringWatch:
         self.last_warning = line
         self.log.log(V.entry(verdict).log_level, "%s", line)
 
-    def message(self, verdict: str) -> str:
+    def message(self, verdict: V.Verdict) -> str:
         w, e = self.window, self.expectation
         p0 = w.rates()[0] if w.drafts else float("nan")
         length = w.acceptance_length()

@@ -55,7 +55,7 @@ from typing import Any, Mapping, Sequence
 
 from vllm_eagle3 import envs
 from vllm_eagle3.spec import CaptureSpecError, taps_label
-from vllm_eagle3.verdicts import COLLAPSE_RATIO, COSTS, OK, PENDING, TOLERANCE, UNDECIDED, WRONG
+from vllm_eagle3.verdicts import COLLAPSE_RATIO, COSTS, OK, PENDING, TOLERANCE, UNDECIDED, WRONG, Verdict
 
 CHECK_KEYS = {
     "enabled": "bool (default true): score candidate wirings on a sample of live requests inside the engine",
@@ -160,8 +160,10 @@ class _Sums:
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
-    kind: str  # a word of vllm_eagle3.verdicts: pending | undecided | ok | costs | wrong
+class CheckReading:
+    """The check's verdict after one scored request, with the numbers behind it."""
+
+    kind: Verdict  # pending | undecided | ok | costs | wrong
     requests: int
     anchors: int
     looks: int
@@ -187,9 +189,9 @@ class Judge:
         self.anchors = 0
         self.m0m0 = 0.0
         self.looks = 0
-        self.verdict = Verdict(PENDING, 0, 0, 0, math.inf, (0.0,) * len(candidates), 0, None, 0.0, (), ())
+        self.verdict = CheckReading(PENDING, 0, 0, 0, math.inf, (0.0,) * len(candidates), 0, None, 0.0, (), ())
 
-    def add(self, anchors: int, matches: Sequence[int]) -> Verdict:
+    def add(self, anchors: int, matches: Sequence[int]) -> CheckReading:
         """One scored request: its anchor count and each candidate's matches (candidate order). Returns the verdict."""
         if len(matches) != len(self.sums):
             raise ValueError(f"{len(matches)} match counts for {len(self.sums)} candidates")
@@ -216,12 +218,12 @@ class Judge:
             return math.inf if total > 0 else (-math.inf if total < 0 else 0.0)
         return total / math.sqrt(r / (r - 1) * var)
 
-    def _decide(self) -> Verdict:
+    def _decide(self) -> CheckReading:
         n, r = len(self.sums), self.requests
         p0 = tuple(s.m / self.anchors for s in self.sums)
         best = max(range(n), key=lambda c: (self.sums[c].m, -c))
         if r < self.cfg.min_requests:
-            return Verdict(PENDING, r, self.anchors, self.looks, math.inf, p0, best, None, 0.0, (), ())
+            return CheckReading(PENDING, r, self.anchors, self.looks, math.inf, p0, best, None, 0.0, (), ())
         self.looks += 1
         level = self.cfg.false_alarm * 6 / (math.pi ** 2 * self.looks ** 2) / (n - 1)
         thr = t_quantile(level, r - 1)
@@ -239,7 +241,7 @@ class Judge:
             kind = OK
         ref = flagged if flagged is not None else best
         loss = 1.0 - self.sums[0].m / self.sums[ref].m if self.sums[ref].m > 0 else 0.0
-        return Verdict(kind, r, self.anchors, self.looks, thr, p0, best, flagged, loss, tuple(t_costs), tuple(t_ok))
+        return CheckReading(kind, r, self.anchors, self.looks, thr, p0, best, flagged, loss, tuple(t_costs), tuple(t_ok))
 
     def report(self, whys: Sequence[str], k: int) -> dict[str, Any]:
         """The verdict as JSON-ready data (what the engine writes for the API server's endpoint and gauges)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from vllm_eagle3 import verdicts as V
 from vllm_eagle3.spec import CaptureSpecError, taps_label
 from vllm_eagle3.wirings import EXHAUSTIVE_LIMIT, config_lines
-from vllm_eagle3.tools.doctor.stats import EXIT_CODES, MIN_SEQUENCES, Verdict, exit_code, needed_tokens
+from vllm_eagle3.tools.doctor.stats import EXIT_CODES, MIN_SEQUENCES, Reading, exit_code, needed_tokens
 from vllm_eagle3.verdicts import COLLAPSE_RATIO, TOLERANCE
 
 from vllm_eagle3.tools.doctor.diagnose import MAX_TOKENS, WINDOW, CHAINED, DEFAULT_K, Diagnosis, diagnose
@@ -19,7 +19,7 @@ from vllm_eagle3.tools.doctor.diagnose import MAX_TOKENS, WINDOW, CHAINED, DEFAU
 
 # ----------------------------------------------------------------------------------------------- output
 
-def verdict_line(name: str, v: Verdict, k: int, tokens: int) -> str:
+def verdict_line(name: str, v: Reading, k: int, tokens: int) -> str:
     c, b = v.configured, v.best
     al = f"acceptance length (k={k}) {c.acceptance_length:.3f} vs {b.acceptance_length:.3f} for the best {b.label}"
     p0 = (f"position-0 acceptance {c.p0:.3f} vs {b.p0:.3f} ({-v.p0_diff.estimate * 100:+.1f} points "

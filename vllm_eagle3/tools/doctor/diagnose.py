@@ -19,7 +19,7 @@ from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, parse_tap, taps_labe
 from vllm_eagle3.tools.doctor.measure import (chain_matches, default_text, encode, first_draft_acceptance,
                                               load_draft, load_target, sample_and_run)
 from vllm_eagle3.wirings import Candidate, candidate_wirings
-from vllm_eagle3.tools.doctor.stats import (TOLERANCE, Verdict, WiringChains, exit_code, judge, worst)
+from vllm_eagle3.tools.doctor.stats import (TOLERANCE, Reading, WiringChains, exit_code, judge, worst)
 
 MAX_TOKENS = 2048
 """Default text: 2,048 tokens = 16 sequences x 128, ~1,970 chain anchors. On the shipped pair (4,096 tokens) the
@@ -38,7 +38,7 @@ DEFAULT_K = 3
 
 @dataclasses.dataclass
 class Diagnosis:
-    verdicts: dict[str, Verdict]  # per configured wiring (a capture spec, or each engine's reading)
+    verdicts: dict[str, Reading]  # per configured wiring (a capture spec, or each engine's reading)
     adopt: dict[str, tuple[int, ...]]  # per configured wiring significantly worse than the best: the taps to serve
     chains: list[WiringChains]  # every chained wiring, best first
     screened: list[tuple[Candidate, float]]  # every candidate with its position-0 acceptance, best first

@@ -3,7 +3,7 @@
 Data flow position: after :mod:`vllm_eagle3.tools.doctor.measure` has drafted chains for each candidate wiring on the SAME
 sequences and anchors (per anchor: which of the k chained drafts equal the target's greedy tokens). This module
 reduces those matches to what serving depends on, compares the configured wiring with the best one, and returns a
-:class:`Verdict`. No model, no engine: plain tensors, unit-tested on synthetic matches.
+:class:`Reading`. No model, no engine: plain tensors, unit-tested on synthetic matches.
 
 What is compared. For k = the served ``num_speculative_tokens``: the acceptance length ``AL(k) = 1 + mean over
 anchors of the leading accepted drafts (at most k)`` (tokens emitted per target forward; the model card's
@@ -101,8 +101,10 @@ class Interval:
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
-    kind: str  # a word of vllm_eagle3.verdicts: ok | costs | wrong | no wiring works | undecided | pending
+class Reading:
+    """The doctor's verdict on one configured wiring, with the intervals behind it."""
+
+    kind: V.Verdict  # ok | costs | wrong | no wiring works | undecided | pending
     configured: WiringChains
     best: WiringChains
     loss: Interval  # relative acceptance-length loss vs the best
@@ -150,7 +152,7 @@ def compare(configured: WiringChains, best: WiringChains, w: torch.Tensor) -> tu
 
 
 def judge(configured: WiringChains, candidates: Sequence[WiringChains], tolerance: float = TOLERANCE,
-          replicates: int = BOOTSTRAP) -> Verdict:
+          replicates: int = BOOTSTRAP) -> Reading:
     """The verdict on ``configured`` against the best of ``candidates`` (which may include it)."""
     pool = list(candidates) + ([configured] if all(c.taps != configured.taps for c in candidates) else [])
     best = max(pool, key=lambda c: (c.acceptance_length, c.p0))
@@ -175,7 +177,7 @@ def judge(configured: WiringChains, candidates: Sequence[WiringChains], toleranc
         half = (loss.high - loss.low) / 2
         more = (half / max(abs(loss.estimate - tolerance), 1e-9)) ** 2
         more = min(max(more, 1.0), MAX_MORE)
-    return Verdict(kind, configured, best, loss, p0, ratio, gain, n, more, equivalent)
+    return Reading(kind, configured, best, loss, p0, ratio, gain, n, more, equivalent)
 
 
 EXIT_CODES = {V.OK: 0, V.COSTS: 3, V.WRONG: 4, V.UNDECIDED: 5, V.PENDING: 5, V.NO_WIRING_WORKS: 6}
@@ -183,10 +185,10 @@ EXIT_CODES = {V.OK: 0, V.COSTS: 3, V.WRONG: 4, V.UNDECIDED: 5, V.PENDING: 5, V.N
 
 
 def exit_code(kind: str) -> int:
-    return EXIT_CODES[V.entry(kind).word]
+    return EXIT_CODES[V.entry(kind)]
 
 
-def worst(kinds: Sequence[str]) -> str:
+def worst(kinds: Sequence[str]) -> V.Verdict:
     """The most serious of several verdicts (several engine readings of one config; :func:`V.worst`)."""
     return V.worst(kinds)
 
