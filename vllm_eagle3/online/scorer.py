@@ -5,7 +5,9 @@ Input: a :class:`vllm_eagle3.online.traces.Trace` (confirmed tokens, the target'
 the anchor count and, per candidate, how many anchors the draft's first token equals the token the target produced
 there. The head is the plain-PyTorch reference (:class:`vllm_eagle3.reference.Eagle3Draft`, the same forward as vLLM's
 ``llama_eagle3`` / ``deepseek_eagle3`` first step, held to vLLM by tests/parity/test_draft_parity.py) loaded in
-float32 from the served draft's folder, with the target's embedding table (vLLM shares it with the draft).
+float32 from the served draft's folder, with the target's embedding table (vLLM shares it with the draft). A hub id
+(``moonshotai/Kimi-K2.5``) is read from the Hugging Face cache vLLM downloaded it to (:mod:`vllm_eagle3.model_files`);
+files not found stop the check at start with one line naming the fix, never the engine.
 
 At row i the draft reads the target's taps at position i (in the candidate's order) and the token at i + 1, attends
 causally over the recorded rows, and predicts the token at i + 2. Rows before the first recorded position (a
@@ -25,6 +27,7 @@ from typing import Sequence
 
 import torch
 
+from vllm_eagle3.model_files import model_folder
 from vllm_eagle3.online.traces import Trace
 from vllm_eagle3.reference import Eagle3Draft
 
@@ -42,8 +45,15 @@ def group_size(config, rows: int, queries: int, candidates: int) -> int:
 
 
 class Scorer:
-    def __init__(self, draft_dir: str | Path, target_dir: str | Path, candidates: Sequence[Sequence[int]]) -> None:
-        self.head = Eagle3Draft.from_dir(Path(draft_dir), Path(target_dir), dtype=torch.float32)
+    def __init__(self, draft: str | Path, target: str | Path, candidates: Sequence[Sequence[int]], *,
+                 draft_revision: str | None = None, target_revision: str | None = None,
+                 cache_dir: str | Path | None = None) -> None:
+        """``draft`` / ``target``: folders or hub ids, as vLLM's ``speculative_config.model`` / ``--model``
+        (``*_revision``: vLLM's revisions; ``cache_dir``: its ``--download-dir``). Raises
+        :class:`vllm_eagle3.model_files.ModelFilesNotFound` (the fix in its message) when the files are not here."""
+        draft_dir = model_folder(draft, what="draft", revision=draft_revision, cache_dir=cache_dir)
+        target_dir = model_folder(target, what="target", revision=target_revision, cache_dir=cache_dir)
+        self.head = Eagle3Draft.from_dir(draft_dir, target_dir, dtype=torch.float32)
         self.candidates = [tuple(c) for c in candidates]
 
     @torch.no_grad()

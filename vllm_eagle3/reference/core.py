@@ -284,4 +284,5 @@ def load_target_embedding(target_dir: Path) -> torch.Tensor:
             for n in names:
                 if n in fh.keys():
                     return fh.get_tensor(n).float()
-    raise KeyError(f"no embed_tokens weight in {target_dir}; pass the miniature target folder (models/kimi-k25-mini)")
+    raise FileNotFoundError(f"no embed_tokens weight in {target_dir} (none of {', '.join(names)} in "
+                            f"{len(files)} safetensors file(s)); pass the target's folder, e.g. models/kimi-k25-mini")
