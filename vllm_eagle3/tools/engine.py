@@ -53,7 +53,8 @@ def _fds_to(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _env(overrides: dict[str, str | None]) -> Iterator[None]:
+def environment(overrides: dict[str, str | None]) -> Iterator[None]:
+    """This process's environment with ``overrides`` applied (None: removed), restored afterwards."""
     def apply(values: dict[str, str | None]) -> None:
         for k, v in values.items():
             if v is None:
@@ -92,7 +93,7 @@ def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | No
                                       "num_speculative_tokens": num_speculative_tokens}
     args.update(kwargs)
     t0 = time.monotonic()
-    with _env(env), _fds_to(log_path):
+    with environment(env), _fds_to(log_path):
         try:
             llm = LLM(**args)
         except BaseException as exc:

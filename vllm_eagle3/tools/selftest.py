@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import tempfile
 import time
@@ -175,6 +174,9 @@ def health_lines(check_dir: Path, spec: Path, draft: Path, k: int, drafts: float
     why = report.get("off_because") or (f"the served taps lose {report.get('loss', 0):.0%}" if verdict in V.ALARMS
                                         else f"{scored} requests scored, configured wiring position-0 "
                                              f"{(report.get('configured') or {}).get('position0', 0):.3f}")
+    cost = report.get("cost") or {}
+    if cost:  # every request followed here (sample_every 1): the check's dearest setting
+        why += f"; cost {cost['seconds']:.2f} s, {cost['fraction_of_engine_time']:.1%} of engine time"
     lines = [Line("check", verdict not in (*V.ALARMS, V.OFF, "missing") and scored > 0, f"{verdict}: {why}")]
     cfg = load_spec_file(spec).watch or WatchConfig()
     if not cfg.enabled:
@@ -188,34 +190,42 @@ def health_lines(check_dir: Path, spec: Path, draft: Path, k: int, drafts: float
 # ----------------------------------------------------------------------------------------------- main
 
 def selftest(target: Path, draft: Path, spec: Path, k: int, num_prompts: int, max_tokens: int,
-             say=print, prepare=None) -> tuple[list[Line], dict[str, Any]]:
-    """The lines and every number behind them. ``prepare(llm)``: run on the speculative engine once it is up (tests
-    change how its runner steps)."""
-    from vllm import SamplingParams
-
+             say=print, prepare=None, after=None, baseline: bool = True) -> tuple[list[Line], dict[str, Any]]:
+    """The lines and every number behind them. ``prepare(llm)`` / ``after(llm)``: run on the speculative engine once
+    it is up / after its requests (tests change how its runner steps, and look at it afterwards). Without
+    ``baseline`` no engine without speculation is started: greedy output is compared with the model card's recorded
+    continuation (transformers, float32)."""
     from vllm_eagle3.resolve import load_spec_file
     from vllm_eagle3.tools.doctor.engine import engine_memory_env
-    from vllm_eagle3.tools.doctor.measure import load_target, run_target
-    from vllm_eagle3.tools.engine import counter_totals, start_engine, stop_engine
-    from vllm_eagle3.wiring_check import read_report_file
+    from vllm_eagle3.tools.engine import environment
 
     taps = load_spec_file(spec).spec.taps
+    data: dict[str, Any] = {"taps": list(taps), "k": k, "prompts": num_prompts, "max_tokens": max_tokens}
     items = json.loads((draft / "eval_prompts.json").read_text())["items"][:num_prompts]
     prompts = [it["prompt_token_ids"] for it in items]
+    data["card_tokens"] = None if baseline else [it["continuation_token_ids"][:max_tokens] for it in items]
     work = Path(tempfile.mkdtemp(prefix="vllm_eagle3_selftest_"))
     own_spec = work / "capture_spec.yaml"  # the shipped spec, its check following every request
     own_spec.write_text(spec.read_text() + "\ncheck: {sample_every: 1, min_requests: 8, max_followed: 8, budget: 0.5}\n")
     (work / "check").mkdir()
-    env = {"EAGLE3_SPEC": str(own_spec), "EAGLE3_CHECK_DIR": str(work / "check"),
+    env = {"EAGLE3_SPEC": str(own_spec), "EAGLE3_CHECK_DIR": str(work / "check"), "HF_HUB_OFFLINE": "1",
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine_memory_env(target, draft, say)}
+
+    say(f"starting vLLM with {draft.name} (k = {k}, float32) ...")
+    with environment(env):  # the engine's processes and this one (the tensors the recorders send back)
+        return _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data, say, prepare, after)
+
+
+def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data, say, prepare, after):
+    from vllm import SamplingParams
+
+    from vllm_eagle3.tools.doctor.measure import load_target, run_target
+    from vllm_eagle3.tools.engine import counter_totals, start_engine, stop_engine
+    from vllm_eagle3.wiring_check import read_report_file
+
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     length = max(len(p) for p in prompts) + max_tokens + k + 8
     lines: list[Line] = []
-    data: dict[str, Any] = {"taps": list(taps), "k": k, "prompts": num_prompts, "max_tokens": max_tokens}
-
-    say(f"starting vLLM with {draft.name} (k = {k}, float32) ...")
-    old = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)  # the engine's processes and this one (the check's report folder, serialization)
     engine = start_engine(target, draft, env=env, num_speculative_tokens=k, max_model_len=max(256, length),
                           disable_log_stats=False)
     try:
@@ -230,6 +240,8 @@ def selftest(target: Path, draft: Path, spec: Path, k: int, num_prompts: int, ma
         outs = engine.llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
         data["speculative_s"] = round(time.monotonic() - t0, 2)
         spec_tokens = [list(o.outputs[0].token_ids) for o in outs]
+        if after is not None:
+            data["after"] = after(engine.llm)
         report = engine.llm.collective_rpc(_draft_input_report, args=(len(taps),))[0]
         data["draft_input"] = report
         ok = report["exact"] == report["target_steps"] == report["draft_calls"] > 0
@@ -242,7 +254,7 @@ def selftest(target: Path, draft: Path, spec: Path, k: int, num_prompts: int, ma
         per_pos = per_position(engine.llm)
         data.update(drafts=drafts, accepted=accepted, accepted_per_pos=per_pos)
         length_served = 1 + accepted / max(drafts, 1)
-        walk = card_walk(draft, k, num_prompts)
+        walk = card_walk(draft, k, len(prompts))
         lines.append(Line("acceptance", walk is not None and abs(length_served - walk) <= ACCEPTANCE_TOL,
                           f"length {length_served:.3f} over {drafts:.0f} drafts, per position "
                           f"{[round(a / max(drafts, 1), 3) for a in per_pos]}; model card served walk "
@@ -258,8 +270,10 @@ def selftest(target: Path, draft: Path, spec: Path, k: int, num_prompts: int, ma
     reference = run_target(load_target(target), torch.tensor([prompts[0]])).taps[:, 0]  # [L + 1, T, H]
     lines.insert(1, tap_line(got, reference, taps))
 
-    say("starting vLLM without speculation ...")
-    try:
+    if data["card_tokens"] is not None:
+        plain_tokens, than = data["card_tokens"], "as the model card's recorded float32 continuation"
+    else:
+        say("starting vLLM without speculation ...")
         plain = start_engine(target, None, env=env, max_model_len=max(256, length))
         try:
             t0 = time.monotonic()
@@ -267,13 +281,10 @@ def selftest(target: Path, draft: Path, spec: Path, k: int, num_prompts: int, ma
             data["plain_s"] = round(time.monotonic() - t0, 2)
         finally:
             stop_engine(plain)
-    finally:
-        for name, value in old.items():
-            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
-    plain_tokens = [list(o.outputs[0].token_ids) for o in outs]
+        plain_tokens, than = [list(o.outputs[0].token_ids) for o in outs], "with and without speculation"
     same = sum(a == b for a, b in zip(spec_tokens, plain_tokens))
     lines.insert(3, Line("greedy", same == len(prompts), f"{same} of {len(prompts)} prompts x {max_tokens} tokens "
-                                                         "identical with and without speculation"))
+                                                         f"identical {than}"))
     data.update(speculative_tokens=spec_tokens, plain_tokens=plain_tokens)
     return lines, data
 
@@ -292,14 +303,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     p.add_argument("--prompts", type=int, default=8, help="the model card's first N held-out prompts (default 8)")
     p.add_argument("--max-tokens", type=int, default=128, help="greedy tokens per prompt (default 128, as the card)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="start no engine without speculation: compare greedy output with the model card's recorded "
+                        "float32 continuation instead (faster; float32 only)")
     p.add_argument("--json", type=Path, help="also write every number (and the tokens) here")
     args = p.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t0 = time.monotonic()
     say = lambda line: print(f"[selftest] {line}", flush=True)  # noqa: E731
     try:
         lines, data = selftest(args.target, args.draft, args.capture_spec, args.num_speculative_tokens, args.prompts,
-                               args.max_tokens, say)
+                               args.max_tokens, say, baseline=not args.no_baseline)
     except Exception as exc:  # noqa: BLE001 - the operator gets one line and a non-zero exit, the log has the rest
         cause = getattr(exc, "engine_log", "")
         from vllm_eagle3.tools.serve.process import root_cause
