@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Callable, Mapping, Sequence
 
+from packaging.specifiers import SpecifierSet
+
+from vllm_eagle3.versions import release_in
 from vllm_eagle3.spec import EMBED, CaptureSpecError
 
 IdRule = Callable[[Sequence[int], int], "tuple[int, ...]"]
@@ -117,17 +119,15 @@ class Write:
 
 @dataclasses.dataclass(frozen=True)
 class VersionRule:
-    """The releases of ``package`` an entry holds for: ``since <= version < before`` (None: unbounded)."""
+    """The releases of ``package`` an entry holds for, a PEP 440 specifier (``">=0.5.13"``)."""
 
     package: str
     flag: str  # how a command line names this rule (``inspect --sglang-version``)
-    since: tuple[int, ...] | None = None
-    before: tuple[int, ...] | None = None
+    releases: str
 
     def holds(self, version: str) -> bool:
-        # "0.5.12.post1" -> (0, 5, 12), "0.6.0rc1" -> (0, 6, 0): the release, without its suffixes
-        parts = tuple(int(re.match(r"\d*", x).group() or 0) for x in version.split("+")[0].split(".")[:3])
-        return (self.since is None or parts >= self.since) and (self.before is None or parts < self.before)
+        # "0.5.12.post1" counts as 0.5.12, "0.6.0rc1" as 0.6.0 (versions.release_in)
+        return release_in(SpecifierSet(self.releases), version)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +232,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            (ListReading("SGLang 0.5.13+ (nested list)", (NESTED,)),),
            serving=True, draft_classes={"llama": _SGLANG_LLAMA, "mla": _SGLANG_MLA},
            write=Write("draft config.json, eagle_config", SGLANG_LINE),
-           version=VersionRule("sglang", "0.5.13+", since=(0, 5, 13)),
+           version=VersionRule("sglang", "0.5.13+", ">=0.5.13"),
            aliases=("sglang-new", "sglang>=0.5.13", "sglang>=0.5.14"),
            max_tap_offset=-1,
            tap_reason="SGLang 0.5.23 captures only inside its decoder-layer loop (deepseek_v2.py L3175-3195: "
@@ -248,7 +248,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            plus_one, minus_one, -1, -1, -1, "ascending",
            (ListReading("SGLang < 0.5.13 + embed patch (nested list)", (NESTED,)),),
            serving=True, write=Write("draft config.json, eagle_config", SGLANG_LINE),
-           version=VersionRule("sglang", "legacy", before=(0, 5, 13)),
+           version=VersionRule("sglang", "legacy", "<0.5.13"),
            aliases=("sglang-old", "legacy-sglang"),
            max_tap_offset=-1,
            tap_reason="legacy SGLang (0.5.12.post1 deepseek_v2.py L2267-2282) captures only inside its decoder-layer "

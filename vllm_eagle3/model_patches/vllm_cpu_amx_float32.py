@@ -21,6 +21,7 @@ Only applied on the CPU platform.
 
 from __future__ import annotations
 
+from vllm_eagle3.compat import supported_vllm_before
 from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_amx_float32"
@@ -85,7 +86,7 @@ def _apply() -> str:
 PATCH = Patch(
     name="vllm_cpu_amx_float32",
     engine="vllm",
-    supported=("0.32.", "0.33."),
+    supported=supported_vllm_before("0.34"),
     retire_when="vLLM-CPU choosing AMX_MLA only for dtypes it can load (vllm/platforms/cpu.py get_attn_backend_cls)",
     apply_fn=_apply,
     needed_fn=vllm_cpu_only,

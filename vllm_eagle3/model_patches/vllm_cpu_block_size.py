@@ -16,6 +16,7 @@ Only applied on the CPU platform: GPU backends are untouched.
 
 from __future__ import annotations
 
+from vllm_eagle3.compat import supported_vllm_before
 from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_block_size_16"
@@ -41,7 +42,7 @@ def _apply() -> str:
 PATCH = Patch(
     name="vllm_cpu_block_size",
     engine="vllm",
-    supported=("0.32.", "0.33."),
+    supported=supported_vllm_before("0.34"),
     retire_when="vLLM's CPU_ATTN declaring 16-token kernel blocks (v1/attention/backends/cpu_attn.py)",
     apply_fn=_apply,
     needed_fn=vllm_cpu_only,

@@ -44,6 +44,7 @@ everything this patch touches) but not run here.
 
 from __future__ import annotations
 
+from vllm_eagle3.compat import supported_vllm_before
 from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 ENV = "EAGLE3_CPU_MLA_VERIFY_AS_DECODE"
@@ -183,7 +184,7 @@ def apply_now() -> str:
 PATCH = Patch(
     name="vllm_cpu_mla_verify_decode",
     engine="vllm",
-    supported=("0.32.", "0.33."),
+    supported=supported_vllm_before("0.34"),
     retire_when="vLLM's CPU MLA backend verifying multi-token queries on its decode kernel (cpu_mla.py)",
     apply_fn=apply_now,
     needed_fn=vllm_cpu_only,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 
+from vllm_eagle3.compat import supported_vllm_before
 from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_onednn_release"
@@ -72,7 +73,7 @@ def _apply() -> str:
 PATCH = Patch(
     name="vllm_cpu_onednn_release",
     engine="vllm",
-    supported=("0.32.",),
+    supported=supported_vllm_before("0.33"),
     retire_when=("vLLM's CPUDNNLGEMMHandler.__del__ freeing its handler without Tensor.item() (vllm/_custom_ops.py; "
                  "upstream issue to file)"),
     apply_fn=_apply,

@@ -19,6 +19,7 @@ Retire when: the CPU ``rotary_embedding`` kernel honours the query's head stride
 
 from __future__ import annotations
 
+from vllm_eagle3.compat import supported_vllm_before
 from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_rope_3d"
@@ -57,7 +58,7 @@ def _apply() -> str:
 PATCH = Patch(
     name="vllm_cpu_rope_3d",
     engine="vllm",
-    supported=("0.32.", "0.33."),
+    supported=supported_vllm_before("0.34"),
     retire_when="vLLM's CPU rotary_embedding kernel handling 3-D strided queries (csrc/cpu/pos_encoding.cpp)",
     apply_fn=_apply,
     needed_fn=vllm_cpu_only,

@@ -30,6 +30,7 @@ uninitialised temperature/top_p/top_k"). Only applied on CPU without a Triton CP
 
 from __future__ import annotations
 
+from vllm_eagle3.compat import supported_vllm_before
 from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_spec_expand"
@@ -94,7 +95,7 @@ def _apply() -> str:
 PATCH = Patch(
     name="vllm_cpu_spec_expand",
     engine="vllm",
-    supported=("0.32.",),
+    supported=supported_vllm_before("0.33"),
     retire_when=("vLLM's CPU expand_kernel fallback writing into `output` (vllm/utils/cpu_triton_utils.py "
                  "_expand_kernel_impl; upstream issue to file)"),
     apply_fn=_apply,

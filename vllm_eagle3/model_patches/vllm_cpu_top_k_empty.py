@@ -20,6 +20,7 @@ apply_top_k_only k.max() on an empty batch"). Only applied on CPU.
 
 from __future__ import annotations
 
+from vllm_eagle3.compat import supported_vllm_before
 from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_top_k_empty"
@@ -57,7 +58,7 @@ def _apply() -> str:
 PATCH = Patch(
     name="vllm_cpu_top_k_empty",
     engine="vllm",
-    supported=("0.32.",),
+    supported=supported_vllm_before("0.33"),
     retire_when=("vLLM's apply_top_k_only accepting a batch with no rows (v1/sample/ops/topk_topp_sampler.py; "
                  "upstream issue to file)"),
     apply_fn=_apply,

@@ -23,6 +23,7 @@ Retire when: vLLM lets a package declare a read-only endpoint plugin that loads 
 
 from __future__ import annotations
 
+from vllm_eagle3.compat import SUPPORTED_VLLM
 from vllm_eagle3.model_patches import Patch
 from vllm_eagle3.watch import ENDPOINT_PLUGIN as OURS  # the entry point's name in pyproject.toml
 _MARK = "_vllm_eagle3_endpoint_default"
@@ -88,7 +89,7 @@ def _apply() -> str:
 PATCH = Patch(
     name="vllm_endpoint_default",
     engine="vllm",
-    supported=("0.32.", "0.33.", "0.34."),  # 0.33/0.34: same load_endpoint_plugins(supported_tasks) (make compat)
+    supported=SUPPORTED_VLLM,  # 0.33/0.34: same load_endpoint_plugins(supported_tasks) (make compat)
     retire_when="vLLM loading a declared read-only endpoint plugin by default (upstream issue to file: "
                 "'endpoint plugins: a default-on opt for read-only routes')",
     apply_fn=_apply,

@@ -33,6 +33,7 @@ after retries; VLLMUnprocessableEntityError's doc says 422").
 
 from __future__ import annotations
 
+from vllm_eagle3.compat import SUPPORTED_VLLM
 from vllm_eagle3.model_patches import Patch
 
 _MARK = "_vllm_eagle3_media_fetch_unreachable"
@@ -94,7 +95,7 @@ def _apply() -> str:
 PATCH = Patch(
     name="vllm_media_fetch_unreachable",
     engine="vllm",
-    supported=("0.32.", "0.33.", "0.34."),  # 0.33/0.34: same _wrap_media_fetch_error(url, exc) (make compat)
+    supported=SUPPORTED_VLLM,  # 0.33/0.34: same _wrap_media_fetch_error(url, exc) (make compat)
     retire_when="vLLM answering an unreachable image_url with a 4xx (upstream issue to file: 'media fetch: "
                 "unreachable image_url answered 500 after retries')",
     apply_fn=_apply,
