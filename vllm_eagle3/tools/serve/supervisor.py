@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import psutil
+
 from vllm_eagle3 import envs
 from vllm_eagle3.tools.serve import failures
 
@@ -63,23 +65,11 @@ def _prctl(option: int, value: int) -> None:
 
 
 def descendants(root: int) -> list[int]:
-    """PIDs below ``root`` in the process tree (from /proc/<pid>/stat), deepest last."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
+    """PIDs below ``root`` in the process tree (psutil), each parent before its children."""
+    try:
+        return [p.pid for p in psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def kill_descendants() -> int:
@@ -160,21 +150,21 @@ class OutputTee:
 
 def _ended(pid: int) -> int | None:
     """``None`` while ``pid`` runs; once it has ended: the signal that killed it if it is a zombie whose parent has
-    not reaped it yet (``/proc/<pid>/stat`` field 52, the ``waitpid`` status), else 0."""
+    not reaped it yet (the ``waitpid`` status, ``/proc/<pid>/stat`` field 52: psutil does not give it), else 0."""
     try:
+        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return None
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    except (psutil.NoSuchProcess, OSError):
         return 0
-    if fields[0] != "Z":
-        return None
     status = int(fields[49]) if len(fields) > 49 else 0
     return status & 0x7F
 
 
 def _look(seen: dict[int, str], gone: list[list[str]], rescan: bool = True) -> dict[int, str]:
     """Add to ``gone`` the vLLM processes of ``seen`` that have ended since the last look (one list per look), and
-    return the processes running now (``rescan``: also look for new ones, a walk of /proc; without it only
-    ``seen``'s few stat files are read, cheap enough for every 0.2 s). Processes that end between two looks are
+    return the processes running now (``rescan``: also look for new ones, a walk of the process table; without it only
+    ``seen``'s few processes are read, cheap enough for every 0.2 s). Processes that end between two looks are
     ordered by what ended them: one killed by a signal (a zombie not yet reaped says which) before one that exited,
     then the oldest (lowest pid) first. A SIGKILLed worker and the engine core that shuts down because of it can end
     within one look; the signal says which went first."""
@@ -193,13 +183,13 @@ def _look(seen: dict[int, str], gone: list[list[str]], rescan: bool = True) -> d
 def _vllm_processes() -> dict[int, str]:
     """vLLM's processes below this one that named themselves (``VLLM::EngineCore``, ``VLLM::Worker...``)."""
     out = {}
-    for pid in descendants(os.getpid()):
+    for proc in psutil.Process().children(recursive=True):
         try:
-            name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode("utf-8", "replace")
-        except OSError:
+            argv = proc.cmdline()
+        except psutil.Error:
             continue
-        if name.startswith("VLLM::"):
-            out[pid] = name.strip()
+        if argv and argv[0].startswith("VLLM::"):
+            out[proc.pid] = argv[0].strip()
     return out
 
 
