@@ -47,8 +47,9 @@ def toy(tmp_path_factory):
     spec.write_text(f"taps: [embed, 1, 2]\nnum_layers: {NUM_LAYERS}\ndraft_ids_convention: sglang-legacy\n")
     target, draft = root / "target", root / "draft"
     common = ["--roots", str(src), "--heldout-fraction", "0.1", "--device", "cpu", "--seq-len", "32", "--warmup", "2"]
-    train_target.main(["--out", str(target), "--num-layers", str(NUM_LAYERS), "--vocab-size", "512", "--max-steps", "30",
-                       "--batch", "8", "--lr", "3e-3", "--max-chars", "400000", "--tokenizer-chars", "400000",
+    train_target.main(["--out", str(target), "--num-layers", str(NUM_LAYERS), "--vocab-size", "512",
+                       "--max-steps", "30", "--batch", "8", "--lr", "3e-3", "--max-chars", "400000",
+                       "--tokenizer-chars", "400000",
                        "--eval-every", "1000", "--eval-windows", "4", *common])
     train_draft.main(["--target", str(target), "--out", str(draft), "--spec", str(spec), "--draft-vocab-size", "256",
                       "--max-steps", "30", "--batch", "8", "--lr", "3e-3", "--ttt-steps", "3", "--max-chars", "400000",

@@ -128,7 +128,8 @@ def looks_like_code(text: str, max_mean_line: float = 60.0, max_line: int = 1000
     return digits / n <= max_digit_frac and non_ascii / n <= max_non_ascii
 
 
-def read_unique_texts(files: Iterable[SourceFile], max_chars: int, keep=None, seen: set[str] | None = None) -> list[str]:
+def read_unique_texts(files: Iterable[SourceFile], max_chars: int, keep=None,
+                      seen: set[str] | None = None) -> list[str]:
     """Like :func:`read_texts`, skipping texts already in ``seen`` (sha1, updated) and texts ``keep`` rejects."""
     seen = set() if seen is None else seen
     texts: list[str] = []
@@ -196,8 +197,10 @@ def load_training_mix(tok, train_files: Sequence[SourceFile], eot_id: int, stdli
     mix = TrainingMix(encode_texts(tok, std_texts, eot_id) if std_texts else torch.zeros(0, dtype=torch.int32),
                       encode_texts(tok, other_texts, eot_id) if other_texts else torch.zeros(0, dtype=torch.int32),
                       stdlib_weight)
-    stats = {"stdlib_files": len(std_texts), "stdlib_chars": sum(map(len, std_texts)), "stdlib_tokens": mix.stdlib.numel(),
-             "other_files": len(other_texts), "other_chars": sum(map(len, other_texts)), "other_tokens": mix.other.numel()}
+    stats = {"stdlib_files": len(std_texts), "stdlib_chars": sum(map(len, std_texts)),
+             "stdlib_tokens": mix.stdlib.numel(),
+             "other_files": len(other_texts), "other_chars": sum(map(len, other_texts)),
+             "other_tokens": mix.other.numel()}
     return mix, stats
 
 
@@ -268,13 +271,15 @@ def fixed_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Show the Python-source corpus and its train/held-out split.")
-    ap.add_argument("--roots", nargs="*", type=Path, default=None, help="folders to scan (default: stdlib + site-packages)")
+    ap.add_argument("--roots", nargs="*", type=Path, default=None,
+                    help="folders to scan (default: stdlib + site-packages)")
     ap.add_argument("--heldout-fraction", type=float, default=0.02)
     args = ap.parse_args(argv)
     files = source_files(args.roots or default_roots())
     train, held = split_files(files, args.heldout_fraction)
     size = lambda fs: sum(f.path.stat().st_size for f in fs)  # noqa: E731
-    print(f"{len(files)} files; train {len(train)} ({size(train) / 1e6:.1f} MB), held-out {len(held)} ({size(held) / 1e6:.1f} MB)")
+    print(f"{len(files)} files; train {len(train)} ({size(train) / 1e6:.1f} MB), "
+          f"held-out {len(held)} ({size(held) / 1e6:.1f} MB)")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ Measured:
 * simulated acceptance, "greedy" (the headline): held-out prompts are continued greedily by the
   target; at every anchor of the continuation the head drafts a chain of k = 1..5 tokens exactly as
   vLLM's proposer does (step 1 on ``fc(taps)``, later steps on its own fed-back state: pre-norm, post-norm
-  with ``norm_output``; positions +1, attention over the step-1 cache plus the chain); a draft is accepted while it equals the target's
-  greedy token. Per-position acceptance = fraction of anchors whose first j drafts were all accepted;
-  acceptance length(k) = 1 + sum of the first k. Also "text": the same chain on held-out text.
+  with ``norm_output``; positions +1, attention over the step-1 cache plus the chain); a draft is accepted
+  while it equals the target's greedy token. Per-position acceptance = fraction of anchors whose first j
+  drafts were all accepted; acceptance length(k) = 1 + sum of the first k. Also "text": the same chain on held-out text.
 * "served_walk": the same greedy chains visited the way a server visits them (draft at the anchor after
   prefill, accept the leading matches a, next anchor a + 1 tokens later): per prompt (drafts, accepted) and
   1 + accepted / drafts, which is what vLLM's ``/metrics`` counters measure. It is lower than the every-anchor
@@ -59,14 +59,23 @@ def plot_curves(target_log: dict, draft_log: dict, path: Path) -> bool:
     ax[0].plot([r["tokens"] / 1e6 for r in tr], [r["loss"] for r in tr], label="train loss")
     ev = target_log.get("eval", [])
     ax[0].plot([r["tokens"] / 1e6 for r in ev], [r["loss"] for r in ev], "o-", label="held-out loss")
-    ax[0].set_xlabel("tokens (M)"); ax[0].set_title("target"); ax[0].legend(); ax[0].grid(alpha=0.3)
+    ax[0].set_xlabel("tokens (M)")
+    ax[0].set_title("target")
+    ax[0].legend()
+    ax[0].grid(alpha=0.3)
     dr = draft_log.get("train", [])
     ax[1].plot([r["step"] for r in dr], [r["loss"] for r in dr])
-    ax[1].set_xlabel("step"); ax[1].set_title("draft: weighted TTT loss"); ax[1].grid(alpha=0.3)
+    ax[1].set_xlabel("step")
+    ax[1].set_title("draft: weighted TTT loss")
+    ax[1].grid(alpha=0.3)
     if dr:
         for j in range(len(dr[-1]["step_top1"])):
-            ax[2].plot([r["step"] for r in dr if len(r["step_top1"]) > j], [r["step_top1"][j] for r in dr if len(r["step_top1"]) > j], label=f"step {j + 1}")
-    ax[2].set_xlabel("step"); ax[2].set_title("draft: train top-1 vs target greedy"); ax[2].legend(); ax[2].grid(alpha=0.3)
+            ax[2].plot([r["step"] for r in dr if len(r["step_top1"]) > j],
+                       [r["step_top1"][j] for r in dr if len(r["step_top1"]) > j], label=f"step {j + 1}")
+    ax[2].set_xlabel("step")
+    ax[2].set_title("draft: train top-1 vs target greedy")
+    ax[2].legend()
+    ax[2].grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     return True
@@ -98,13 +107,15 @@ def update_served_walk(args) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Evaluate the miniature target and its EAGLE-3 head on held-out text; write eval.json.")
+    ap = argparse.ArgumentParser(description="Evaluate the miniature target and its EAGLE-3 head on held-out text; "
+                                             "write eval.json.")
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--draft", type=Path, required=True)
     ap.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
     ap.add_argument("--roots", nargs="*", type=Path, default=None)
     ap.add_argument("--heldout-fraction", type=float, default=0.02)
-    ap.add_argument("--windows", type=int, default=128, help="held-out text windows for perplexity / top-1 / text acceptance")
+    ap.add_argument("--windows", type=int, default=128,
+                    help="held-out text windows for perplexity / top-1 / text acceptance")
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=64, help="held-out prompts continued greedily")
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -139,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         for i in range(0, windows.shape[0], args.batch):
             ids = windows[i : i + args.batch]
             lg = target(input_ids=ids).logits[:, :-1].float()
-            nll += float(torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"))
+            nll += float(torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1),
+                                                           reduction="sum"))
             correct += int((lg.argmax(-1) == ids[:, 1:]).sum())
             n += ids[:, 1:].numel()
     target_metrics = {"heldout_loss": nll / n, "perplexity": math.exp(nll / n), "top1": correct / n, "tokens": n}
@@ -170,8 +182,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "taps": spec.label(), "dtype": "float32 (bf16 weights)", "device": str(device),
             "windows": int(windows.shape[0]), "seq_len": args.seq_len, "prompts": int(prompts.shape[0]),
             "prompt_len": plen, "new_tokens": args.new_tokens, "max_k": MAX_K,
-            "definition": "acceptance_length[k] = 1 + sum_{j<=k} per_position_acceptance[j]; per_position_acceptance[j] = "
-                          "fraction of anchors whose first j chained drafts all equal the target's greedy tokens",
+            "definition": "acceptance_length[k] = 1 + sum_{j<=k} per_position_acceptance[j]; "
+                          "per_position_acceptance[j] = fraction of anchors whose first j chained drafts all equal "
+                          "the target's greedy tokens",
         },
     }
     out = args.out or (args.draft / "eval.json")
@@ -187,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         plot_curves(json.loads(tl.read_text()), json.loads(dl.read_text()), out.parent / "training_curves.png")
     g = result["simulated_acceptance"]["greedy"]
     print(f"[eval] target ppl {target_metrics['perplexity']:.2f} top1 {target_metrics['top1']:.3f}; draft top1 (text) "
-          f"{[round(x, 3) for x in text_top1]}; greedy per-position {[round(x, 3) for x in g['per_position_acceptance']]}; "
+          f"{[round(x, 3) for x in text_top1]}; "
+          f"greedy per-position {[round(x, 3) for x in g['per_position_acceptance']]}; "
           f"acceptance length k=1..5 {[round(v, 3) for v in g['acceptance_length'].values()]}; "
           f"in-draft-vocab {in_vocab:.3f}; {time.time() - t0:.0f}s", flush=True)
 

@@ -85,7 +85,8 @@ def kimi_to_text_state(kimi: dict[str, torch.Tensor], expected_keys: Sequence[st
     for prefix, per in experts.items():
         ids = sorted(per)
         if f"{prefix}.gate_up_proj" in expected:
-            text[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([per[e]["gate_proj"], per[e]["up_proj"]], 0) for e in ids])
+            text[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([per[e]["gate_proj"], per[e]["up_proj"]], 0)
+                                                          for e in ids])
             text[f"{prefix}.down_proj"] = torch.stack([per[e]["down_proj"] for e in ids])
         else:
             for e in ids:
@@ -187,7 +188,8 @@ def write_kimi_checkpoint(
     cfg["torch_dtype"] = cfg["dtype"] = str(dtype).removeprefix("torch.")
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (out_dir / "preprocessor_config.json").write_text(json.dumps(preprocessor_config_dict(shape), indent=2) + "\n")
-    gen = {"bos_token_id": special["[BOS]"], "eos_token_id": special["[EOS]"], "pad_token_id": special["[PAD]"], "do_sample": False}
+    gen = {"bos_token_id": special["[BOS]"], "eos_token_id": special["[EOS]"], "pad_token_id": special["[PAD]"],
+           "do_sample": False}
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     if Path(tokenizer_dir).resolve() != out_dir.resolve():
         for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -201,7 +203,8 @@ def read_kimi_state(model_dir: Path) -> dict[str, torch.Tensor]:
     model_dir = Path(model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}; is this a miniature target folder (models/kimi-k25-mini)?")
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}; "
+                                f"is this a miniature target folder (models/kimi-k25-mini)?")
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
@@ -245,11 +248,13 @@ def check_with_transformers(model_dir: Path, num_tokens: int = 16) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Check that a miniature Kimi K2.5 folder loads in transformers and matches load_text_model.")
+    ap = argparse.ArgumentParser(description="Check that a miniature Kimi K2.5 folder loads in transformers "
+                                             "and matches load_text_model.")
     ap.add_argument("--check", type=Path, required=True, help="target folder, e.g. models/kimi-k25-mini")
     args = ap.parse_args(argv)
     diff = check_with_transformers(args.check)
-    print(f"transformers Kimi_K25ForConditionalGeneration loaded {args.check}; max |logit diff| vs load_text_model = {diff:.3e}")
+    print(f"transformers Kimi_K25ForConditionalGeneration loaded {args.check}; "
+          f"max |logit diff| vs load_text_model = {diff:.3e}")
     if diff > 1e-3:
         raise SystemExit("logits differ: the layout conversion is wrong")
 

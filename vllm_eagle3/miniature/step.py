@@ -57,7 +57,8 @@ def eager() -> contextlib.AbstractContextManager:
     return torch.compiler.set_stance("force_eager")
 
 
-def train_step(model, opt, ids: torch.Tensor, amp: bool, clip: float = 1.0, use_cache: bool | None = False) -> torch.Tensor:
+def train_step(model, opt, ids: torch.Tensor, amp: bool, clip: float = 1.0,
+               use_cache: bool | None = False) -> torch.Tensor:
     """One AdamW step of next-token loss on ``ids`` [B, T]; returns the loss as a device tensor (no host sync).
 
     transformers' causal-LM loss shifts ``labels`` itself, so ``labels=input_ids``. ``use_cache=None`` is the
@@ -103,8 +104,8 @@ def time_config(batch: int, seq_len: int, compile_mode: str, steps: int, warmup:
         loss = train_step(model, opt, ids, amp, use_cache=use_cache)
     sync()
     dt = (time.time() - t0) / steps
-    out = {"batch": batch, "seq_len": seq_len, "compile": compile_mode, "moe": moe_impl, "use_cache": use_cache, "ms_per_step": 1e3 * dt,
-           "tok_per_s": batch * seq_len / dt, "warmup_s": t_warm, "loss": float(loss)}
+    out = {"batch": batch, "seq_len": seq_len, "compile": compile_mode, "moe": moe_impl, "use_cache": use_cache,
+           "ms_per_step": 1e3 * dt, "tok_per_s": batch * seq_len / dt, "warmup_s": t_warm, "loss": float(loss)}
     if amp:
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     del model, opt
@@ -114,7 +115,8 @@ def time_config(batch: int, seq_len: int, compile_mode: str, steps: int, warmup:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Time the miniature target's training step (tokens/s) per batch size and compile mode.")
+    ap = argparse.ArgumentParser(description="Time the miniature target's training step (tokens/s) per batch size "
+                                             "and compile mode.")
     ap.add_argument("--batch", type=int, nargs="+", default=[192])
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--compile", nargs="+", choices=COMPILE_MODES, default=["none", "layers"])

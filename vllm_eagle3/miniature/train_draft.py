@@ -51,7 +51,8 @@ __all__ = ["DEFAULT_SPEC", "main", "shifted", "target_outputs", "ttt_loss"]  # t
 
 
 def choose_draft_vocab(stream: torch.Tensor, vocab_size: int, draft_vocab_size: int,
-                       greedy: torch.Tensor | None = None, greedy_weight: float = 0.0) -> tuple[torch.Tensor, float, float]:
+                       greedy: torch.Tensor | None = None,
+                       greedy_weight: float = 0.0) -> tuple[torch.Tensor, float, float]:
     """The ``draft_vocab_size`` ids of highest frequency, and the fractions of text and greedy tokens they cover.
 
     Frequency is ``(1 - greedy_weight) * share in the text stream + greedy_weight * share in ``greedy`` (the
@@ -104,16 +105,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Train the miniature's EAGLE-3 head on the target's own hidden states.")
     ap.add_argument("--target", type=Path, required=True, help="Kimi-layout target folder (models/kimi-k25-mini)")
     ap.add_argument("--out", type=Path, required=True, help="output folder (models/kimi-k25-mini-eagle3)")
-    ap.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="capture-spec YAML (taps and the config's id convention)")
+    ap.add_argument("--spec", type=Path, default=DEFAULT_SPEC,
+                    help="capture-spec YAML (taps and the config's id convention)")
     ap.add_argument("--roots", nargs="*", type=Path, default=None)
     ap.add_argument("--heldout-fraction", type=float, default=0.02)
-    ap.add_argument("--stdlib-chars", type=int, default=100_000_000, help="standard-library characters (data.load_training_mix)")
+    ap.add_argument("--stdlib-chars", type=int, default=100_000_000,
+                    help="standard-library characters (data.load_training_mix)")
     ap.add_argument("--max-chars", type=int, default=150_000_000, help="third-party characters")
     ap.add_argument("--stdlib-weight", type=float, default=0.35, help="share of text rows and prompts from the stdlib")
     ap.add_argument("--data-cache", type=Path, default=None, help="keep the tokenized training mix here (reused)")
     ap.add_argument("--arch", choices=sorted(ARCHITECTURES), default="llama",
                     help="draft architecture: llama (LlamaForCausalLMEagle3) or mla (Eagle3DeepseekV2ForCausalLM, "
-                         "DeepSeek-V2 multi-latent attention as vLLM's deepseek_eagle3.py / SGLang's kimi_k25_eagle3.py)")
+                         "DeepSeek-V2 multi-latent attention as vLLM's deepseek_eagle3.py / "
+                         "SGLang's kimi_k25_eagle3.py)")
     ap.add_argument("--fc-norm", action="store_true", help="EAGLE-3.1 fc_norm: RMSNorm per tap chunk before fc")
     ap.add_argument("--norm-output", action="store_true",
                     help="EAGLE-3.1 norm_output: feed the POST-norm state to the next draft step")
@@ -141,8 +145,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--greedy-time-budget-s", type=float, default=0.0,
                     help="stop generating after this many seconds (the batches done so far are used; 0: no limit)")
     ap.add_argument("--greedy-cache", type=Path, default=None,
-                    help="torch file of the greedy continuations: read if it exists (same target, prompts and lengths), "
-                         "else generated and written there (two heads on one target generate once)")
+                    help="torch file of the greedy continuations: read if it exists "
+                         "(same target, prompts and lengths), else generated and written there "
+                         "(two heads on one target generate once)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -185,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     tok = tokenizer.load_tokenizer(args.target)
     eot = tokenizer.special_ids(tok)[tokenizer.EOS]
     train_files, _ = data.split_files(data.source_files(args.roots or data.default_roots()), args.heldout_fraction)
-    mix, mix_stats = data.cached_training_mix(args.data_cache, tok, train_files, eot, args.stdlib_chars, args.max_chars, args.stdlib_weight)
+    mix, mix_stats = data.cached_training_mix(args.data_cache, tok, train_files, eot, args.stdlib_chars, args.max_chars,
+                                              args.stdlib_weight)
     print(f"[data] {mix_stats}; taps {spec.label()} written as {convention} ids {list(ids_in_config)}; "
           f"prep {time.time() - t_start:.0f}s", flush=True)
 
@@ -216,9 +222,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"[data] draft vocab {args.draft_vocab_size} (greedy weight {args.vocab_greedy_weight}) covers "
           f"{coverage:.4f} of the training text and {greedy_coverage:.4f} of the target's greedy tokens", flush=True)
 
-    cfg = DraftConfig(hidden_size=tcfg.hidden_size, target_hidden_size=tcfg.hidden_size, num_aux_hidden_states=spec.num_taps,
-                      vocab_size=tcfg.vocab_size, draft_vocab_size=args.draft_vocab_size, num_attention_heads=args.num_heads,
-                      num_key_value_heads=args.num_heads, head_dim=args.head_dim, intermediate_size=args.intermediate_size,
+    cfg = DraftConfig(hidden_size=tcfg.hidden_size, target_hidden_size=tcfg.hidden_size,
+                      num_aux_hidden_states=spec.num_taps, vocab_size=tcfg.vocab_size,
+                      draft_vocab_size=args.draft_vocab_size, num_attention_heads=args.num_heads,
+                      num_key_value_heads=args.num_heads, head_dim=args.head_dim,
+                      intermediate_size=args.intermediate_size,
                       rms_norm_eps=tcfg.rms_norm_eps, max_position_embeddings=tcfg.max_position_embeddings,
                       arch=args.arch, q_lora_rank=args.q_lora_rank, kv_lora_rank=args.kv_lora_rank,
                       qk_nope_head_dim=args.qk_nope_head_dim, qk_rope_head_dim=args.qk_rope_head_dim,
@@ -272,8 +280,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         del target
         evaluate.main(["--target", str(args.target), "--draft", str(args.out), "--spec", str(args.spec),
-                       "--device", args.device, "--prompts", str(args.eval_prompts), "--windows", str(args.eval_windows),
-                       "--heldout-fraction", str(args.heldout_fraction)]
+                       "--device", args.device, "--prompts", str(args.eval_prompts),
+                       "--windows", str(args.eval_windows), "--heldout-fraction", str(args.heldout_fraction)]
                       + (["--roots", *map(str, args.roots)] if args.roots else []))
 
 

@@ -24,7 +24,8 @@ without decay); ``--resume`` continues from it with a fresh time budget.
 
 Pitfall guarded: transformers' causal-LM loss shifts ``labels`` itself, so ``labels=input_ids``.
 
-GPU: ``python -m vllm_eagle3.miniature.train_target --out OUT --time-budget-s 480 --tokenizer-from models/kimi-k25-mini``
+GPU:
+``python -m vllm_eagle3.miniature.train_target --out OUT --time-budget-s 480 --tokenizer-from models/kimi-k25-mini``
 (the card, models/kimi-k25-mini/MODEL_CARD.md, has the exact commands of the shipped files)
 CPU toy: ``python -m vllm_eagle3.miniature.train_target --out /tmp/t --num-layers 4 --max-steps 20
 --batch 4 --seq-len 64 --max-chars 300000 --vocab-size 1024``
@@ -68,7 +69,8 @@ def _heldout(model, windows, device, batch, amp):
             logits = model(input_ids=ids, use_cache=False).logits.float()
         tgt = ids[:, 1:]
         lg = logits[:, :-1]
-        tot_loss += float(torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), reduction="sum"))
+        tot_loss += float(torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1),
+                                                            reduction="sum"))
         tot_correct += int((lg.argmax(-1) == tgt).sum())
         tot_n += tgt.numel()
     loss = tot_loss / tot_n
@@ -99,13 +101,17 @@ def build_tokenizer(args, train_files):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Train the miniature Kimi K2.5 target on Python sources and save it in the Kimi layout.")
+    ap = argparse.ArgumentParser(description="Train the miniature Kimi K2.5 target on Python sources "
+                                             "and save it in the Kimi layout.")
     ap.add_argument("--out", type=Path, required=True, help="output folder (becomes models/kimi-k25-mini)")
-    ap.add_argument("--roots", nargs="*", type=Path, default=None, help="source folders (default: stdlib + site-packages)")
+    ap.add_argument("--roots", nargs="*", type=Path, default=None,
+                    help="source folders (default: stdlib + site-packages)")
     ap.add_argument("--heldout-fraction", type=float, default=0.02)
-    ap.add_argument("--stdlib-chars", type=int, default=100_000_000, help="standard-library characters to read (all: 1e8)")
+    ap.add_argument("--stdlib-chars", type=int, default=100_000_000,
+                    help="standard-library characters to read (all: 1e8)")
     ap.add_argument("--max-chars", type=int, default=150_000_000, help="third-party (site-packages) characters to read")
-    ap.add_argument("--stdlib-weight", type=float, default=0.35, help="share of batch rows drawn from the stdlib stream")
+    ap.add_argument("--stdlib-weight", type=float, default=0.35,
+                    help="share of batch rows drawn from the stdlib stream")
     ap.add_argument("--data-cache", type=Path, default=None, help="keep the tokenized training mix here (reused)")
     ap.add_argument("--tokenizer-chars", type=int, default=5_000_000, help="characters to learn BPE merges from")
     ap.add_argument("--tokenizer-from", type=Path, default=None, help="reuse this model folder's tokenizer (same ids)")
@@ -125,12 +131,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="layers: torch.compile each decoder layer (step.py; the fast GPU setting)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from this Kimi-layout model folder's weights (same shape), fresh optimizer")
-    ap.add_argument("--time-budget-s", type=float, default=0.0, help="stop after this many seconds of training (0: use --max-steps)")
-    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps of this run (0: time budget only)")
+    ap.add_argument("--time-budget-s", type=float, default=0.0,
+                    help="stop after this many seconds of training (0: use --max-steps)")
+    ap.add_argument("--max-steps", type=int, default=0,
+                    help="stop after this many steps of this run (0: time budget only)")
     ap.add_argument("--total-budget-s", type=float, default=0.0,
                     help="whole-process limit (a timed GPU call): the training budget shrinks by the data preparation "
                          "time and 40 s for the final evaluation and export (0: no limit)")
-    ap.add_argument("--save-ckpt", type=Path, default=None, help="model+optimizer checkpoint, written when the decay starts")
+    ap.add_argument("--save-ckpt", type=Path, default=None,
+                    help="model+optimizer checkpoint, written when the decay starts")
     ap.add_argument("--resume", type=Path, default=None, help="continue from a --save-ckpt checkpoint")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-windows", type=int, default=256, help="held-out windows of --seq-len tokens per evaluation")
@@ -152,16 +161,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_tokenizer(tok, args.out)
     sp = tokenizer.special_ids(tok)
-    mix, mix_stats = data.cached_training_mix(args.data_cache, tok, train_files, sp[tokenizer.EOS], args.stdlib_chars, args.max_chars,
-                                            args.stdlib_weight)
+    mix, mix_stats = data.cached_training_mix(args.data_cache, tok, train_files, sp[tokenizer.EOS], args.stdlib_chars,
+                                              args.max_chars, args.stdlib_weight)
     mix = mix.to(device)
     held_stream = data.encode_texts(tok, data.read_texts(held_files, 2_000_000), sp[tokenizer.EOS])
     held = data.fixed_windows(held_stream, args.seq_len, args.eval_windows)
     print(f"[data] {len(train_files)} train files, {len(held_files)} held-out; {mix_stats}; stdlib weight "
-          f"{args.stdlib_weight}; held-out tokens {held_stream.numel():,}; prep {time.time() - t_start:.0f}s", flush=True)
+          f"{args.stdlib_weight}; held-out tokens {held_stream.numel():,}; prep {time.time() - t_start:.0f}s",
+          flush=True)
 
     shape = replace(TargetShape(), num_layers=args.num_layers, vocab_size=tok.get_vocab_size())
-    model = new_text_model(text_config_dict(shape, bos_id=sp["[BOS]"], eos_id=sp["[EOS]"], pad_id=sp["[PAD]"]), args.seed)
+    model = new_text_model(text_config_dict(shape, bos_id=sp["[BOS]"], eos_id=sp["[EOS]"], pad_id=sp["[PAD]"]),
+                           args.seed)
     if args.residual_init == "scaled":
         scale_residual_init(model, shape.num_layers, model.config.initializer_range)
     if args.init_from:
@@ -229,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if step % args.eval_every == 0:
             m = heldout_metrics(model, held, device, 32, amp)
             log["eval"].append({"step": step, "tokens": tokens_seen, "time_s": time_before + time.time() - t0, **m})
-            print(f"[eval] step {step} held-out loss {m['loss']:.3f} ppl {m['ppl']:.1f} top1 {m['top1']:.3f}", flush=True)
+            print(f"[eval] step {step} held-out loss {m['loss']:.3f} ppl {m['ppl']:.1f} top1 {m['top1']:.3f}",
+                  flush=True)
 
     train_time = time.time() - t0
     log["runs"].append({"from_step": first_step, "to_step": step, "time_s": train_time, "schedule": args.schedule,
@@ -243,8 +255,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     final = heldout_metrics(model.float(), held, device, 32, amp=False)
     log["final"] = {"step": step, "tokens": tokens_seen, "train_time_s": time_before + train_time, **final}
-    print(f"[final] {step} steps, {tokens_seen:,} tokens in {time_before + train_time:.0f}s; held-out ({args.save_dtype} "
-          f"weights, fp32) loss {final['loss']:.3f} ppl {final['ppl']:.2f} top1 {final['top1']:.3f}", flush=True)
+    print(f"[final] {step} steps, {tokens_seen:,} tokens in {time_before + train_time:.0f}s; "
+          f"held-out ({args.save_dtype} weights, fp32) loss {final['loss']:.3f} ppl {final['ppl']:.2f} "
+          f"top1 {final['top1']:.3f}", flush=True)
     export.write_kimi_checkpoint(args.out, state, shape, args.out, dtype=save_dtype)
     (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"[saved] {args.out} total {time.time() - t_start:.0f}s", flush=True)
