@@ -257,21 +257,24 @@ def test_greedy_bonus_only_is_not_identical(bonus_only):
     assert wrong, "bonus-only processing gave the non-speculative tokens"
 
 
-def test_guard_lifted_for_exactly_min_p_and_logit_bias(patched, monkeypatch):
-    """vLLM's request check under speculation: min_p and logit_bias pass (stock refuses them), the V2 runner keeps
-    the refusal, and the check still runs on the rest of the request."""
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
+def test_guard_lifted_for_exactly_min_p_and_logit_bias(patched, monkeypatch, v2):
+    """vLLM's request check under speculation: min_p and logit_bias pass (stock refuses them) on the V1 runner and on
+    Model Runner V2 (its own sampler processes every verified row); synthetic acceptance keeps the refusal; the check
+    still runs on the rest of the request."""
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 
-    spec = object()  # _validate_spec_decode only tells a speculative config from None
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if v2 else "0")
+    spec = SimpleNamespace(rejection_sample_method="standard")  # all _validate_spec_decode reads of the config
     params = SamplingParams(min_p=0.1, logit_bias={10: 5.0}, temperature=0.8)
     with pytest.raises(VLLMValidationError, match="not yet supported with speculative decoding"):
         patched.stock("_validate_spec_decode")(params, spec)
     params._validate_spec_decode(spec)
+    params._validate_spec_decode(SimpleNamespace(rejection_sample_method="block"))
     assert params.min_p == 0.1 and params.logit_bias == {10: 5.0}  # the request itself is untouched
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     with pytest.raises(VLLMValidationError, match="not yet supported with speculative decoding"):
-        params._validate_spec_decode(spec)
+        params._validate_spec_decode(SimpleNamespace(rejection_sample_method="synthetic"))
 
 
 def test_builtin_processors_under_speculation_custom_still_refused(patched):

