@@ -7,3 +7,8 @@ Nothing heavy is imported here: vLLM loads this package in every process.
 """
 
 __version__ = "0.1.0"
+
+LOGGER = "vllm.vllm_eagle3"
+"""The project's logger name, under vLLM's: vLLM configures a handler only for the ``vllm`` tree
+(``DEFAULT_LOGGING_CONFIG`` in ``vllm/logger.py``), so only a line logged there appears in the server's log. Parts
+add a suffix (``.watch``, ``.check``, ``.live_k``)."""

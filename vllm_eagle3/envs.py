@@ -16,7 +16,27 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-logger = logging.getLogger("vllm.vllm_eagle3")
+from vllm_eagle3 import LOGGER
+
+logger = logging.getLogger(LOGGER)
+
+# Names, for the modules that set a variable for a child or name it in a message (a read goes through get()).
+SPEC = "EAGLE3_SPEC"
+CONVENTION = "EAGLE3_CONVENTION"
+SKIP_PATCHES = "EAGLE3_SKIP_PATCHES"
+CPU_MLA_VERIFY_AS_DECODE = "EAGLE3_CPU_MLA_VERIFY_AS_DECODE"
+SERVE_LOG = "EAGLE3_SERVE_LOG"
+CHECK_DIR = "EAGLE3_CHECK_DIR"
+HOME = "EAGLE3_HOME"
+EMULATED_ISA = "EAGLE3_EMULATED_ISA"
+SERVE_CHILD = "_EAGLE3_SERVE_CHILD"
+PLUGINS = "VLLM_PLUGINS"
+CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+MALLOC_KNOBS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
+                "MALLOC_ARENA_MAX")
+"""glibc malloc settings: any one set means the user chose (GLIBC_TUNABLES counts when it has glibc.malloc.*)."""
+ONEDNN_CACHE = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+"""oneDNN reads either name."""
 
 
 def _text(value: str) -> str | None:
@@ -46,7 +66,7 @@ def _isa(value: str) -> str | None:
     """The instruction set a process emulates: only ``avx2`` (vLLM-CPU ships AVX2, AVX-512 and AVX-512 BF16 kernels)."""
     value = value.strip().lower()
     if value not in ("", "avx2"):
-        raise ValueError(f"EAGLE3_EMULATED_ISA={value!r}: the only one is avx2 (set by `vllm-eagle3 emulate avx2`)")
+        raise ValueError(f"{EMULATED_ISA}={value!r}: the only one is avx2 (set by `vllm-eagle3 emulate avx2`)")
     return value or None
 
 
@@ -63,35 +83,35 @@ class Var:
 
 _VARS = (
     # ------------------------------------------------------------------------------------------ the project's own
-    Var("EAGLE3_SPEC", None, _text,
+    Var(SPEC, None, _text,
         "Path of a capture-spec YAML (taps: [embed, 3, 31]); the fallback when --additional-config carries none.",
         "VLLM_EAGLE3_SPEC"),
-    Var("EAGLE3_CONVENTION", None, _text,
+    Var(CONVENTION, None, _text,
         "Convention the draft config's ids are written in (vllm, sglang-legacy, ...) when there is no spec.",
         "VLLM_EAGLE3_CONVENTION"),
-    Var("EAGLE3_SKIP_PATCHES", frozenset(), _names,
+    Var(SKIP_PATCHES, frozenset(), _names,
         "Comma-separated engine patches (model_patches) to leave out.", "VLLM_EAGLE3_SKIP_PATCHES"),
-    Var("EAGLE3_CPU_MLA_VERIFY_AS_DECODE", True, _flag_default_on("EAGLE3_CPU_MLA_VERIFY_AS_DECODE"),
+    Var(CPU_MLA_VERIFY_AS_DECODE, True, _flag_default_on(CPU_MLA_VERIFY_AS_DECODE),
         "0: verify speculative tokens on vLLM-CPU's own MLA prefill path; unset / 1: on its decode kernel.",
         "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"),
-    Var("EAGLE3_SERVE_LOG", None, _text,
+    Var(SERVE_LOG, None, _text,
         "File where `vllm-eagle3 serve` keeps vLLM's whole output; unset: a new file in the temp folder.",
         "VLLM_EAGLE3_SERVE_LOG"),
-    Var("EAGLE3_CHECK_DIR", None, _text,
+    Var(CHECK_DIR, None, _text,
         "Folder of the online wiring check's engine<i>.json; unset: made by the first vLLM process, inherited.",
         "VLLM_EAGLE3_CHECK_DIR"),
-    Var("EAGLE3_HOME", None, _text,
+    Var(HOME, None, _text,
         "A vllm-eagle3 clone whose models/ and configs/ demo, bench and soak use by default; unset: the clone this "
         "package is installed from (editable), else the current folder."),
-    Var("EAGLE3_EMULATED_ISA", None, _isa,
+    Var(EMULATED_ISA, None, _isa,
         "Set by `vllm-eagle3 emulate avx2`: host facts read as an AVX2-only CPU (AVX-512 and AMX flags hidden)."),
-    Var("_EAGLE3_SERVE_CHILD", False, _flag,
+    Var(SERVE_CHILD, False, _flag,
         "Internal: marks the supervised child of `vllm-eagle3 serve` (never set it yourself).",
         "_VLLM_EAGLE3_SERVE_CHILD"),
     # ------------------------------------------------------------------------------------------ vLLM's, read or set
-    Var("VLLM_PLUGINS", None, _text,
+    Var(PLUGINS, None, _text,
         "vLLM's plugin allowlist; unset: `serve` names every installed plugin plus the watch's endpoint route."),
-    Var("VLLM_CPU_KVCACHE_SPACE", None, _text,
+    Var(CPU_KVCACHE_SPACE, None, _text,
         "vLLM-CPU's KV cache in GiB; unset (and no --gpu-memory-utilization): `serve` picks 1-4 GiB."),
     Var("VLLM_CPU_OMP_THREADS_BIND", "auto", str, "vLLM-CPU's OpenMP thread binding; recorded with benchmarks."),
     Var("VLLM_PP_LAYER_PARTITION", None, _text,
@@ -100,19 +120,12 @@ _VARS = (
         "Set to 1 while the doctor's --engine vllm brings recorded tensors back from the worker."),
     Var("LD_PRELOAD", "", str, "Read to keep one OpenMP runtime; `serve` puts Intel OpenMP first on vLLM-CPU."),
     *(Var(n, None, _text, "glibc malloc setting: any set means `serve` leaves the allocator alone on vLLM-CPU.")
-      for n in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
-                "MALLOC_ARENA_MAX")),
+      for n in MALLOC_KNOBS),
     Var("GLIBC_TUNABLES", "", str, "glibc tunables; a glibc.malloc.* entry means `serve` leaves the allocator alone."),
     *(Var(n, None, _text, "oneDNN's primitive cache size: set means `serve` leaves it alone (else 64 on vLLM-CPU).")
-      for n in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")),
+      for n in ONEDNN_CACHE),
 )
 VARIABLES: dict[str, Var] = {v.name: v for v in _VARS}
-
-MALLOC_KNOBS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
-                "MALLOC_ARENA_MAX")
-"""glibc malloc settings: any one set means the user chose (GLIBC_TUNABLES counts when it has glibc.malloc.*)."""
-ONEDNN_CACHE = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
-"""oneDNN reads either name."""
 
 _warned = threading.Event()
 

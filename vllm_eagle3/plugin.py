@@ -12,6 +12,8 @@ Registration is lazy ("module:Class" strings): no model code is imported here. C
 
 from __future__ import annotations
 
+from vllm_eagle3 import LOGGER
+
 CAPTURE_MODULE = "vllm_eagle3.capture"
 
 _registered = False
@@ -59,10 +61,10 @@ def _install_wiring_check() -> None:
     from vllm_eagle3.online.engine_hook import install
 
     if not envs.EAGLE3_CHECK_DIR:
-        os.environ["EAGLE3_CHECK_DIR"] = tempfile.mkdtemp(prefix="vllm-eagle3-check-")
+        os.environ[envs.CHECK_DIR] = tempfile.mkdtemp(prefix="vllm-eagle3-check-")
     done = install()
     if done.startswith("not installed"):
-        init_logger("vllm.vllm_eagle3").warning("vllm-eagle3 wiring check: %s", done)
+        init_logger(LOGGER).warning("vllm-eagle3 wiring check: %s", done)
 
 
 def _log_patches(records: list[str]) -> None:
@@ -70,7 +72,9 @@ def _log_patches(records: list[str]) -> None:
     this process serves, so an operator must be able to see them (and leave one out)."""
     from vllm.logger import init_logger
 
+    from vllm_eagle3 import envs
+
     names = [r.split(":", 1)[0] + (" (skipped)" if ": skipped" in r else "") for r in records]
-    init_logger("vllm.vllm_eagle3").info(
+    init_logger(LOGGER).info(
         "vllm-eagle3: engine patches in this process: %s (details: model_patches.applied_patches(); "
-        "EAGLE3_SKIP_PATCHES=name,... leaves patches out)", ", ".join(names) or "none")
+        "%s=name,... leaves patches out)", ", ".join(names) or "none", envs.SKIP_PATCHES)

@@ -25,8 +25,8 @@ from vllm_eagle3.checkpoint import (IDS_KEY, TAP_CAPTURE_ARCHITECTURES, TRAINED_
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, get_convention, ids_to_taps, taps_to_ids
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
-ENV_SPEC = "EAGLE3_SPEC"
-ENV_CONVENTION = "EAGLE3_CONVENTION"
+ENV_SPEC = envs.SPEC
+ENV_CONVENTION = envs.CONVENTION
 
 
 # ----------------------------------------------------------------------------------------------- file readers

@@ -62,13 +62,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from vllm_eagle3 import LOGGER
 from vllm_eagle3 import verdicts as V
 from vllm_eagle3.spec import CaptureSpecError
 
 # Under the ``vllm`` logger tree: vLLM configures a handler only for that tree (``DEFAULT_LOGGING_CONFIG`` in
 # ``vllm/logger.py``), so this line appears in the server's log; a logger named after this module would print
 # nothing there.
-logger = logging.getLogger("vllm.vllm_eagle3.watch")
+logger = logging.getLogger(f"{LOGGER}.watch")
 
 Z = 3.29  # one-sided 99.95% normal quantile for the Wilson score bounds
 EVAL_FILE = "eval.json"

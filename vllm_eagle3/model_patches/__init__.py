@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 from packaging.specifiers import SpecifierSet
 
+from vllm_eagle3 import envs  # stdlib-only: importable in SGLang's venv too
 from vllm_eagle3.versions import describe, release_in
 
 
@@ -67,13 +68,11 @@ class Patch:
 _lock = threading.Lock()
 _records: dict[str, str] = {}
 
-SKIP_ENV = "EAGLE3_SKIP_PATCHES"
+SKIP_ENV = envs.SKIP_PATCHES
 
 
 def skipped_by_env(environ=None) -> frozenset[str]:
     """Patch names listed in ``EAGLE3_SKIP_PATCHES`` (comma-separated; blanks ignored)."""
-    from vllm_eagle3 import envs  # stdlib-only: importable in SGLang's venv too
-
     return envs.get(SKIP_ENV, environ)
 
 

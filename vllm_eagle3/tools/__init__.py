@@ -14,7 +14,7 @@ from pathlib import Path
 
 from vllm_eagle3 import envs
 
-HOME_ENV = "EAGLE3_HOME"
+HOME_ENV = envs.HOME
 OUTPUT_HOME = Path.home() / ".cache" / "vllm-eagle3"
 """Where ``bench`` and ``soak`` write unless given a folder: outside any clone, so that a run never overwrites the
 repository's committed results; their ``--publish`` writes there when asked."""

@@ -21,7 +21,7 @@ from vllm_eagle3.tools.serve.process import ServerStartError, VllmServer, served
 SCHEMA = 2
 TIMERS_EXTENSION = "vllm_eagle3.tools.bench.timers.StepTimers"
 STOCK_PLUGIN = "vllm_eagle3_model_patches"  # the 2nd vllm.general_plugins entry: CPU patches, no capture classes
-MLA_ENV = "EAGLE3_CPU_MLA_VERIFY_AS_DECODE"  # vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py
+MLA_ENV = envs.CPU_MLA_VERIFY_AS_DECODE  # vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py
 COMPILE_CACHE = ".cache/vllm"
 START_TIMEOUT_S = {"eager": 400.0, "compiled": 1200.0}  # a cold compile takes ~270 s on a quiet 2-core box
 SECOND_HEAD = "models/kimi-k25-mini-eagle3-taps-3-31-59"  # the same-taps capture A/B's head ...

@@ -103,7 +103,7 @@ def exit_on_stop_signals() -> None:
         signal.signal(s, on_signal)
 
 
-LOG_ENV = "EAGLE3_SERVE_LOG"
+LOG_ENV = envs.SERVE_LOG
 """Where ``serve`` keeps vLLM's whole output (default: a new file in the temp folder, named at start-up)."""
 
 

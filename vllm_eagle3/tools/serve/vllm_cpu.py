@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 
 from vllm_eagle3 import envs
 
-KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+KV_ENV = envs.CPU_KVCACHE_SPACE
 KV_MAX_GIB = 4
 """Largest KV cache chosen automatically (GiB per worker); a user who needs more sets VLLM_CPU_KVCACHE_SPACE."""
 RUNTIME_GIB = 2.0
