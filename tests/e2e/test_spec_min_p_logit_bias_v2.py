@@ -17,7 +17,7 @@ engine WITHOUT speculation returns (``exact_dist``; the top 20 must reach below 
 Checks: every sampled token inside its context's support (a draft row without min-p or the ban lets such tokens
 through at once), and Pearson chi-square of the joint (token 1, token 2) and of token 3's marginal against the exact
 probabilities, each at alpha 1e-3 (family-wise 2e-3; a shift of effect size w = 0.3 is detected with probability
-> 0.9 at n = 400). Seeds are fixed: a given build passes or fails reproducibly.
+> 0.8 at n = 400). Seeds are fixed: a given build passes or fails reproducibly.
 """
 
 from __future__ import annotations
