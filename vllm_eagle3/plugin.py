@@ -43,9 +43,10 @@ def register() -> None:
     for arch in TAP_CAPTURE_ARCHITECTURES:
         ModelRegistry.register_model(arch, f"{CAPTURE_MODULE}:{arch}")
     _install_wiring_check()
-    from vllm_eagle3 import live_k_vllm
+    from vllm_eagle3 import live_k_vllm, request_speculation_vllm
 
     live_k_vllm.install()
+    request_speculation_vllm.install()  # after live k: its wrappers run outside live k's (request_speculation_vllm.py)
     _registered = True
 
 

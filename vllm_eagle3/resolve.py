@@ -124,6 +124,8 @@ CONFIG_KEYS = {
     "capture_spec": "a capture-spec mapping, exactly what a capture-spec YAML holds (SPEC_FILE_KEYS)",
     "convention": "convention of the draft config's ids, when there is no capture spec",
     "live_k": "true, false or a mapping: k per batch size measured while serving (vllm_eagle3/live_k.py)",
+    "draft_backoff": "true (default), false or a mapping: a request whose drafts keep failing stops drafting and "
+                     "re-probes (vllm_eagle3/request_speculation.py)",
 }
 CONFIG_SPEC_SOURCE = "--additional-config"
 
