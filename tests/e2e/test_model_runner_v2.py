@@ -105,6 +105,11 @@ def test_v2_draft_input_is_embed_h3_h31_on_every_step(runs):
         assert runs[name]["taps"] == [0, 3, 31]
         assert report["exact"] == report["target_steps"] == report["draft_calls"] >= 30, (name, report)
         assert lines["taps"]["ok"] and lines["draft input"]["ok"], (name, lines)
+        # prefill steps, then verify steps of k + 1 = 4 tokens per request, the batch shrinking as requests finish at
+        # different steps (each reaches its 128 tokens when its own drafts allow), e.g. [64, 452, 32, ..., 20, 16, 8]
+        rows = report["rows"]
+        tail = rows[rows.index(max(rows)) + 1:]
+        assert max(rows) > 8 * 4 and tail == sorted(tail, reverse=True) and len(set(tail)) >= 3, (name, rows)
 
 
 def test_v2_per_position_acceptance_equals_v1(runs):

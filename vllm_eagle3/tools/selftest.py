@@ -98,7 +98,8 @@ def _draft_input_report(worker: Any, num_taps: int) -> dict[str, Any]:
     ``num_taps`` entries of the step's aux list concatenated, exactly, slot 0 the embedding the target consumed."""
     recs = getattr(worker.model_runner.get_model(), _RECORDS)
     steps, draft = recs["target"], recs["draft"]
-    out: dict[str, Any] = {"target_steps": len(steps), "draft_calls": len(draft), "exact": 0, "problems": []}
+    out: dict[str, Any] = {"target_steps": len(steps), "draft_calls": len(draft), "exact": 0, "problems": [],
+                           "rows": [aux[0].shape[0] for _, aux in steps]}  # tokens per step: the batch shrinks
     for i, ((embed, aux), fed) in enumerate(zip(steps, draft)):
         n = min(fed.shape[0], aux[0].shape[0], embed.shape[0])
         want = torch.cat([t[:n] for t in aux[:num_taps]], -1)  # [n, num_taps * hidden]
