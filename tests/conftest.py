@@ -103,7 +103,8 @@ def server_pool():
     pool = ServerPool(SESSION_ENV, REPO, say=lambda line: print(f"[servers] {line}", flush=True))
     yield pool
     pool.stop_all()
-    print(f"[servers] start-up times (s): {json.dumps({k: [round(x, 1) for x in v] for k, v in pool.startup_s.items()})}")
+    print(f"[servers] start-up times (s): "
+          f"{json.dumps({k: [round(x, 1) for x in v] for k, v in pool.startup_s.items()})}")
 
 
 @pytest.fixture(scope="session")

@@ -169,9 +169,9 @@ def test_the_online_wiring_check_runs_on_bf16(runs):
 
 def test_the_verify_path_is_the_one_documented(runs):
     """Which code verifies the k + 1 rows of a speculative step: on CPU_MLA the project's verify-as-decode builder
-    (vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py, on by default); on AMX_MLA vLLM's own builder, whose prefill branch
-    runs AMX_MLA's extend kernel over the rows with their cached context (``amx_mla.py``): the patch replaces
-    CPU_MLA's builder only and does not touch AMX_MLA."""
+    (vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py, on by default); on AMX_MLA vLLM's own builder, whose
+    prefill branch runs AMX_MLA's extend kernel over the rows with their cached context (``amx_mla.py``): the patch
+    replaces CPU_MLA's builder only and does not touch AMX_MLA."""
     builders = runs["builders"]
     say(f"attention metadata builders: {builders}")
     if "AMX_MLA" in builders:

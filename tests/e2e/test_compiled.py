@@ -26,8 +26,9 @@ Tolerances: ``embed`` bit-identical (an embedding lookup, no arithmetic). Taps 3
 random weights (magnitudes ~1-10) is below one float32 ulp of those elements; Inductor fuses and re-associates the same
 float32 sums (RMSNorm, GEMM blocking, MoE weighted sums), whose rounding scales with the row's magnitude. Measured
 on the prompt: tap 3 2.8e-6 of the row scale (max abs 2.0e-3, row maxima up to ~2000), tap 31 8.2e-6 (max abs
-8.6e-3): tens of float32 eps, compounded over 3 and 31 layers. A neighbouring tap (an off-by-one capture) is >= 40 away in max abs, > 1e-2 of the row scale, which
-the test also asserts. Greedy tokens: exact (float32; a wrong tap or attention moves logits by O(1)).
+8.6e-3): tens of float32 eps, compounded over 3 and 31 layers. A neighbouring tap (an off-by-one capture) is >= 40 away
+in max abs, > 1e-2 of the row scale, which the test also asserts. Greedy tokens: exact (float32; a wrong tap or
+attention moves logits by O(1)).
 """
 
 from __future__ import annotations

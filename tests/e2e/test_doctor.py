@@ -114,7 +114,8 @@ def test_doctor_finds_specforge_wiring_and_flags_vllm_reading(tmp_path, target, 
     assert v.loss.low > 0.2 and v.best_is_better
     out = doctor.render(dx)
     assert "adopt [1, 2, 5] (significantly better than the configured wiring)" in out
-    assert '"eagle_aux_hidden_state_layer_ids": [1, 2, 5]' in out and "SpecForge 0.2 (training config): [0, 1, 4]" in out
+    assert '"eagle_aux_hidden_state_layer_ids": [1, 2, 5]' in out
+    assert "SpecForge 0.2 (training config): [0, 1, 4]" in out
 
 
 def test_doctor_finds_embedding_wiring_the_incident_shape(tmp_path, target, target_run):

@@ -113,7 +113,8 @@ def offline(prompt) -> dict:
         stop_engine(engine)
     say(f"offline engine ready after {engine.startup_s:.1f} s; draft class {names}")
     prefill = [r for r in records if r and r[0].shape[0] == len(prompt)]
-    assert prefill, f"no target forward over the {len(prompt)}-token prompt; got {[[tuple(t.shape) for t in r] for r in records]}"
+    assert prefill, (f"no target forward over the {len(prompt)}-token prompt; "
+                     f"got {[[tuple(t.shape) for t in r] for r in records]}")
     assert calls, "no draft proposal was recorded: did speculation run?"
     return {"taps": prefill[0], "draft_aux": calls[0]["aux"], "log": log}
 

@@ -256,7 +256,8 @@ def test_served_embed_tap_is_the_merged_vision_embedding(spec, served):
       vision towers (vLLM's MoonViT3d on CPU: patch projection as a GEMM, its own 2-D rope and position-embedding
       interpolation, TORCH_SDPA attention; transformers' Kimi_K25 vision model: Conv2d patches, its own rope and
       attention) re-associate float32 sums; measured here 6.4e-7 (max abs 1.4e-7; taps 3 / 31 4.1e-7 / 5.7e-7,
-      same bound), as the offline parity test's 6e-7; the bound leaves ~1000x margin, and the bug it guards (the placeholder token's embedding at the image rows) is O(1) away:
+      same bound), as the offline parity test's 6e-7; the bound leaves ~1000x margin, and the bug it guards (the
+      placeholder token's embedding at the image rows) is O(1) away:
       asserted > 100 x the bound here, so an unmerged tap 0 cannot pass.
     """
     import torch
@@ -390,7 +391,8 @@ def test_bad_image_is_a_4xx_with_the_reason(spec, case):
     "too large for the context": no single image can overflow 1024 tokens (the processor scales any image to at most
     1024 patches, ~256 tokens), so ~800 tokens of text that fit alone (checked with ``/tokenize``) plus a 448x448
     image do. "unreachable URL": a loopback port nobody listens on (the same answer with or without a network);
-    stock vLLM 0.32 answers it 500, vllm_eagle3/model_patches/vllm_media_fetch_unreachable.py makes it a 422 naming the URL."""
+    stock vLLM 0.32 answers it 500, vllm_eagle3/model_patches/vllm_media_fetch_unreachable.py makes it a 422 naming the
+    URL."""
     import openai
 
     messages, phrase = _bad_requests()[case]

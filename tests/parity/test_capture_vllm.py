@@ -12,8 +12,8 @@ Tolerances (float32 everywhere, every prompt position):
   so only reassociation separates them: measured max abs difference ~1e-6 at tap 3 and ~1e-5 at tap 31 on
   these weights (hidden-state magnitudes ~1-10). HF's neighbouring taps k-1 and k+1 are > 1e-2 away, so an
   off-by-one capture cannot pass.
-- Before ``vllm_eagle3/model_patches/vllm_cpu_rope_3d.py`` vLLM-CPU rotated MLA queries wrongly (3-D strided q in the CPU
-  rope kernel): positions >= 1 differed by O(1) while position 0 matched. Comparing every position guards it.
+- Before ``vllm_eagle3/model_patches/vllm_cpu_rope_3d.py`` vLLM-CPU rotated MLA queries wrongly (3-D strided q in the
+  CPU rope kernel): positions >= 1 differed by O(1) while position 0 matched. Comparing every position guards it.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ def max_abs_finite(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a[finite] - b[finite]).abs().max().item()
 
 
-def assert_same_logits(name: str, got: torch.Tensor, want: torch.Tensor, atol: float = ATOL, rtol: float = RTOL) -> None:
+def assert_same_logits(name: str, got: torch.Tensor, want: torch.Tensor, atol: float = ATOL,
+                       rtol: float = RTOL) -> None:
     """``got`` (engine ``name``) equals vLLM's logits ``want`` [T, V]: -inf pattern, values, top-1, top-k."""
     assert got.shape == want.shape, f"{name}: logits {tuple(got.shape)} vs vLLM {tuple(want.shape)}"
     finite_got, finite_want = torch.isfinite(got), torch.isfinite(want)
@@ -116,7 +117,8 @@ def test_vllm_draft_reads_the_trained_wiring(vllm_call, prompt):
         states = model(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
     hidden = states[0].shape[-1]
     got_taps = vllm_call["aux"].split(hidden, dim=-1)
-    assert len(got_taps) == spec.num_taps, f"vLLM's draft input has {len(got_taps)} slices of {hidden}, spec {spec.label()}"
+    assert len(got_taps) == spec.num_taps, \
+        f"vLLM's draft input has {len(got_taps)} slices of {hidden}, spec {spec.label()}"
     from vllm_eagle3.testing.taps import assert_is_tap
 
     for tap, got in zip(spec.taps, got_taps):
@@ -173,7 +175,8 @@ def test_sglang_llama_eagle3_equals_vllm_head(vllm_call, tmp_path):
     record = run_sglang_draft("draft_runner.py", DRAFT, vllm_call, tmp_path)
     assert record["model_class"] == "LlamaForCausalLMEagle3", record["model_class"]
     draft_logits = record["logits"]  # [T, draft_vocab], SGLang's lm_head output
-    assert_same_logits("SGLang llama_eagle3", sglang_logits_in_target_vocab(record, DRAFT, vllm_call), vllm_call["logits"])
+    assert_same_logits("SGLang llama_eagle3", sglang_logits_in_target_vocab(record, DRAFT, vllm_call),
+                       vllm_call["logits"])
     last = record.get("last_token_logits_sglang")
     if last is not None:  # SGLang's own LogitsProcessor output for the last row equals the hook-computed row
         assert torch.allclose(last.float().reshape(-1)[: draft_logits.shape[1]], draft_logits[-1].float(),

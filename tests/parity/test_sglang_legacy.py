@@ -4,13 +4,15 @@ Guards the incident end to end on the code that caused it. A Kimi K2.5 EAGLE-3 h
 ``cat([embed, layer 3, layer 31])`` was served by SGLang with draft ids ``[2, 30, 58]``; SGLang's legacy
 ``set_eagle3_layers_to_capture`` (``[val + 1 for val in layer_ids]``) turned them into taps 3/31/59, and the
 embedding could not be tapped at all (``-1`` -> capture index 0 -> ``hidden_states + residual`` with ``residual``
-None). The user patched ``deepseek_v2.py``; this project ships that as ``vllm_eagle3/model_patches/sglang_embed_tap.py``.
+None). The user patched ``deepseek_v2.py``; this project ships that as
+``vllm_eagle3/model_patches/sglang_embed_tap.py``.
 
 Which SGLang: PyPI's 0.5.13 and 0.5.13.post1 already carry the conditional rule (``if layer_ids and layer_ids[0] ==
 1``, ``srt/models/deepseek_v2.py`` ``set_eagle3_layers_to_capture``); 0.5.12.post1 is the newest release with the
 legacy rule, so ``.venv-sglang-legacy`` pins it (``sglang_harness/requirements-legacy.txt``, ``make
-sglang-legacy-env``). Everything on the SGLang side is SGLang's own ``ModelRunner`` + ``KimiK25ForConditionalGeneration``
-with the miniature's real weights (``models/kimi-k25-mini``), driven by the shared ``sglang_harness/runner.py``.
+sglang-legacy-env``). Everything on the SGLang side is SGLang's own ``ModelRunner`` +
+``KimiK25ForConditionalGeneration`` with the miniature's real weights (``models/kimi-k25-mini``), driven by the shared
+``sglang_harness/runner.py``.
 
 What is pinned here, each against transformers' ``output_hidden_states`` and the conventions table:
 - ``[2, 30, 58]`` -> taps 3/31/59 (the incident's wiring), in ascending order whatever the listed order;
@@ -50,7 +52,8 @@ TAP_REL = 1e-4
 NUM_LAYERS = 61  # the miniature has the incident model's depth
 TRAINED_TAPS = (EMBED, 3, 31)
 
-#: name -> (legacy ids, apply vllm_eagle3/model_patches/sglang_embed_tap.py?); unpatched first (the patch is process-wide).
+#: name -> (legacy ids, apply vllm_eagle3/model_patches/sglang_embed_tap.py?); unpatched first
+#: (the patch is process-wide).
 LEGACY_CASES = {
     "incident_2_30_58": ([2, 30, 58], False),  # first: ids read by SGLang's ModelRunner itself
     "incident_listed_58_2_30": ([58, 2, 30], False),
@@ -246,7 +249,8 @@ def test_patched_legacy_sglang_feeds_the_draft_what_the_vllm_plugin_feeds_it(leg
     hidden = sg.shape[-1] // len(TRAINED_TAPS)
     for tap, s, v in zip(TRAINED_TAPS, sg.split(hidden, -1), vl.split(hidden, -1)):
         rel = (s - v).abs().max().item() / v.abs().max().item()
-        print(f"tap {tap_label(tap)}: SGLang 0.5.12.post1 + patch vs vLLM plugin, max abs diff / max |value| = {rel:.3g}")
+        print(f"tap {tap_label(tap)}: SGLang 0.5.12.post1 + patch vs vLLM plugin, "
+              f"max abs diff / max |value| = {rel:.3g}")
         if tap == EMBED:
             assert torch.equal(s, v), f"embed slice: SGLang legacy vs vLLM plugin differ by {rel:.3g}"
         else:
@@ -257,8 +261,8 @@ def test_patched_legacy_sglang_feeds_the_draft_what_the_vllm_plugin_feeds_it(leg
 # vllm-eagle3 convert, checked on both SGLang versions.
 
 
-def test_convert_from_sglang_legacy_captures_the_same_tensors_on_sglang_0_5_23(legacy_run, current_run, converted_drafts,
-                                                                               mini_hf):
+def test_convert_from_sglang_legacy_captures_the_same_tensors_on_sglang_0_5_23(legacy_run, current_run,
+                                                                               converted_drafts, mini_hf):
     """``convert --from sglang-legacy --to sglang`` writes ids with which SGLang 0.5.23 captures exactly the tensors
     0.5.12.post1 captured for the legacy ids (bit for bit) — including taps 1/4/32, where a leading 1 would trigger
     0.5.23's shift and convert lists another tap first ([4, 32, 1])."""
@@ -269,13 +273,15 @@ def test_convert_from_sglang_legacy_captures_the_same_tensors_on_sglang_0_5_23(l
         case = current_run["cases"][name]
         assert case["draft_ids"] == new_ids and case["stub_calls"] == []
         assert sorted(case["layers_to_capture"]) == sorted(taps), \
-            f"{legacy_ids} (legacy) -> {new_ids} (sglang): SGLang 0.5.23 captured {case['layers_to_capture']}, not {taps}"
+            f"{legacy_ids} (legacy) -> {new_ids} (sglang): " \
+            f"SGLang 0.5.23 captured {case['layers_to_capture']}, not {taps}"
         old = sglang_taps(legacy_run, name)
         new = sglang_taps(current_run, name)
         for tap, o, n in zip(sorted(taps), old, new):
             assert_tap(f"SGLang 0.5.23 ({new_ids})", n, mini_hf, tap)
             # Same CPU kernels, same weights: measured bit-identical across the two releases.
-            assert torch.equal(o, n), (f"tap {tap_label(tap)}: 0.5.23 with {new_ids} vs 0.5.12.post1 with {legacy_ids}: "
+            assert torch.equal(o, n), (f"tap {tap_label(tap)}: 0.5.23 with {new_ids} "
+                                       f"vs 0.5.12.post1 with {legacy_ids}: "
                                        f"max abs diff {(o - n).abs().max().item():.3g}")
 
 

@@ -40,7 +40,8 @@ HARNESS = Path(__file__).resolve().parent / "sglang_harness"
 SGLANG_PY = Path(os.environ.get("SGLANG_PYTHON", REPO / ".venv-sglang" / "bin" / "python"))
 SGLANG_VERSION = "0.5.23"
 ATOL = RTOL = 1e-4
-NEIGHBOUR_MIN_DIFF = 1e-2  # neighbouring taps must differ by at least this much (>= 100x ATOL) for the test to mean anything
+# neighbouring taps must differ by at least this much (>= 100x ATOL) for the test to mean anything
+NEIGHBOUR_MIN_DIFF = 1e-2
 INCIDENT_LAYERS = 61  # the incident's Kimi K2.5 depth; [2, 30, 58] under the legacy +1 reaches tap 59
 TRAINED_TAPS = (EMBED, 3, 31)  # the shipped head's wiring: cat([embed, tap 3, tap 31])
 
@@ -177,7 +178,8 @@ def test_sglang_ids_0_3_31_are_taps_embed_3_31(dsv3_run, dsv3_hf):
 
 
 def test_legacy_ids_with_patch_are_taps_embed_3_31(dsv3_run, dsv3_hf):
-    """Legacy [-1, 2, 30] + vllm_eagle3/model_patches/sglang_embed_tap.py -> taps 0/3/31, identical to the 0.5.23 [0, 3, 31] run."""
+    """Legacy [-1, 2, 30] + vllm_eagle3/model_patches/sglang_embed_tap.py -> taps 0/3/31, identical to the
+    0.5.23 [0, 3, 31] run."""
     case = dsv3_run["cases"]["legacy_-1_2_30"]
     assert case["legacy_patch"] and case["legacy_patch"]["sglang_version"] == SGLANG_VERSION
     taps = ids_to_taps(case["draft_ids"], "sglang-legacy", INCIDENT_LAYERS)
@@ -202,7 +204,8 @@ def test_legacy_ids_without_patch_are_refused_by_sglang_0_5_23(dsv3_run):
 
 
 def test_incident_ids_under_legacy_plus_one_are_taps_3_31_59_not_the_trained_wiring(dsv3_run, dsv3_hf):
-    """The incident: [2, 30, 58] under the legacy +1 captures taps 3/31/59 — not cat([embed, 3, 31]) it was trained on."""
+    """The incident: [2, 30, 58] under the legacy +1 captures taps 3/31/59 — not cat([embed, 3, 31]) it was trained
+    on."""
     case = dsv3_run["cases"]["incident_2_30_58"]
     taps = ids_to_taps(case["draft_ids"], "sglang-legacy", INCIDENT_LAYERS)
     assert taps == (3, 31, 59)
@@ -363,7 +366,8 @@ def test_kimi_k25_image_prefill_embedding_tap_carries_vision_features(kimi_mm):
     assert torch.equal(taps[0], embed), "SGLang's tap 0 is not the merged input_embeds of its decoder stack"
     hf0 = states[0][0]
     assert torch.equal(taps[0][~image_rows], hf0[~image_rows]), \
-        f"SGLang tap embed, text rows: max abs diff {max_abs(taps[0][~image_rows], hf0[~image_rows]):.3g} vs transformers"
+        f"SGLang tap embed, text rows: max abs diff {max_abs(taps[0][~image_rows], hf0[~image_rows]):.3g} " \
+        f"vs transformers"
     img_err = _rel(taps[0][image_rows], hf0[image_rows])
     assert img_err < MM_REL_TOL, (f"SGLang tap embed, image rows {tuple(taps[0][image_rows].shape)}: relative error "
                                   f"{img_err:.3g}, max abs diff {max_abs(taps[0][image_rows], hf0[image_rows]):.3g}")

@@ -1,5 +1,5 @@
-"""The SGLang patch ``vllm_eagle3/model_patches/sglang_embed_tap.py`` keeps its contract on SGLang's real classes, in both
-SGLang venvs: 0.5.23 (``.venv-sglang``) and 0.5.12.post1, the legacy rule (``.venv-sglang-legacy``).
+"""The SGLang patch ``vllm_eagle3/model_patches/sglang_embed_tap.py`` keeps its contract on SGLang's real classes, in
+both SGLang venvs: 0.5.23 (``.venv-sglang``) and 0.5.12.post1, the legacy rule (``.venv-sglang-legacy``).
 
 Guards: a legacy-convention draft ([-1, 2, 30]) served by SGLang 0.5.23 either crashes ("captured 2 of 3 aux hidden
 states") or, with a patch that silently applies to the wrong SGLang version or twice, captures the wrong taps.

@@ -1,6 +1,7 @@
 """Speculation that adapts to load (issue 29), without an engine: the k-per-batch-size table chosen from measured
 throughput, read the way vLLM 0.32 reads it, the run-time resolution of the plan's search and adaptive servers, the
-report's verdicts, the KV cache and memory each side-by-side server is given, the held-out prompts, and the shipped serve configs carrying the measured table.
+report's verdicts, the KV cache and memory each side-by-side server is given, the held-out prompts, and the shipped
+serve configs carrying the measured table.
 
 Guards: a table vLLM would read differently from what the advice meant (ranges off by one, a first range not
 starting at 1, k above ``num_speculative_tokens``); an adaptive server judged against a different baseline than the
@@ -184,7 +185,8 @@ def test_adaptive_verdicts_follow_the_intervals():
     rows = {r["concurrency"]: r for r in good["adaptive"]}
     assert [rows[c]["k"] for c in (1, 4, 16, 64)] == [3, 2, 1, 0]
     assert rows[1]["never_slower"] and rows[4]["within_best"] and rows[1]["best_static_k"] == 3
-    assert rows[1]["speedup"]["value"] == pytest.approx(2.0) and rows[1]["vs_best_static"]["value"] == pytest.approx(1.0)
+    assert rows[1]["speedup"]["value"] == pytest.approx(2.0)
+    assert rows[1]["vs_best_static"]["value"] == pytest.approx(1.0)
     assert not rows[64]["never_slower"] and rows[64]["best_static_k"] == 1
     assert rows[64]["vs_best_static"]["value"] == pytest.approx(114 / 110)
     assert rows[1]["same_text"] == [8, 8] and rows[1]["nospec_drift"]["value"] == pytest.approx(1.0)

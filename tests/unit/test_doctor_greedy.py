@@ -1,6 +1,6 @@
 """``vllm-eagle3 doctor --mode greedy`` (transformers) records the target's taps and logits while the target writes
-its greedy continuation (:func:`vllm_eagle3.tools.doctor.measure.greedy_run`: one KV-cached decode of all prompts, one torch
-thread) instead of decoding first and running a second forward over the sequences.
+its greedy continuation (:func:`vllm_eagle3.tools.doctor.measure.greedy_run`: one KV-cached decode of all prompts, one
+torch thread) instead of decoding first and running a second forward over the sequences.
 
 Guards: a recorded run that is not the target's forward over the sequences it wrote (a tap or logit row shifted by
 the prefill/decode seam, tap L taken post-norm, a decode step fed the wrong token), sequences that are not the

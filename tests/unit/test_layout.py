@@ -63,7 +63,8 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
             targets = [f"{base}.{a.name}" for a in node.names] + [base]
         else:
             continue
@@ -128,7 +129,8 @@ def test_dependencies_point_down(graph):
 def test_what_vllm_loads_imports_no_tooling(graph):
     """Everything reachable from vLLM's entry points (plugin, patches, capture, online check, watch) stays out of
     ``vllm_eagle3.tools``: a vLLM process must not load the commands, and a tooling change must not break serving
-    (``vllm_eagle3/model_patches/vllm_cpu_amx_float32.py`` imported ``tools.serve.cpu_attention``). Function-level imports count."""
+    (``vllm_eagle3/model_patches/vllm_cpu_amx_float32.py`` imported ``tools.serve.cpu_attention``). Function-level
+    imports count."""
     entry = vllm_entry_points()
     assert {"vllm_eagle3.plugin", "vllm_eagle3.model_patches.vllm_plugin", "vllm_eagle3.watch_vllm"} <= entry, entry
     seen, todo, via = set(), sorted(entry), {}

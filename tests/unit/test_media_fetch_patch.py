@@ -1,4 +1,5 @@
-"""vllm_eagle3/model_patches/vllm_media_fetch_unreachable.py: an image URL the server cannot reach is a 422 naming the URL.
+"""vllm_eagle3/model_patches/vllm_media_fetch_unreachable.py: an image URL the server cannot reach is a 422 naming the
+URL.
 
 Stock vLLM 0.32 returns the connection error unchanged from ``_wrap_media_fetch_error`` after its retries, and the
 API server answers 500 (measured through the server: tests/e2e/test_images.py, case "unreachable URL"). Here the

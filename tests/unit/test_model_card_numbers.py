@@ -23,7 +23,8 @@ SOURCES = ("models/kimi-k25-mini-eagle3/eval.json", "models/kimi-k25-mini-eagle3
            "models/kimi-k25-mini-eagle3-mla/train_log.json", "models/kimi-k25-mini-eagle3-4tap/eval.json",
            "models/kimi-k25-mini-eagle3-4tap/train_log.json")
 NOT_IN_A_SHIPPED_FILE = {
-    "3.317": "the first target's head (k=3 acceptance length), replaced with the target; eval.json in git history (9e974a8)",
+    "3.317": "the first target's head (k=3 acceptance length), replaced with the target; "
+             "eval.json in git history (9e974a8)",
     "5.144": "the first target run's final held-out loss; models/kimi-k25-mini/train_log.json in git history (13edffe)",
 }
 

@@ -206,7 +206,8 @@ def test_the_budget_counts_the_requests_followed_now():
     assert checker.within_budget()  # 1 + 0.5 * 2 <= 2
     checker.tracker.traces = {"a": None, "b": None}
     assert not checker.within_budget()  # 1 + 0.5 * 3 > 2
-    assert checker.status()["over_budget"] == 0 and checker.status()["cost"]["fraction_of_engine_time"] == round(1 / 70, 5)
+    assert checker.status()["over_budget"] == 0
+    assert checker.status()["cost"]["fraction_of_engine_time"] == round(1 / 70, 5)
 
 
 def test_idle_time_does_not_earn_check_time(monkeypatch):

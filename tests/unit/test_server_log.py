@@ -11,6 +11,7 @@ from vllm_eagle3.tools.serve.process import VllmServer, root_cause, startup_phas
 
 pytestmark = pytest.mark.unit
 
+# verbatim log lines: not wrapped
 ENGINE_CORE_FAILURE = """\
 (APIServer pid=7) INFO 11-30 14:00:01 [utils.py:1] Resolved architecture: KimiK25ForConditionalGeneration
 (EngineCore pid=12) INFO 11-30 14:00:09 [gpu_model_runner.py:1] Starting to load model /m...
@@ -22,7 +23,7 @@ ENGINE_CORE_FAILURE = """\
 (APIServer pid=7) Traceback (most recent call last):
 (APIServer pid=7)   File "/x/utils.py", line 1431, in wait_for_engine_startup
 (APIServer pid=7) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}
-"""
+"""  # noqa: E501
 
 
 def test_root_cause_names_the_engine_core_exception_not_the_wrapper():

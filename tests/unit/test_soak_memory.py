@@ -243,5 +243,6 @@ def test_readme_quotes_the_last_soak_result():
         "transport": "no transport errors" if r["transport_errors"] == 0 else f"{r['transport_errors']} transport",
     }
     missing = {k: v for k, v in quoted.items() if v not in sentence}
-    assert not missing, f"docs/testing.md's soak sentence does not quote {DOCS['soak']}: expected {missing} in: {sentence}"
+    assert not missing, (f"docs/testing.md's soak sentence does not quote {DOCS['soak']}: "
+                         f"expected {missing} in: {sentence}")
     assert not re.search(r"\b\d+ requests\b", sentence.replace(quoted["requests"], "")), "another request count"

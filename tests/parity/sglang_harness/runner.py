@@ -3,7 +3,8 @@
 Two SGLang releases, each in its own venv (``scripts/setup_sglang_env.sh``), never imported by the main test venv:
 ``.venv-sglang`` (0.5.23, the current capture rule) and ``.venv-sglang-legacy`` (0.5.12.post1, the newest release
 with the legacy ``[val + 1 for val in layer_ids]`` rule). The version-specific set-up (process init, ids -> capture,
-the prefill batch) is in :func:`build_runner`, :func:`set_capture` and :func:`prefill_batch`; everything else is shared. Data flow observed: target forward -> SGLang's aux capture
+the prefill batch) is in :func:`build_runner`, :func:`set_capture` and :func:`prefill_batch`; everything else is shared.
+Data flow observed: target forward -> SGLang's aux capture
 (``DeepseekV2Model.layers_to_capture``) -> the packed ``[tokens, K * hidden]`` aux tensor the model hands its
 logits processor (which SGLang then feeds to the draft's ``fc``).
 
@@ -78,8 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", required=True, help="checkpoint folder (DeepseekV3ForCausalLM or KimiK25)")
     p.add_argument("--case", action="append", required=True, metavar="NAME=DRAFT_DIR[:legacy]",
                    help="one capture case: SGLang reads DRAFT_DIR's eagle_config.eagle_aux_hidden_state_layer_ids; "
-                        "':legacy' applies vllm_eagle3/model_patches/sglang_embed_tap.py first (process-wide, so every later "
-                        "case must be ':legacy' too). "
+                        "':legacy' applies vllm_eagle3/model_patches/sglang_embed_tap.py first "
+                        "(process-wide, so every later case must be ':legacy' too). "
                         "Repeatable; the FIRST case's draft is the one ModelRunner itself is started with.")
     p.add_argument("--input-ids", required=True, help="comma-separated token ids of the prefill")
     p.add_argument("--mm", default=None, metavar="FILE.pt",
