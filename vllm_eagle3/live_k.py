@@ -22,6 +22,10 @@ wraps the scheduler), which answers from measurements of the machine that serves
   standard errors. Exploration is bounded (``hold / (explore_every + hold)`` of a bucket's steps, at a neighbour of
   the current k); pairing and the evidence rule keep a noisy machine from walking k away from the best (comparing
   moving averages did: in a side-by-side benchmark on two busy cores it took batch 1 from k=5 to k=2).
+- **graphs**: with CUDA graphs every k it may draft must run the same kind of step, or a probe measures graphs, not
+  k. :func:`vllm_eagle3.live_k_vllm.graph_tokens_of` refuses graph modes captured per k; under PIECEWISE graphs
+  (keyed by token count) a neighbour is probed only where both k run graphed, or both eager, at every batch size
+  of the bucket.
 
 k = 0 still runs the draft's first pass (the head's KV cache must stay in step, docs/adaptive-k.md), so it is a
 choice like any other, not "no speculation". Greedy output does not depend on k (float32: verify and decode agree),
@@ -119,17 +123,21 @@ class _Bucket:
 class LiveK:
     """The scheduler's per-batch-size k, chosen from this engine's measurements (module docstring).
 
-    ``start[b]`` is the k the configured table gives at batch size ``b`` (vLLM's dense lookup, index 0 unused);
+    ``start[b]`` is the k the configured table gives at batch size ``b`` (vLLM's dense lookup, index 0 unused, one
+    entry per batch size the engine runs); ``graph_tokens`` the largest decode step (tokens) that replays a CUDA graph
+    (None: the engine captures none): a probe never crosses that line, so it compares k, not graph against eager;
     ``held()`` says whether probing must wait (a seeded sampled request is served: its text depends on the k of every
     step), asked only at steps that would probe; ``clock`` is injectable for tests. :meth:`__getitem__` is vLLM's lookup; :meth:`observe` takes each finished
     step. Not thread-safe: the scheduler calls both from its one thread.
     """
 
     def __init__(self, max_k: int, start: list[int], settings: Settings = Settings(),
-                 clock: Callable[[], float] = time.monotonic, held: Callable[[], bool] = lambda: False) -> None:
+                 clock: Callable[[], float] = time.monotonic, held: Callable[[], bool] = lambda: False,
+                 graph_tokens: int | None = None) -> None:
         if max_k < 1:
             raise LiveKError(f"live_k needs num_speculative_tokens >= 1, got {max_k}")
         self.max_k, self.start, self.settings, self.clock, self.held = max_k, list(start), settings, clock, held
+        self.graph_tokens = graph_tokens
         self.buckets: dict[int, _Bucket] = {}
         self.drafted = [0.0] * (max_k + 1)  # [j]: drafts of length >= j (decayed counts)
         self.accepted = [0.0] * (max_k + 1)  # [j]: drafts whose first j tokens were all accepted
@@ -163,7 +171,7 @@ class LiveK:
         elif b.probe_k is not None:
             k = b.probe_k
         elif b.steps >= self.settings.explore_every:
-            k = self._start_probe(b)
+            k = self._start_probe(b, bucket_of(batch))
         sample = self.last_k == k  # else this step verifies another k's drafts
         if b.probe_k is not None:
             b.probe_left -= 1
@@ -182,14 +190,28 @@ class LiveK:
             self.buckets[key] = _Bucket(k=min(self.start[min(batch, len(self.start) - 1)], self.max_k))
         return self.buckets[key]
 
-    def _start_probe(self, b: _Bucket) -> int:
+    def _start_probe(self, b: _Bucket, key: int) -> int:
         b.steps = 0
-        up = [k for k in (b.k + 1,) if k <= self.max_k]
-        down = [k for k in (b.k - 1,) if k >= 0]
+        up = [k for k in (b.k + 1,) if k <= self.max_k and self._same_graphs(key, b.k, k)]
+        down = [k for k in (b.k - 1,) if k >= 0 and self._same_graphs(key, b.k, k)]
         choice = (up + down) if b.next_up else (down + up)
         b.next_up = not b.next_up
+        if not choice:  # every neighbour would run another kind of step than k at some batch size of the bucket
+            return b.k
         b.probe_k, b.probe_left = choice[0], self.settings.hold
         return b.probe_k
+
+    def _graphed_up_to(self, key: int, k: int) -> int:
+        """The largest batch size of bucket ``key`` whose decode step at ``k`` (batch * (k + 1) tokens) replays a
+        graph (lo - 1: none). E.g. graph_tokens 512, bucket 54-76: k = 5 -> 76, k = 7 -> 64, k = 9 -> 53."""
+        lo, hi = bucket_range(key)
+        hi = min(hi, len(self.start) - 1)
+        return min(hi, max(lo - 1, self.graph_tokens // (k + 1)))
+
+    def _same_graphs(self, key: int, k: int, other: int) -> bool:
+        """Whether every batch size of bucket ``key`` runs a decode step at ``k`` and at ``other`` alike (both graphed
+        or both eager): only then does a probe of ``other`` measure k."""
+        return self.graph_tokens is None or self._graphed_up_to(key, k) == self._graphed_up_to(key, other)
 
     # -- the finished step ----------------------------------------------------------------------------------------
 

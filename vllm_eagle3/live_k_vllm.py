@@ -3,9 +3,11 @@
 
 Data flow position: :func:`install` runs in every vLLM process (``vllm_eagle3.plugin.register``) and wraps vLLM's
 ``Scheduler`` class once: ``__init__`` (:func:`attach`: a LiveK replaces ``dynamic_sd_lookup`` when the plugin's
-``--additional-config`` mapping has ``live_k``), ``schedule`` (the step's decision and start time, keyed by its output)
-and ``update_from_output`` (the step's time and the drafts it verified, then the report). A scheduler without
-``live_k`` is left as vLLM made it. Nothing here is fatal to the engine: an exception turns live k off (one ERROR).
+``--additional-config`` mapping has ``live_k``), ``schedule`` (the step's decision and start time, keyed by its
+output) and ``update_from_output`` (the step's time and the drafts it verified, then the report). A scheduler without
+``live_k`` is left as vLLM made it. A setting that cannot work refuses at start-up in one line (data parallelism, CUDA
+graphs captured per k: :func:`graph_tokens_of`); once serving nothing here is fatal to the engine: an exception turns
+live k off (one ERROR).
 """
 
 from __future__ import annotations
@@ -43,20 +45,70 @@ def settings_of(vllm_config: Any) -> Settings | None:
     return settings
 
 
+def graph_tokens_of(vllm_config: Any) -> int | None:
+    """The largest decode step (tokens) that replays a CUDA graph, None when the engine captures none; a cudagraph
+    mode whose graphs depend on k is refused (:class:`LiveKError`, one line naming the fix).
+
+    Live k compares a k with its neighbours, so every k it may draft must run the same kind of step. A mode with FULL
+    graphs captures decode graphs per query length k + 1: Model Runner V2 (``v1/worker/gpu/cudagraph_utils.py``
+    ``CudaGraphManager._init_candidates``) for the k values of ``num_speculative_tokens_per_batch_size`` only, and
+    ``dispatch`` finds one only where the next captured size holds that k; V1 for ``num_speculative_tokens`` only
+    (with a table vLLM itself turns V1 to PIECEWISE, ``VllmConfig._maybe_override_dynamic_sd_cudagraph_mode``). Any
+    other k runs PIECEWISE or eager; so does V2's draft decode (``spec_decode/target_dependent_ar/cudagraph_utils.py``
+    ``SpeculatorCudaGraphManager.specialize_spec_tokens``: a FULL graph for the table's k, eager for the others;
+    under PIECEWISE eager at every k, ``init_cudagraph_manager``). Pure FULL is refused too: V2's worker turns it into FULL_AND_PIECEWISE where the
+    attention backend cannot replay mixed batches (``CompilationConfig.resolve_cudagraph_mode_and_sizes``). PIECEWISE
+    graphs are keyed by token count alone: a decode step of up to ``max_cudagraph_capture_size`` tokens replays one
+    at every k, a larger one runs eager (:class:`LiveK` keeps its probes on one side of that line)."""
+    from vllm.config import CUDAGraphMode
+
+    compilation, model = vllm_config.compilation_config, getattr(vllm_config, "model_config", None)
+    mode = compilation.cudagraph_mode
+    if (model is not None and model.enforce_eager) or mode in (None, CUDAGraphMode.NONE) \
+            or not compilation.cudagraph_capture_sizes:
+        return None
+    if mode.has_full_cudagraphs():
+        runner = "Model Runner V2" if vllm_config.use_v2_model_runner else "the V1 runner"
+        raise LiveKError(f"live_k cannot measure k under cudagraph_mode {mode.name}: {runner} captures FULL decode "
+                         f"graphs only for k in {_graphed_k(vllm_config)} of 0..{vllm_config.num_speculative_tokens}, "
+                         f"so probing another k would measure graphs, not k; serve with "
+                         f"--compilation-config '{{\"cudagraph_mode\": \"PIECEWISE\"}}' (graphs keyed by token count, "
+                         f"every k) or --enforce-eager, or drop live_k")
+    return compilation.max_cudagraph_capture_size
+
+
+def _graphed_k(vllm_config: Any) -> list[int]:
+    """The k values FULL decode graphs are captured for: V2 reads them off the dense table vLLM's scheduler runs on,
+    V1 (and V2 without a table) captures k = num_speculative_tokens only."""
+    spec, max_k = vllm_config.speculative_config, vllm_config.num_speculative_tokens
+    if not (vllm_config.use_v2_model_runner and spec.uses_dynamic_speculative_decoding()):
+        return [max_k]
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    dense = build_dynamic_sd_schedule_lookup(spec.num_speculative_tokens_per_batch_size,
+                                             vllm_config.scheduler_config.max_num_seqs, max_k)
+    return sorted(set(dense[1:]))
+
+
 def attach(scheduler: Any) -> LiveK | None:
     """Replace ``scheduler.dynamic_sd_lookup`` with a :class:`LiveK` when its config asks (once per scheduler)."""
     settings = settings_of(scheduler.vllm_config)
     if settings is None:
         return None
+    graph_tokens = graph_tokens_of(scheduler.vllm_config)
     max_k, table = scheduler.num_spec_tokens, scheduler.dynamic_sd_lookup
     where = "the configured num_speculative_tokens_per_batch_size" if table else f"k = {max_k}"
-    live = LiveK(max_k, table or [max_k] * 2, settings, held=functools.partial(_seeded_sampling, scheduler))
+    start = table or [max_k] * (getattr(scheduler, "max_num_running_reqs", 1) + 1)  # dense, like vLLM's
+    live = LiveK(max_k, start, settings, held=functools.partial(_seeded_sampling, scheduler),
+                 graph_tokens=graph_tokens)
     scheduler.dynamic_sd_lookup = live
     setattr(scheduler, _MARK, live)
     scheduler._vllm_eagle3_live_k_steps = {}
+    graphs = ("no CUDA graphs" if graph_tokens is None else
+              f"PIECEWISE CUDA graphs up to {graph_tokens} tokens: a probe stays on k's side of that line")
     logger.info("vllm-eagle3 live k: on; k in 0..%d per batch size, starting from %s, measured on this machine "
-                "while serving (probe a neighbouring k every %d steps for %d, move when %.0f %% faster); each change "
-                "is logged", max_k, where, settings.explore_every, settings.hold, 100 * settings.margin)
+                "while serving (probe a neighbouring k every %d steps for %d, move when %.0f %% faster; %s); each "
+                "change is logged", max_k, where, settings.explore_every, settings.hold, 100 * settings.margin, graphs)
     return live
 
 

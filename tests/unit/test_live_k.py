@@ -174,7 +174,8 @@ def test_bad_settings_say_what_to_change(value, needle):
 def _config(live, spec_k=5, dp=1):
     spec = SimpleNamespace(num_speculative_tokens=spec_k) if spec_k else None
     return SimpleNamespace(additional_config={"vllm_eagle3": {"live_k": live}}, speculative_config=spec,
-                           parallel_config=SimpleNamespace(data_parallel_size=dp))
+                           parallel_config=SimpleNamespace(data_parallel_size=dp), model_config=None,
+                           compilation_config=SimpleNamespace(cudagraph_mode=None, cudagraph_capture_sizes=[]))
 
 
 def test_resolve_refuses_a_bad_live_k_where_it_reads_the_plugin_config():
