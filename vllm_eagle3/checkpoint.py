@@ -92,8 +92,8 @@ def weight_files(folder: Path, what: str) -> list[Path]:
         weight_map = read_json(index, f"{what} weight index").get("weight_map") or {}
         missing = sorted({str(v) for v in weight_map.values()} - {f.name for f in files})
         if missing:
-            raise CaptureSpecError(f"{what} {folder}: {index.name} names shard(s) {missing} that are not in the folder; "
-                                   "download them")
+            raise CaptureSpecError(f"{what} {folder}: {index.name} names shard(s) {missing} "
+                                   "that are not in the folder; download them")
     if files:
         return files
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -312,13 +312,15 @@ def draft_option_warnings(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
                 how, fix = "reads it only at the top level", f"put \"{opt}\": true at the top level of config.json"
             else:
                 how, fix = "never reads it", "serve with an engine that reads it, or retrain without it"
-            out.append(("option-ignored", f"draft option {opt} is set (in {'eagle_config' if _flag(nested, opt) else 'the config'}) but "
+            where = "eagle_config" if _flag(nested, opt) else "the config"
+            out.append(("option-ignored", f"draft option {opt} is set (in {where}) but "
                        f"{r.engine} {how} ({r.source}): it would run another network than the one trained; {fix}"))
     counts = {r.engine: (r.num_taps, r.num_taps_from) for r in readings}
     if len({n for n, _ in counts.values()}) > 1:
         parts = "; ".join(f"{e} sizes fc for {n} taps (from {src})" for e, (n, src) in counts.items())
-        out.append(("fan-in-engines", f"the engines size the draft's fc differently: {parts}. Write num_aux_hidden_states and both id "
-                   "lists with the same number of taps (`vllm-eagle3 convert` does)"))
+        out.append(("fan-in-engines", f"the engines size the draft's fc differently: {parts}. "
+                    "Write num_aux_hidden_states and both id lists with the same number of taps "
+                    "(`vllm-eagle3 convert` does)"))
     arch = (cfg.get("architectures") or ["?"])[0]
     mla = {e.label: e.draft_classes["mla"] for e in ENGINES.values() if "mla" in e.draft_classes}
     if arch in mla_draft_architectures():
@@ -336,10 +338,12 @@ def draft_option_warnings(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
                        f"{list(VLLM_MLA_MODEL_TYPES)} with kv_lora_rank set (model_arch_config_convertor.py L314-341) "
                        "and sizes its KV cache wrongly otherwise; set \"model_type\": \"kimi_k2\" (or deepseek_v3)"))
         if cfg.get("num_hidden_layers", 1) != 1:
-            out.append(("mla-layers", f"MLA draft with num_hidden_layers = {cfg.get('num_hidden_layers')}: SGLang 0.5.23 refuses it "
-                       "(kimi_k25_eagle3.py L243-244 'EAGLE3 currently only supports 1 layer')"))
+            out.append(("mla-layers", f"MLA draft with num_hidden_layers = {cfg.get('num_hidden_layers')}: "
+                        "SGLang 0.5.23 refuses it "
+                        "(kimi_k25_eagle3.py L243-244 'EAGLE3 currently only supports 1 layer')"))
     if arch not in mla_draft_architectures() and readings[0].options.get("fc_norm") and \
             readings[0].options.get("norm_before_fc"):
-        out.append(("norm-exclusive", "norm_before_fc and fc_norm are both set: vLLM 0.32 and SGLang 0.5.23 Llama drafts apply both "
-                   "(one norm over the concatenation, then one per tap); enable the one the draft was trained with"))
+        out.append(("norm-exclusive", "norm_before_fc and fc_norm are both set: "
+                    "vLLM 0.32 and SGLang 0.5.23 Llama drafts apply both "
+                    "(one norm over the concatenation, then one per tap); enable the one the draft was trained with"))
     return out

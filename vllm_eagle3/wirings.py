@@ -72,7 +72,8 @@ def variants_of(base: Candidate) -> Iterator[tuple[tuple[int, ...], str]]:
 
 
 class _Set:
-    """Candidates in insertion order, deduplicated by taps, invalid ones (wrong count, repeats, out of range) dropped."""
+    """Candidates in insertion order, deduplicated by taps, invalid ones (wrong count, repeats, out of range)
+    dropped."""
 
     def __init__(self, num_layers: int, num_taps: int) -> None:
         self.L, self.n = num_layers, num_taps

@@ -100,7 +100,8 @@ class DraftAttention(nn.Module):
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         return q, k, v
 
-    def attend(self, q: torch.Tensor, k1: torch.Tensor, v1: torch.Tensor, diag: Sequence[tuple[torch.Tensor, torch.Tensor]]):
+    def attend(self, q: torch.Tensor, k1: torch.Tensor, v1: torch.Tensor,
+               diag: Sequence[tuple[torch.Tensor, torch.Tensor]]):
         """:func:`chained_attention`, then ``o_proj``: [B, T, H]."""
         out = chained_attention(q, k1, v1, diag, self.scale)
         b, h, t, d = out.shape

@@ -66,7 +66,8 @@ class DraftConfig:
         if self.arch == "mla":
             if self.q_lora_rank <= 0:
                 raise ValueError(f"MLA draft q_lora_rank {self.q_lora_rank}: SGLang 0.5.23's Eagle3 MLA layer requires "
-                                 "a q_lora_rank (kimi_k25_eagle3.py 'Eagle3 MLA layer requires q_lora_rank'); use e.g. 128")
+                                 "a q_lora_rank (kimi_k25_eagle3.py 'Eagle3 MLA layer requires q_lora_rank'); "
+                                 "use e.g. 128")
             if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim <= 0:
                 raise ValueError(f"qk_rope_head_dim {self.qk_rope_head_dim} must be a positive even number")
 

@@ -27,7 +27,8 @@ def worker_applied_patches(worker: Any) -> list[str]:
 
 
 def worker_mla_verify_calls(worker: Any) -> dict[str, int]:
-    """``LLM.collective_rpc`` target: how often this worker ran vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py's path."""
+    """``LLM.collective_rpc`` target: how often this worker ran
+    vllm_eagle3/model_patches/vllm_cpu_mla_verify_decode.py's path."""
     from vllm_eagle3.model_patches.vllm_cpu_mla_verify_decode import CALLS
 
     return dict(CALLS)

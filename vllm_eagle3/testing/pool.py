@@ -4,7 +4,8 @@ Data flow position: outside the engine, like ``tools/serve/process.py``. A serve
 different - its ``vllm-eagle3 serve`` argv and the environment it adds - so every test that can use the same
 server gets the same running process, whichever module it is in (tests/conftest.py ``server_pool``). At most
 ``capacity`` servers are alive at once, fewer when less than ``min_free_gib`` of memory is available (an idle server
-costs memory, ~3 GiB with a 1 GiB KV cache, not CPU); asking for one more stops the least recently used, and asking for that one again starts it anew, said in the log (the module order
+costs memory, ~3 GiB with a 1 GiB KV cache, not CPU); asking for one more stops the least recently used, and asking for
+that one again starts it anew, said in the log (the module order
 in tests/conftest.py keeps such restarts away). A test that kills its server, or needs a fresh one, does not use
 the pool.
 

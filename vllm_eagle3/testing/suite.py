@@ -43,7 +43,8 @@ GROUPS = (
     # The shipped pair's pooled servers; the watch first (it judges a fresh server's whole log).
     Group("shipped pair servers", ("tests/e2e/test_wiring_watch.py", "tests/e2e/test_serving.py",
                                    "tests/e2e/test_sampling_options.py")),
-    Group("tiny DeepSeek-V3 + EAGLE-3 engine", ("tests/e2e/test_offline_eagle3.py", "tests/parity/test_capture_vllm.py")),
+    Group("tiny DeepSeek-V3 + EAGLE-3 engine", ("tests/e2e/test_offline_eagle3.py",
+                                               "tests/parity/test_capture_vllm.py")),
     Group("unit layer", ("tests/unit/",)),  # a folder: its modules start no engine, one worker runs them all
 )
 PER_CASE = ("tests/e2e/test_serve_lifecycle.py",)

@@ -76,7 +76,8 @@ def write_tokenizer(folder: str | Path, vocab_size: int = DEFAULT_TEXT["vocab_si
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIAL_TOKENS) + [f"<|extra_{i}|>" for i in range(vocab_size - 256 - len(SPECIAL_TOKENS))])
+    tok.add_special_tokens(list(SPECIAL_TOKENS)
+                           + [f"<|extra_{i}|>" for i in range(vocab_size - 256 - len(SPECIAL_TOKENS))])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
                                    pad_token="<|endoftext|>")
     fast.save_pretrained(str(folder))

@@ -11,7 +11,8 @@ import sys
 SUBCOMMANDS = {
     # name: (module, one-line help)
     "serve": ("vllm_eagle3.tools.serve", "validate the capture spec, then run vLLM's own `vllm serve` with the plugin"),
-    "demo": ("vllm_eagle3.tools.demo", "serve the bundled miniature Kimi K2.5 + EAGLE-3 head and query it (the main job)"),
+    "demo": ("vllm_eagle3.tools.demo",
+             "serve the bundled miniature Kimi K2.5 + EAGLE-3 head and query it (the main job)"),
     "resolve": ("vllm_eagle3.tools.cli", "print the taps a target + draft + spec resolve to (static, no engine)"),
     "conventions": ("vllm_eagle3.tools.cli", "list the engine id conventions and what an id list means in each"),
     "inspect": ("vllm_eagle3.tools.inspect", "resolved spec of a target + draft, and warnings for known traps"),

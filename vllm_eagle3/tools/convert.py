@@ -15,8 +15,8 @@ SGLang 0.5.12.post1 names any number of taps but serves three only). SGLang 0.5.
 packer, the draft's ``fc`` and its draft-extend buffers are all sized from the draft's list.
 The converted config's EAGLE-3.1 options and fan-in are then read as each engine reads them
 (:func:`vllm_eagle3.checkpoint.draft_option_warnings`): one warning line per option an engine would ignore or read
-differently, naming the engine and version. Nothing is written on failure: the output goes to a temporary file in the destination folder, renamed over the target only
-once complete.
+differently, naming the engine and version. Nothing is written on failure: the output goes to a temporary file in the
+destination folder, renamed over the target only once complete.
 
     vllm-eagle3 convert --from sglang-legacy --to vllm --num-layers 61 draft/config.json -o /tmp/config.json
 """

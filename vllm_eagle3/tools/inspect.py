@@ -72,8 +72,8 @@ def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
     if top is None and nest is None:
         out.append(Finding("no-ids", (
             f"the draft config has no {IDS_KEY}: vLLM and SGLang silently capture their default taps {defaults} "
-            "(whatever the draft was trained on). Write the ids the draft was trained on (`vllm-eagle3 doctor` measures them, "
-            "`vllm-eagle3 convert` writes both lists)")))
+            "(whatever the draft was trained on). Write the ids the draft was trained on "
+            "(`vllm-eagle3 doctor` measures them, `vllm-eagle3 convert` writes both lists)")))
     elif top is None and _blind_to(NESTED):
         out.append(Finding("nested-only", (
             f"ids only in eagle_config.{IDS_KEY} = {list(nest)}: {_they(_blind_to(NESTED), 'read')} only the "
@@ -402,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", required=True, help="EAGLE-3 draft folder (config.json + safetensors)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--capture-spec", default=None, help="capture-spec YAML (taps: [embed, 3, 31])")
-    g.add_argument("--convention", default=None, help=f"convention of the draft config's ids ({', '.join(CONVENTIONS)})")
+    g.add_argument("--convention", default=None,
+                   help=f"convention of the draft config's ids ({', '.join(CONVENTIONS)})")
     p.add_argument("--sglang-args", default=None,
                    help="an SGLang launch command line (string, or @FILE) whose speculative flags are checked")
     p.add_argument("--sglang-version", choices=tuple(sglang_versions()), default=None,

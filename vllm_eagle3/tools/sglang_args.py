@@ -102,7 +102,8 @@ def sglang_findings(args: Mapping[str, Any], draft_path: Path | None = None) -> 
             f"--speculative-num-draft-tokens {ndraft} is silently replaced by --speculative-num-steps + 1 = "
             f"{steps + 1} under {cond}: a chain drafts num_steps tokens and verifies num_steps + 1 (the incident's "
             f"'--speculative-num-steps 1' capped 16 draft tokens at 2). To draft {ndraft - 1} tokens in a chain "
-            f"set --speculative-num-steps {ndraft - 1}; to verify a tree of {ndraft} set --speculative-eagle-topk > 1")))
+            f"set --speculative-num-steps {ndraft - 1}; "
+            f"to verify a tree of {ndraft} set --speculative-eagle-topk > 1")))
     if args.get("enable_two_batch_overlap"):
         out.append(Finding("tbo", (
             "--enable-two-batch-overlap: SGLang's two-batch overlap silently misses aux ids >= "

@@ -13,8 +13,9 @@ vLLM start with this plugin capturing every tap the candidates need, the engine'
 candidates, chains and statistics are scored on them (``--mode greedy``: the engine also writes the continuations).
 
 Verdict per configured wiring (the words of :mod:`vllm_eagle3.verdicts`): ok (exit 0), costs x% (3), wrong (4),
-undecided or pending with the text needed (5), no wiring works (6); 1 = bad input (one line naming the fix). Config lines to adopt are printed only for a wiring that is
-significantly better than the configured one by more than the tolerance.
+undecided or pending with the text needed (5), no wiring works (6); 1 = bad input (one line naming the fix). Config
+lines to adopt are printed only for a wiring that is significantly better than the configured one by more than the
+tolerance.
 
     vllm-eagle3 doctor --target models/kimi-k25-mini --draft models/kimi-k25-mini-eagle3 \\
         --capture-spec configs/kimi_k25_eagle3.yaml

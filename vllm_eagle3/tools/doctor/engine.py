@@ -7,7 +7,8 @@ the embedding swaps; :func:`vllm_eagle3.wirings.candidate_wirings`). The plugin'
 (:mod:`vllm_eagle3.capture`) hands vLLM's runner the aux hidden states of those taps exactly as it hands them to a
 served draft; a forward hook in the worker (:func:`install_state_recorder`) keeps them, with the engine's own logits
 of every prompt position (``compute_logits`` of the target, the same method the sampler's logits come from). The
-doctor then scores every candidate with the unchanged code (:func:`vllm_eagle3.tools.doctor.measure.first_draft_acceptance`,
+doctor then scores every candidate with the unchanged code
+(:func:`vllm_eagle3.tools.doctor.measure.first_draft_acceptance`,
 :func:`~vllm_eagle3.tools.doctor.measure.chain_matches`, :mod:`vllm_eagle3.tools.doctor.stats`) on those engine-captured
 states instead of transformers' ``hidden_states``.
 

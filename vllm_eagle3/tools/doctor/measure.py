@@ -258,7 +258,8 @@ def load_draft(draft_dir: Path, draft: DraftInfo, num_taps: int, run: TargetRun)
         model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()
                                if k in model.state_dict()}, strict=False)
     except RuntimeError as exc:
-        raise CaptureSpecError(f"draft {draft_dir} weights do not fit its config: {str(exc).splitlines()[-1]}") from None
+        raise CaptureSpecError(f"draft {draft_dir} weights do not fit its config: "
+                               f"{str(exc).splitlines()[-1]}") from None
     if not own_embed:
         if tuple(run.embed_weight.shape) != tuple(model.embed_tokens.weight.shape):
             raise CaptureSpecError(f"the target's embedding {tuple(run.embed_weight.shape)} does not fit the draft "

@@ -104,7 +104,8 @@ def _as_spec_dict(value: Any, where: str) -> dict[str, Any]:
         data = json.loads(value)
     except (TypeError, json.JSONDecodeError) as exc:
         raise ServeInputError(f"{where} is not valid JSON ({exc}); write it like "
-                              "'{\"method\": \"eagle3\", \"model\": \"DRAFT\", \"num_speculative_tokens\": 3}'") from None
+                              "'{\"method\": \"eagle3\", \"model\": \"DRAFT\", "
+                              "\"num_speculative_tokens\": 3}'") from None
     if not isinstance(data, dict):
         raise ServeInputError(f"{where} must be a JSON object, got {data!r}")
     return data

@@ -31,10 +31,11 @@ from vllm_eagle3.resolve import (CONFIG_KEY, ENV_CONVENTION, ENV_SPEC, check_pip
                                  read_spec_mapping, resolve_capture, spec_file_from_mapping, spec_source)
 from vllm_eagle3.spec import CaptureSpecError
 from vllm_eagle3.tools.serve.process import intel_openmp_library, with_intel_openmp
-from vllm_eagle3.tools.serve.args import (ServeInputError, additional_config, int_option, option, serve_target_and_draft,
-                                          take_option, without_option)
+from vllm_eagle3.tools.serve.args import (ServeInputError, additional_config, int_option, option,
+                                          serve_target_and_draft, take_option, without_option)
 from vllm_eagle3.tools.serve.supervisor import exit_on_stop_signals, supervise
-from vllm_eagle3.tools.serve.vllm_cpu import allocator_setting, install_vllm_cpu_version_shim, is_vllm_cpu, memory_setting
+from vllm_eagle3.tools.serve.vllm_cpu import (allocator_setting, install_vllm_cpu_version_shim, is_vllm_cpu,
+                                              memory_setting)
 
 PROG = "vllm-eagle3 serve"
 EXIT_BAD_INPUT = 2
@@ -259,8 +260,8 @@ def attention_argv(vllm_argv: Sequence[str], amx: bool | None = None) -> list[st
     if choice.draft:
         if option(vllm_argv, "spec-method") or option(vllm_argv, "spec-model") or option(vllm_argv, "spec-tokens"):
             raise ServeInputError("the MLA draft needs \"attention_backend\": \"CPU_MLA\" on this AMX host in float32, "
-                                  "which cannot be added to --spec-* shorthands; pass --speculative-config JSON with it, "
-                                  "or serve bfloat16")
+                                  "which cannot be added to --spec-* shorthands; "
+                                  "pass --speculative-config JSON with it, or serve bfloat16")
         argv = [*_strip_speculative_options(argv), "--speculative-config",
                 json.dumps({**(spec_cfg or {}), "attention_backend": choice.draft})]
     if choice.target:

@@ -214,7 +214,8 @@ class VllmServer:
         """Block until ``/health`` is 200; return the seconds since :meth:`start`.
 
         ``progress`` (if given) gets a status line every ``progress_every`` seconds: elapsed time and the start-up
-        phase read from the server's log (:func:`startup_phase`). Raises :class:`ServerStartError` if the process exits or ``timeout`` passes.
+        phase read from the server's log (:func:`startup_phase`). Raises :class:`ServerStartError` if the process exits
+        or ``timeout`` passes.
         """
         assert self.proc is not None and self.started_at is not None, "call start() first"
         deadline = self.started_at + timeout
