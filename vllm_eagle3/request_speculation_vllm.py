@@ -89,7 +89,7 @@ def attach(scheduler: Any) -> Gates | None:
     backoff = backoff_of(scheduler.vllm_config)
     gates = Gates(backoff)
     setattr(scheduler, _MARK, gates)
-    logger.info("vllm-eagle3 speculation per request: a request with vllm_xargs {%r: false} verifies no drafts; "
+    logger.info("vllm-eagle3 speculation per request: a request with vllm_xargs {\"%s\": false} verifies no drafts; "
                 "back-off %s", KEY, "off" if backoff is None else
                 f"on: after {backoff.misses} verify steps accepting nothing a request drafts nothing for "
                 f"{backoff.pause} steps, then probes (a failed probe doubles the pause, up to {backoff.max_pause})")
