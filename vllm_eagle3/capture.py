@@ -260,8 +260,8 @@ def plan_check(resolution: Resolution, vllm_config: VllmConfig) -> CheckPlan:
     if not cfg.enabled:
         return CheckPlan(cfg, off_because="check.enabled is false in the capture spec")
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
-        return CheckPlan(cfg, off_because="pipeline parallelism: the check scores on one rank holding every tap; not supported "
-                                           "across stages")
+        return CheckPlan(cfg, off_because="pipeline parallelism: the check scores on one rank holding every tap; not "
+                                           "supported across stages")
     draft = vllm_config.speculative_config.model
     cands = online_candidates(resolution.spec.taps, DraftInfo.load(draft, weights=False),
                               resolution.target.num_layers)

@@ -77,7 +77,8 @@ def test_v2_hook_row_matches_v2s_real_signatures():
     moved = dataclasses.replace(RUNNERS["V2"], params=("self", "scheduler_output"))
     assert "no longer starts with ('self', 'scheduler_output')" in moved.problem()
     gone = dataclasses.replace(RUNNERS["V2"], method="propose_draft_token_ids")
-    assert "no vllm.v1.worker.gpu.spec_decode.eagle.speculator.EagleSpeculator.propose_draft_token_ids" in gone.problem()
+    missing = "no vllm.v1.worker.gpu.spec_decode.eagle.speculator.EagleSpeculator.propose_draft_token_ids"
+    assert missing in gone.problem()
     outer_gone = dataclasses.replace(RUNNERS["V2"], outer=("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "x"))
     assert "GPUModelRunner.x on this vLLM" in outer_gone.problem()
 

@@ -18,8 +18,8 @@ within ``check.budget`` of the engine's time (so requests followed together cann
 number). The engine's time is the time between its steps, each gap counted up to :data:`IDLE_GAP_S`: an engine idle
 for hours has not earned minutes of check time to spend on the next burst of traffic. A new engine starts with
 :data:`CREDIT_S` of engine time on account (0.6 s of check time at the default 2 %), or the first requests due could
-never be followed: their scoring cost is not yet earned when they start. Requests passed over for the budget are counted (``over_budget`` in the
-report). The report is rewritten after each score and at least every :data:`REPORT_EVERY_S` while requests run.
+never be followed: their scoring cost is not yet earned when they start. Requests passed over for the budget are
+counted (``over_budget`` in the report). The report is rewritten after each score and at least every :data:`REPORT_EVERY_S` while requests run.
 """
 
 from __future__ import annotations
@@ -317,8 +317,8 @@ class Checker:
                 f"taps {conf.label} {what} the "
                 f"draft's first-token acceptance that {better.label} gets ({better.why}): {v.p0[0]:.3f} vs "
                 f"{v.p0[v.flagged]:.3f} over {v.requests} requests ({v.anchors} positions; false-alarm bound "
-                f"{self.cfg.false_alarm:g}). To serve {better.label}: {fix}. Confirm offline with `vllm-eagle3 doctor`; "
-                "GET /v1/eagle3/wiring lists every candidate")
+                f"{self.cfg.false_alarm:g}). To serve {better.label}: {fix}. Confirm offline with "
+                "`vllm-eagle3 doctor`; GET /v1/eagle3/wiring lists every candidate")
 
     def status(self) -> dict[str, Any]:
         t = self.tracker

@@ -207,7 +207,8 @@ def selftest(target: Path, draft: Path, spec: Path, k: int, num_prompts: int, ma
     data["card_tokens"] = None if baseline else [it["continuation_token_ids"][:max_tokens] for it in items]
     work = Path(tempfile.mkdtemp(prefix="vllm_eagle3_selftest_"))
     own_spec = work / "capture_spec.yaml"  # the shipped spec, its check following every request
-    own_spec.write_text(spec.read_text() + "\ncheck: {sample_every: 1, min_requests: 8, max_followed: 8, budget: 0.5}\n")
+    check = "check: {sample_every: 1, min_requests: 8, max_followed: 8, budget: 0.5}"
+    own_spec.write_text(f"{spec.read_text()}\n{check}\n")
     (work / "check").mkdir()
     env = {"EAGLE3_SPEC": str(own_spec), "EAGLE3_CHECK_DIR": str(work / "check"), "HF_HUB_OFFLINE": "1",
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine_memory_env(target, draft, say)}
