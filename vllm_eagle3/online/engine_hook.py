@@ -19,7 +19,8 @@ number). The engine's time is the time between its steps, each gap counted up to
 for hours has not earned minutes of check time to spend on the next burst of traffic. A new engine starts with
 :data:`CREDIT_S` of engine time on account (0.6 s of check time at the default 2 %), or the first requests due could
 never be followed: their scoring cost is not yet earned when they start. Requests passed over for the budget are
-counted (``over_budget`` in the report). The report is rewritten after each score and at least every :data:`REPORT_EVERY_S` while requests run.
+counted (``over_budget`` in the report). The report is rewritten after each score and at least every
+:data:`REPORT_EVERY_S` while requests run.
 """
 
 from __future__ import annotations
