@@ -330,6 +330,13 @@ RELIED: tuple[Relied, ...] = (
     R(SCHED, "Scheduler.requests", why="live_k_vllm: a seeded sampled request holds k (no probes)"),
     R("vllm.v1.request", "Request.sampling_params", why="live_k_vllm: a request's seed and temperature"),
     R("vllm.sampling_params", "SamplingParams.seed", why="live_k_vllm: a seeded request"),
+    # request_speculation_vllm.py: speculation per request (its Scheduler wraps compose with live_k_vllm's, rows above).
+    R("vllm.sampling_params", "SamplingParams.verify",
+      params="self, model_config, speculative_config, structured_outputs_config, tokenizer",
+      why="request_speculation_vllm.install wraps it: vLLM's checks, then a bad vllm_xargs speculation value is a 400",
+      use=WRAP, body={"c77fc86258c8": "0.32.0 to 0.34.0: unchanged; every request's checks, _validate_spec_decode "
+                                      "among them"}),
+    R("vllm.sampling_params", "SamplingParams.extra_args", why="request_speculation: the vllm_xargs speculation key"),
     R(SCHED, "Scheduler.get_num_unfinished_requests", params="self",
       why="live_k: the report is written when the engine idles"),
     R("vllm.v1.core.sched.output", "SchedulerOutput.scheduled_spec_decode_tokens", why="live_k: drafts verified"),
