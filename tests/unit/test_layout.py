@@ -24,7 +24,8 @@ CORE = {"vllm_eagle3.spec", "vllm_eagle3.conventions", "vllm_eagle3.checkpoint",
         "vllm_eagle3.capture", "vllm_eagle3.plugin", "vllm_eagle3.compat", "vllm_eagle3.watch",
         "vllm_eagle3.watch_vllm", "vllm_eagle3.envs", "vllm_eagle3.vllm_cpu_version", "vllm_eagle3.wirings",
         "vllm_eagle3.wiring_check", "vllm_eagle3.cpu_attention", "vllm_eagle3.engines",
-        "vllm_eagle3.verdicts", "vllm_eagle3.versions", "vllm_eagle3.live_k", "vllm_eagle3.live_k_vllm"}
+        "vllm_eagle3.verdicts", "vllm_eagle3.versions", "vllm_eagle3.live_k", "vllm_eagle3.live_k_vllm",
+        "vllm_eagle3.request_speculation", "vllm_eagle3.request_speculation_vllm", "vllm_eagle3.model_files"}
 CORE_PACKAGES = ("vllm_eagle3.online", "vllm_eagle3.model_patches")
 """Whole packages of the runtime: every module under them is core."""
 

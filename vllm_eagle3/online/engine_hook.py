@@ -171,8 +171,21 @@ def _checker_for(runner) -> "Checker | None":
             checker = Checker.for_runner(runner)
         except Exception as exc:  # noqa: BLE001 - a check that cannot start must not stop the engine
             logger.warning("vllm-eagle3 wiring check: off, it could not start: %s: %s", type(exc).__name__, exc)
+            _report_off(runner, f"it could not start: {type(exc).__name__}: {exc}")
         runner.__dict__[_MARK] = checker
     return checker
+
+
+def _report_off(runner, why: str) -> None:
+    """An ``off`` report saying ``why``, for ``GET /v1/eagle3/wiring`` (as :func:`attach` writes one); never raises."""
+    try:
+        plan, cfg = _capture_model(runner).check_plan, runner.vllm_config
+        index = cfg.parallel_config.data_parallel_rank or 0
+        checker = Checker(plan, None, index, cfg.speculative_config.num_speculative_tokens, 0, report_path(index))
+        checker.off_because = why
+        checker.write_report()
+    except Exception:  # noqa: BLE001 - the WARNING above already says it; the engine serves on
+        logger.debug("vllm-eagle3 wiring check: no off report written", exc_info=True)
 
 
 def _capture_model(runner):
@@ -208,7 +221,9 @@ class Checker:
         if plan is None or not plan.enabled or tp_rank() != 0:
             return None
         cfg = runner.vllm_config
-        scorer = Scorer(cfg.speculative_config.model, cfg.model_config.model, [c.taps for c in plan.candidates])
+        scorer = Scorer(cfg.speculative_config.model, cfg.model_config.model, [c.taps for c in plan.candidates],
+                        draft_revision=getattr(cfg.speculative_config, "revision", None),
+                        target_revision=getattr(cfg.model_config, "revision", None))
         index = cfg.parallel_config.data_parallel_rank or 0
         checker = cls(plan, scorer, index, cfg.speculative_config.num_speculative_tokens,
                       lm.capture_resolution.target.num_layers, report_path(index))
