@@ -127,7 +127,8 @@ class LiveK:
     entry per batch size the engine runs); ``graph_tokens`` the largest decode step (tokens) that replays a CUDA graph
     (None: the engine captures none): a probe never crosses that line, so it compares k, not graph against eager;
     ``held()`` says whether probing must wait (a seeded sampled request is served: its text depends on the k of every
-    step), asked only at steps that would probe; ``clock`` is injectable for tests. :meth:`__getitem__` is vLLM's lookup; :meth:`observe` takes each finished
+    step), asked only at steps that would probe; ``clock`` is injectable for tests. :meth:`__getitem__` is vLLM's
+    lookup; :meth:`observe` takes each finished
     step. Not thread-safe: the scheduler calls both from its one thread.
     """
 
@@ -308,7 +309,8 @@ class LiveK:
         return [(*bucket_range(key), self.buckets[key].k) for key in sorted(self.buckets)]
 
     def report(self) -> dict[str, Any]:
-        """What ``GET /v1/eagle3/wiring`` shows under ``live_k``: the table now, each bucket's tokens/s (its batch's, from
+        """What ``GET /v1/eagle3/wiring`` shows under ``live_k``: the table now, each bucket's tokens/s (its batch's,
+        from
         the moving averages of step cost) for each k it has run, the paired gain of each probed k over the bucket's
         k, the steps drafted at each k, acceptance per position."""
         return {

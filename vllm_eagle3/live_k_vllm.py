@@ -1,5 +1,6 @@
 """vLLM's side of :mod:`vllm_eagle3.live_k`: the scheduler wrapped so its k lookup is a
-:class:`~vllm_eagle3.live_k.LiveK`, each step handed to it, and its report written where ``GET /v1/eagle3/wiring`` reads it.
+:class:`~vllm_eagle3.live_k.LiveK`, each step handed to it, and its report written where ``GET /v1/eagle3/wiring``
+reads it.
 
 Data flow position: :func:`install` runs in every vLLM process (``vllm_eagle3.plugin.register``) and wraps vLLM's
 ``Scheduler`` class once: ``__init__`` (:func:`attach`: a LiveK replaces ``dynamic_sd_lookup`` when the plugin's
@@ -56,8 +57,9 @@ def graph_tokens_of(vllm_config: Any) -> int | None:
     (with a table vLLM itself turns V1 to PIECEWISE, ``VllmConfig._maybe_override_dynamic_sd_cudagraph_mode``). Any
     other k runs PIECEWISE or eager; so does V2's draft decode (``spec_decode/target_dependent_ar/cudagraph_utils.py``
     ``SpeculatorCudaGraphManager.specialize_spec_tokens``: a FULL graph for the table's k, eager for the others;
-    under PIECEWISE eager at every k, ``init_cudagraph_manager``). Pure FULL is refused too: V2's worker turns it into FULL_AND_PIECEWISE where the
-    attention backend cannot replay mixed batches (``CompilationConfig.resolve_cudagraph_mode_and_sizes``). PIECEWISE
+    under PIECEWISE eager at every k, ``init_cudagraph_manager``). Pure FULL is refused too: V2's worker turns it into
+    FULL_AND_PIECEWISE where the attention backend cannot replay mixed batches
+    (``CompilationConfig.resolve_cudagraph_mode_and_sizes``). PIECEWISE
     graphs are keyed by token count alone: a decode step of up to ``max_cudagraph_capture_size`` tokens replays one
     at every k, a larger one runs eager (:class:`LiveK` keeps its probes on one side of that line)."""
     from vllm.config import CUDAGraphMode

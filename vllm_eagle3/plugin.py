@@ -6,10 +6,12 @@ It (1) checks the vLLM version (``compat.py``), (2) applies the upstream patches
 route load with ``VLLM_PLUGINS`` unset), (3) points vLLM's registry at the capture subclasses in ``capture.py``, which
 make the DeepSeek/Kimi target capture the spec's taps, and (4) hooks the online wiring check into vLLM's runner
 (``online/engine_hook.py``; it reads each step and changes nothing), and (5) wraps vLLM's scheduler so that
-``live_k`` in the plugin's config can choose k per batch size from this machine's step times (``live_k.py``, ``live_k_vllm.py``),
+``live_k`` in the plugin's config can choose k per batch size from this machine's step times (``live_k.py``,
+``live_k_vllm.py``),
 and (6) so that a request can turn speculation off and one whose drafts keep failing stops drafting
 (``request_speculation.py``, ``request_speculation_vllm.py``).
-Registration is lazy ("module:Class" strings): no model code is imported here. Calling :func:`register` twice is a no-op.
+Registration is lazy ("module:Class" strings): no model code is imported here. Calling :func:`register` twice is a
+no-op.
 """
 
 from __future__ import annotations

@@ -239,8 +239,8 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
     if d.top_ids is None and d.nested_ids is None:
         raise CaptureSpecError(
             f"the draft config has no {IDS_KEY}; vLLM and SGLang would silently fall back to their defaults "
-            f"{list(engine_default_ids(L))} (the engines' default wiring). Write the ids the draft was trained on, e.g. "
-            "`vllm-eagle3 convert --from hf --to vllm` output, into config.json"
+            f"{list(engine_default_ids(L))} (the engines' default wiring). Write the ids the draft was trained on, "
+            "e.g. `vllm-eagle3 convert --from hf --to vllm` output, into config.json"
         )
     if d.top_ids is None:
         raise CaptureSpecError(

@@ -425,7 +425,7 @@ def report(check: Mapping[str, Any] | None = None, live_k: Mapping[str, Any] | N
             "verdicts": V.as_json()}
 
 
-# ----------------------------------------------------------------------------------------------- the endpoint plugin's name
+# ------------------------------------------------------------------------------------------ the endpoint plugin's name
 
 ENDPOINT_PLUGIN = "vllm_eagle3_wiring"
 """The entry point of ``GET /v1/eagle3/wiring`` (pyproject ``vllm.endpoint_plugins``)."""

@@ -124,7 +124,8 @@ class CheckConfig:
         if data is None:
             return cls()
         if not isinstance(data, Mapping):
-            raise CaptureSpecError(f"{where} must be a mapping such as {{enabled: true, sample_every: 4}}, got {data!r}")
+            raise CaptureSpecError(f"{where} must be a mapping such as {{enabled: true, sample_every: 4}}, "
+                                   f"got {data!r}")
         unknown = sorted(set(map(str, data)) - set(CHECK_KEYS))
         if unknown:
             raise CaptureSpecError(f"{where}: unknown key(s) {unknown}; known keys: {', '.join(CHECK_KEYS)}")
@@ -241,7 +242,8 @@ class Judge:
             kind = OK
         ref = flagged if flagged is not None else best
         loss = 1.0 - self.sums[0].m / self.sums[ref].m if self.sums[ref].m > 0 else 0.0
-        return CheckReading(kind, r, self.anchors, self.looks, thr, p0, best, flagged, loss, tuple(t_costs), tuple(t_ok))
+        return CheckReading(kind, r, self.anchors, self.looks, thr, p0, best, flagged, loss, tuple(t_costs),
+                            tuple(t_ok))
 
     def report(self, whys: Sequence[str], k: int) -> dict[str, Any]:
         """The verdict as JSON-ready data (what the engine writes for the API server's endpoint and gauges)."""

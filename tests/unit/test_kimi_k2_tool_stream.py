@@ -33,7 +33,8 @@ MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "kimi-k25-mini"
 S, E, B, A, Z = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
                  "<|tool_call_argument_begin|>", "<|tool_call_end|>")
 TOOL_MARKERS = (S, E, B, A, Z)
-"""The strings vllm/parser/kimi_k2.py looks up (TOOL_SECTION_START/END, TOOL_CALL_START, TOOL_ARG_START, TOOL_CALL_END)."""
+"""The strings vllm/parser/kimi_k2.py looks up (TOOL_SECTION_START/END, TOOL_CALL_START, TOOL_ARG_START,
+TOOL_CALL_END)."""
 THINK_MARKERS = ("<think>", "</think>")
 MAX_K = 5
 """Drafts per step; a step appends up to MAX_K + 1 tokens (the accepted drafts plus the bonus token)."""
@@ -267,7 +268,8 @@ def test_multi_token_deltas_match_one_token(tokenizer, name, k):
 
 def test_chunkings_bundle_markers_with_text(tokenizer):
     """The chunkings above do feed the shapes that broke before (else they prove nothing): a delta holding
-    ``<|tool_call_argument_begin|>`` and argument text, and one holding ``<|tool_call_end|><|tool_call_begin|>`` (#38274)."""
+    ``<|tool_call_argument_begin|>`` and argument text, and one holding ``<|tool_call_end|><|tool_call_begin|>``
+    (#38274)."""
     vocab = tokenizer.get_vocab()
     ids = tokenizer.encode(CASES["two_calls"].output, add_special_tokens=False)
     end = ids.index(vocab[Z])

@@ -58,15 +58,22 @@ def test_processes_are_named_by_role():
     import sys
     import time
 
+    import psutil
+
     script = ("import multiprocessing.resource_tracker as rt, subprocess, sys, time; rt.ensure_running(); "
               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
     root = subprocess.Popen([sys.executable, "-c", script])
+    here: dict[str, float] = {}
     try:
-        for _ in range(100):
-            here = tree_rss_by_process(root.pid)
-            if len(here) == 3:
+        def settled() -> bool:  # both children exist and have exec'd (a forked child shows the root's cmdline)
+            kids = psutil.Process(root.pid).children()
+            return len(kids) == 2 and all(k.cmdline() != psutil.Process(root.pid).cmdline() for k in kids)
+
+        for _ in range(600):  # a bound on the wait, not a timing assertion: the test reads the settled tree
+            if settled():
                 break
             time.sleep(0.1)
+        here = tree_rss_by_process(root.pid)
         roles = sorted(key.split(" ", 1)[1] for key in here)
         assert next(iter(here)) == f"{root.pid} supervisor" and all(mb > 0 for mb in here.values())
         assert roles.count("API server") == 1 and roles.count("supervisor") == 1 and len(roles) == 3, here

@@ -135,8 +135,8 @@ def test_incident_collapses_with_one_warning(make_watch):
     assert len(warnings) == 1, warnings
     assert rec.records == [rec.records[-1]], "a collapse in progress must give its wrong line alone, not costs first"
     line = warnings[0]
-    for part in ("wiring watch [engine 0]: WRONG: ", "taps [3, 31, 59]", "spec file /tmp/incident_spec.yaml", "0.800 expected",
-                 "`vllm-eagle3 doctor --target T --draft D`", "position-0 acceptance 0.0"):
+    for part in ("wiring watch [engine 0]: WRONG: ", "taps [3, 31, 59]", "spec file /tmp/incident_spec.yaml",
+                 "0.800 expected", "`vllm-eagle3 doctor --target T --draft D`", "position-0 acceptance 0.0"):
         assert part in line, (part, line)
     assert w.last_warning == line and w.lines_logged >= 1
 

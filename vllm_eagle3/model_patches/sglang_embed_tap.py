@@ -27,20 +27,22 @@ SGLang's own default. What capture index 0 then holds depends on the version's d
   ones), runs SGLang's own forward on them with index 0 left out, and puts the embedding first in the returned aux
   list (SGLang concatenates in ascending layer order, so index 0 is first). No layer code is copied.
 
-Version guard: written against sglang 0.5.12.post1 and 0.5.23 (:data:`SUPPORTED_SGLANG`), both parity-tested. :data:`PATCH` is a
-:class:`model_patches.Patch`; :func:`apply` goes through :func:`model_patches.apply`, which refuses any other
-version (naming installed and supported versions), applies at most once per process (a second call is a no-op)
-and records it (:func:`model_patches.applied_patches`; the details also in :data:`APPLIED`). There is no revert:
-the patch is process-wide, so a process that needs both readings runs its unpatched work first. Retire it when the draft's ids are rewritten in SGLang 0.5.13+'s convention
-(``vllm-eagle3 convert``) — the proper fix — or if SGLang gains an explicit id-convention setting.
+Version guard: written against sglang 0.5.12.post1 and 0.5.23 (:data:`SUPPORTED_SGLANG`), both parity-tested.
+:data:`PATCH` is a :class:`model_patches.Patch`; :func:`apply` goes through :func:`model_patches.apply`, which refuses
+any other version (naming installed and supported versions), applies at most once per process (a second call is a no-op)
+and records it (:func:`model_patches.applied_patches`; the details also in :data:`APPLIED`). There is no revert: the
+patch is process-wide, so a process that needs both readings runs its unpatched work first. Retire it when the draft's
+ids are rewritten in SGLang 0.5.13+'s convention (``vllm-eagle3 convert``) — the proper fix — or if SGLang gains an
+explicit id-convention setting.
 
 Usage (in every SGLang process that builds the target, before it is built)::
 
     from vllm_eagle3.model_patches import sglang_embed_tap
     sglang_embed_tap.apply()
 
-``.venv-sglang/bin/python -m vllm_eagle3.model_patches.sglang_embed_tap --check`` (from the repo root) applies it and prints
-the record (importing sglang needs the harness shims on a CPU-only machine: tests/parity/sglang_harness/shims.py).
+``.venv-sglang/bin/python -m vllm_eagle3.model_patches.sglang_embed_tap --check`` (from the repo root) applies it and
+prints the record (importing sglang needs the harness shims on a CPU-only machine:
+tests/parity/sglang_harness/shims.py).
 """
 
 from __future__ import annotations

