@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_eagle3.testing.stats import chi_square
 from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 from vllm_eagle3.tools.serve.process import VllmServer
 
@@ -351,7 +352,6 @@ def test_seeded_sampling_is_reproducible(server, before):
 DIST_T, DIST_TOP_K, DIST_TOP_P = 0.8, 10, 0.9
 DIST_SAMPLES = 480
 DIST_ALPHA = 1e-3  # per test; two tests -> family-wise 2e-3 (Bonferroni)
-MIN_EXPECTED = 5.0
 
 
 def next_token_dist(server: VllmServer, prefix: list[int]) -> dict[int, float]:
@@ -374,29 +374,6 @@ def next_token_dist(server: VllmServer, prefix: list[int]) -> dict[int, float]:
             keep[t] = p
     mass = sum(keep.values())
     return {t: p / mass for t, p in keep.items()}
-
-
-def chi_square(observed: Counter, expected_p: dict, n: int) -> tuple[float, int, float]:
-    """Pearson chi-square of counts against probabilities; categories with expected < MIN_EXPECTED pooled (the
-    smallest first, until the pool reaches it). Returns (statistic, degrees of freedom, p-value)."""
-    import torch
-
-    cats = sorted(expected_p, key=lambda c: expected_p[c])
-    bins: list[tuple[float, float]] = []  # (observed, expected)
-    pool_o = pool_e = 0.0
-    for c in cats:
-        e, o = expected_p[c] * n, observed.get(c, 0)
-        if e < MIN_EXPECTED and pool_e < MIN_EXPECTED:
-            pool_o, pool_e = pool_o + o, pool_e + e
-        else:
-            bins.append((o, e))
-    if pool_e > 0:
-        bins.append((pool_o, pool_e))
-    stat = sum((o - e) ** 2 / e for o, e in bins)
-    df = len(bins) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                            torch.tensor(stat / 2, dtype=torch.float64)))
-    return stat, df, p_value
 
 
 def test_sampled_output_keeps_the_target_distribution(server, before):

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_eagle3.testing.stats import chi_square
+
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "models" / "kimi-k25-mini"
 DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
@@ -42,7 +44,6 @@ GREEDY_PROMPTS = 4  # the first eval prompts
 FORCED = 30  # token id the +100 bias forces
 DIST_T, DIST_MIN_P, DIST_TOKENS, DIST_SAMPLES, TOP = 1.0, 0.1, 3, 400, 100
 DIST_ALPHA = 1e-3
-MIN_EXPECTED = 5.0
 
 pytestmark = [pytest.mark.e2e]
 if not (TARGET / "config.json").is_file() or not (DRAFT / "eval_prompts.json").is_file():
@@ -230,26 +231,6 @@ def test_min_p_requests_accepted(run):
     assert run["min_p_lengths"] == [16] * GREEDY_PROMPTS, run["min_p_lengths"]
 
 
-def _chi_square(observed: Counter, expected_p: dict, n: int) -> tuple[float, int, float]:
-    """Pearson chi-square; the smallest categories pooled until the pool's expectation reaches MIN_EXPECTED."""
-    import torch
-
-    bins, pool_o, pool_e = [], 0.0, 0.0
-    for c in sorted(expected_p, key=expected_p.get):
-        e, o = expected_p[c] * n, observed.get(c, 0)
-        if e < MIN_EXPECTED and pool_e < MIN_EXPECTED:
-            pool_o, pool_e = pool_o + o, pool_e + e
-        else:
-            bins.append((o, e))
-    if pool_e > 0:
-        bins.append((pool_o, pool_e))
-    stat = sum((o - e) ** 2 / e for o, e in bins)
-    df = len(bins) - 1
-    p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                      torch.tensor(stat / 2, dtype=torch.float64)))
-    return stat, df, p
-
-
 def test_sampled_distribution_matches_no_speculation(run):
     """Tokens 1-3 of DIST_SAMPLES seeded requests (min_p, ban, T) under speculation against the exact distribution
     without speculation: every token in its context's support; chi-square of (token 1, token 2) and of token 3, each
@@ -276,7 +257,7 @@ def test_sampled_distribution_matches_no_speculation(run):
             marg3[c] = marg3.get(c, 0.0) + q * r
     for what, observed, expected in (("(token 1, token 2)", Counter(s[:2] for s in samples), joint),
                                      ("token 3", Counter(s[2] for s in samples), marg3)):
-        stat, df, p = _chi_square(observed, expected, DIST_SAMPLES)
+        stat, df, p = chi_square(observed, expected, DIST_SAMPLES)
         print(f"[v2 sampling] {what}: {len(expected)} outcomes, chi2 {stat:.1f}, df {df}, p {p:.3g}", flush=True)
         assert p > DIST_ALPHA, f"{what} under speculation differs from no speculation: chi2 {stat:.1f}, df {df}, p {p}"
     c = run["dist_counts"]
