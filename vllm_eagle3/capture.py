@@ -42,6 +42,7 @@ from vllm.model_executor.models.interfaces import EagleModelMixin
 from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration as _VllmKimiK25
 from vllm.sequence import IntermediateTensors
 
+from vllm_eagle3 import LOGGER
 from vllm_eagle3.checkpoint import DraftInfo
 from vllm_eagle3.resolve import Resolution, resolve_from_env, spec_source
 from vllm_eagle3.spec import EMBED, CaptureSpecError, tap_label, taps_label
@@ -50,7 +51,7 @@ from vllm_eagle3.wirings import Candidate, online_candidates
 
 # Under the ``vllm`` logger tree: vLLM configures handlers only for that tree, so a logger named after this
 # module would print nothing in the worker processes.
-logger = init_logger("vllm.vllm_eagle3")
+logger = init_logger(LOGGER)
 
 
 NO_RELAY = ("this engine runs vLLM's V1 model runner, which has no relay of aux hidden states between pipeline "

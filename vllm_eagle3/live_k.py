@@ -44,7 +44,9 @@ import math
 import time
 from typing import Any, Callable, Mapping
 
-logger = logging.getLogger("vllm.vllm_eagle3.live_k")
+from vllm_eagle3 import LOGGER
+
+logger = logging.getLogger(f"{LOGGER}.live_k")
 
 CONFIG_NAME = "live_k"
 """The key of the plugin's ``--additional-config`` mapping that turns this on."""

@@ -18,10 +18,11 @@ import logging
 import math
 from typing import Any, Mapping
 
+from vllm_eagle3 import LOGGER
 from vllm_eagle3.live_k import CONFIG_NAME, LiveK, LiveKError, Settings
 from vllm_eagle3.wiring_check import read_report_file, report_file, write_report_file
 
-logger = logging.getLogger("vllm.vllm_eagle3.live_k")
+logger = logging.getLogger(f"{LOGGER}.live_k")
 
 _MARK = "_vllm_eagle3_live_k"  # a scheduler's LiveK (instance attribute)
 _INSTALLED = "_vllm_eagle3_live_k_installed"  # on the Scheduler class

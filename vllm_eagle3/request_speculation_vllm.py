@@ -21,6 +21,7 @@ import functools
 import logging
 from typing import Any
 
+from vllm_eagle3 import LOGGER
 from vllm_eagle3.request_speculation import (
     CONFIG_NAME,
     KEY,
@@ -30,7 +31,7 @@ from vllm_eagle3.request_speculation import (
     speculation_of,
 )
 
-logger = logging.getLogger("vllm.vllm_eagle3.request_speculation")
+logger = logging.getLogger(f"{LOGGER}.request_speculation")
 
 _MARK = "_vllm_eagle3_request_speculation"  # a scheduler's Gates (instance attribute)
 _INSTALLED = "_vllm_eagle3_request_speculation_installed"  # on the Scheduler and SamplingParams classes

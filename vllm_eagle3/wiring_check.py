@@ -267,7 +267,7 @@ class Judge:
 def report_file(name: str, environ: Mapping[str, str] | None = None) -> Path | None:
     """``$EAGLE3_CHECK_DIR/<name>``: the folder where the engine's processes leave reports for the API server (the
     online check's, live k's); None when it is not set."""
-    folder = envs.get("EAGLE3_CHECK_DIR", environ)
+    folder = envs.get(envs.CHECK_DIR, environ)
     return Path(folder) / name if folder else None
 
 
@@ -293,7 +293,7 @@ def report_path(engine_index: int, environ: Mapping[str, str] | None = None) -> 
 
 def read_reports(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Every engine's latest check report, by engine index (the API server's view; empty before the first step)."""
-    folder = envs.get("EAGLE3_CHECK_DIR", environ)
+    folder = envs.get(envs.CHECK_DIR, environ)
     out: dict[str, Any] = {}
     if not folder or not Path(folder).is_dir():
         return out

@@ -70,7 +70,9 @@ def _apply() -> str:
     if getattr(current, _MARK, False):
         return "already installed"
     original = current.__func__
-    logger = init_logger("vllm.vllm_eagle3")
+    from vllm_eagle3 import LOGGER
+
+    logger = init_logger(LOGGER)
 
     def check_and_update_config(cls, vllm_config) -> None:
         amx = cls.get_cpu_architecture() == CpuArchEnum.X86 and torch.cpu._is_amx_tile_supported()

@@ -44,10 +44,11 @@ everything this patch touches) but not run here.
 
 from __future__ import annotations
 
+from vllm_eagle3 import envs
 from vllm_eagle3.compat import supported_vllm_before
 from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
-ENV = "EAGLE3_CPU_MLA_VERIFY_AS_DECODE"
+ENV = envs.CPU_MLA_VERIFY_AS_DECODE
 _MARK = "_vllm_eagle3_mla_verify_decode"
 
 

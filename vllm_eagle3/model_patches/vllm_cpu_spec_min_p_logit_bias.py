@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from vllm_eagle3.compat import supported_vllm_before
 from vllm_eagle3.model_patches import Patch, vllm_cpu_only
 
 _MARK = "_vllm_eagle3_spec_min_p_logit_bias"
@@ -157,7 +158,7 @@ def _apply() -> str:
 PATCH = Patch(
     name="vllm_cpu_spec_min_p_logit_bias",
     engine="vllm",
-    supported=("0.32.",),
+    supported=supported_vllm_before("0.33"),
     retire_when=("vLLM's V1 rejection sampler applying min_p and logit_bias to draft rows (vLLM #42744, #42802, "
                  "#38202) and dropping SamplingParams._validate_spec_decode's refusal"),
     apply_fn=_apply,

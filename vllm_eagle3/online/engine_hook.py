@@ -36,13 +36,14 @@ from typing import Any, Callable
 
 import torch
 
+from vllm_eagle3 import LOGGER
 from vllm_eagle3.online.runners import RUNNERS, RunnerHook, StepRows, runner_in_use, tp_rank, unknown_worker
 from vllm_eagle3.online.traces import RowSpan, Trace, Tracker
 from vllm_eagle3 import verdicts as V
 from vllm_eagle3.wiring_check import Judge, report_path, write_report_file
 from vllm_eagle3.wirings import config_lines
 
-logger = logging.getLogger("vllm.vllm_eagle3.check")
+logger = logging.getLogger(f"{LOGGER}.check")
 
 _MARK = "_vllm_eagle3_wiring_check"
 REPORT_EVERY_S = 2.0

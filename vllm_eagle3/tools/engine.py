@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from vllm_eagle3 import envs
+
 
 @dataclasses.dataclass
 class Engine:
@@ -82,7 +84,7 @@ def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | No
 
     from vllm import LLM
 
-    env = {"EAGLE3_SPEC": None, "EAGLE3_CONVENTION": None, **(env or {})}
+    env = {envs.SPEC: None, envs.CONVENTION: None, **(env or {})}
     log_path = Path(tempfile.mkstemp(prefix="vllm_engine_", suffix=".log")[1])
     args: dict[str, Any] = dict(model=str(model), dtype="float32", enforce_eager=True, max_model_len=256,
                                 enable_prefix_caching=False, seed=0)

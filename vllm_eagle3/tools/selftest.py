@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from vllm_eagle3 import envs
 from vllm_eagle3.tools import bundled
 
 TAP_RTOL = 1e-3
@@ -210,7 +211,7 @@ def selftest(target: Path, draft: Path, spec: Path, k: int, num_prompts: int, ma
     check = "check: {sample_every: 1, min_requests: 8, max_followed: 8, budget: 0.5}"
     own_spec.write_text(f"{spec.read_text()}\n{check}\n")
     (work / "check").mkdir()
-    env = {"EAGLE3_SPEC": str(own_spec), "EAGLE3_CHECK_DIR": str(work / "check"), "HF_HUB_OFFLINE": "1",
+    env = {envs.SPEC: str(own_spec), envs.CHECK_DIR: str(work / "check"), "HF_HUB_OFFLINE": "1",
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine_memory_env(target, draft, say)}
 
     say(f"starting vLLM with {draft.name} (k = {k}, float32) ...")

@@ -188,7 +188,7 @@ def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: S
                     f"taps: {taps_label(taps)}\nnum_layers: {num_layers}\ndraft_ids_convention: vllm\n"
                     "check: {enabled: false}  # the doctor scores every wiring itself, offline\n")
     length = (seqs.shape[1] if seqs is not None else prompts.shape[1] + new_tokens)
-    env = {"EAGLE3_SPEC": str(spec), **engine_memory_env(Path(target), vehicle, progress)}
+    env = {envs.SPEC: str(spec), **engine_memory_env(Path(target), vehicle, progress)}
     old = envs.raw("VLLM_ALLOW_INSECURE_SERIALIZATION")  # restored exactly afterwards
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the recorded tensors come back from the worker
     t0 = time.monotonic()
