@@ -108,7 +108,7 @@ def never_server(server_pool, tmp_path_factory, never_token) -> VllmServer:
     weights["d2t"] = never_token - torch.arange(d2t.shape[0], dtype=d2t.dtype)
     save_file(weights, str(out / "model.safetensors"))
     (out / "config.json").write_text((DRAFT / "config.json").read_text())
-    argv = shipped_server_argv(out) + ["--per-request-spec-decode-metrics", "detailed"]
+    argv = shipped_server_argv(out, draft_backoff=True) + ["--per-request-spec-decode-metrics", "detailed"]
     return server_pool.get(ServerKey.of("never-agrees", argv, SERVER_ENV))
 
 
