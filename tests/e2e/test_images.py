@@ -101,6 +101,8 @@ class ImageTapProbe:
     def image_probe_start(self) -> dict:
         import torch
 
+        from vllm_eagle3.testing.taps import spec_taps_of
+
         model = self.model_runner.model  # type: ignore[attr-defined]
         rec = getattr(model, _PROBE_ATTR, None)
         if rec is None:
@@ -108,7 +110,7 @@ class ImageTapProbe:
 
             def target_out(module, args, output):
                 if isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], list):
-                    rec["taps"].append([t.detach().to("cpu", copy=True) for t in output[1]])
+                    rec["taps"].append([t.detach().to("cpu", copy=True) for t in spec_taps_of(model, output[1])])
 
             def target_in(module, args, kwargs):
                 emb = kwargs.get("inputs_embeds")
@@ -191,7 +193,11 @@ def reference(prompts) -> list[dict]:
 def spec() -> VllmServer:
     """The shipped vision config (EAGLE-3 on) + the probe extension. The first test asks for ``reference`` before
     ``served``, so in a full run ``plain`` has stopped before this one starts."""
+    # The vision config's live k as it ships; the per-request draft back-off off: the acceptance test accounts for
+    # every token after the first as verified (a paused request's tokens are not).
+    plugin = json.dumps({"vllm_eagle3": {"live_k": True, "draft_backoff": False}})
     server = start_server("spec", ["--config", str(VISION_CONFIG), "--capture-spec", str(CAPTURE_SPEC),
+                                   "--additional-config", plugin,
                                    "--worker-extension-cls", "test_images.ImageTapProbe"],
                           env={"VLLM_SERVER_DEV_MODE": "1",
                                "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH"))

@@ -1,11 +1,11 @@
 """Reading the tap tensors out of a running vLLM engine (test support).
 
-Data flow position: observes **target forward -> taps** inside the worker. vLLM's runner calls the target
-model and, with an EAGLE-3 draft, receives ``(hidden_states, [aux_0, aux_1, ...])`` — the aux list in the
-order the draft's ``fc`` will concatenate it. :func:`install_recorder` adds a forward hook on the target
-that keeps a copy of that list for every forward; :func:`recorded_taps` returns them. Both run in the worker
-through ``LLM.apply_model`` (they live in this importable module so vLLM can ship them by reference; set
-``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` so the tensors can come back).
+Data flow position: observes **target forward -> taps** inside the worker. vLLM's runner calls the target model
+and, with an EAGLE-3 draft, receives ``(hidden_states, [aux_0, aux_1, ...])`` — the aux list in the order the draft's
+``fc`` will concatenate it (the online check's extra taps follow; :func:`spec_taps_of`). :func:`install_recorder` adds
+a forward hook on the target that keeps a copy of the draft's part for every forward; :func:`recorded_taps` returns
+them. Both run in the worker through ``LLM.apply_model`` (they live in this importable module so vLLM can ship them by
+reference; set ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` so the tensors can come back).
 """
 
 from __future__ import annotations
@@ -15,14 +15,23 @@ import torch
 _ATTR = "_vllm_eagle3_tap_records"
 
 
+def spec_taps_of(model: torch.nn.Module, aux: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The part of the target's aux list the draft gets: the spec's taps. The capture model returns the online check's
+    extra taps after them (the runner hook takes those off before the draft runs, vllm_eagle3/online/runners.py)."""
+    lm = getattr(model, "language_model", model)
+    n = len(getattr(getattr(lm, "model", None), "capture_taps", ()) or aux)
+    return aux[:n]
+
+
 def install_recorder(model: torch.nn.Module) -> str:
-    """Record ``[aux tensors]`` of every forward of the target ``model`` (idempotent); returns its class name."""
+    """Record the draft's ``[aux tensors]`` (:func:`spec_taps_of`) of every forward of the target ``model``
+    (idempotent); returns its class name."""
     if getattr(model, _ATTR, None) is None:
         records: list[list[torch.Tensor]] = []
 
         def hook(module, args, output):
             if isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], list):
-                records.append([t.detach().to("cpu", copy=True) for t in output[1]])
+                records.append([t.detach().to("cpu", copy=True) for t in spec_taps_of(model, output[1])])
 
         model.register_forward_hook(hook)
         setattr(model, _ATTR, records)
