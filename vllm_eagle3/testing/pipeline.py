@@ -30,6 +30,8 @@ from typing import Any, Sequence
 
 import torch
 
+from vllm_eagle3.testing.taps import spec_taps_of
+
 SPECULATIVE_TOKENS = 1
 MAX_TOKENS = 64  # the receive buffers' rows (the runner's max_num_tokens)
 DECODE_TOKEN = ord("x")
@@ -117,7 +119,8 @@ def _run_stage(rank: int, pp_size: int, init_file: str, target: str, draft: str,
                 pp.send_tensor_dict(relay(handler, intermediate, output).tensors)
             else:
                 hidden, aux = output
-                result["steps"].append({"hidden": hidden.clone(), "aux": [t.clone() for t in aux]})
+                result["steps"].append({"hidden": hidden.clone(),  # the draft's part: the check's taps follow
+                                        "aux": [t.clone() for t in spec_taps_of(model, aux)]})
         result["relay_slots"] = sorted(buffers.tensors) if buffers is not None else []
         result["v1_refusal"] = _v1_refusal(model)
         torch.save(result, out)

@@ -211,7 +211,7 @@ def selftest(target: Path, draft: Path, spec: Path, k: int, num_prompts: int, ma
     check = "check: {sample_every: 1, min_requests: 8, max_followed: 8, budget: 0.5}"
     own_spec.write_text(f"{spec.read_text()}\n{check}\n")
     (work / "check").mkdir()
-    env = {envs.SPEC: str(own_spec), envs.CHECK_DIR: str(work / "check"), "HF_HUB_OFFLINE": "1",
+    env = {envs.CHECK_DIR: str(work / "check"), "HF_HUB_OFFLINE": "1",
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine_memory_env(target, draft, say)}
 
     say(f"starting vLLM with {draft.name} (k = {k}, float32) ...")
@@ -229,7 +229,13 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     length = max(len(p) for p in prompts) + max_tokens + k + 8
     lines: list[Line] = []
+    # The spec in vLLM's additional config, as the shipped serve configs carry it. The per-request draft back-off is
+    # off: the acceptance line compares the head with its model card, which drafts at every step.
+    import yaml
+
+    plugin = {"vllm_eagle3": {"capture_spec": yaml.safe_load(own_spec.read_text()), "draft_backoff": False}}
     engine = start_engine(target, draft, env=env, num_speculative_tokens=k, max_model_len=max(256, length),
+                          additional_config=plugin,
                           disable_log_stats=False)
     try:
         info = engine.llm.collective_rpc(_runner_info)[0]
