@@ -156,12 +156,16 @@ def attach(plan, vllm_config):
     plan = dataclasses.replace(plan, extra_taps=(), off_because=why)
     if tp_rank() == 0:
         logger.warning("vllm-eagle3 wiring check: off, it cannot attach to vLLM's model runner: %s", why)
-        index = vllm_config.parallel_config.data_parallel_rank or 0
-        checker = Checker(plan, None, index, vllm_config.speculative_config.num_speculative_tokens, 0,
-                          report_path(index))
-        checker.off_because = why
-        checker.write_report()
+        write_off_report(plan, vllm_config, why)
     return plan
+
+
+def write_off_report(plan, vllm_config, why: str) -> None:
+    """An ``off`` report saying ``why``, where ``GET /v1/eagle3/wiring`` reads this engine's check."""
+    index = vllm_config.parallel_config.data_parallel_rank or 0
+    checker = Checker(plan, None, index, vllm_config.speculative_config.num_speculative_tokens, 0, report_path(index))
+    checker.off_because = why
+    checker.write_report()
 
 
 def _checker_for(runner) -> "Checker | None":
@@ -178,13 +182,9 @@ def _checker_for(runner) -> "Checker | None":
 
 
 def _report_off(runner, why: str) -> None:
-    """An ``off`` report saying ``why``, for ``GET /v1/eagle3/wiring`` (as :func:`attach` writes one); never raises."""
+    """:func:`write_off_report` for a check that could not start on ``runner``; never raises."""
     try:
-        plan, cfg = _capture_model(runner).check_plan, runner.vllm_config
-        index = cfg.parallel_config.data_parallel_rank or 0
-        checker = Checker(plan, None, index, cfg.speculative_config.num_speculative_tokens, 0, report_path(index))
-        checker.off_because = why
-        checker.write_report()
+        write_off_report(_capture_model(runner).check_plan, runner.vllm_config, why)
     except Exception:  # noqa: BLE001 - the WARNING above already says it; the engine serves on
         logger.debug("vllm-eagle3 wiring check: no off report written", exc_info=True)
 
