@@ -28,15 +28,15 @@ sglang-env:
 sglang-legacy-env: sglang-env
 	PYTHON=$(PY) bash scripts/setup_sglang_env.sh .venv-sglang-legacy tests/parity/sglang_harness/requirements-legacy.txt .venv-sglang
 
-# ruff's lint first (pyproject's [tool.ruff], seconds), then pytest. Prints the 30 slowest tests and the whole time,
-# installs included (docs/testing.md says what to expect). Two pytest-xdist workers, one per core of CI's 2-core box
+# ruff lint and format check first (pyproject's [tool.ruff], seconds), then pytest. Prints the 30 slowest tests
+# and the whole time, installs included (docs/testing.md says what to expect). Two pytest-xdist workers, one per core of CI's 2-core box
 # (tests/conftest.py groups the tests that share a server).
 # The vLLM venv and the two SGLang venvs install side by side (-j2: pip is one process each, mostly unpacking).
 TEST_WORKERS ?= 2
 test:
 	@start=$$(date +%s); $(MAKE) --no-print-directory -j2 setup sglang-legacy-env \
 	  && echo "make test: installs done in $$(( $$(date +%s) - start )) s" \
-	  && $(VPY) -m ruff check . && echo "make test: ruff check passed" \
+	  && $(VPY) -m ruff check . && $(VPY) -m ruff format --check . && echo "make test: ruff check and format passed" \
 	  && $(VPY) -m pytest -v -n $(TEST_WORKERS) --no-loadscope-reorder --durations=30 tests; rc=$$?; \
 	  echo "make test: $$(( $$(date +%s) - start )) s in all, installs included (exit code $$rc)"; exit $$rc
 

@@ -38,11 +38,16 @@ def urls(base_url: str) -> tuple[str, str]:
 
 def connection_args(p: argparse.ArgumentParser) -> None:
     """--base-url and --api-key, defaulting to the OpenAI client's own environment variables."""
-    p.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
-                   help=f"the server's OpenAI base URL, with or without /v1 (default: $OPENAI_BASE_URL, else "
-                        f"{DEFAULT_BASE_URL})")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or "EMPTY",
-                   help="the server's --api-key, if it has one (default: $OPENAI_API_KEY, else EMPTY)")
+    p.add_argument(
+        "--base-url",
+        default=os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
+        help=f"the server's OpenAI base URL, with or without /v1 (default: $OPENAI_BASE_URL, else {DEFAULT_BASE_URL})",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY") or "EMPTY",
+        help="the server's --api-key, if it has one (default: $OPENAI_API_KEY, else EMPTY)",
+    )
 
 
 def spec_counters(base_url: str) -> dict[str, float] | None:
@@ -70,9 +75,11 @@ def acceptance_line(before: dict[str, float], after: dict[str, float]) -> str:
         return "speculative decoding: on, no drafts in these requests"
     positions = sorted((int(k.split("/")[1]), v) for k, v in d.items() if k.startswith("accepted_tokens_per_pos/"))
     per_pos = ", ".join(f"{v / drafts:.2f}" for _, v in positions)
-    return (f"speculative decoding: {int(drafts)} drafts, {int(d.get('accepted_tokens', 0))} of "
-            f"{int(d.get('draft_tokens', 0))} drafted tokens accepted, acceptance length "
-            f"{1 + d.get('accepted_tokens', 0) / drafts:.2f}, per position [{per_pos}]")
+    return (
+        f"speculative decoding: {int(drafts)} drafts, {int(d.get('accepted_tokens', 0))} of "
+        f"{int(d.get('draft_tokens', 0))} drafted tokens accepted, acceptance length "
+        f"{1 + d.get('accepted_tokens', 0) / drafts:.2f}, per position [{per_pos}]"
+    )
 
 
 def report(kind: str, tokens: int, seconds: float, text: str | None) -> None:
@@ -85,12 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     connection_args(p)
     p.add_argument("--model", default=None, help="model name (default: the first one /v1/models lists)")
-    p.add_argument("--prompt", action="append", default=None,
-                   help="completion prompt (repeatable; default: two Python snippets)")
+    p.add_argument(
+        "--prompt", action="append", default=None, help="completion prompt (repeatable; default: two Python snippets)"
+    )
     p.add_argument("--chat", action="append", default=None, help="chat message (repeatable)")
     p.add_argument("--stream", action="append", default=None, help="streaming chat message (repeatable)")
-    p.add_argument("--no-chat", action="store_true", help="skip chat and streaming chat (a model without a chat "
-                                                          "template answers them with an error)")
+    p.add_argument(
+        "--no-chat",
+        action="store_true",
+        help="skip chat and streaming chat (a model without a chat template answers them with an error)",
+    )
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default %(default)s)")
     args = p.parse_args(argv)
 
@@ -108,15 +119,21 @@ def main(argv: list[str] | None = None) -> int:
     for message in () if args.no_chat else (args.chat or CHAT_MESSAGES):
         print(f"- chat, user: {message!r}")
         t0 = time.perf_counter()
-        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": message}],
-                                           max_tokens=args.max_tokens, temperature=0.0)
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": message}], max_tokens=args.max_tokens, temperature=0.0
+        )
         report("chat", r.usage.completion_tokens, time.perf_counter() - t0, r.choices[0].message.content or "")
     for message in () if args.no_chat else (args.stream or STREAM_MESSAGES):
         print(f"- streaming chat, user: {message!r}\n      | ", end="", flush=True)
         t0, tokens = time.perf_counter(), 0
-        stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": message}],
-                                                max_tokens=args.max_tokens, temperature=0.0, stream=True,
-                                                stream_options={"include_usage": True})
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": message}],
+            max_tokens=args.max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         for chunk in stream:
             tokens = chunk.usage.completion_tokens if chunk.usage else tokens
             for choice in chunk.choices:
@@ -125,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         report("stream", tokens, time.perf_counter() - t0, None)
 
     after = spec_counters(args.base_url)
-    print("speculative decoding: off (no vllm:spec_decode_* counters in /metrics)" if before is None or after is None
-          else acceptance_line(before, after))
+    print(
+        "speculative decoding: off (no vllm:spec_decode_* counters in /metrics)"
+        if before is None or after is None
+        else acceptance_line(before, after)
+    )
     return 0
 
 

@@ -25,9 +25,15 @@ from pathlib import Path
 
 def test_png(width: int = 168, height: int = 112) -> bytes:
     """A PNG made with the standard library: red and green gradients over a 7-pixel blue checkerboard."""
-    rows = b"".join(b"\x00" + bytes(v for x in range(width) for v in (
-        x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), 255 * ((x // 7 + y // 7) % 2)))
-        for y in range(height))
+    rows = b"".join(
+        b"\x00"
+        + bytes(
+            v
+            for x in range(width)
+            for v in (x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), 255 * ((x // 7 + y // 7) % 2))
+        )
+        for y in range(height)
+    )
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
@@ -49,15 +55,27 @@ def urls(base_url: str) -> tuple[str, str]:
 
 def connection_args(p: argparse.ArgumentParser) -> None:
     """--base-url and --api-key, defaulting to the OpenAI client's own environment variables."""
-    p.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
-                   help=f"the server's OpenAI base URL, with or without /v1 (default: $OPENAI_BASE_URL, else "
-                        f"{DEFAULT_BASE_URL})")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or "EMPTY",
-                   help="the server's --api-key, if it has one (default: $OPENAI_API_KEY, else EMPTY)")
+    p.add_argument(
+        "--base-url",
+        default=os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
+        help=f"the server's OpenAI base URL, with or without /v1 (default: $OPENAI_BASE_URL, else {DEFAULT_BASE_URL})",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY") or "EMPTY",
+        help="the server's --api-key, if it has one (default: $OPENAI_API_KEY, else EMPTY)",
+    )
 
 
-def send(base_url: str, model: str | None, image: bytes, mime: str, question: str, max_tokens: int = 64,
-         api_key: str = "EMPTY"):
+def send(
+    base_url: str,
+    model: str | None,
+    image: bytes,
+    mime: str,
+    question: str,
+    max_tokens: int = 64,
+    api_key: str = "EMPTY",
+):
     """The OpenAI-client request, nothing else: one user message with the image and the question."""
     from openai import OpenAI
 
@@ -65,10 +83,15 @@ def send(base_url: str, model: str | None, image: bytes, mime: str, question: st
     url = f"data:{mime};base64,{base64.b64encode(image).decode()}"
     return client.chat.completions.create(
         model=model or client.models.list().data[0].id,
-        messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}},
-            {"type": "text", "text": question},
-        ]}],
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": question},
+                ],
+            }
+        ],
         max_tokens=max_tokens,
         temperature=0.0,
     )
@@ -78,10 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     connection_args(p)
     p.add_argument("--model", default=None, help="model name (default: the first one /v1/models lists)")
-    p.add_argument("--image", type=Path, default=None,
-                   help="PNG or JPEG file (default: a generated 168x112 PNG: gradients and a checkerboard)")
-    p.add_argument("--question", default="Write a Python function that returns the size of this image.",
-                   help="text sent after the image (default: %(default)r)")
+    p.add_argument(
+        "--image",
+        type=Path,
+        default=None,
+        help="PNG or JPEG file (default: a generated 168x112 PNG: gradients and a checkerboard)",
+    )
+    p.add_argument(
+        "--question",
+        default="Write a Python function that returns the size of this image.",
+        help="text sent after the image (default: %(default)r)",
+    )
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default %(default)s)")
     args = p.parse_args(argv)
     if args.image is not None and not args.image.is_file():
@@ -98,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     seconds = time.perf_counter() - t0
     print("      | " + (r.choices[0].message.content or "").replace("\n", "\n      | "))
-    print(f"  {r.usage.prompt_tokens} prompt tokens, {r.usage.completion_tokens} tokens in {seconds:.2f} s = "
-          f"{r.usage.completion_tokens / seconds:.1f} tok/s")
+    print(
+        f"  {r.usage.prompt_tokens} prompt tokens, {r.usage.completion_tokens} tokens in {seconds:.2f} s = "
+        f"{r.usage.completion_tokens / seconds:.1f} tok/s"
+    )
     return 0
 
 

@@ -39,8 +39,13 @@ def pytest_configure(config):
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(worker["workerid"][2:]) % (os.cpu_count() or 1)))
     SESSION_ENV.clear()
     SESSION_ENV.update(os.environ)
-    if worker is None and suite.whole_suite(config.args, config.getoption("markexpr"), config.getoption("keyword"),
-                                            Path(config.invocation_params.dir), Path(__file__).parent):
+    if worker is None and suite.whole_suite(
+        config.args,
+        config.getoption("markexpr"),
+        config.getoption("keyword"),
+        Path(config.invocation_params.dir),
+        Path(__file__).parent,
+    ):
         config.pluginmanager.register(DurationsPlugin(config), "vllm_eagle3_durations")
 
 
@@ -84,8 +89,9 @@ class DurationsPlugin:
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         if int(exitstatus) not in (0, 1) or not self.recorder.seconds:
             return
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
         self.recorder.write(suite.DURATIONS, self.config.getoption("numprocesses", None) or 1, commit)
 
 
@@ -103,8 +109,9 @@ def server_pool():
     pool = ServerPool(SESSION_ENV, REPO, say=lambda line: print(f"[servers] {line}", flush=True))
     yield pool
     pool.stop_all()
-    print(f"[servers] start-up times (s): "
-          f"{json.dumps({k: [round(x, 1) for x in v] for k, v in pool.startup_s.items()})}")
+    print(
+        f"[servers] start-up times (s): {json.dumps({k: [round(x, 1) for x in v] for k, v in pool.startup_s.items()})}"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -117,8 +124,9 @@ def shipped_keys(incident_files):
     return {
         "plugin": ServerKey.of("plugin", shipped_server_argv(), SERVER_ENV),
         "baseline": ServerKey.of("baseline", shipped_server_argv(None), SERVER_ENV),
-        "incident": ServerKey.of("incident", shipped_server_argv(incident_files["draft"], incident_files["spec"]),
-                                 SERVER_ENV),
+        "incident": ServerKey.of(
+            "incident", shipped_server_argv(incident_files["draft"], incident_files["spec"]), SERVER_ENV
+        ),
     }
 
 
@@ -163,20 +171,28 @@ def dsv3_eagle3_run(dsv3_dir, make_draft, tmp_path_factory) -> dict:
     from vllm_eagle3.testing.taps import prefill_taps
     from vllm_eagle3.testing.tiny import write_spec_yaml
 
-    spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "kimi_like.yaml", ["embed", 3, 31], num_layers=32,
-                           draft_ids_convention="vllm")
+    spec = write_spec_yaml(
+        tmp_path_factory.mktemp("spec") / "kimi_like.yaml", ["embed", 3, 31], num_layers=32, draft_ids_convention="vllm"
+    )
     engine = start_engine(dsv3_dir, make_draft(dsv3_dir, [0, 3, 31]), env={"EAGLE3_SPEC": str(spec)})
     try:
         taps = prefill_taps(engine, prompt_ids())
         params = SamplingParams(max_tokens=OFFLINE_MAX_TOKENS, temperature=0.0, ignore_eos=True)
-        outs = engine.llm.generate([{"prompt_token_ids": prompt_ids(p)} for p in OFFLINE_PROMPTS], params,
-                                   use_tqdm=False)
+        outs = engine.llm.generate(
+            [{"prompt_token_ids": prompt_ids(p)} for p in OFFLINE_PROMPTS], params, use_tqdm=False
+        )
         log = engine.log()
     finally:
         stop_engine(engine)
-    return {"prefill_taps": taps, "greedy": [list(o.outputs[0].token_ids) for o in outs], "log": log,
-            "spec": str(spec), "startup_s": engine.startup_s, "prompts": OFFLINE_PROMPTS,
-            "max_tokens": OFFLINE_MAX_TOKENS}
+    return {
+        "prefill_taps": taps,
+        "greedy": [list(o.outputs[0].token_ids) for o in outs],
+        "log": log,
+        "spec": str(spec),
+        "startup_s": engine.startup_s,
+        "prompts": OFFLINE_PROMPTS,
+        "max_tokens": OFFLINE_MAX_TOKENS,
+    }
 
 
 @pytest.fixture(scope="session")
@@ -200,9 +216,14 @@ def target(tmp_path):
     checks, which read configs and safetensors headers only."""
     d = tmp_path / "target"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["KimiK25ForConditionalGeneration"],
-        "text_config": {"num_hidden_layers": 61, "hidden_size": 128, "vocab_size": 4096}}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["KimiK25ForConditionalGeneration"],
+                "text_config": {"num_hidden_layers": 61, "hidden_size": 128, "vocab_size": 4096},
+            }
+        )
+    )
     return d
 
 
@@ -219,8 +240,10 @@ def incident_files(tmp_path_factory) -> dict[str, Path]:
 
     draft = rewired_copy(DRAFT, root / "kimi-k25-mini-eagle3-incident", [2, 30, 58])
     spec = root / "incident_spec.yaml"
-    spec.write_text("description: the incident's wiring (SGLang's default capture, no embedding)\n"
-                    "taps: [3, 31, 59]\nnum_layers: 61\ndraft_ids_convention: sglang-legacy\n")
+    spec.write_text(
+        "description: the incident's wiring (SGLang's default capture, no embedding)\n"
+        "taps: [3, 31, 59]\nnum_layers: 61\ndraft_ids_convention: sglang-legacy\n"
+    )
     return {"draft": draft, "spec": spec}
 
 
@@ -238,7 +261,8 @@ def _speculation_accepted(metrics: dict) -> float:
     print(f"drafts {drafts}, accepted tokens {accepted}, acceptance length {length:.3f}")
     assert drafts > 0 and length > ACCEPTED_FLOOR, (
         f"acceptance length {length:.3f} over {drafts} drafts <= {ACCEPTED_FLOOR}: the head is not being accepted "
-        f"(wrong taps or a broken verify); metrics {metrics}")
+        f"(wrong taps or a broken verify); metrics {metrics}"
+    )
     return length
 
 

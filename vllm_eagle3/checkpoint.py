@@ -78,8 +78,9 @@ def safetensors_header(f: Path) -> dict[str, Any]:
         if isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets):
             end = max(end, offsets[1])
     if size < 8 + n + end:
-        raise CaptureSpecError(f"{f} is truncated: its header describes {8 + n + end} bytes but the file has {size}; "
-                               "download it again")
+        raise CaptureSpecError(
+            f"{f} is truncated: its header describes {8 + n + end} bytes but the file has {size}; download it again"
+        )
     return header
 
 
@@ -92,15 +93,16 @@ def weight_files(folder: Path, what: str) -> list[Path]:
         weight_map = read_json(index, f"{what} weight index").get("weight_map") or {}
         missing = sorted({str(v) for v in weight_map.values()} - {f.name for f in files})
         if missing:
-            raise CaptureSpecError(f"{what} {folder}: {index.name} names shard(s) {missing} "
-                                   "that are not in the folder; download them")
+            raise CaptureSpecError(
+                f"{what} {folder}: {index.name} names shard(s) {missing} that are not in the folder; download them"
+            )
     if files:
         return files
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise CaptureSpecError(
             f"{what} {folder} holds only pickle weights ({', '.join(pickles)}); vllm-eagle3 loads safetensors only "
-            "(pickle can run code when loaded). Convert: python -c \"import torch, safetensors.torch as s; "
+            '(pickle can run code when loaded). Convert: python -c "import torch, safetensors.torch as s; '
             f"s.save_file(torch.load('{pickles[0]}', weights_only=True), 'model.safetensors')\" in that folder"
         )
     raise CaptureSpecError(f"{what} {folder} has no weight files (*.safetensors); is this the right folder?")
@@ -132,8 +134,12 @@ class TargetInfo:
     def from_config(cls, cfg: Mapping[str, Any]) -> "TargetInfo":
         tc = text_config(cfg)
         try:
-            return cls(int(tc["num_hidden_layers"]), int(tc["hidden_size"]), int(tc["vocab_size"]),
-                       (cfg.get("architectures") or ["?"])[0])
+            return cls(
+                int(tc["num_hidden_layers"]),
+                int(tc["hidden_size"]),
+                int(tc["vocab_size"]),
+                (cfg.get("architectures") or ["?"])[0],
+            )
         except KeyError as exc:
             raise CaptureSpecError(f"target config lacks {exc}; is this a DeepSeek/Kimi config.json?") from None
 
@@ -168,13 +174,19 @@ class DraftInfo:
         return cls.from_config(cfg, path=path, shapes=safetensors_shapes(path) if weights else {})
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], path: Path | None = None,
-                    shapes: Mapping[str, list[int]] | None = None) -> "DraftInfo":
+    def from_config(
+        cls, cfg: Mapping[str, Any], path: Path | None = None, shapes: Mapping[str, list[int]] | None = None
+    ) -> "DraftInfo":
         nested = cfg.get("eagle_config") or {}
         if not isinstance(nested, Mapping):
             raise CaptureSpecError(f"draft config: eagle_config must be an object, got {nested!r}")
-        return cls(path, cfg, _ids_or_none(cfg.get(IDS_KEY), IDS_KEY),
-                   _ids_or_none(nested.get(IDS_KEY), f"eagle_config.{IDS_KEY}"), shapes or {})
+        return cls(
+            path,
+            cfg,
+            _ids_or_none(cfg.get(IDS_KEY), IDS_KEY),
+            _ids_or_none(nested.get(IDS_KEY), f"eagle_config.{IDS_KEY}"),
+            shapes or {},
+        )
 
     @property
     def fc_in_features(self) -> int | None:
@@ -197,8 +209,10 @@ class DraftInfo:
             return None
         taps = block.get("taps") if isinstance(block, Mapping) else None
         if not isinstance(taps, str) or not (taps.startswith("[") and taps.endswith("]")):
-            raise CaptureSpecError(f"draft config {TRAINED_KEY}.taps must be a label such as \"[embed, 3, 31]\", got "
-                                   f"{taps!r}; fix or remove the {TRAINED_KEY} block")
+            raise CaptureSpecError(
+                f'draft config {TRAINED_KEY}.taps must be a label such as "[embed, 3, 31]", got '
+                f"{taps!r}; fix or remove the {TRAINED_KEY} block"
+            )
         return tuple(parse_tap(t) for t in taps[1:-1].split(",") if t.strip())
 
     def has(self, name: str) -> bool:
@@ -223,10 +237,12 @@ def _ids_or_none(value: Any, where: str) -> tuple[int, ...] | None:
 
 # ----------------------------------------------------------------------------------- EAGLE-3.1 options, fan-in
 
+
 def mla_draft_architectures() -> tuple[str, ...]:
     """MLA-style EAGLE-3 draft architectures: those some engine's "mla" draft class loads (the engine table)."""
     names = (a for e in ENGINES.values() for a in getattr(e.draft_classes.get("mla"), "architectures", ()))
     return tuple(dict.fromkeys(names))
+
 
 DRAFT_OPTIONS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual", "use_aux_norm")
 """The EAGLE-3.1 flags some engine reads from a draft config (``use_aux_norm``: SGLang's legacy name for fc_norm)."""
@@ -273,8 +289,10 @@ def draft_readings(cfg: Mapping[str, Any]) -> list[DraftReading]:
     kind = "mla" if (cfg.get("architectures") or ["?"])[0] in mla_draft_architectures() else "llama"
     n_aux = cfg.get(NUM_AUX)
     if n_aux is not None and (isinstance(n_aux, bool) or not isinstance(n_aux, int) or n_aux < 1):
-        raise CaptureSpecError(f"draft config num_aux_hidden_states must be a positive integer (the number of taps "
-                               f"the draft's fc takes), got {n_aux!r}; fix it or remove it")
+        raise CaptureSpecError(
+            f"draft config num_aux_hidden_states must be a positive integer (the number of taps "
+            f"the draft's fc takes), got {n_aux!r}; fix it or remove it"
+        )
     counts = {NUM_AUX: n_aux, NESTED: _count(nested.get(IDS_KEY)), TOP: _count(cfg.get(IDS_KEY))}
     where = {TOP: cfg, NESTED: nested}
     out = []
@@ -282,9 +300,10 @@ def draft_readings(cfg: Mapping[str, Any]) -> list[DraftReading]:
         dc = engine.draft_classes.get(kind)
         if dc is None:
             continue
-        n, n_from = next(((int(counts[src]), LIST_NAMES[src]) for src in dc.fan_in if counts[src] is not None),
-                         (3, "the default 3: no " + ", no ".join(LIST_NAMES[src].replace("the ", "")
-                                                                   for src in dc.fan_in)))
+        n, n_from = next(
+            ((int(counts[src]), LIST_NAMES[src]) for src in dc.fan_in if counts[src] is not None),
+            (3, "the default 3: no " + ", no ".join(LIST_NAMES[src].replace("the ", "") for src in dc.fan_in)),
+        )
         applied = {}
         for opt, places in dc.options.items():
             present = [where[p] for p in places if isinstance(where[p], Mapping) and opt in where[p]]
@@ -292,10 +311,17 @@ def draft_readings(cfg: Mapping[str, Any]) -> list[DraftReading]:
         if "use_aux_norm" in applied:  # SGLang: `fc_norm or use_aux_norm`
             aux_norm = applied.pop("use_aux_norm")
             applied["fc_norm"] = applied["fc_norm"] or aux_norm
-        ignored = tuple(opt for opt in DRAFT_OPTIONS if (_flag(cfg, opt) or _flag(nested, opt))
-                        and not applied.get("fc_norm" if opt == "use_aux_norm" else opt, False))
-        out.append(DraftReading(engine.label, f"{engine.label} {dc.source}", n, n_from, applied, ignored,
-                                tuple(sorted(dc.options))))
+        ignored = tuple(
+            opt
+            for opt in DRAFT_OPTIONS
+            if (_flag(cfg, opt) or _flag(nested, opt))
+            and not applied.get("fc_norm" if opt == "use_aux_norm" else opt, False)
+        )
+        out.append(
+            DraftReading(
+                engine.label, f"{engine.label} {dc.source}", n, n_from, applied, ignored, tuple(sorted(dc.options))
+            )
+        )
     return out
 
 
@@ -309,18 +335,28 @@ def draft_option_warnings(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     for r in readings:
         for opt in r.ignored:
             if opt in r.reads:
-                how, fix = "reads it only at the top level", f"put \"{opt}\": true at the top level of config.json"
+                how, fix = "reads it only at the top level", f'put "{opt}": true at the top level of config.json'
             else:
                 how, fix = "never reads it", "serve with an engine that reads it, or retrain without it"
             where = "eagle_config" if _flag(nested, opt) else "the config"
-            out.append(("option-ignored", f"draft option {opt} is set (in {where}) but "
-                       f"{r.engine} {how} ({r.source}): it would run another network than the one trained; {fix}"))
+            out.append(
+                (
+                    "option-ignored",
+                    f"draft option {opt} is set (in {where}) but "
+                    f"{r.engine} {how} ({r.source}): it would run another network than the one trained; {fix}",
+                )
+            )
     counts = {r.engine: (r.num_taps, r.num_taps_from) for r in readings}
     if len({n for n, _ in counts.values()}) > 1:
         parts = "; ".join(f"{e} sizes fc for {n} taps (from {src})" for e, (n, src) in counts.items())
-        out.append(("fan-in-engines", f"the engines size the draft's fc differently: {parts}. "
-                    "Write num_aux_hidden_states and both id lists with the same number of taps "
-                    "(`vllm-eagle3 convert` does)"))
+        out.append(
+            (
+                "fan-in-engines",
+                f"the engines size the draft's fc differently: {parts}. "
+                "Write num_aux_hidden_states and both id lists with the same number of taps "
+                "(`vllm-eagle3 convert` does)",
+            )
+        )
     arch = (cfg.get("architectures") or ["?"])[0]
     mla = {e.label: e.draft_classes["mla"] for e in ENGINES.values() if "mla" in e.draft_classes}
     if arch in mla_draft_architectures():
@@ -328,22 +364,48 @@ def draft_option_warnings(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
         for engine, dc in mla.items():
             if arch not in dc.architectures:
                 others = ", ".join(e for e in mla if e != engine)
-                fix = (f"write \"architectures\": [\"{common[0]}\"], which {others} also loads" if common else
-                       "serve it with an engine that loads it")
-                out.append(("mla-arch", f"architecture {arch}: {engine} has no such draft class "
-                            f"({dc.architectures_ref} registers {', '.join(dc.architectures)} only); {fix}"))
+                fix = (
+                    f'write "architectures": ["{common[0]}"], which {others} also loads'
+                    if common
+                    else "serve it with an engine that loads it"
+                )
+                out.append(
+                    (
+                        "mla-arch",
+                        f"architecture {arch}: {engine} has no such draft class "
+                        f"({dc.architectures_ref} registers {', '.join(dc.architectures)} only); {fix}",
+                    )
+                )
         if cfg.get("model_type") not in VLLM_MLA_MODEL_TYPES or cfg.get("kv_lora_rank") is None:
-            out.append(("mla-model-type", f"MLA draft with model_type {cfg.get('model_type')!r} and kv_lora_rank "
-                       f"{cfg.get('kv_lora_rank')!r}: vLLM 0.32 treats it as MLA only for model_type in "
-                       f"{list(VLLM_MLA_MODEL_TYPES)} with kv_lora_rank set (model_arch_config_convertor.py L314-341) "
-                       "and sizes its KV cache wrongly otherwise; set \"model_type\": \"kimi_k2\" (or deepseek_v3)"))
+            out.append(
+                (
+                    "mla-model-type",
+                    f"MLA draft with model_type {cfg.get('model_type')!r} and kv_lora_rank "
+                    f"{cfg.get('kv_lora_rank')!r}: vLLM 0.32 treats it as MLA only for model_type in "
+                    f"{list(VLLM_MLA_MODEL_TYPES)} with kv_lora_rank set (model_arch_config_convertor.py L314-341) "
+                    'and sizes its KV cache wrongly otherwise; set "model_type": "kimi_k2" (or deepseek_v3)',
+                )
+            )
         if cfg.get("num_hidden_layers", 1) != 1:
-            out.append(("mla-layers", f"MLA draft with num_hidden_layers = {cfg.get('num_hidden_layers')}: "
-                        "SGLang 0.5.23 refuses it "
-                        "(kimi_k25_eagle3.py L243-244 'EAGLE3 currently only supports 1 layer')"))
-    if arch not in mla_draft_architectures() and readings[0].options.get("fc_norm") and \
-            readings[0].options.get("norm_before_fc"):
-        out.append(("norm-exclusive", "norm_before_fc and fc_norm are both set: "
-                    "vLLM 0.32 and SGLang 0.5.23 Llama drafts apply both "
-                    "(one norm over the concatenation, then one per tap); enable the one the draft was trained with"))
+            out.append(
+                (
+                    "mla-layers",
+                    f"MLA draft with num_hidden_layers = {cfg.get('num_hidden_layers')}: "
+                    "SGLang 0.5.23 refuses it "
+                    "(kimi_k25_eagle3.py L243-244 'EAGLE3 currently only supports 1 layer')",
+                )
+            )
+    if (
+        arch not in mla_draft_architectures()
+        and readings[0].options.get("fc_norm")
+        and readings[0].options.get("norm_before_fc")
+    ):
+        out.append(
+            (
+                "norm-exclusive",
+                "norm_before_fc and fc_norm are both set: "
+                "vLLM 0.32 and SGLang 0.5.23 Llama drafts apply both "
+                "(one norm over the concatenation, then one per tap); enable the one the draft was trained with",
+            )
+        )
     return out

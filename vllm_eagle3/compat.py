@@ -18,8 +18,17 @@ from packaging.specifiers import SpecifierSet
 
 from vllm_eagle3.versions import describe, release_in, whole_minors
 
-__all__ = ["SUPPORTED_VLLM", "UnsupportedVersionError", "check_vllm_version", "describe", "installed_vllm_version",
-           "is_supported_vllm", "release_in", "supported_vllm_before", "whole_minors"]
+__all__ = [
+    "SUPPORTED_VLLM",
+    "UnsupportedVersionError",
+    "check_vllm_version",
+    "describe",
+    "installed_vllm_version",
+    "is_supported_vllm",
+    "release_in",
+    "supported_vllm_before",
+    "whole_minors",
+]
 
 SUPPORTED_VLLM = SpecifierSet(">=0.32,<0.35")
 """vLLM versions that pass ``make compat`` (bench/compat/results.json); pyproject's ``gpu`` extra says the same."""

@@ -77,8 +77,9 @@ def _check_id_list(ids: Sequence[int], conv: Convention, num_layers: int, what: 
                 f"(valid: {lo}..{hi}){extra}"
             )
     if conv.exact_count is not None and len(out) != conv.exact_count:
-        raise CaptureSpecError(f"{what}: {conv.name} requires exactly {conv.exact_count} ids, got {len(out)} "
-                               f"({conv.count_reason})")
+        raise CaptureSpecError(
+            f"{what}: {conv.name} requires exactly {conv.exact_count} ids, got {len(out)} ({conv.count_reason})"
+        )
     return tuple(out)
 
 
@@ -116,8 +117,10 @@ def taps_to_ids(taps: Sequence[int], convention: str, num_layers: int) -> tuple[
     except CaptureSpecError as exc:
         problems.append(str(exc))
     if conv.served_count is not None and len(taps) != conv.served_count:
-        problems.append(f"{conv.name} ids can name {len(taps)} taps, but that engine serves {conv.served_count} "
-                        f"only ({conv.served_reason})")
+        problems.append(
+            f"{conv.name} ids can name {len(taps)} taps, but that engine serves {conv.served_count} "
+            f"only ({conv.served_reason})"
+        )
     if problems:
         raise CaptureSpecError("; and ".join(problems))
     ids = conv.to_ids(taps, num_layers)

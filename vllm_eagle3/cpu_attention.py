@@ -99,8 +99,15 @@ class BackendChoice:
     line: str | None  # what `serve` logs (None: nothing to say: not an MLA target)
 
 
-def choose(*, amx: bool, dtype: Any, target_is_mla: bool, draft_is_mla: bool = False,
-           target_backend: Any = None, draft_backend: Any = None) -> BackendChoice:
+def choose(
+    *,
+    amx: bool,
+    dtype: Any,
+    target_is_mla: bool,
+    draft_is_mla: bool = False,
+    target_backend: Any = None,
+    draft_backend: Any = None,
+) -> BackendChoice:
     """The MLA backends for one engine. ``dtype``: the ``--dtype`` asked for (None = ``auto``); ``*_backend``: what
     the user chose (None = nothing). Raises :class:`BackendChoiceError` for AMX_MLA chosen with float32 weights on an
     AMX host. E.g. ``choose(amx=True, dtype="float32", target_is_mla=True)`` -> target CPU_MLA."""
@@ -110,28 +117,44 @@ def choose(*, amx: bool, dtype: Any, target_is_mla: bool, draft_is_mla: bool = F
     f32 = is_float32(dtype)
     dtype_name = "float32" if f32 else str(dtype or "auto (bfloat16 on x86 CPUs)")
     if not amx:
-        return BackendChoice(None, None, f"vllm-eagle3: vLLM-CPU attention: {CPU_MLA} ({dtype_name}; this CPU has "
-                                         f"no AMX tiles, so vLLM's AMX_MLA is not available)")
+        return BackendChoice(
+            None,
+            None,
+            f"vllm-eagle3: vLLM-CPU attention: {CPU_MLA} ({dtype_name}; this CPU has "
+            f"no AMX tiles, so vLLM's AMX_MLA is not available)",
+        )
     if not f32:
         chosen = tb or AMX_MLA
-        return BackendChoice(None, None, (
-            f"vllm-eagle3: vLLM-CPU attention: {chosen} ({dtype_name} on a CPU with AMX tiles"
-            + (": vLLM's fast path here)" if chosen == AMX_MLA else ", as you chose)")))
-    fix = (f"serve bfloat16 for AMX_MLA (--dtype bfloat16, e.g. --config {BF16_CONFIG}), or CPU_MLA for float32")
+        return BackendChoice(
+            None,
+            None,
+            (
+                f"vllm-eagle3: vLLM-CPU attention: {chosen} ({dtype_name} on a CPU with AMX tiles"
+                + (": vLLM's fast path here)" if chosen == AMX_MLA else ", as you chose)")
+            ),
+        )
+    fix = f"serve bfloat16 for AMX_MLA (--dtype bfloat16, e.g. --config {BF16_CONFIG}), or CPU_MLA for float32"
     if tb == AMX_MLA:
         raise BackendChoiceError(
             f"--attention-backend AMX_MLA cannot load float32 weights (vLLM-CPU's AMX_MLA packs them in "
-            f"bf16/fp16/int8 only and the target would die while loading); {fix}")
+            f"bf16/fp16/int8 only and the target would die while loading); {fix}"
+        )
     if draft_is_mla and db == AMX_MLA:
         raise BackendChoiceError(
             f"speculative_config.attention_backend AMX_MLA cannot load the float32 MLA draft (AMX_MLA packs "
-            f"bf16/fp16/int8 only); {fix}")
+            f"bf16/fp16/int8 only); {fix}"
+        )
     set_target = None if tb else CPU_MLA
     set_draft = CPU_MLA if draft_is_mla and not db else None
     if set_target is None and set_draft is None:
         return BackendChoice(None, None, f"vllm-eagle3: vLLM-CPU attention: {tb} (float32, as you chose)")
     what = " and ".join(w for w, s in (("the target", set_target), ("the MLA draft", set_draft)) if s)
-    return BackendChoice(set_target, set_draft, (
-        f"vllm-eagle3: vLLM-CPU attention: {CPU_MLA} for {what} (float32 on a CPU with AMX tiles: vLLM's AMX_MLA "
-        f"loads bf16/fp16/int8 weights only); for the faster AMX_MLA path serve bfloat16 (--dtype bfloat16, e.g. "
-        f"--config {BF16_CONFIG}); --attention-backend sets the target's yourself"))
+    return BackendChoice(
+        set_target,
+        set_draft,
+        (
+            f"vllm-eagle3: vLLM-CPU attention: {CPU_MLA} for {what} (float32 on a CPU with AMX tiles: vLLM's AMX_MLA "
+            f"loads bf16/fp16/int8 weights only); for the faster AMX_MLA path serve bfloat16 (--dtype bfloat16, e.g. "
+            f"--config {BF16_CONFIG}); --attention-backend sets the target's yourself"
+        ),
+    )

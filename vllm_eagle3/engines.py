@@ -159,11 +159,13 @@ class Engine:
 
     def __post_init__(self) -> None:
         if self.concat_order not in ("ascending", "listed"):
-            raise ValueError(f"engine {self.name}: concat_order must be 'ascending' or 'listed', got "
-                             f"{self.concat_order!r}")
+            raise ValueError(
+                f"engine {self.name}: concat_order must be 'ascending' or 'listed', got {self.concat_order!r}"
+            )
         if not self.list_readings or any(p not in (TOP, NESTED) for r in self.list_readings for p in r.lists):
-            raise ValueError(f"engine {self.name}: list_readings must name at least one reading of {TOP!r} / "
-                             f"{NESTED!r} lists")
+            raise ValueError(
+                f"engine {self.name}: list_readings must name at least one reading of {TOP!r} / {NESTED!r} lists"
+            )
         if "mla" in self.draft_classes and not self.draft_classes["mla"].architectures:
             raise ValueError(f"engine {self.name}: its mla draft class must list the architectures that load it")
 
@@ -180,114 +182,210 @@ class Engine:
         top = num_layers + self.max_tap_offset
         for t in taps:
             if t > top:
-                raise CaptureSpecError(f"{self.name} cannot capture tap {t} of a {num_layers}-layer model (its "
-                                       f"largest is {top}): {self.tap_reason}")
+                raise CaptureSpecError(
+                    f"{self.name} cannot capture tap {t} of a {num_layers}-layer model (its "
+                    f"largest is {top}): {self.tap_reason}"
+                )
         if self.exact_count is not None and len(taps) != self.exact_count:
-            raise CaptureSpecError(f"{self.name} requires exactly {self.exact_count} ids, got {len(taps)} "
-                                   f"({self.count_reason})")
+            raise CaptureSpecError(
+                f"{self.name} requires exactly {self.exact_count} ids, got {len(taps)} ({self.count_reason})"
+            )
 
 
 IDS_LINE = '"eagle_aux_hidden_state_layer_ids": {ids}'
 SGLANG_LINE = '"eagle_config": {{"eagle_aux_hidden_state_layer_ids": {ids}, "use_aux_hidden_state": true}}'
 
-_VLLM_LLAMA = DraftClass("llama_eagle3.py L101, L179-252", (NUM_AUX, NESTED),
-                         {"fc_norm": (TOP,), "norm_before_fc": (NESTED, TOP), "norm_output": (TOP,),
-                          "norm_before_residual": (TOP,)})
-_VLLM_MLA = DraftClass("deepseek_eagle3.py L101, L189-222", (NUM_AUX, NESTED),
-                       {"fc_norm": (TOP,), "norm_output": (TOP,), "norm_before_residual": (TOP,)},
-                       ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"), "registry.py L672-673")
-_SGLANG_LLAMA = DraftClass("llama_eagle3.py L99-100, L151-207", (NUM_AUX, NESTED),
-                           {"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_before_fc": (NESTED, TOP),
-                            "norm_output": (TOP,)})
-_SGLANG_MLA = DraftClass("kimi_k25_eagle3.py L48-59, L159-161, L228-255", (NESTED, TOP),
-                         {"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_output": (TOP,)},
-                         ("Eagle3DeepseekV2ForCausalLM",), "kimi_k25_eagle3.py L523 EntryClass")
+_VLLM_LLAMA = DraftClass(
+    "llama_eagle3.py L101, L179-252",
+    (NUM_AUX, NESTED),
+    {"fc_norm": (TOP,), "norm_before_fc": (NESTED, TOP), "norm_output": (TOP,), "norm_before_residual": (TOP,)},
+)
+_VLLM_MLA = DraftClass(
+    "deepseek_eagle3.py L101, L189-222",
+    (NUM_AUX, NESTED),
+    {"fc_norm": (TOP,), "norm_output": (TOP,), "norm_before_residual": (TOP,)},
+    ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"),
+    "registry.py L672-673",
+)
+_SGLANG_LLAMA = DraftClass(
+    "llama_eagle3.py L99-100, L151-207",
+    (NUM_AUX, NESTED),
+    {"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_before_fc": (NESTED, TOP), "norm_output": (TOP,)},
+)
+_SGLANG_MLA = DraftClass(
+    "kimi_k25_eagle3.py L48-59, L159-161, L228-255",
+    (NESTED, TOP),
+    {"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_output": (TOP,)},
+    ("Eagle3DeepseekV2ForCausalLM",),
+    "kimi_k25_eagle3.py L523 EntryClass",
+)
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (
-    Engine("vllm", "vLLM 0.32", "vLLM 0.32/0.33: id k is tap k (no transform); 0 = embedding",
-           "vllm/v1/worker/gpu_model_runner.py (ids from the draft config, handed to the model unchanged)",
-           identity, identity, 0, 0, EMBED, "ascending",
-           (ListReading("vLLM 0.32 V2 runner (top-level list)", (TOP,)),
-            ListReading("vLLM 0.32 V1 runner (top-level, else nested)", (TOP, NESTED))),
-           serving=True, draft_classes={"llama": _VLLM_LLAMA, "mla": _VLLM_MLA},
-           write=Write("draft config.json, top level + eagle_config", IDS_LINE + ', "num_aux_hidden_states": {n}',
-                       embed_note="tap embed on DeepSeek/Kimi needs the vllm-eagle3 plugin: stock vLLM 0.32 crashes "
-                                  "on id 0", keeps_spec_order=True),
-           aliases=("vllm-v1", "vllm-v2")),
-    Engine("speculators", "speculators 0.9", "speculators 0.9: vLLM's convention, range [0, L]",
-           "speculators models/eagle3 config -> vLLM transformers_utils/configs/speculators/algos.py",
-           identity, identity, 0, 0, EMBED, "ascending",
-           (ListReading("speculators 0.9 (top-level list)", (TOP,)),),
-           write=Write("config.json", IDS_LINE)),
-    Engine("hf", "Hugging Face transformers", "Hugging Face output_hidden_states index: id k is tap k",
-           "transformers modeling outputs: hidden_states[0] = embeddings",
-           identity, identity, 0, 0, EMBED, "listed", (ListReading("hf (top-level list)", (TOP,)),),
-           aliases=("huggingface", "transformers")),
-    Engine("sglang", "SGLang 0.5.23",
-           "SGLang 0.5.13..0.5.23 DeepSeek/Kimi: id k is tap k, unless the list starts with 1 (then every id is "
-           "shifted +1); 0 = embedding; -1 fails; any number of ids; tap L not capturable",
-           "sglang/srt/models/deepseek_v2.py set_eagle3_layers_to_capture L3458-3473, capture loop L3175-3195; "
-           "model_runner_components/spec_aux_hidden_state.py L185-196 reads the nested eagle_config list",
-           sglang_ids_to_taps, sglang_taps_to_ids, 0, -1, EMBED, "ascending",
-           (ListReading("SGLang 0.5.13+ (nested list)", (NESTED,)),),
-           serving=True, draft_classes={"llama": _SGLANG_LLAMA, "mla": _SGLANG_MLA},
-           write=Write("draft config.json, eagle_config", SGLANG_LINE),
-           version=VersionRule("sglang", "0.5.13+", ">=0.5.13"),
-           aliases=("sglang-new", "sglang>=0.5.13", "sglang>=0.5.14"),
-           max_tap_offset=-1,
-           tap_reason="SGLang 0.5.23 captures only inside its decoder-layer loop (deepseek_v2.py L3175-3195: "
-                      "layers 0..L-1), so the final pre-norm state never arrives and the forward raises "
-                      "'captured n-1 of n aux hidden states'; drop that tap or serve with vllm-eagle3"),
-    Engine("sglang-legacy", "SGLang < 0.5.13 + embed patch",
-           "SGLang before PR #25454, i.e. <= 0.5.12.post1 (and its Llama path): id k is tap k+1 (always +1); "
-           "-1 = embedding (with vllm_eagle3/model_patches/sglang_embed_tap.py); tap L not capturable",
-           "sglang 0.5.12.post1 srt/models/deepseek_v2.py L2529-2541 set_eagle3_layers_to_capture "
-           "([val + 1 for val in layer_ids]), capture loop L2267-2282 (hidden_states + residual before layer i, "
-           "residual None before layer 0: -1 needs the patch); model_executor/model_runner.py L414-441 reads the "
-           "nested eagle_config list; parity-tested in tests/parity/test_sglang_legacy.py",
-           plus_one, minus_one, -1, -1, -1, "ascending",
-           (ListReading("SGLang < 0.5.13 + embed patch (nested list)", (NESTED,)),),
-           serving=True, write=Write("draft config.json, eagle_config", SGLANG_LINE),
-           version=VersionRule("sglang", "legacy", "<0.5.13"),
-           aliases=("sglang-old", "legacy-sglang"),
-           max_tap_offset=-1,
-           tap_reason="legacy SGLang (0.5.12.post1 deepseek_v2.py L2267-2282) captures only inside its decoder-layer "
-                      "loop (layers 0..L-1), so id L-1 is silently never captured (n-1 states arrive instead of n, "
-                      "no error); drop that tap or serve with vllm-eagle3",
-           served_count=3,
-           served_reason="SGLang 0.5.12.post1 sizes the EAGLE-3 draft-extend hidden-state buffer from the TARGET's "
-                         "config, not the draft's (srt/speculative/eagle_info.py L877-901 "
-                         "EagleDraftExtendInput.hidden_size_for: num_aux_hidden_states or eagle_config ids there, "
-                         "else 3), i.e. 3 x hidden for a Kimi/DeepSeek target, so a head on another tap count meets "
-                         "a buffer of the wrong width in the draft-extend CUDA graph "
-                         "(eagle_draft_extend_cuda_graph_runner.py L135 sizes it; L470-476 skips the copy when the "
-                         "widths differ); SGLang 0.5.23 sizes it from the draft (speculative/eagle_utils.py "
-                         "L237-276): write the ids for sglang (checked on 0.5.23) or serve with vllm-eagle3"),
-    Engine("specforge", "SpecForge 0.2", "SpecForge 0.2: id k = output of layer k = tap k+1; exactly 3 non-negative "
-           "ids; the embedding cannot be written",
-           "SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers L188-211",
-           plus_one, minus_one, 0, -1, None, "listed", (ListReading("SpecForge 0.2 (nested list)", (NESTED,)),),
-           write=Write("training config", "{ids}"), exact_count=3,
-           count_reason="SpecForge's resolve_eagle_capture_layers (specforge/algorithms/model_providers.py "
-                        "L206-210) raises unless there are exactly three non-negative ids; train a head on other "
-                        "than three taps with TorchSpec or speculators"),
-    Engine("torchspec", "TorchSpec", "TorchSpec (lightseekorg): id k = output of layer k = tap k+1; ids 0..L-1, any "
-           "number; the embedding cannot be written; exported kimi_k2 drafts are shifted to vLLM's convention",
-           "TorchSpec torchspec/models/target/eagle3_target_model.py L219-226 (hook on layers[idx] output), "
-           "tools/convert_to_hf.py L146-159 (+1 on kimi_k2 export for vLLM)",
-           plus_one, minus_one, 0, -1, None, "listed", (ListReading("TorchSpec (nested list)", (NESTED,)),)),
-)}
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        Engine(
+            "vllm",
+            "vLLM 0.32",
+            "vLLM 0.32/0.33: id k is tap k (no transform); 0 = embedding",
+            "vllm/v1/worker/gpu_model_runner.py (ids from the draft config, handed to the model unchanged)",
+            identity,
+            identity,
+            0,
+            0,
+            EMBED,
+            "ascending",
+            (
+                ListReading("vLLM 0.32 V2 runner (top-level list)", (TOP,)),
+                ListReading("vLLM 0.32 V1 runner (top-level, else nested)", (TOP, NESTED)),
+            ),
+            serving=True,
+            draft_classes={"llama": _VLLM_LLAMA, "mla": _VLLM_MLA},
+            write=Write(
+                "draft config.json, top level + eagle_config",
+                IDS_LINE + ', "num_aux_hidden_states": {n}',
+                embed_note="tap embed on DeepSeek/Kimi needs the vllm-eagle3 plugin: stock vLLM 0.32 crashes on id 0",
+                keeps_spec_order=True,
+            ),
+            aliases=("vllm-v1", "vllm-v2"),
+        ),
+        Engine(
+            "speculators",
+            "speculators 0.9",
+            "speculators 0.9: vLLM's convention, range [0, L]",
+            "speculators models/eagle3 config -> vLLM transformers_utils/configs/speculators/algos.py",
+            identity,
+            identity,
+            0,
+            0,
+            EMBED,
+            "ascending",
+            (ListReading("speculators 0.9 (top-level list)", (TOP,)),),
+            write=Write("config.json", IDS_LINE),
+        ),
+        Engine(
+            "hf",
+            "Hugging Face transformers",
+            "Hugging Face output_hidden_states index: id k is tap k",
+            "transformers modeling outputs: hidden_states[0] = embeddings",
+            identity,
+            identity,
+            0,
+            0,
+            EMBED,
+            "listed",
+            (ListReading("hf (top-level list)", (TOP,)),),
+            aliases=("huggingface", "transformers"),
+        ),
+        Engine(
+            "sglang",
+            "SGLang 0.5.23",
+            "SGLang 0.5.13..0.5.23 DeepSeek/Kimi: id k is tap k, unless the list starts with 1 (then every id is "
+            "shifted +1); 0 = embedding; -1 fails; any number of ids; tap L not capturable",
+            "sglang/srt/models/deepseek_v2.py set_eagle3_layers_to_capture L3458-3473, capture loop L3175-3195; "
+            "model_runner_components/spec_aux_hidden_state.py L185-196 reads the nested eagle_config list",
+            sglang_ids_to_taps,
+            sglang_taps_to_ids,
+            0,
+            -1,
+            EMBED,
+            "ascending",
+            (ListReading("SGLang 0.5.13+ (nested list)", (NESTED,)),),
+            serving=True,
+            draft_classes={"llama": _SGLANG_LLAMA, "mla": _SGLANG_MLA},
+            write=Write("draft config.json, eagle_config", SGLANG_LINE),
+            version=VersionRule("sglang", "0.5.13+", ">=0.5.13"),
+            aliases=("sglang-new", "sglang>=0.5.13", "sglang>=0.5.14"),
+            max_tap_offset=-1,
+            tap_reason="SGLang 0.5.23 captures only inside its decoder-layer loop (deepseek_v2.py L3175-3195: "
+            "layers 0..L-1), so the final pre-norm state never arrives and the forward raises "
+            "'captured n-1 of n aux hidden states'; drop that tap or serve with vllm-eagle3",
+        ),
+        Engine(
+            "sglang-legacy",
+            "SGLang < 0.5.13 + embed patch",
+            "SGLang before PR #25454, i.e. <= 0.5.12.post1 (and its Llama path): id k is tap k+1 (always +1); "
+            "-1 = embedding (with vllm_eagle3/model_patches/sglang_embed_tap.py); tap L not capturable",
+            "sglang 0.5.12.post1 srt/models/deepseek_v2.py L2529-2541 set_eagle3_layers_to_capture "
+            "([val + 1 for val in layer_ids]), capture loop L2267-2282 (hidden_states + residual before layer i, "
+            "residual None before layer 0: -1 needs the patch); model_executor/model_runner.py L414-441 reads the "
+            "nested eagle_config list; parity-tested in tests/parity/test_sglang_legacy.py",
+            plus_one,
+            minus_one,
+            -1,
+            -1,
+            -1,
+            "ascending",
+            (ListReading("SGLang < 0.5.13 + embed patch (nested list)", (NESTED,)),),
+            serving=True,
+            write=Write("draft config.json, eagle_config", SGLANG_LINE),
+            version=VersionRule("sglang", "legacy", "<0.5.13"),
+            aliases=("sglang-old", "legacy-sglang"),
+            max_tap_offset=-1,
+            tap_reason="legacy SGLang (0.5.12.post1 deepseek_v2.py L2267-2282) captures only inside its decoder-layer "
+            "loop (layers 0..L-1), so id L-1 is silently never captured (n-1 states arrive instead of n, "
+            "no error); drop that tap or serve with vllm-eagle3",
+            served_count=3,
+            served_reason="SGLang 0.5.12.post1 sizes the EAGLE-3 draft-extend hidden-state buffer from the TARGET's "
+            "config, not the draft's (srt/speculative/eagle_info.py L877-901 "
+            "EagleDraftExtendInput.hidden_size_for: num_aux_hidden_states or eagle_config ids there, "
+            "else 3), i.e. 3 x hidden for a Kimi/DeepSeek target, so a head on another tap count meets "
+            "a buffer of the wrong width in the draft-extend CUDA graph "
+            "(eagle_draft_extend_cuda_graph_runner.py L135 sizes it; L470-476 skips the copy when the "
+            "widths differ); SGLang 0.5.23 sizes it from the draft (speculative/eagle_utils.py "
+            "L237-276): write the ids for sglang (checked on 0.5.23) or serve with vllm-eagle3",
+        ),
+        Engine(
+            "specforge",
+            "SpecForge 0.2",
+            "SpecForge 0.2: id k = output of layer k = tap k+1; exactly 3 non-negative "
+            "ids; the embedding cannot be written",
+            "SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers L188-211",
+            plus_one,
+            minus_one,
+            0,
+            -1,
+            None,
+            "listed",
+            (ListReading("SpecForge 0.2 (nested list)", (NESTED,)),),
+            write=Write("training config", "{ids}"),
+            exact_count=3,
+            count_reason="SpecForge's resolve_eagle_capture_layers (specforge/algorithms/model_providers.py "
+            "L206-210) raises unless there are exactly three non-negative ids; train a head on other "
+            "than three taps with TorchSpec or speculators",
+        ),
+        Engine(
+            "torchspec",
+            "TorchSpec",
+            "TorchSpec (lightseekorg): id k = output of layer k = tap k+1; ids 0..L-1, any "
+            "number; the embedding cannot be written; exported kimi_k2 drafts are shifted to vLLM's convention",
+            "TorchSpec torchspec/models/target/eagle3_target_model.py L219-226 (hook on layers[idx] output), "
+            "tools/convert_to_hf.py L146-159 (+1 on kimi_k2 export for vLLM)",
+            plus_one,
+            minus_one,
+            0,
+            -1,
+            None,
+            "listed",
+            (ListReading("TorchSpec (nested list)", (NESTED,)),),
+        ),
+    )
+}
 """Every engine and version rule, in the order listings show them; consumers iterate it, never name a subset."""
 
 
 def engine_for_version(package: str, version: str) -> Engine:
     """The entry whose version rule holds for ``package`` at ``version`` (e.g. SGLang 0.5.12.post1 -> legacy)."""
-    found = [e for e in ENGINES.values() if e.version is not None and e.version.package == package
-             and e.version.holds(version)]
+    found = [
+        e
+        for e in ENGINES.values()
+        if e.version is not None and e.version.package == package and e.version.holds(version)
+    ]
     if len(found) != 1:
         rules = [f"{e.name} ({e.version.flag})" for e in ENGINES.values() if e.version and e.version.package == package]
-        raise CaptureSpecError(f"{package} {version}: {len(found)} engine entries hold for it (rules: {rules}); "
-                               "give each version range exactly one entry in vllm_eagle3/engines.py")
+        raise CaptureSpecError(
+            f"{package} {version}: {len(found)} engine entries hold for it (rules: {rules}); "
+            "give each version range exactly one entry in vllm_eagle3/engines.py"
+        )
     return found[0]
 
 

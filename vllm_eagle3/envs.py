@@ -32,8 +32,13 @@ EMULATED_ISA = "EAGLE3_EMULATED_ISA"
 SERVE_CHILD = "_EAGLE3_SERVE_CHILD"
 PLUGINS = "VLLM_PLUGINS"
 CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"
-MALLOC_KNOBS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
-                "MALLOC_ARENA_MAX")
+MALLOC_KNOBS = (
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+    "MALLOC_ARENA_MAX",
+)
 """glibc malloc settings: any one set means the user chose (GLIBC_TUNABLES counts when it has glibc.malloc.*)."""
 ONEDNN_CACHE = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
 """oneDNN reads either name."""
@@ -55,6 +60,7 @@ def _flag_default_on(name: str) -> Callable[[str], bool]:
         if value not in ("", "0", "1"):
             raise ValueError(f"{name}={value!r}: use 0 or 1 (unset means 1)")
         return value != "0"
+
     return parse
 
 
@@ -83,47 +89,104 @@ class Var:
 
 _VARS = (
     # ------------------------------------------------------------------------------------------ the project's own
-    Var(SPEC, None, _text,
+    Var(
+        SPEC,
+        None,
+        _text,
         "Path of a capture-spec YAML (taps: [embed, 3, 31]); the fallback when --additional-config carries none.",
-        "VLLM_EAGLE3_SPEC"),
-    Var(CONVENTION, None, _text,
+        "VLLM_EAGLE3_SPEC",
+    ),
+    Var(
+        CONVENTION,
+        None,
+        _text,
         "Convention the draft config's ids are written in (vllm, sglang-legacy, ...) when there is no spec.",
-        "VLLM_EAGLE3_CONVENTION"),
-    Var(SKIP_PATCHES, frozenset(), _names,
-        "Comma-separated engine patches (model_patches) to leave out.", "VLLM_EAGLE3_SKIP_PATCHES"),
-    Var(CPU_MLA_VERIFY_AS_DECODE, True, _flag_default_on(CPU_MLA_VERIFY_AS_DECODE),
+        "VLLM_EAGLE3_CONVENTION",
+    ),
+    Var(
+        SKIP_PATCHES,
+        frozenset(),
+        _names,
+        "Comma-separated engine patches (model_patches) to leave out.",
+        "VLLM_EAGLE3_SKIP_PATCHES",
+    ),
+    Var(
+        CPU_MLA_VERIFY_AS_DECODE,
+        True,
+        _flag_default_on(CPU_MLA_VERIFY_AS_DECODE),
         "0: verify speculative tokens on vLLM-CPU's own MLA prefill path; unset / 1: on its decode kernel.",
-        "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE"),
-    Var(SERVE_LOG, None, _text,
+        "VLLM_EAGLE3_CPU_MLA_VERIFY_AS_DECODE",
+    ),
+    Var(
+        SERVE_LOG,
+        None,
+        _text,
         "File where `vllm-eagle3 serve` keeps vLLM's whole output; unset: a new file in the temp folder.",
-        "VLLM_EAGLE3_SERVE_LOG"),
-    Var(CHECK_DIR, None, _text,
+        "VLLM_EAGLE3_SERVE_LOG",
+    ),
+    Var(
+        CHECK_DIR,
+        None,
+        _text,
         "Folder of the online wiring check's engine<i>.json; unset: made by the first vLLM process, inherited.",
-        "VLLM_EAGLE3_CHECK_DIR"),
-    Var(HOME, None, _text,
+        "VLLM_EAGLE3_CHECK_DIR",
+    ),
+    Var(
+        HOME,
+        None,
+        _text,
         "A vllm-eagle3 clone whose models/ and configs/ demo, bench and soak use by default; unset: the clone this "
-        "package is installed from (editable), else the current folder."),
-    Var(EMULATED_ISA, None, _isa,
-        "Set by `vllm-eagle3 emulate avx2`: host facts read as an AVX2-only CPU (AVX-512 and AMX flags hidden)."),
-    Var(SERVE_CHILD, False, _flag,
+        "package is installed from (editable), else the current folder.",
+    ),
+    Var(
+        EMULATED_ISA,
+        None,
+        _isa,
+        "Set by `vllm-eagle3 emulate avx2`: host facts read as an AVX2-only CPU (AVX-512 and AMX flags hidden).",
+    ),
+    Var(
+        SERVE_CHILD,
+        False,
+        _flag,
         "Internal: marks the supervised child of `vllm-eagle3 serve` (never set it yourself).",
-        "_VLLM_EAGLE3_SERVE_CHILD"),
+        "_VLLM_EAGLE3_SERVE_CHILD",
+    ),
     # ------------------------------------------------------------------------------------------ vLLM's, read or set
-    Var(PLUGINS, None, _text,
-        "vLLM's plugin allowlist; unset: `serve` names every installed plugin plus the watch's endpoint route."),
-    Var(CPU_KVCACHE_SPACE, None, _text,
-        "vLLM-CPU's KV cache in GiB; unset (and no --gpu-memory-utilization): `serve` picks 1-4 GiB."),
+    Var(
+        PLUGINS,
+        None,
+        _text,
+        "vLLM's plugin allowlist; unset: `serve` names every installed plugin plus the watch's endpoint route.",
+    ),
+    Var(
+        CPU_KVCACHE_SPACE,
+        None,
+        _text,
+        "vLLM-CPU's KV cache in GiB; unset (and no --gpu-memory-utilization): `serve` picks 1-4 GiB.",
+    ),
     Var("VLLM_CPU_OMP_THREADS_BIND", "auto", str, "vLLM-CPU's OpenMP thread binding; recorded with benchmarks."),
-    Var("VLLM_PP_LAYER_PARTITION", None, _text,
-        "vLLM's pipeline-parallel layer split: read to refuse a tap a non-last stage would drop."),
-    Var("VLLM_ALLOW_INSECURE_SERIALIZATION", None, _text,
-        "Set to 1 while the doctor's --engine vllm brings recorded tensors back from the worker."),
+    Var(
+        "VLLM_PP_LAYER_PARTITION",
+        None,
+        _text,
+        "vLLM's pipeline-parallel layer split: read to refuse a tap a non-last stage would drop.",
+    ),
+    Var(
+        "VLLM_ALLOW_INSECURE_SERIALIZATION",
+        None,
+        _text,
+        "Set to 1 while the doctor's --engine vllm brings recorded tensors back from the worker.",
+    ),
     Var("LD_PRELOAD", "", str, "Read to keep one OpenMP runtime; `serve` puts Intel OpenMP first on vLLM-CPU."),
-    *(Var(n, None, _text, "glibc malloc setting: any set means `serve` leaves the allocator alone on vLLM-CPU.")
-      for n in MALLOC_KNOBS),
+    *(
+        Var(n, None, _text, "glibc malloc setting: any set means `serve` leaves the allocator alone on vLLM-CPU.")
+        for n in MALLOC_KNOBS
+    ),
     Var("GLIBC_TUNABLES", "", str, "glibc tunables; a glibc.malloc.* entry means `serve` leaves the allocator alone."),
-    *(Var(n, None, _text, "oneDNN's primitive cache size: set means `serve` leaves it alone (else 64 on vLLM-CPU).")
-      for n in ONEDNN_CACHE),
+    *(
+        Var(n, None, _text, "oneDNN's primitive cache size: set means `serve` leaves it alone (else 64 on vLLM-CPU).")
+        for n in ONEDNN_CACHE
+    ),
 )
 VARIABLES: dict[str, Var] = {v.name: v for v in _VARS}
 
@@ -134,8 +197,10 @@ def _entry(name: str) -> Var:
     try:
         return VARIABLES[name]
     except KeyError:
-        raise KeyError(f"{name!r} is not an environment variable of vllm_eagle3/envs.py; add an entry there "
-                       f"(known: {', '.join(VARIABLES)})") from None
+        raise KeyError(
+            f"{name!r} is not an environment variable of vllm_eagle3/envs.py; add an entry there "
+            f"(known: {', '.join(VARIABLES)})"
+        ) from None
 
 
 def _warn_deprecated(env: Mapping[str, str]) -> None:
@@ -145,8 +210,9 @@ def _warn_deprecated(env: Mapping[str, str]) -> None:
     old = [f"{v.deprecated} -> {v.name}" for v in _VARS if v.deprecated and v.deprecated in env]
     if old:
         _warned.set()
-        logger.warning("vllm-eagle3: deprecated environment variable names (vLLM reserves VLLM_*): %s; "
-                       "rename them", ", ".join(old))
+        logger.warning(
+            "vllm-eagle3: deprecated environment variable names (vLLM reserves VLLM_*): %s; rename them", ", ".join(old)
+        )
 
 
 def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:

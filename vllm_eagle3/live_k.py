@@ -68,13 +68,17 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.explore_every < 1 or self.hold < 2 or self.min_probes < 2 or self.evidence < self.min_probes:
-            raise LiveKError(f"live_k: explore_every must be >= 1, hold >= 2 (one step of a probe is never a "
-                             f"sample), min_probes >= 2 and evidence >= min_probes; got explore_every="
-                             f"{self.explore_every}, hold={self.hold}, min_probes={self.min_probes}, "
-                             f"evidence={self.evidence}")
+            raise LiveKError(
+                f"live_k: explore_every must be >= 1, hold >= 2 (one step of a probe is never a "
+                f"sample), min_probes >= 2 and evidence >= min_probes; got explore_every="
+                f"{self.explore_every}, hold={self.hold}, min_probes={self.min_probes}, "
+                f"evidence={self.evidence}"
+            )
         if not (0 <= self.margin < 1 and 0 < self.smoothing <= 1 and 0 < self.memory <= 1):
-            raise LiveKError(f"live_k: margin must be in [0, 1), smoothing in (0, 1], memory in (0, 1]; got "
-                             f"margin={self.margin}, smoothing={self.smoothing}, memory={self.memory}")
+            raise LiveKError(
+                f"live_k: margin must be in [0, 1), smoothing in (0, 1], memory in (0, 1]; got "
+                f"margin={self.margin}, smoothing={self.smoothing}, memory={self.memory}"
+            )
 
     @classmethod
     def from_config(cls, value: Any) -> "Settings | None":
@@ -134,9 +138,15 @@ class LiveK:
     step. Not thread-safe: the scheduler calls both from its one thread.
     """
 
-    def __init__(self, max_k: int, start: list[int], settings: Settings = Settings(),
-                 clock: Callable[[], float] = time.monotonic, held: Callable[[], bool] = lambda: False,
-                 graph_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        max_k: int,
+        start: list[int],
+        settings: Settings = Settings(),
+        clock: Callable[[], float] = time.monotonic,
+        held: Callable[[], bool] = lambda: False,
+        graph_tokens: int | None = None,
+    ) -> None:
         if max_k < 1:
             raise LiveKError(f"live_k needs num_speculative_tokens >= 1, got {max_k}")
         self.max_k, self.start, self.settings, self.clock, self.held = max_k, list(start), settings, clock, held
@@ -163,8 +173,10 @@ class LiveK:
     def _break(self, exc: BaseException) -> None:
         self.broken = f"{type(exc).__name__}: {exc}"
         self.decision = None
-        logger.error("vllm-eagle3 live k: OFF from now on, the configured table serves instead: %s (please report "
-                     "this)", self.broken)
+        logger.error(
+            "vllm-eagle3 live k: OFF from now on, the configured table serves instead: %s (please report this)",
+            self.broken,
+        )
 
     def _choose(self, batch: int) -> int:
         b = self._bucket(batch)
@@ -218,8 +230,7 @@ class LiveK:
 
     # -- the finished step ----------------------------------------------------------------------------------------
 
-    def observe(self, decision: tuple[int, int, bool] | None, seconds: float,
-                verified: list[tuple[int, int]]) -> None:
+    def observe(self, decision: tuple[int, int, bool] | None, seconds: float, verified: list[tuple[int, int]]) -> None:
         """A finished step: ``decision`` is what its lookup returned (:attr:`decision` then; None: the step made no
         lookup), ``seconds`` its execution time, ``verified`` (drafted, accepted) per request whose drafts it
         verified."""
@@ -229,8 +240,7 @@ class LiveK:
             except Exception as exc:
                 self._break(exc)
 
-    def _observe(self, decision: tuple[int, int, bool] | None, seconds: float,
-                 verified: list[tuple[int, int]]) -> None:
+    def _observe(self, decision: tuple[int, int, bool] | None, seconds: float, verified: list[tuple[int, int]]) -> None:
         s = self.settings
         for j in range(1, self.max_k + 1):
             self.drafted[j] *= s.memory
@@ -248,7 +258,7 @@ class LiveK:
             old = b.cost.get(k)
             b.cost[k] = per_request if old is None else old + s.smoothing * (per_request - old)
             if k == b.k:
-                b.window = (b.window + [per_request])[-(s.hold - 1):]
+                b.window = (b.window + [per_request])[-(s.hold - 1) :]
             else:
                 b.probed.append(per_request)
         if b.probe_k is None and k != b.k:  # a probe's last step: decide
@@ -264,17 +274,26 @@ class LiveK:
             return
         ev = b.evidence.setdefault(probed, [])
         ev.append(math.log(sum(here) / len(here)) - math.log(sum(b.window) / len(b.window)))
-        del ev[:-self.settings.evidence]
+        del ev[: -self.settings.evidence]
         gain = self.gain(b, probed)
         if len(ev) < self.settings.min_probes or gain is None:
             return
         spread = math.sqrt(sum((x - sum(ev) / len(ev)) ** 2 for x in ev) / (len(ev) - 1) / len(ev))
         if gain > math.log1p(self.settings.margin) and gain - 2 * spread > 0:
             lo, hi = bucket_range(bucket_of(batch))
-            logger.info("vllm-eagle3 live k: batch %d-%d: k %d -> %d (%+.1f %% tokens/s over %d probes: tokens per "
-                        "step %.2f vs %.2f, step cost %+.1f %%)", lo, hi, b.k, probed, 100 * math.expm1(gain),
-                        len(ev), self.tokens_per_step(probed), self.tokens_per_step(b.k),
-                        100 * math.expm1(sum(ev) / len(ev)))
+            logger.info(
+                "vllm-eagle3 live k: batch %d-%d: k %d -> %d (%+.1f %% tokens/s over %d probes: tokens per "
+                "step %.2f vs %.2f, step cost %+.1f %%)",
+                lo,
+                hi,
+                b.k,
+                probed,
+                100 * math.expm1(gain),
+                len(ev),
+                self.tokens_per_step(probed),
+                self.tokens_per_step(b.k),
+                100 * math.expm1(sum(ev) / len(ev)),
+            )
             b.k = probed
             b.window, b.evidence = [], {}
             self.changes += 1
@@ -294,7 +313,7 @@ class LiveK:
         if len(known) == j:
             return known[-1]
         if not known:
-            return 0.5 ** j  # nothing verified yet: a cautious prior, replaced by the first drafts
+            return 0.5**j  # nothing verified yet: a cautious prior, replaced by the first drafts
         last = known[-1]
         ratio = last / known[-2] if len(known) >= 2 and known[-2] > 0 else last
         return last * min(ratio, 1.0) ** (j - len(known))
@@ -318,13 +337,23 @@ class LiveK:
         return {
             "state": f"off: {self.broken}" if self.broken else "on",
             "table": [list(row) for row in self.table()],
-            "rates": {f"{lo}-{hi}": {str(k): round(self.rate(self.buckets[key], k), 2)
-                                     for k in sorted(self.buckets[key].cost)}
-                      for key in sorted(self.buckets) for lo, hi in [bucket_range(key)]},
-            "gain_pct": {f"{lo}-{hi}": {str(k): round(100 * math.expm1(g), 1)
-                                        for k in sorted(self.buckets[key].evidence)
-                                        for g in [self.gain(self.buckets[key], k)] if g is not None}
-                         for key in sorted(self.buckets) for lo, hi in [bucket_range(key)]},
+            "rates": {
+                f"{lo}-{hi}": {
+                    str(k): round(self.rate(self.buckets[key], k), 2) for k in sorted(self.buckets[key].cost)
+                }
+                for key in sorted(self.buckets)
+                for lo, hi in [bucket_range(key)]
+            },
+            "gain_pct": {
+                f"{lo}-{hi}": {
+                    str(k): round(100 * math.expm1(g), 1)
+                    for k in sorted(self.buckets[key].evidence)
+                    for g in [self.gain(self.buckets[key], k)]
+                    if g is not None
+                }
+                for key in sorted(self.buckets)
+                for lo, hi in [bucket_range(key)]
+            },
             "steps_at_k": {str(k): n for k, n in enumerate(self.steps_at) if n},
             "changes": self.changes,
             "all_accepted": [round(self.all_accepted(j), 4) for j in range(1, self.max_k + 1)],

@@ -38,12 +38,16 @@ def settings_of(vllm_config: Any) -> Settings | None:
         return None
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is None or not spec.num_speculative_tokens:  # a serve config's baseline (--speculative-config None): said
-        logger.info("vllm-eagle3 live k: set, but this server does not speculate: there is no k to choose, so "
-                    "live_k does nothing here (drop it, or add --speculative-config to speculate)")
+        logger.info(
+            "vllm-eagle3 live k: set, but this server does not speculate: there is no k to choose, so "
+            "live_k does nothing here (drop it, or add --speculative-config to speculate)"
+        )
         return None
     if vllm_config.parallel_config.data_parallel_size > 1:
-        raise LiveKError("live_k needs data_parallel_size 1: vLLM runs one k across data-parallel ranks (it turns "
-                         "num_speculative_tokens_per_batch_size off there); drop live_k or data parallelism")
+        raise LiveKError(
+            "live_k needs data_parallel_size 1: vLLM runs one k across data-parallel ranks (it turns "
+            "num_speculative_tokens_per_batch_size off there); drop live_k or data parallelism"
+        )
     return settings
 
 
@@ -67,16 +71,21 @@ def graph_tokens_of(vllm_config: Any) -> int | None:
 
     compilation, model = vllm_config.compilation_config, getattr(vllm_config, "model_config", None)
     mode = compilation.cudagraph_mode
-    if (model is not None and model.enforce_eager) or mode in (None, CUDAGraphMode.NONE) \
-            or not compilation.cudagraph_capture_sizes:
+    if (
+        (model is not None and model.enforce_eager)
+        or mode in (None, CUDAGraphMode.NONE)
+        or not compilation.cudagraph_capture_sizes
+    ):
         return None
     if mode.has_full_cudagraphs():
         runner = "Model Runner V2" if vllm_config.use_v2_model_runner else "the V1 runner"
-        raise LiveKError(f"live_k cannot measure k under cudagraph_mode {mode.name}: {runner} captures FULL decode "
-                         f"graphs only for k in {_graphed_k(vllm_config)} of 0..{vllm_config.num_speculative_tokens}, "
-                         f"so probing another k would measure graphs, not k; serve with "
-                         f"--compilation-config '{{\"cudagraph_mode\": \"PIECEWISE\"}}' (graphs keyed by token count, "
-                         f"every k) or --enforce-eager, or drop live_k")
+        raise LiveKError(
+            f"live_k cannot measure k under cudagraph_mode {mode.name}: {runner} captures FULL decode "
+            f"graphs only for k in {_graphed_k(vllm_config)} of 0..{vllm_config.num_speculative_tokens}, "
+            f"so probing another k would measure graphs, not k; serve with "
+            f'--compilation-config \'{{"cudagraph_mode": "PIECEWISE"}}\' (graphs keyed by token count, '
+            f"every k) or --enforce-eager, or drop live_k"
+        )
     return compilation.max_cudagraph_capture_size
 
 
@@ -88,8 +97,9 @@ def _graphed_k(vllm_config: Any) -> list[int]:
         return [max_k]
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-    dense = build_dynamic_sd_schedule_lookup(spec.num_speculative_tokens_per_batch_size,
-                                             vllm_config.scheduler_config.max_num_seqs, max_k)
+    dense = build_dynamic_sd_schedule_lookup(
+        spec.num_speculative_tokens_per_batch_size, vllm_config.scheduler_config.max_num_seqs, max_k
+    )
     return sorted(set(dense[1:]))
 
 
@@ -102,16 +112,26 @@ def attach(scheduler: Any) -> LiveK | None:
     max_k, table = scheduler.num_spec_tokens, scheduler.dynamic_sd_lookup
     where = "the configured num_speculative_tokens_per_batch_size" if table else f"k = {max_k}"
     start = table or [max_k] * (getattr(scheduler, "max_num_running_reqs", 1) + 1)  # dense, like vLLM's
-    live = LiveK(max_k, start, settings, held=functools.partial(_seeded_sampling, scheduler),
-                 graph_tokens=graph_tokens)
+    live = LiveK(max_k, start, settings, held=functools.partial(_seeded_sampling, scheduler), graph_tokens=graph_tokens)
     scheduler.dynamic_sd_lookup = live
     setattr(scheduler, _MARK, live)
     scheduler._vllm_eagle3_live_k_steps = {}
-    graphs = ("no CUDA graphs" if graph_tokens is None else
-              f"PIECEWISE CUDA graphs up to {graph_tokens} tokens: a probe stays on k's side of that line")
-    logger.info("vllm-eagle3 live k: on; k in 0..%d per batch size, starting from %s, measured on this machine "
-                "while serving (probe a neighbouring k every %d steps for %d, move when %.0f %% faster; %s); each "
-                "change is logged", max_k, where, settings.explore_every, settings.hold, 100 * settings.margin, graphs)
+    graphs = (
+        "no CUDA graphs"
+        if graph_tokens is None
+        else f"PIECEWISE CUDA graphs up to {graph_tokens} tokens: a probe stays on k's side of that line"
+    )
+    logger.info(
+        "vllm-eagle3 live k: on; k in 0..%d per batch size, starting from %s, measured on this machine "
+        "while serving (probe a neighbouring k every %d steps for %d, move when %.0f %% faster; %s); each "
+        "change is logged",
+        max_k,
+        where,
+        settings.explore_every,
+        settings.hold,
+        100 * settings.margin,
+        graphs,
+    )
     return live
 
 

@@ -30,8 +30,14 @@ def looks_like_hub_id(model: str) -> bool:
     return len(parts) == 2 and all(parts) and not model.startswith((".", "~")) and "\\" not in model
 
 
-def model_folder(model: str | Path, *, what: str = "model", revision: str | None = None,
-                 cache_dir: str | Path | None = None, anchor: str = ANCHOR) -> Path:
+def model_folder(
+    model: str | Path,
+    *,
+    what: str = "model",
+    revision: str | None = None,
+    cache_dir: str | Path | None = None,
+    anchor: str = ANCHOR,
+) -> Path:
     """The local folder holding ``model``'s files: ``model`` itself when it is a folder, else the hub cache's
     snapshot of that hub id (``revision`` as vLLM's ``--revision``, default ``main``; ``cache_dir`` as vLLM's
     ``--download-dir``, default the hub cache), located by its cached ``anchor`` file.
@@ -45,8 +51,9 @@ def model_folder(model: str | Path, *, what: str = "model", revision: str | None
     try:
         from huggingface_hub import constants, try_to_load_from_cache
     except ImportError:
-        raise ModelFilesNotFound(f"{what} {name} is a hub id but huggingface_hub is not installed to find its "
-                                 f"cached files; {FIX}") from None
+        raise ModelFilesNotFound(
+            f"{what} {name} is a hub id but huggingface_hub is not installed to find its cached files; {FIX}"
+        ) from None
     where = str(cache_dir or constants.HF_HUB_CACHE)
     try:
         found = try_to_load_from_cache(repo_id=name, filename=anchor, cache_dir=cache_dir, revision=revision)
@@ -54,6 +61,7 @@ def model_folder(model: str | Path, *, what: str = "model", revision: str | None
         raise ModelFilesNotFound(f"{what} {name} is not a folder and not a valid hub id ({exc}); {FIX}") from None
     if not isinstance(found, str):
         rev = f" (revision {revision})" if revision else ""
-        raise ModelFilesNotFound(f"{what} {name}{rev} is not a local folder and its {anchor} is not in the Hugging "
-                                 f"Face cache {where}; {FIX}")
+        raise ModelFilesNotFound(
+            f"{what} {name}{rev} is not a local folder and its {anchor} is not in the Hugging Face cache {where}; {FIX}"
+        )
     return Path(found).parent

@@ -82,4 +82,7 @@ def _log_patches(records: list[str]) -> None:
     names = [r.split(":", 1)[0] + (" (skipped)" if ": skipped" in r else "") for r in records]
     init_logger(LOGGER).info(
         "vllm-eagle3: engine patches in this process: %s (details: model_patches.applied_patches(); "
-        "%s=name,... leaves patches out)", ", ".join(names) or "none", envs.SKIP_PATCHES)
+        "%s=name,... leaves patches out)",
+        ", ".join(names) or "none",
+        envs.SKIP_PATCHES,
+    )

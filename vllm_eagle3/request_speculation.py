@@ -56,8 +56,9 @@ def speculation_of(extra_args: Mapping[str, Any] | None) -> bool:
     if isinstance(value, str) and value.lower() in _WORDS:
         return _WORDS[value.lower()]
     raise SpeculationRequestError(
-        f"vllm_xargs {KEY!r} must be true or false (also 1/0, \"on\"/\"off\"), got {value!r}; e.g. "
-        f"extra_body={{\"vllm_xargs\": {{\"{KEY}\": false}}}} serves this request without speculation")
+        f'vllm_xargs {KEY!r} must be true or false (also 1/0, "on"/"off"), got {value!r}; e.g. '
+        f'extra_body={{"vllm_xargs": {{"{KEY}": false}}}} serves this request without speculation'
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,8 @@ class Backoff:
         if not (self.misses >= 1 and self.pause >= 1 and self.max_pause >= self.pause):
             raise SpeculationRequestError(
                 f"{CONFIG_NAME}: misses and pause must be >= 1 and max_pause >= pause; got misses={self.misses}, "
-                f"pause={self.pause}, max_pause={self.max_pause}")
+                f"pause={self.pause}, max_pause={self.max_pause}"
+            )
 
     @classmethod
     def from_config(cls, value: Any) -> Backoff | None:

@@ -72,8 +72,10 @@ class Gates:
     def _break(self, exc: BaseException) -> None:
         self.broken = exc
         self.gates.clear()
-        logger.error("vllm-eagle3 speculation per request: off after an error (%r); every request drafts as vLLM "
-                     "schedules it", exc)
+        logger.error(
+            "vllm-eagle3 speculation per request: off after an error (%r); every request drafts as vLLM schedules it",
+            exc,
+        )
 
 
 def backoff_of(vllm_config: Any) -> Backoff | None:
@@ -90,10 +92,14 @@ def attach(scheduler: Any) -> Gates | None:
     backoff = backoff_of(scheduler.vllm_config)
     gates = Gates(backoff)
     setattr(scheduler, _MARK, gates)
-    logger.info("vllm-eagle3 speculation per request: a request with vllm_xargs {\"%s\": false} verifies no drafts; "
-                "back-off %s", KEY, "off" if backoff is None else
-                f"on: after {backoff.misses} verify steps accepting nothing a request drafts nothing for "
-                f"{backoff.pause} steps, then probes (a failed probe doubles the pause, up to {backoff.max_pause})")
+    logger.info(
+        'vllm-eagle3 speculation per request: a request with vllm_xargs {"%s": false} verifies no drafts; back-off %s',
+        KEY,
+        "off"
+        if backoff is None
+        else f"on: after {backoff.misses} verify steps accepting nothing a request drafts nothing for "
+        f"{backoff.pause} steps, then probes (a failed probe doubles the pause, up to {backoff.max_pause})",
+    )
     return gates
 
 

@@ -20,8 +20,15 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_eagle3 import envs
-from vllm_eagle3.checkpoint import (IDS_KEY, TAP_CAPTURE_ARCHITECTURES, TRAINED_KEY, DraftInfo, TargetInfo,
-                                    draft_option_warnings, draft_readings)
+from vllm_eagle3.checkpoint import (
+    IDS_KEY,
+    TAP_CAPTURE_ARCHITECTURES,
+    TRAINED_KEY,
+    DraftInfo,
+    TargetInfo,
+    draft_option_warnings,
+    draft_readings,
+)
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, get_convention, ids_to_taps, taps_to_ids
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
@@ -30,6 +37,7 @@ ENV_CONVENTION = envs.CONVENTION
 
 
 # ----------------------------------------------------------------------------------------------- file readers
+
 
 @dataclasses.dataclass(frozen=True)
 class SpecFile:
@@ -48,9 +56,9 @@ SPEC_FILE_KEYS = {
     "draft_ids_convention": "optional: convention of the draft config's ids, for the cross-check",
     "description": "optional free text",
     "watch": "optional mapping: the runtime wiring watch (vllm_eagle3.watch.WATCH_KEYS: enabled, window, min_drafts, "
-             "floor, warn_interval_s)",
+    "floor, warn_interval_s)",
     "check": "optional mapping: the online wiring check in the engine (vllm_eagle3.wiring_check.CHECK_KEYS: enabled, "
-             "sample_every, max_temperature, max_positions, budget, false_alarm, min_requests, warn_interval_s)",
+    "sample_every, max_temperature, max_positions, budget, false_alarm, min_requests, warn_interval_s)",
 }
 
 
@@ -65,8 +73,9 @@ def read_spec_mapping(path: str | Path) -> Any:
 
     path = Path(path)
     if not path.is_file():
-        raise CaptureSpecError(f"capture spec {path} does not exist; pass a YAML file such as "
-                               "configs/kimi_k25_eagle3.yaml")
+        raise CaptureSpecError(
+            f"capture spec {path} does not exist; pass a YAML file such as configs/kimi_k25_eagle3.yaml"
+        )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -125,7 +134,7 @@ CONFIG_KEYS = {
     "convention": "convention of the draft config's ids, when there is no capture spec",
     "live_k": "true, false or a mapping: k per batch size measured while serving (vllm_eagle3/live_k.py)",
     "draft_backoff": "true (default), false or a mapping: a request whose drafts keep failing stops drafting and "
-                     "re-probes (vllm_eagle3/request_speculation.py)",
+    "re-probes (vllm_eagle3/request_speculation.py)",
 }
 CONFIG_SPEC_SOURCE = "--additional-config"
 
@@ -150,8 +159,10 @@ def plugin_config(additional_config: Mapping[str, Any] | None) -> dict[str, Any]
     if mine is None:
         return {}
     if not isinstance(mine, Mapping):
-        raise CaptureSpecError(f"--additional-config {CONFIG_KEY!r} must be a mapping such as "
-                               f'{{"capture_spec": {{"taps": ["embed", 3, 31]}}}}, got {mine!r}')
+        raise CaptureSpecError(
+            f"--additional-config {CONFIG_KEY!r} must be a mapping such as "
+            f'{{"capture_spec": {{"taps": ["embed", 3, 31]}}}}, got {mine!r}'
+        )
     unknown = sorted(set(mine) - set(CONFIG_KEYS))
     if unknown:
         allowed = "; ".join(f"{k}: {v}" for k, v in CONFIG_KEYS.items())
@@ -173,8 +184,11 @@ def spec_source(config: Any = None, environ: Mapping[str, str] | None = None) ->
     additional = getattr(config, "additional_config", config)
     mine = plugin_config(additional if isinstance(additional, Mapping) else None)
     if mine:
-        sf = (spec_file_from_mapping(mine["capture_spec"], f"{CONFIG_SPEC_SOURCE} {CONFIG_KEY}.capture_spec")
-              if "capture_spec" in mine else None)
+        sf = (
+            spec_file_from_mapping(mine["capture_spec"], f"{CONFIG_SPEC_SOURCE} {CONFIG_KEY}.capture_spec")
+            if "capture_spec" in mine
+            else None
+        )
         ignored = tuple(f"${n}" for n in (ENV_SPEC, ENV_CONVENTION) if envs.get(n, environ))
         return SpecSource(sf, mine.get("convention"), CONFIG_SPEC_SOURCE, ignored)
     path, convention = envs.get(ENV_SPEC, environ), envs.get(ENV_CONVENTION, environ)
@@ -183,8 +197,8 @@ def spec_source(config: Any = None, environ: Mapping[str, str] | None = None) ->
     return SpecSource(None, convention, f"${ENV_CONVENTION}" if convention else "none")
 
 
-
 # ----------------------------------------------------------------------------------------------- resolution
+
 
 @dataclasses.dataclass(frozen=True)
 class Resolution:
@@ -202,11 +216,13 @@ class Resolution:
     def log_line(self) -> str:
         conv = f"{self.draft_convention} " if self.draft_convention else ""
         origin = f" (spec from {self.spec_from})" if self.spec_from else ""
-        return (f"vllm-eagle3: capturing taps {self.spec.label()}{origin} (hidden state entering layer k; embed = "
-                f"embedding output) in this order, from {self.spec.source}; draft config {conv}ids "
-                f"{list(self.draft_ids)}; vLLM runner ids {list(self.runner_ids)}; "
-                f"{self.target.num_layers}-layer target, draft fc fan-in {self.spec.fan_in(self.target.hidden_size)}"
-                + (f", draft class {self.draft_arch}" if self.draft_arch else ""))
+        return (
+            f"vllm-eagle3: capturing taps {self.spec.label()}{origin} (hidden state entering layer k; embed = "
+            f"embedding output) in this order, from {self.spec.source}; draft config {conv}ids "
+            f"{list(self.draft_ids)}; vLLM runner ids {list(self.runner_ids)}; "
+            f"{self.target.num_layers}-layer target, draft fc fan-in {self.spec.fan_in(self.target.hidden_size)}"
+            + (f", draft class {self.draft_arch}" if self.draft_arch else "")
+        )
 
     def check_runner_ids(self, ids) -> None:
         """The runner's ids must be the draft config's ids; anything else would capture other taps."""
@@ -218,9 +234,13 @@ class Resolution:
             )
 
 
-def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | DraftInfo,
-                    spec_path: str | Path | SpecFile | None = None, convention: str | None = None,
-                    spec_from: str = "") -> Resolution:
+def resolve_capture(
+    target: str | Path | Mapping[str, Any],
+    draft: str | Path | DraftInfo,
+    spec_path: str | Path | SpecFile | None = None,
+    convention: str | None = None,
+    spec_from: str = "",
+) -> Resolution:
     """Resolve and validate; every problem raises :class:`CaptureSpecError` with the fix in its message.
     ``spec_path``: a capture-spec YAML or an already loaded :class:`SpecFile`; ``spec_from``: where the spec or the
     convention came from (:attr:`SpecSource.origin`), for the start-up line."""
@@ -264,8 +284,11 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
             raise CaptureSpecError(
                 f"capture spec {spec_path} was written for a {sf.num_layers}-layer model but the target has {L} layers"
             )
-        if convention is not None and sf.draft_ids_convention is not None and \
-                get_convention(convention).name != sf.draft_ids_convention:
+        if (
+            convention is not None
+            and sf.draft_ids_convention is not None
+            and get_convention(convention).name != sf.draft_ids_convention
+        ):
             raise CaptureSpecError(
                 f"the convention given ({convention}) disagrees with capture spec {spec_path} "
                 f"(draft_ids_convention: {sf.draft_ids_convention}); state it once"
@@ -284,7 +307,7 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
             f"the draft config's ids {list(ids)} have no stated convention, and they mean different taps in "
             "different engines; pass --capture-spec configs/<spec>.yaml or --convention "
             f"<{'|'.join(CONVENTIONS)}> (env EAGLE3_SPEC / EAGLE3_CONVENTION); with plain vllm serve, "
-            "--additional-config '{\"vllm_eagle3\": {\"capture_spec\": {\"taps\": [...]}}}'"
+            '--additional-config \'{"vllm_eagle3": {"capture_spec": {"taps": [...]}}}\''
         )
 
     spec.check_num_layers(L)
@@ -313,7 +336,7 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
         raise CaptureSpecError(
             f"{vllm_reading.source} sizes the draft's fc for {vllm_reading.num_taps} taps (from "
             f"{vllm_reading.num_taps_from}) but the spec {spec.label()} has {spec.num_taps}; add "
-            f"\"num_aux_hidden_states\": {spec.num_taps} to the draft config (`vllm-eagle3 convert` writes it)"
+            f'"num_aux_hidden_states": {spec.num_taps} to the draft config (`vllm-eagle3 convert` writes it)'
         )
     if d.fc_in_features is not None:
         spec.check_fan_in(d.fc_in_features, info.hidden_size)
@@ -328,9 +351,16 @@ def resolve_capture(target: str | Path | Mapping[str, Any], draft: str | Path | 
         )
     if not info.plugin_captures:
         _check_native_capture(info, ids, spec)
-    return Resolution(spec=spec, target=info, draft_ids=tuple(ids), draft_convention=conv,
-                      runner_ids=_runner_ids(ids), warnings=tuple(m for _, m in draft_option_warnings(d.config)),
-                      draft_arch=str((d.config.get("architectures") or [""])[0]), spec_from=spec_from)
+    return Resolution(
+        spec=spec,
+        target=info,
+        draft_ids=tuple(ids),
+        draft_convention=conv,
+        runner_ids=_runner_ids(ids),
+        warnings=tuple(m for _, m in draft_option_warnings(d.config)),
+        draft_arch=str((d.config.get("architectures") or [""])[0]),
+        spec_from=spec_from,
+    )
 
 
 def _check_native_capture(info: TargetInfo, ids: tuple[int, ...], spec: CaptureSpec) -> None:
@@ -382,11 +412,13 @@ def pipeline_partition(num_layers: int, pp_size: int, partition: str | None = No
         try:
             parts = [int(x) for x in partition.split(",")]
         except ValueError:
-            raise CaptureSpecError(f"VLLM_PP_LAYER_PARTITION={partition!r} is not a comma-separated list of ints") \
-                from None
+            raise CaptureSpecError(
+                f"VLLM_PP_LAYER_PARTITION={partition!r} is not a comma-separated list of ints"
+            ) from None
         if len(parts) != pp_size or sum(parts) != num_layers:
-            raise CaptureSpecError(f"VLLM_PP_LAYER_PARTITION={partition!r} must list {pp_size} stages summing to "
-                                   f"{num_layers} layers")
+            raise CaptureSpecError(
+                f"VLLM_PP_LAYER_PARTITION={partition!r} must list {pp_size} stages summing to {num_layers} layers"
+            )
         return parts
     parts = [num_layers // pp_size] * pp_size
     for i in range(2, num_layers % pp_size + 2):
@@ -410,8 +442,9 @@ def pipeline_runner() -> tuple[bool, str]:
     return False, "vLLM-CPU runs it: its Triton has no CPU backend"
 
 
-def check_pipeline_parallel(spec: CaptureSpec, num_layers: int, pp_size: int, partition: str | None = None,
-                            v2: bool | None = None) -> str | None:
+def check_pipeline_parallel(
+    spec: CaptureSpec, num_layers: int, pp_size: int, partition: str | None = None, v2: bool | None = None
+) -> str | None:
     """Refuse, before start-up, a pipeline split whose earlier stages compute taps the runner would drop (V2 relays
     them, V1 does not); else one line saying what was assumed (None without PP). ``v2``: the runner, or None for
     :func:`pipeline_runner`'s assumption. ``capture.check_pipeline_stage`` checks again per rank."""
@@ -423,8 +456,10 @@ def check_pipeline_parallel(spec: CaptureSpec, num_layers: int, pp_size: int, pa
         v2, why = pipeline_runner()
     last_start = num_layers - parts[-1]
     if v2:
-        return (f"pipeline_parallel_size={pp_size} (split {parts}) on Model Runner V2 ({why}): the taps of earlier "
-                "stages are relayed to the last one; every stage checks the runner again at start-up")
+        return (
+            f"pipeline_parallel_size={pp_size} (split {parts}) on Model Runner V2 ({why}): the taps of earlier "
+            "stages are relayed to the last one; every stage checks the runner again at start-up"
+        )
     lost = [k for k in spec.taps if k < last_start]
     if lost:
         raise CaptureSpecError(
@@ -434,5 +469,7 @@ def check_pipeline_parallel(spec: CaptureSpec, num_layers: int, pp_size: int, pa
             "taps. Use pipeline_parallel_size=1 (tensor parallelism is fine), or GPU vLLM on Model Runner V2, which "
             "relays them"
         )
-    return (f"pipeline_parallel_size={pp_size} (split {parts}) on the V1 model runner ({why}): every tap is on the "
-            "last stage")
+    return (
+        f"pipeline_parallel_size={pp_size} (split {parts}) on the V1 model runner ({why}): every tap is on the "
+        "last stage"
+    )

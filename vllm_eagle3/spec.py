@@ -46,9 +46,7 @@ def parse_tap(value: Any) -> int:
         if text.lstrip("-").isdigit():
             return int(text)
     if isinstance(value, (list, tuple)):
-        raise CaptureSpecError(
-            f"tap {value!r} is a nested list; taps are a flat list such as [embed, 3, 31]"
-        )
+        raise CaptureSpecError(f"tap {value!r} is a nested list; taps are a flat list such as [embed, 3, 31]")
     raise CaptureSpecError(
         f"tap {value!r} is not understood; write `embed` (the embedding output) or an integer k "
         "(the hidden state entering decoder layer k)"
@@ -118,8 +116,7 @@ class CaptureSpec:
                 if t - 1 <= num_layers:
                     hint = f"; did you mean tap {t - 1} (an SGLang-legacy or SpecForge id {t - 1} is tap {t})?"
                 raise CaptureSpecError(
-                    f"tap {t} is out of range for a {num_layers}-layer model "
-                    f"(valid: embed, 0..{num_layers}){hint}"
+                    f"tap {t} is out of range for a {num_layers}-layer model (valid: embed, 0..{num_layers}){hint}"
                 )
 
     def fan_in(self, target_hidden_size: int) -> int:

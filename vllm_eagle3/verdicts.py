@@ -66,22 +66,47 @@ class Verdict(enum.StrEnum):
     def word(self) -> str:
         return self.value
 
-    OFF = ("off", -3, "the judge is not running: disabled in the capture spec, or stopped after an internal "
-                      "error (serving is not affected)")
-    PENDING = ("pending", -2, "too little evidence yet: fewer drafts, requests or sequences than the judge's "
-                              "minimum; nothing is judged")
+    OFF = (
+        "off",
+        -3,
+        "the judge is not running: disabled in the capture spec, or stopped after an internal "
+        "error (serving is not affected)",
+    )
+    PENDING = (
+        "pending",
+        -2,
+        "too little evidence yet: fewer drafts, requests or sequences than the judge's minimum; nothing is judged",
+    )
     UNDECIDED = ("undecided", -1, "judged, and the evidence decides neither way yet: more traffic or text will")
-    OK = ("ok", 0, "the served wiring gets the acceptance it should: within the tolerance of the best "
-                   "wiring (check, doctor), not below the expectation's costs cut (watch)")
-    COSTS = ("costs", 1, f"the served wiring loses acceptance: more than {TOLERANCE:.0%} below another wiring "
-                         f"(check, doctor), under {COSTS_RATIO:g} x the expectation (watch); a better wiring "
-                         "is named where one was measured", logging.WARNING)
-    WRONG = ("wrong", 2, f"the draft is not fed the wiring it was trained on: it keeps under {COLLAPSE_RATIO:g} "
-                         "of the acceptance it should reach (e.g. taps [3, 31, 59] for a head trained on "
-                         "[embed, 3, 31])", logging.WARNING)
-    NO_WIRING_WORKS = ("no wiring works", 3, f"even the best wiring gains under {MIN_GAIN:g} accepted drafts per "
-                                             "target forward: the head is untrained or for another target (doctor)",
-                       logging.WARNING)
+    OK = (
+        "ok",
+        0,
+        "the served wiring gets the acceptance it should: within the tolerance of the best "
+        "wiring (check, doctor), not below the expectation's costs cut (watch)",
+    )
+    COSTS = (
+        "costs",
+        1,
+        f"the served wiring loses acceptance: more than {TOLERANCE:.0%} below another wiring "
+        f"(check, doctor), under {COSTS_RATIO:g} x the expectation (watch); a better wiring "
+        "is named where one was measured",
+        logging.WARNING,
+    )
+    WRONG = (
+        "wrong",
+        2,
+        f"the draft is not fed the wiring it was trained on: it keeps under {COLLAPSE_RATIO:g} "
+        "of the acceptance it should reach (e.g. taps [3, 31, 59] for a head trained on "
+        "[embed, 3, 31])",
+        logging.WARNING,
+    )
+    NO_WIRING_WORKS = (
+        "no wiring works",
+        3,
+        f"even the best wiring gains under {MIN_GAIN:g} accepted drafts per "
+        "target forward: the head is untrained or for another target (doctor)",
+        logging.WARNING,
+    )
 
 
 VOCABULARY = tuple(Verdict)
@@ -90,8 +115,10 @@ OFF, PENDING, UNDECIDED, OK, COSTS, WRONG, NO_WIRING_WORKS = VOCABULARY
 ALARMS = frozenset(v for v in VOCABULARY if v.log_level >= logging.WARNING)
 """Verdicts a judge reports with a WARNING line."""
 
-ALARM_LINE = re.compile(r"vllm-eagle3 wiring (?:watch|check) \[engine \d+\]: (?:%s)\b"
-                        % "|".join(re.escape(w.upper()) for w in sorted(ALARMS)))
+ALARM_LINE = re.compile(
+    r"vllm-eagle3 wiring (?:watch|check) \[engine \d+\]: (?:%s)\b"
+    % "|".join(re.escape(w.upper()) for w in sorted(ALARMS))
+)
 """Matches the WARNING line of the watch or the online check (what a soak or a log alert looks for)."""
 
 
@@ -101,8 +128,9 @@ def entry(word: str) -> Verdict:
     try:
         return BY_WORD[word]
     except KeyError:
-        raise ValueError(f"{word!r} is not a verdict word; use one of {', '.join(BY_WORD)} "
-                         "(vllm_eagle3.verdicts)") from None
+        raise ValueError(
+            f"{word!r} is not a verdict word; use one of {', '.join(BY_WORD)} (vllm_eagle3.verdicts)"
+        ) from None
 
 
 def level(word: str) -> int:
@@ -134,5 +162,12 @@ def levels_help() -> str:
 
 def as_json() -> list[dict]:
     """The vocabulary as the endpoint shows it."""
-    return [{"verdict": v.word, "level": v.level, "meaning": v.meaning,
-             "logged_at": logging.getLevelName(v.log_level) if v.log_level else None} for v in VOCABULARY]
+    return [
+        {
+            "verdict": v.word,
+            "level": v.level,
+            "meaning": v.meaning,
+            "logged_at": logging.getLevelName(v.log_level) if v.log_level else None,
+        }
+        for v in VOCABULARY
+    ]

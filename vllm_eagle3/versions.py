@@ -21,8 +21,12 @@ def release_in(spec: SpecifierSet, version: str) -> bool:
 
 def whole_minors(spec: SpecifierSet) -> list[str]:
     """The minor versions ``spec`` holds entirely, e.g. ``["0.32", "0.33", "0.34"]`` for ``>=0.32,<0.35``."""
-    return [f"{a}.{b}" for a in range(2) for b in range(100)
-            if release_in(spec, f"{a}.{b}.0") and release_in(spec, f"{a}.{b}.9999")]
+    return [
+        f"{a}.{b}"
+        for a in range(2)
+        for b in range(100)
+        if release_in(spec, f"{a}.{b}.0") and release_in(spec, f"{a}.{b}.9999")
+    ]
 
 
 def describe(spec: SpecifierSet) -> str:
@@ -31,7 +35,9 @@ def describe(spec: SpecifierSet) -> str:
     if len(spec) == 1 and (pin := next(iter(spec))).operator == "==" and not pin.version.endswith("*"):
         return pin.version
     minors = whole_minors(spec)
-    if minors and all(release_in(spec, v) == any(v.startswith(m + ".") for m in minors)
-                      for v in (f"{a}.{b}.{c}" for a in range(2) for b in range(100) for c in (0, 9999))):
+    if minors and all(
+        release_in(spec, v) == any(v.startswith(m + ".") for m in minors)
+        for v in (f"{a}.{b}.{c}" for a in range(2) for b in range(100) for c in (0, 9999))
+    ):
         return ", ".join(m + ".x" for m in minors)
     return str(spec)

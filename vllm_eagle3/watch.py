@@ -79,7 +79,7 @@ WATCH_KEYS = {
     "window": "int >= 16 (default 512): drafts in the sliding window",
     "min_drafts": "int >= 1, <= window (default 64): drafts before anything is judged",
     "floor": f"number in (0, 0.5) (default {V.FLOOR}): position-0 acceptance below which the verdict is "
-             f"{V.WRONG} (below twice it {V.COSTS}) when the draft has no eval.json",
+    f"{V.WRONG} (below twice it {V.COSTS}) when the draft has no eval.json",
     "warn_interval_s": "number >= 0 (default 600): at least this long between two log lines",
 }
 
@@ -135,6 +135,7 @@ class WatchConfig:
 
 # ----------------------------------------------------------------------------------------------- expectation
 
+
 @dataclasses.dataclass(frozen=True)
 class Expectation:
     """What served position-0 acceptance should be, where that was read, and the two cut-offs derived from it
@@ -153,9 +154,14 @@ class Expectation:
             object.__setattr__(self, "label", self.source)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"position0": _r(self.position0), "acceptance_length": _r(self.acceptance_length),
-                "per_position_every_anchor": [_r(x) for x in self.per_position], "source": self.source,
-                "wrong_below": _r(self.wrong_below), "costs_below": _r(self.costs_below)}
+        return {
+            "position0": _r(self.position0),
+            "acceptance_length": _r(self.acceptance_length),
+            "per_position_every_anchor": [_r(x) for x in self.per_position],
+            "source": self.source,
+            "wrong_below": _r(self.wrong_below),
+            "costs_below": _r(self.costs_below),
+        }
 
 
 def _walk_rate(entry: Any) -> tuple[float, int] | None:
@@ -172,8 +178,10 @@ def expectation_for(draft: str | Path | None, num_spec_tokens: int, cfg: WatchCo
 
     A missing or unreadable ``eval.json`` is not an error: the floor applies and ``source`` says why.
     """
-    floor_exp = lambda why: Expectation(None, None, f"{why}; documented floor {cfg.floor}", cfg.floor,  # noqa: E731
-                                        min(2 * cfg.floor, 0.99))
+
+    def floor_exp(why: str) -> Expectation:
+        return Expectation(None, None, f"{why}; documented floor {cfg.floor}", cfg.floor, min(2 * cfg.floor, 0.99))
+
     if draft is None:
         return floor_exp("no draft folder")
     path = Path(draft) / EVAL_FILE
@@ -206,8 +214,9 @@ def expectation_for(draft: str | Path | None, num_spec_tokens: int, cfg: WatchCo
         length = None
     if not 0 < p0 <= 1:
         return floor_exp(f"{where}: recorded position-0 acceptance {p0!r} is not in (0, 1]")
-    return Expectation(p0, length, source, V.COLLAPSE_RATIO * p0, V.COSTS_RATIO * p0,
-                       tuple(pp[:num_spec_tokens]), label)
+    return Expectation(
+        p0, length, source, V.COLLAPSE_RATIO * p0, V.COSTS_RATIO * p0, tuple(pp[:num_spec_tokens]), label
+    )
 
 
 def _get(data: Any, *keys: str) -> Any:
@@ -220,6 +229,7 @@ def _get(data: Any, *keys: str) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------- window
+
 
 def wilson_bounds(successes: float, n: float, z: float = Z) -> tuple[float, float]:
     """Wilson score interval of a binomial proportion (``(0, 1)`` for n = 0)."""
@@ -243,8 +253,7 @@ class AcceptanceWindow:
         self.drafted = [0] * num_positions  # drafts that reached position i (all of them under a fixed k)
         self.total_drafts = 0  # since start, for the report
 
-    def add(self, drafts: int, accepted_per_pos: Sequence[int],
-            drafted_per_pos: Sequence[int] | None = None) -> None:
+    def add(self, drafts: int, accepted_per_pos: Sequence[int], drafted_per_pos: Sequence[int] | None = None) -> None:
         """One step's counts. ``drafted_per_pos[i]``: drafts of >= i + 1 tokens (vLLM's ``num_draft_tokens_per_pos``;
         None: all of them, a fixed k). Under k per batch size drafts differ in length, so the rate at position i is
         accepted over drafted there. Every counted draft has position 0 (vLLM counts no 0-token draft)."""
@@ -283,6 +292,7 @@ class AcceptanceWindow:
 
 # ----------------------------------------------------------------------------------------------- the watch
 
+
 class WiringWatch:
     """Judges one engine's window after every step; logs on entering a bad state; reports a JSON-able snapshot.
 
@@ -290,9 +300,17 @@ class WiringWatch:
     ``log`` are injectable for tests.
     """
 
-    def __init__(self, cfg: WatchConfig, expectation: Expectation, wiring: Mapping[str, Any], num_spec_tokens: int,
-                 doctor_command: str, engine_index: int = 0, clock: Callable[[], float] = time.monotonic,
-                 log: logging.Logger = logger) -> None:
+    def __init__(
+        self,
+        cfg: WatchConfig,
+        expectation: Expectation,
+        wiring: Mapping[str, Any],
+        num_spec_tokens: int,
+        doctor_command: str,
+        engine_index: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        log: logging.Logger = logger,
+    ) -> None:
         self.cfg, self.expectation, self.wiring = cfg, expectation, dict(wiring)
         self.num_spec_tokens, self.doctor_command, self.engine_index = num_spec_tokens, doctor_command, engine_index
         self.window = AcceptanceWindow(cfg.window, num_spec_tokens)
@@ -305,8 +323,9 @@ class WiringWatch:
         self.last_warning: str | None = None
         self._announced: set[V.Verdict] = set()  # lines of the current bad episode (ok -> ... -> ok)
 
-    def observe(self, num_drafts: int, accepted_per_pos: Sequence[int],
-                draft_tokens_per_pos: Sequence[int] | None = None) -> str:
+    def observe(
+        self, num_drafts: int, accepted_per_pos: Sequence[int], draft_tokens_per_pos: Sequence[int] | None = None
+    ) -> str:
         """One scheduler step's spec-decode counts (``SpecDecodingStats``; ``draft_tokens_per_pos`` where vLLM has
         it, see :meth:`AcceptanceWindow.add`); returns the verdict.
 
@@ -320,8 +339,7 @@ class WiringWatch:
             self._announced.clear()
         elif self.verdict == V.WRONG and V.WRONG not in self._announced:
             self._announce(V.WRONG)
-        elif self.verdict == V.COSTS and not self._announced and \
-                self.bounds[0] >= self.expectation.wrong_below:
+        elif self.verdict == V.COSTS and not self._announced and self.bounds[0] >= self.expectation.wrong_below:
             self._announce(V.COSTS)
         return self.verdict
 
@@ -356,17 +374,22 @@ class WiringWatch:
         w, e = self.window, self.expectation
         p0 = w.rates()[0] if w.drafts else float("nan")
         length = w.acceptance_length()
-        expected = (f"{e.position0:.3f} expected ({e.label})" if e.position0 is not None else
-                    f"no recorded expectation ({e.label})")
+        expected = (
+            f"{e.position0:.3f} expected ({e.label})"
+            if e.position0 is not None
+            else f"no recorded expectation ({e.label})"
+        )
         exp_len = f" vs {e.acceptance_length:.2f} expected" if e.acceptance_length is not None else ""
         cut = e.wrong_below if verdict == V.WRONG else e.costs_below
         how = "probably" if verdict == V.WRONG else "perhaps"
-        return (f"vllm-eagle3 wiring watch [engine {self.engine_index}]: {V.heading(verdict)}: served EAGLE-3 "
-                f"position-0 acceptance {p0:.3f} over the last {w.drafts} drafts (99.95% upper bound "
-                f"{self.bounds[1]:.3f} < {verdict} threshold {cut:.3f}) vs {expected}; acceptance length "
-                f"{length:.2f}{exp_len} at k={self.num_spec_tokens}. Serving taps {self.wiring.get('taps')} from "
-                f"{self.wiring.get('source')}. The draft is {how} fed other hidden states than it was trained "
-                f"on: run `{self.doctor_command}`")
+        return (
+            f"vllm-eagle3 wiring watch [engine {self.engine_index}]: {V.heading(verdict)}: served EAGLE-3 "
+            f"position-0 acceptance {p0:.3f} over the last {w.drafts} drafts (99.95% upper bound "
+            f"{self.bounds[1]:.3f} < {verdict} threshold {cut:.3f}) vs {expected}; acceptance length "
+            f"{length:.2f}{exp_len} at k={self.num_spec_tokens}. Serving taps {self.wiring.get('taps')} from "
+            f"{self.wiring.get('source')}. The draft is {how} fed other hidden states than it was trained "
+            f"on: run `{self.doctor_command}`"
+        )
 
     def snapshot(self) -> dict[str, Any]:
         w = self.window
@@ -374,11 +397,15 @@ class WiringWatch:
             "engine": self.engine_index,
             "verdict": self.verdict,
             "wiring": self.wiring,
-            "window": {"drafts": w.drafts, "size": w.size, "drafts_since_start": w.total_drafts,
-                       "position0": _r(w.rates()[0]) if w.drafts else None,
-                       "position0_bounds": [_r(b) for b in self.bounds] if w.drafts >= self.cfg.min_drafts else None,
-                       "per_position": [_r(x) for x in w.rates()],
-                       "acceptance_length": _r(w.acceptance_length())},
+            "window": {
+                "drafts": w.drafts,
+                "size": w.size,
+                "drafts_since_start": w.total_drafts,
+                "position0": _r(w.rates()[0]) if w.drafts else None,
+                "position0_bounds": [_r(b) for b in self.bounds] if w.drafts >= self.cfg.min_drafts else None,
+                "per_position": [_r(x) for x in w.rates()],
+                "acceptance_length": _r(w.acceptance_length()),
+            },
             "expected": {**self.expectation.as_dict(), "num_spec_tokens": self.num_spec_tokens},
             "config": dataclasses.asdict(self.cfg),
             "doctor": self.doctor_command,
@@ -417,12 +444,21 @@ def report(check: Mapping[str, Any] | None = None, live_k: Mapping[str, Any] | N
     ``live_k`` (:mod:`vllm_eagle3.live_k`'s table and measurements; null when it is off)."""
     engines = [w.snapshot() for w in active_watches()]
     check = dict(check or {})
-    judges = {"watch": V.overall(e["verdict"] for e in engines),
-              "check": V.overall(r.get("verdict", V.OFF) for r in check.values())}
+    judges = {
+        "watch": V.overall(e["verdict"] for e in engines),
+        "check": V.overall(r.get("verdict", V.OFF) for r in check.values()),
+    }
     verdict = V.overall(judges.values())
-    return {"verdict": verdict, "meaning": V.entry(verdict).meaning, "judges": judges, "active": bool(engines),
-            "engines": engines, "check": check, "live_k": dict(live_k) if live_k else None,
-            "verdicts": V.as_json()}
+    return {
+        "verdict": verdict,
+        "meaning": V.entry(verdict).meaning,
+        "judges": judges,
+        "active": bool(engines),
+        "engines": engines,
+        "check": check,
+        "live_k": dict(live_k) if live_k else None,
+        "verdicts": V.as_json(),
+    }
 
 
 # ------------------------------------------------------------------------------------------ the endpoint plugin's name

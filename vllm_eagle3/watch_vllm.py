@@ -35,39 +35,63 @@ ROUTE = "/v1/eagle3/wiring"
 # ----------------------------------------------------------------------------------------------- set-up from files
 
 
-def wiring_info(target: Any, draft: str | Path, environ: Mapping[str, str] | None = None,
-                config: Any = None) -> dict[str, Any]:
+def wiring_info(
+    target: Any, draft: str | Path, environ: Mapping[str, str] | None = None, config: Any = None
+) -> dict[str, Any]:
     """The taps this process resolves (as the plugin does in every worker), or why they could not be resolved.
     ``config``: vLLM's config (or its additional config), read first as in the workers."""
-    info: dict[str, Any] = {"resolved_in": "api-server process (each TP/PP rank logs its own "
-                                           "'vllm-eagle3: capturing taps' line at start-up)"}
+    info: dict[str, Any] = {
+        "resolved_in": "api-server process (each TP/PP rank logs its own "
+        "'vllm-eagle3: capturing taps' line at start-up)"
+    }
     try:
         src = spec_source(config, environ)
-        info.update(spec_from=src.label(), spec_file=src.spec_file.spec.source if src.spec_file else None,
-                    convention=src.convention)
+        info.update(
+            spec_from=src.label(),
+            spec_file=src.spec_file.spec.source if src.spec_file else None,
+            convention=src.convention,
+        )
         res = resolve_from_env(target, draft, environ=environ, config=config)
     except CaptureSpecError as exc:
         return {**info, "taps": "unresolved", "source": f"not resolved by vllm-eagle3 ({exc})", "error": str(exc)}
     kind = "spec" if src.spec_file else "convention"
-    return {**info, "taps": res.spec.label(), "source": f"{kind} {res.spec.source} (from {src.origin})",
-            "draft_ids": list(res.draft_ids), "draft_convention": res.draft_convention,
-            "runner_ids": list(res.runner_ids), "log_line": res.log_line()}
+    return {
+        **info,
+        "taps": res.spec.label(),
+        "source": f"{kind} {res.spec.source} (from {src.origin})",
+        "draft_ids": list(res.draft_ids),
+        "draft_convention": res.draft_convention,
+        "runner_ids": list(res.runner_ids),
+        "log_line": res.log_line(),
+    }
 
 
-def build_watch(target: Any, draft: str | Path, num_spec_tokens: int, engine_index: int = 0,
-                environ: Mapping[str, str] | None = None, target_label: str | None = None,
-                config: Any = None) -> _watch.WiringWatch | None:
+def build_watch(
+    target: Any,
+    draft: str | Path,
+    num_spec_tokens: int,
+    engine_index: int = 0,
+    environ: Mapping[str, str] | None = None,
+    target_label: str | None = None,
+    config: Any = None,
+) -> _watch.WiringWatch | None:
     """A watch for one engine serving ``target`` + EAGLE-3 ``draft``, or None when the spec disables it."""
     cfg = watch_config_from_env(environ, config)
     if not cfg.enabled:
         return None
     doctor = f"vllm-eagle3 doctor --target {target_label or target} --draft {draft}"
-    return _watch.WiringWatch(cfg, _watch.expectation_for(draft, num_spec_tokens, cfg),
-                              wiring_info(target, draft, environ, config), num_spec_tokens, doctor,
-                              engine_index=engine_index)
+    return _watch.WiringWatch(
+        cfg,
+        _watch.expectation_for(draft, num_spec_tokens, cfg),
+        wiring_info(target, draft, environ, config),
+        num_spec_tokens,
+        doctor,
+        engine_index=engine_index,
+    )
 
 
 # ----------------------------------------------------------------------------------------------- gauges
+
 
 class WiringCollector:
     """Prometheus collector of the ``vllm_eagle3_wiring_*`` gauges, read from the watches when ``/metrics`` is
@@ -101,20 +125,32 @@ class WiringCollector:
         verdict = fam("verdict", f"vllm-eagle3 wiring verdict of the engine, every judge together {legend}")
         watch = fam("watch_verdict", f"the wiring watch's verdict: acceptance vs expectation {legend}")
         drafts = fam("window_drafts", "drafts in the wiring watch's sliding window")
-        rate = fam("acceptance", "served acceptance per draft position over the window (drafts whose first "
-                                 "position+1 tokens were all accepted / drafts)", ("position",))
+        rate = fam(
+            "acceptance",
+            "served acceptance per draft position over the window (drafts whose first "
+            "position+1 tokens were all accepted / drafts)",
+            ("position",),
+        )
         length = fam("acceptance_length", "served acceptance length over the window (1 + accepted / drafts)")
-        expected = fam("expected_position0", "position-0 acceptance the draft should reach (its eval.json; NaN when "
-                                             "only the floor applies)")
-        cut = fam("wrong_threshold", f"the watch says {V.WRONG} when the 99.95% upper bound of position-0 "
-                                     "acceptance is below this")
+        expected = fam(
+            "expected_position0",
+            "position-0 acceptance the draft should reach (its eval.json; NaN when only the floor applies)",
+        )
+        cut = fam(
+            "wrong_threshold",
+            f"the watch says {V.WRONG} when the 99.95% upper bound of position-0 acceptance is below this",
+        )
         info = fam("info", "resolved taps and their source (value 1)", ("taps", "source"))
-        check = fam("check_verdict", f"the online wiring check's verdict: served vs candidate wirings {legend}",
-                    ("served_taps", "best_taps"))
+        check = fam(
+            "check_verdict",
+            f"the online wiring check's verdict: served vs candidate wirings {legend}",
+            ("served_taps", "best_taps"),
+        )
         check_req = fam("check_requests", "requests the online wiring check has scored")
         check_p0 = fam("check_position0", "first-draft acceptance the online check measured", ("wiring", "taps"))
-        check_loss = fam("check_loss", f"1 - configured / better first-draft acceptance (the x of {V.heading(V.COSTS)} "
-                                       "x%)")
+        check_loss = fam(
+            "check_loss", f"1 - configured / better first-draft acceptance (the x of {V.heading(V.COSTS)} x%)"
+        )
         check_cost = fam("check_cost_fraction", "fraction of the engine's time the online check has used")
         said: dict[str, list[str]] = {}  # engine -> each judge's verdict
         for idx, r in read_reports().items():
@@ -142,11 +178,25 @@ class WiringCollector:
         for idx, words in said.items():
             lb = [self.model_names.get(int(idx), "") if idx.isdigit() else "", idx]
             verdict.add_metric(lb, V.level(V.overall(words)))
-        yield from (verdict, watch, drafts, rate, length, expected, cut, info, check, check_req, check_p0, check_loss,
-                    check_cost)
+        yield from (
+            verdict,
+            watch,
+            drafts,
+            rate,
+            length,
+            expected,
+            cut,
+            info,
+            check,
+            check_req,
+            check_p0,
+            check_loss,
+            check_cost,
+        )
 
 
 # ----------------------------------------------------------------------------------------------- stat logger
+
 
 def _target_for_resolution(vllm_config: Any) -> str | dict:
     """The target's folder when local (resolve reads its config.json), else its HF config as a dict."""
@@ -169,8 +219,9 @@ class WiringWatchStatLogger(StatLoggerBase):
         try:
             self._start(vllm_config)
         except Exception:  # noqa: BLE001 - a broken watch must never stop a server; say so once and stand down
-            _watch.logger.exception("vllm-eagle3 wiring watch [engine %d]: could not start; serving without it",
-                                    engine_index)
+            _watch.logger.exception(
+                "vllm-eagle3 wiring watch [engine %d]: could not start; serving without it", engine_index
+            )
             self.watch = None
 
     def _start(self, vllm_config: Any) -> None:
@@ -179,27 +230,35 @@ class WiringWatchStatLogger(StatLoggerBase):
         if spec is None or getattr(spec, "method", None) != "eagle3" or not getattr(spec, "model", None):
             return
         mc = vllm_config.model_config
-        self.watch = build_watch(_target_for_resolution(vllm_config), spec.model,
-                                        int(spec.num_speculative_tokens), engine_index=engine_index,
-                                        target_label=mc.model, config=vllm_config)
+        self.watch = build_watch(
+            _target_for_resolution(vllm_config),
+            spec.model,
+            int(spec.num_speculative_tokens),
+            engine_index=engine_index,
+            target_label=mc.model,
+            config=vllm_config,
+        )
         if self.watch is None:
             return
         _watch.register_watch(self.watch)
         name = mc.served_model_name
-        WiringCollector.model_names[engine_index] = str((name[0] if isinstance(name, (list, tuple)) else name)
-                                                        or mc.model)
+        WiringCollector.model_names[engine_index] = str(
+            (name[0] if isinstance(name, (list, tuple)) else name) or mc.model
+        )
         WiringCollector.ensure_registered()
 
-    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-               engine_idx: int = 0) -> None:
+    def record(
+        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+    ) -> None:
         if self.watch is None or scheduler_stats is None:
             return
         sd = scheduler_stats.spec_decoding_stats
         if sd is None or not sd.num_drafts:
             return
         try:
-            self.watch.observe(sd.num_drafts, sd.num_accepted_tokens_per_pos,
-                               getattr(sd, "num_draft_tokens_per_pos", None))
+            self.watch.observe(
+                sd.num_drafts, sd.num_accepted_tokens_per_pos, getattr(sd, "num_draft_tokens_per_pos", None)
+            )
         except Exception:  # noqa: BLE001 - never break vLLM's output loop; stand down after saying why
             _watch.logger.exception("vllm-eagle3 wiring watch [engine %d]: failed; stopped", self.engine_index)
             _watch.unregister_watch(self.watch)
@@ -211,12 +270,22 @@ class WiringWatchStatLogger(StatLoggerBase):
             _watch.logger.info(
                 "vllm-eagle3 wiring watch [engine %d]: on; taps %s from %s; expected position-0 acceptance %s (%s); "
                 "%s below %.3f, window %d drafts, judged from %d; JSON at %s (VLLM_PLUGINS unset or naming %s)",
-                self.engine_index, self.watch.wiring.get("taps"), self.watch.wiring.get("source"),
-                "n/a" if e.position0 is None else f"{e.position0:.3f}", e.source, V.WRONG, e.wrong_below, c.window,
-                c.min_drafts, ROUTE, _watch.ENDPOINT_PLUGIN)
+                self.engine_index,
+                self.watch.wiring.get("taps"),
+                self.watch.wiring.get("source"),
+                "n/a" if e.position0 is None else f"{e.position0:.3f}",
+                e.source,
+                V.WRONG,
+                e.wrong_below,
+                c.window,
+                c.min_drafts,
+                ROUTE,
+                _watch.ENDPOINT_PLUGIN,
+            )
 
 
 # ----------------------------------------------------------------------------------------------- endpoint
+
 
 class WiringEndpoint:
     """``GET /v1/eagle3/wiring``: :func:`vllm_eagle3.watch.report` as JSON (read in-process, nothing sent to the

@@ -62,13 +62,13 @@ CHECK_KEYS = {
     "sample_every": "int >= 1 (default 4): track one in this many eligible requests",
     "max_temperature": "number >= 0 (default 0.3): requests sampled hotter are not tracked",
     "max_positions": "int >= 32 (default 2048): positions recorded per tracked request; it is scored when it ends "
-                     "or reaches this many",
+    "or reaches this many",
     "max_followed": "int >= 1 (default 4): requests followed at the same time (memory: each holds its positions x "
-                    "candidate taps x hidden size in the served dtype)",
+    "candidate taps x hidden size in the served dtype)",
     "budget": "number in (0, 0.5] (default 0.02): at most this fraction of the engine's time goes to the check; "
-              "no new request is tracked while it is spent",
+    "no new request is tracked while it is spent",
     "false_alarm": "number in (0, 0.1) (default 0.001): probability that a server with a right wiring ever reports "
-                   f"{COSTS} or {WRONG}",
+    f"{COSTS} or {WRONG}",
     "min_requests": "int >= 8 (default 12): scored requests before any verdict",
     "warn_interval_s": "number >= 0 (default 600): at least this long between two WARNING lines",
 }
@@ -124,8 +124,9 @@ class CheckConfig:
         if data is None:
             return cls()
         if not isinstance(data, Mapping):
-            raise CaptureSpecError(f"{where} must be a mapping such as {{enabled: true, sample_every: 4}}, "
-                                   f"got {data!r}")
+            raise CaptureSpecError(
+                f"{where} must be a mapping such as {{enabled: true, sample_every: 4}}, got {data!r}"
+            )
         unknown = sorted(set(map(str, data)) - set(CHECK_KEYS))
         if unknown:
             raise CaptureSpecError(f"{where}: unknown key(s) {unknown}; known keys: {', '.join(CHECK_KEYS)}")
@@ -137,18 +138,19 @@ class CheckConfig:
 
 # ----------------------------------------------------------------------------------------------- statistics
 
+
 def t_quantile(p_upper: float, df: int) -> float:
     """Student-t quantile with upper tail ``p_upper`` (Cornish-Fisher expansion to 1/df^2 around the normal one:
     within 1 % of the exact value for df >= 10 and tails down to 1e-8, conservative below that)."""
     z = NormalDist().inv_cdf(1.0 - p_upper)
-    g1 = (z ** 3 + z) / 4
-    g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
-    return z + g1 / df + g2 / df ** 2
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    return z + g1 / df + g2 / df**2
 
 
 def geometric_length(p0: float, k: int) -> float:
     """Acceptance length at ``k`` drafts if every draft position were accepted with ``p0``: 1 + p0 + ... + p0^k."""
-    return sum(p0 ** i for i in range(k + 1))
+    return sum(p0**i for i in range(k + 1))
 
 
 class _Sums:
@@ -226,7 +228,7 @@ class Judge:
         if r < self.cfg.min_requests:
             return CheckReading(PENDING, r, self.anchors, self.looks, math.inf, p0, best, None, 0.0, (), ())
         self.looks += 1
-        level = self.cfg.false_alarm * 6 / (math.pi ** 2 * self.looks ** 2) / (n - 1)
+        level = self.cfg.false_alarm * 6 / (math.pi**2 * self.looks**2) / (n - 1)
         thr = t_quantile(level, r - 1)
         others = range(1, n)
         t_wrong = [self._t(c, COLLAPSE_RATIO, 1.0) for c in others]
@@ -242,27 +244,42 @@ class Judge:
             kind = OK
         ref = flagged if flagged is not None else best
         loss = 1.0 - self.sums[0].m / self.sums[ref].m if self.sums[ref].m > 0 else 0.0
-        return CheckReading(kind, r, self.anchors, self.looks, thr, p0, best, flagged, loss, tuple(t_costs),
-                            tuple(t_ok))
+        return CheckReading(
+            kind, r, self.anchors, self.looks, thr, p0, best, flagged, loss, tuple(t_costs), tuple(t_ok)
+        )
 
     def report(self, whys: Sequence[str], k: int) -> dict[str, Any]:
         """The verdict as JSON-ready data (what the engine writes for the API server's endpoint and gauges)."""
         v = self.verdict
 
         def wiring(c: int) -> dict[str, Any]:
-            return {"taps": taps_label(self.taps[c]), "why": whys[c], "position0": round(v.p0[c], 4),
-                    "acceptance_length_geometric": round(geometric_length(v.p0[c], k), 3)}
+            return {
+                "taps": taps_label(self.taps[c]),
+                "why": whys[c],
+                "position0": round(v.p0[c], 4),
+                "acceptance_length_geometric": round(geometric_length(v.p0[c], k), 3),
+            }
 
-        return {"verdict": v.kind, "requests": v.requests, "anchors": v.anchors, "looks": v.looks,
-                "t_threshold": None if math.isinf(v.threshold) else round(v.threshold, 2),
-                "configured": wiring(0), "best": wiring(v.best),
-                "better": wiring(v.flagged) if v.flagged is not None else None,
-                "loss": round(v.loss, 4), "tolerance": TOLERANCE, "collapse_ratio": COLLAPSE_RATIO,
-                "false_alarm": self.cfg.false_alarm, "num_speculative_tokens": k,
-                "candidates": [wiring(c) for c in range(len(self.taps))]}
+        return {
+            "verdict": v.kind,
+            "requests": v.requests,
+            "anchors": v.anchors,
+            "looks": v.looks,
+            "t_threshold": None if math.isinf(v.threshold) else round(v.threshold, 2),
+            "configured": wiring(0),
+            "best": wiring(v.best),
+            "better": wiring(v.flagged) if v.flagged is not None else None,
+            "loss": round(v.loss, 4),
+            "tolerance": TOLERANCE,
+            "collapse_ratio": COLLAPSE_RATIO,
+            "false_alarm": self.cfg.false_alarm,
+            "num_speculative_tokens": k,
+            "candidates": [wiring(c) for c in range(len(self.taps))],
+        }
 
 
 # ----------------------------------------------------------------------------------------------- reports
+
 
 def report_file(name: str, environ: Mapping[str, str] | None = None) -> Path | None:
     """``$EAGLE3_CHECK_DIR/<name>``: the folder where the engine's processes leave reports for the API server (the

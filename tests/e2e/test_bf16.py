@@ -105,9 +105,19 @@ def runs() -> dict:
         stop_engine(spec)
     assert first[0][0] == spec_tokens[0], "the same prompt alone and in the batch gave different greedy tokens"
     say(f"backends: plain {backend(plain_log)}, EAGLE-3 {backend(log)}")
-    return {"prompts": prompts, "plain": plain_tokens, "plain_lps": plain_lps, "spec": spec_tokens,
-            "spec_lps": spec_lps, "faulty": faulty_tokens, "counters": counters, "draft_call": draft_call,
-            "log": log, "backend": backend(log), "builders": builders}
+    return {
+        "prompts": prompts,
+        "plain": plain_tokens,
+        "plain_lps": plain_lps,
+        "spec": spec_tokens,
+        "spec_lps": spec_lps,
+        "faulty": faulty_tokens,
+        "counters": counters,
+        "draft_call": draft_call,
+        "log": log,
+        "backend": backend(log),
+        "builders": builders,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +131,7 @@ def f32_logits_fn(model):
     def logits(ids) -> torch.Tensor:
         with torch.no_grad():
             return model(torch.tensor([list(ids)])).logits[0, -1].float()
+
     return logits
 
 
@@ -128,7 +139,7 @@ def f32_continuation_logits(model, prompt: list[int], continuation: list[int]) -
     """float32 logits before each continuation token (teacher-forced, one forward): ``[len(continuation), vocab]``."""
     with torch.no_grad():
         logits = model(torch.tensor([prompt + continuation])).logits[0]
-    return logits[len(prompt) - 1: len(prompt) - 1 + len(continuation)].float()
+    return logits[len(prompt) - 1 : len(prompt) - 1 + len(continuation)].float()
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +159,10 @@ def bound(runs, target_f32) -> float:
         noise[name] = worst
         say(f"{name}: bf16 moved float32's top-2 gap by at most {worst:.4f} logit over {n} of {total} positions")
     b = max(noise.values())
-    assert b <= MAX_BF16_NOISE, (f"bf16 moved top-2 gaps by up to {noise} logit: more than bf16 arithmetic does to "
-                                 f"this model ({MAX_BF16_NOISE}); a kernel computes something else")
+    assert b <= MAX_BF16_NOISE, (
+        f"bf16 moved top-2 gaps by up to {noise} logit: more than bf16 arithmetic does to "
+        f"this model ({MAX_BF16_NOISE}); a kernel computes something else"
+    )
     return b
 
 
@@ -191,8 +204,7 @@ def test_every_bf16_divergence_is_a_near_tie(runs, target_f32, bound, record_pro
         say(f"  prompt {d.prompt} token {d.position}: EAGLE-3 {d.spec_token} vs plain {d.plain_token}: {d.why}")
     record_property("divergences_per_1000_tokens", round(report.per_1000_tokens, 3))
     record_property("largest_gap", round(report.largest_gap, 5))
-    assert not report.violations, "\n".join(f"prompt {d.prompt} token {d.position}: {d.why}"
-                                            for d in report.violations)
+    assert not report.violations, "\n".join(f"prompt {d.prompt} token {d.position}: {d.why}" for d in report.violations)
 
 
 def test_the_criterion_catches_a_verify_off_by_one(runs, target_f32, bound):
@@ -219,7 +231,7 @@ def test_bf16_taps_are_transformers_bf16_hidden_states(runs):
     hidden = states[0].shape[-1]
     assert aux.shape == (len(prompt), 3 * hidden), aux.shape
     for i, tap in enumerate((0, 3, 31)):
-        got, want = aux[:, i * hidden:(i + 1) * hidden].float(), states[tap][0].float()
+        got, want = aux[:, i * hidden : (i + 1) * hidden].float(), states[tap][0].float()
         rel = float((got - want).norm() / want.norm())
         say(f"{runs['backend']} tap {tap}: ||vLLM bf16 - transformers bf16|| / ||transformers|| = {rel:.2e}")
         if tap == 0:

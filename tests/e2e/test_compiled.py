@@ -56,7 +56,7 @@ ROW_RTOL = 1e-4  # |compiled - HF| / (the position's max |HF activation|); see t
 def compiled() -> dict:
     from vllm import SamplingParams
 
-    from vllm_eagle3.testing.engine import (counter_totals, start_engine, stop_engine, worker_mla_verify_calls)
+    from vllm_eagle3.testing.engine import counter_totals, start_engine, stop_engine, worker_mla_verify_calls
     from vllm_eagle3.testing.taps import install_recorder, recorded_taps
 
     items = json.loads((DRAFT / "eval_prompts.json").read_text())["items"][:NUM_PROMPTS]
@@ -64,23 +64,39 @@ def compiled() -> dict:
     # No retry: the start that died at warm-up ("Cannot recover from stack overflow", 3 of 4 starts on an Intel
     # Xeon with AMX) was vLLM-CPU freeing a oneDNN handler with Tensor.item() mid-trace, fixed by the engine patch
     # vllm_eagle3/model_patches/vllm_cpu_onednn_release.py.
-    engine = start_engine(TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC), "VLLM_CACHE_ROOT": str(COMPILE_CACHE)},
-                          enforce_eager=False, max_model_len=512, disable_log_stats=False)
+    engine = start_engine(
+        TARGET,
+        DRAFT,
+        env={"EAGLE3_SPEC": str(SPEC), "VLLM_CACHE_ROOT": str(COMPILE_CACHE)},
+        enforce_eager=False,
+        max_model_len=512,
+        disable_log_stats=False,
+    )
     try:
         config = engine.llm.llm_engine.vllm_config
         engine.llm.apply_model(install_recorder)
-        engine.llm.generate([{"prompt_token_ids": items[0]["prompt_token_ids"]}],
-                            SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+        engine.llm.generate(
+            [{"prompt_token_ids": items[0]["prompt_token_ids"]}],
+            SamplingParams(max_tokens=1, temperature=0.0),
+            use_tqdm=False,
+        )
         records = engine.llm.apply_model(recorded_taps)[0]
-        outs = engine.llm.generate([{"prompt_token_ids": it["prompt_token_ids"]} for it in items], greedy,
-                                   use_tqdm=False)
-        result = {"records": records, "greedy": [list(o.outputs[0].token_ids) for o in outs],
-                  "want": [it["continuation_token_ids"][:MAX_TOKENS] for it in items],
-                  "prompt": items[0]["prompt_token_ids"], "metrics": counter_totals(engine.llm),
-                  "calls": engine.llm.collective_rpc(worker_mla_verify_calls),
-                  "mode": config.compilation_config.mode, "backend": config.compilation_config.backend,
-                  "dtype": config.model_config.dtype,
-                  "startup_s": engine.startup_s, "log": engine.log()}
+        outs = engine.llm.generate(
+            [{"prompt_token_ids": it["prompt_token_ids"]} for it in items], greedy, use_tqdm=False
+        )
+        result = {
+            "records": records,
+            "greedy": [list(o.outputs[0].token_ids) for o in outs],
+            "want": [it["continuation_token_ids"][:MAX_TOKENS] for it in items],
+            "prompt": items[0]["prompt_token_ids"],
+            "metrics": counter_totals(engine.llm),
+            "calls": engine.llm.collective_rpc(worker_mla_verify_calls),
+            "mode": config.compilation_config.mode,
+            "backend": config.compilation_config.backend,
+            "dtype": config.model_config.dtype,
+            "startup_s": engine.startup_s,
+            "log": engine.log(),
+        }
     finally:
         stop_engine(engine)
     print(f"compiled engine ready in {result['startup_s']:.0f} s (compile cache {COMPILE_CACHE})")
@@ -112,35 +128,46 @@ def test_compiled_taps_equal_transformers_hidden_states(compiled, hf_states):
     """The aux list the compiled target hands the draft for the prompt's prefill is [HF hs[0], hs[3], hs[31]]."""
     n = len(compiled["prompt"])
     prefill = [r for r in compiled["records"] if r and r[0].shape[0] == n]
-    assert prefill, f"no forward over the {n}-token prompt recorded; shapes " \
-                    f"{[[tuple(t.shape) for t in r] for r in compiled['records']]}"
+    assert prefill, (
+        f"no forward over the {n}-token prompt recorded; shapes "
+        f"{[[tuple(t.shape) for t in r] for r in compiled['records']]}"
+    )
     taps = prefill[0]
     assert len(taps) == len(TAPS)
     for got, tap in zip(taps, TAPS):
         want = hf_states[tap][0]
         assert got.shape == want.shape, f"tap {tap}: shape {tuple(got.shape)} != HF {tuple(want.shape)}"
         if tap == 0:
-            assert torch.equal(got, want), f"embed tap differs from HF hidden_states[0] by " \
-                                           f"{(got - want).abs().max().item():.3g}"
+            assert torch.equal(got, want), (
+                f"embed tap differs from HF hidden_states[0] by {(got - want).abs().max().item():.3g}"
+            )
             continue
         scale = want.abs().amax(dim=-1, keepdim=True)  # [num_tokens, 1]: each position's largest activation
         err = ((got - want).abs() / scale).max().item()
-        print(f"tap {tap}: max |compiled vLLM - transformers| / row max |HF| = {err:.3g} "
-              f"(max abs {(got - want).abs().max().item():.3g}, row max |HF| up to {scale.max().item():.0f})")
-        assert err < ROW_RTOL, f"tap {tap}: compiled vLLM differs from HF hidden_states[{tap}] by {err:.3g} of the " \
-                               f"position's largest activation (allowed {ROW_RTOL})"
+        print(
+            f"tap {tap}: max |compiled vLLM - transformers| / row max |HF| = {err:.3g} "
+            f"(max abs {(got - want).abs().max().item():.3g}, row max |HF| up to {scale.max().item():.0f})"
+        )
+        assert err < ROW_RTOL, (
+            f"tap {tap}: compiled vLLM differs from HF hidden_states[{tap}] by {err:.3g} of the "
+            f"position's largest activation (allowed {ROW_RTOL})"
+        )
         for other in (tap - 1, tap + 1):
             gap = ((got - hf_states[other][0]).abs() / scale).max().item()
-            assert gap > 100 * ROW_RTOL, f"tap {tap} is within {gap:.3g} of HF hidden_states[{other}]: the test " \
-                                         "cannot tell neighbouring taps apart"
+            assert gap > 100 * ROW_RTOL, (
+                f"tap {tap} is within {gap:.3g} of HF hidden_states[{other}]: the test "
+                "cannot tell neighbouring taps apart"
+            )
 
 
 def test_compiled_greedy_speculative_equals_non_speculative(compiled):
     """EAGLE-3 greedy tokens from the compiled engine == the target's float32 non-speculative greedy continuation."""
     for i, (got, want) in enumerate(zip(compiled["greedy"], compiled["want"])):
         first = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
-        assert got == want, f"prompt {i}: compiled EAGLE-3 differs from the target's greedy tokens from position " \
-                            f"{first}: {got[first:first + 5]} vs {want[first:first + 5]}"
+        assert got == want, (
+            f"prompt {i}: compiled EAGLE-3 differs from the target's greedy tokens from position "
+            f"{first}: {got[first : first + 5]} vs {want[first : first + 5]}"
+        )
 
 
 def test_compiled_engine_speculated(compiled, assert_speculation_accepted):

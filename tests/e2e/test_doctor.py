@@ -48,8 +48,7 @@ def target(tmp_path_factory):
     0.02 the greedy token is almost a function of the current token alone, and no wiring can be told apart)."""
     from vllm_eagle3.testing.tiny import build_deepseek_v3
 
-    return build_deepseek_v3(tmp_path_factory.mktemp("dsv3") / "target", num_layers=NUM_LAYERS,
-                             initializer_range=0.1)
+    return build_deepseek_v3(tmp_path_factory.mktemp("dsv3") / "target", num_layers=NUM_LAYERS, initializer_range=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +59,19 @@ def target_run(target):
 
     tokens, _ = measure.encode(target, TEXT, MAX_TOKENS)
     n = len(tokens) // WINDOW  # the doctor's own windows: the ridge fit sees the states the doctor feeds
-    return measure.run_target(measure.load_target(target), torch.tensor(tokens[:n * WINDOW]).view(n, WINDOW))
+    return measure.run_target(measure.load_target(target), torch.tensor(tokens[: n * WINDOW]).view(n, WINDOW))
 
 
-def plant_draft(folder: Path, target: Path, run, taps: tuple[int, ...], ids: list[int], ridge: float = 1e-3,
-                nested: bool = True, top_level: bool = True) -> Path:
+def plant_draft(
+    folder: Path,
+    target: Path,
+    run,
+    taps: tuple[int, ...],
+    ids: list[int],
+    ridge: float = 1e-3,
+    nested: bool = True,
+    top_level: bool = True,
+) -> Path:
     """A head whose top-1 follows the target when (and only when) fed ``taps``; config ids ``ids`` verbatim."""
     import torch
     from safetensors.torch import load_file, save_file
@@ -72,8 +79,7 @@ def plant_draft(folder: Path, target: Path, run, taps: tuple[int, ...], ids: lis
     from vllm_eagle3.testing.tiny import build_eagle3_draft
 
     vocab, hidden = run.embed_weight.shape
-    build_eagle3_draft(folder, target, aux_ids=ids, draft_vocab_size=vocab, nested_ids=nested,
-                       top_level_ids=top_level)
+    build_eagle3_draft(folder, target, aux_ids=ids, draft_vocab_size=vocab, nested_ids=nested, top_level_ids=top_level)
     x = torch.cat([run.taps[k, :, :-1] for k in taps], -1).reshape(-1, len(taps) * hidden).double()  # [N(T-1), n*H]
     x = x / x.norm(dim=-1, keepdim=True)  # what vLLM feeds at prefill
     y = torch.nn.functional.one_hot(run.greedy[:, 1:].reshape(-1), vocab).double()  # the target's next greedy token
@@ -157,22 +163,44 @@ def test_doctor_untrained_draft_no_wiring_works(tmp_path, target, target_run):
     draft = build_eagle3_draft(tmp_path / "d", target, aux_ids=[2, 4, 5])
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
-    assert doctor.main(["--target", str(target), "--draft", str(draft), "--text", str(text), "--max-tokens",
-                        str(MAX_TOKENS), "--window", str(WINDOW), "--taps", "2,4,5", "--no-progress",
-                        "--json", str(tmp_path / "out.json")]) == 6
+    assert (
+        doctor.main(
+            [
+                "--target",
+                str(target),
+                "--draft",
+                str(draft),
+                "--text",
+                str(text),
+                "--max-tokens",
+                str(MAX_TOKENS),
+                "--window",
+                str(WINDOW),
+                "--taps",
+                "2,4,5",
+                "--no-progress",
+                "--json",
+                str(tmp_path / "out.json"),
+            ]
+        )
+        == 6
+    )
     result = json.loads((tmp_path / "out.json").read_text())
     assert result["verdict"] == V.NO_WIRING_WORKS and result["exit_code"] == 6
 
 
-@pytest.mark.parametrize("breakage, message", [
-    ("no-draft", r"draft .* does not exist"),
-    ("not-json", r"draft config .* is not valid JSON"),
-    ("wrong-fan-in", r"not a multiple of the target hidden size"),
-    ("no-fc", r"has no fc.weight"),
-    ("short-text", r"only \d+ tokens of text"),
-    ("missing-weights", r"lacks weights"),
-    ("fan-in-vs-taps", r"names 2 taps but the draft's fc takes 3"),
-])
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        ("no-draft", r"draft .* does not exist"),
+        ("not-json", r"draft config .* is not valid JSON"),
+        ("wrong-fan-in", r"not a multiple of the target hidden size"),
+        ("no-fc", r"has no fc.weight"),
+        ("short-text", r"only \d+ tokens of text"),
+        ("missing-weights", r"lacks weights"),
+        ("fan-in-vs-taps", r"names 2 taps but the draft's fc takes 3"),
+    ],
+)
 def test_doctor_hostile_input(tmp_path, target, breakage, message, capsys):
     """Broken drafts, a wiring the draft cannot take and too little text: exit 1 with one error line, no traceback."""
     import re
@@ -204,8 +232,22 @@ def test_doctor_hostile_input(tmp_path, target, breakage, message, capsys):
         text.write_text("x = 1\n")
     elif breakage == "fan-in-vs-taps":
         extra = ["--taps", "embed,3"]
-    rc = doctor.main(["--target", str(target), "--draft", str(draft), "--text", str(text), "--window", str(WINDOW),
-                      "--max-tokens", str(MAX_TOKENS), "--no-progress", *extra])
+    rc = doctor.main(
+        [
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--text",
+            str(text),
+            "--window",
+            str(WINDOW),
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--no-progress",
+            *extra,
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and re.search(message, err), err
     assert "Traceback" not in err and err.count("vllm-eagle3 doctor: error:") == 1
@@ -217,9 +259,15 @@ def test_doctor_help_describes_the_verdicts(capsys):
     with pytest.raises(SystemExit):
         doctor.main(["--help"])
     out = capsys.readouterr().out
-    for word in ("OK               0", "COSTS x%         3", "WRONG            4", "UNDECIDED        5",
-                 "PENDING          5", "NO WIRING WORKS  6",
-                 "paired bootstrap"):
+    for word in (
+        "OK               0",
+        "COSTS x%         3",
+        "WRONG            4",
+        "UNDECIDED        5",
+        "PENDING          5",
+        "NO WIRING WORKS  6",
+        "paired bootstrap",
+    ):
         assert word in out
 
 
@@ -245,11 +293,30 @@ STRICT_HEADS = {"kimi-k25-mini-eagle3", "kimi-k25-mini-eagle3-taps-3-31-59"}  # 
 
 def run_doctor(tmp_path, target, draft, *args):
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "doctor", "--target", str(target),
-                           "--draft", str(draft), "--json", str(tmp_path / "dx.json"), *args],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=900)
-    return proc, time.perf_counter() - t0, json.loads((tmp_path / "dx.json").read_text()) if proc.returncode != 1 \
-        else None
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_eagle3.tools.cli",
+            "doctor",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--json",
+            str(tmp_path / "dx.json"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+    )
+    return (
+        proc,
+        time.perf_counter() - t0,
+        json.loads((tmp_path / "dx.json").read_text()) if proc.returncode != 1 else None,
+    )
 
 
 def wrong_wiring(spec: Path) -> str:
@@ -272,8 +339,15 @@ def shipped_runs(tmp_path_factory):
 
     def run(target: Path, draft: Path, spec: Path):
         if draft not in runs:
-            runs[draft] = run_doctor(tmp_path_factory.mktemp(draft.name), target, draft, "--capture-spec", str(spec),
-                                     "--taps", wrong_wiring(spec))
+            runs[draft] = run_doctor(
+                tmp_path_factory.mktemp(draft.name),
+                target,
+                draft,
+                "--capture-spec",
+                str(spec),
+                "--taps",
+                wrong_wiring(spec),
+            )
         return runs[draft]
 
     return run
@@ -320,8 +394,10 @@ FIRST_HEAD = REPO / "models" / "kimi-k25-mini-eagle3"  # trained on [embed, 3, 3
 SECOND_HEAD = REPO / "models" / "kimi-k25-mini-eagle3-taps-3-31-59"  # trained on [3, 31, 59]
 MINI = REPO / "models" / "kimi-k25-mini"
 WIRINGS = {"embed,3,31": (0, 3, 31), "3,31,59": (3, 31, 59)}  # each head's own wiring is the other's wrong one
-both_heads = pytest.mark.skipif(not all((d / "config.json").is_file() for d in (MINI, FIRST_HEAD, SECOND_HEAD)),
-                                reason="the miniature and both heads are not built")
+both_heads = pytest.mark.skipif(
+    not all((d / "config.json").is_file() for d in (MINI, FIRST_HEAD, SECOND_HEAD)),
+    reason="the miniature and both heads are not built",
+)
 
 
 def say(line: str) -> None:
@@ -342,8 +418,10 @@ def through_both_engines():
     first = doctor.diagnose(MINI, FIRST_HEAD, engine="vllm", taps=list(WIRINGS))  # progress lines on stderr
     t_engine = time.perf_counter() - t0
     second = doctor.diagnose(MINI, SECOND_HEAD, measured=first.measured, **args)
-    say(f"engine: {first.engine_detail}; {t_engine:.0f} s wall for the first head, "
-        f"{second.timings['total']:.0f} s more for the second; not scored: {second.not_captured}")
+    say(
+        f"engine: {first.engine_detail}; {t_engine:.0f} s wall for the first head, "
+        f"{second.timings['total']:.0f} s more for the second; not scored: {second.not_captured}"
+    )
     t1 = time.perf_counter()
     from vllm_eagle3.checkpoint import TargetInfo
 
@@ -358,8 +436,9 @@ def through_both_engines():
 
 
 @both_heads
-@pytest.mark.parametrize("head, own", [(FIRST_HEAD, "embed,3,31"), (SECOND_HEAD, "3,31,59")],
-                         ids=["first-head", "second-head"])
+@pytest.mark.parametrize(
+    "head, own", [(FIRST_HEAD, "embed,3,31"), (SECOND_HEAD, "3,31,59")], ids=["first-head", "second-head"]
+)
 def test_engine_doctor_names_each_heads_wiring(through_both_engines, head, own):
     """Guards: a doctor whose verdicts hold only for transformers' hidden states. Through the served engine (vLLM +
     the plugin's capture, the engine's logits), each head's own wiring is OK and the other head's is WRONG (exit
@@ -380,8 +459,10 @@ def test_engine_doctor_names_each_heads_wiring(through_both_engines, head, own):
     for c in dx.chains:
         if c.taps in hf_chains:
             h = hf_chains[c.taps]
-            say(f"{head.name} {c.label}: p0 vllm {c.p0:.4f} hf {h.p0:.4f}; AL vllm {c.acceptance_length:.4f} "
-                f"hf {h.acceptance_length:.4f}")
+            say(
+                f"{head.name} {c.label}: p0 vllm {c.p0:.4f} hf {h.p0:.4f}; AL vllm {c.acceptance_length:.4f} "
+                f"hf {h.acceptance_length:.4f}"
+            )
             assert abs(c.p0 - h.p0) < 0.01 and abs(c.acceptance_length - h.acceptance_length) < 0.02, (c, h)
 
 
@@ -421,9 +502,17 @@ def test_doctor_greedy_mode_on_the_shipped_head(tmp_path):
     """Guards: ``--mode greedy`` (chains on the target's own greedy continuations, what a greedy server verifies)
     broken or too slow to finish. The shipped head on its own spec: OK, exit 0, on 25 prompts continued by the
     target."""
-    proc, elapsed, result = run_doctor(tmp_path, MINI, FIRST_HEAD, "--capture-spec",
-                                       str(REPO / "configs" / "kimi_k25_eagle3.yaml"), "--mode", "greedy",
-                                       "--max-tokens", str(GREEDY_TOKENS))
+    proc, elapsed, result = run_doctor(
+        tmp_path,
+        MINI,
+        FIRST_HEAD,
+        "--capture-spec",
+        str(REPO / "configs" / "kimi_k25_eagle3.yaml"),
+        "--mode",
+        "greedy",
+        "--max-tokens",
+        str(GREEDY_TOKENS),
+    )
     say(f"--mode greedy: {elapsed:.0f} s wall, timings {result and result['timings_s']}\n{proc.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert result["verdict"] == V.OK and "greedy tokens of the target" in result["text"], proc.stdout

@@ -57,9 +57,12 @@ START_TIMEOUT_S = 900
 
 pytestmark = [pytest.mark.e2e]
 if not (DRAFT / "config.json").is_file():
-    pytestmark.append(pytest.mark.skip(
-        reason=f"the four-tap head is not there yet ({DRAFT}); train it with `python -m vllm_eagle3.miniature."
-               f"train_draft --spec {SPEC.relative_to(REPO)}` or point EAGLE3_E2E_DRAFT4 at a head"))
+    pytestmark.append(
+        pytest.mark.skip(
+            reason=f"the four-tap head is not there yet ({DRAFT}); train it with `python -m vllm_eagle3.miniature."
+            f"train_draft --spec {SPEC.relative_to(REPO)}` or point EAGLE3_E2E_DRAFT4 at a head"
+        )
+    )
 
 
 def say(line: str) -> None:
@@ -85,6 +88,7 @@ def assert_is_tap(where: str, got: torch.Tensor, states, tap: int) -> float:
 
 # ------------------------------------------------------------------------------------------------- offline engine
 
+
 @pytest.fixture(scope="module")
 def prompt() -> list[int]:
     return [int(t) for t in eval_items(1)[0]["prompt_token_ids"]]
@@ -104,8 +108,11 @@ def offline(prompt) -> dict:
     try:
         engine.llm.apply_model(install_recorder)
         names = engine.llm.collective_rpc(install_draft_recorder)
-        engine.llm.generate([{"prompt_token_ids": prompt}],
-                            SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        engine.llm.generate(
+            [{"prompt_token_ids": prompt}],
+            SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+            use_tqdm=False,
+        )
         records = engine.llm.apply_model(recorded_taps)[0]
         calls = engine.llm.collective_rpc(recorded_draft_calls)[0]
         log = engine.log()
@@ -113,8 +120,9 @@ def offline(prompt) -> dict:
         stop_engine(engine)
     say(f"offline engine ready after {engine.startup_s:.1f} s; draft class {names}")
     prefill = [r for r in records if r and r[0].shape[0] == len(prompt)]
-    assert prefill, (f"no target forward over the {len(prompt)}-token prompt; "
-                     f"got {[[tuple(t.shape) for t in r] for r in records]}")
+    assert prefill, (
+        f"no target forward over the {len(prompt)}-token prompt; got {[[tuple(t.shape) for t in r] for r in records]}"
+    )
     assert calls, "no draft proposal was recorded: did speculation run?"
     return {"taps": prefill[0], "draft_aux": calls[0]["aux"], "log": log}
 
@@ -146,10 +154,11 @@ def test_draft_receives_cat_of_four_taps_in_spec_order(offline, hf_states):
     assert aux.shape == (taps[0].shape[0], 4 * HIDDEN), f"draft input {tuple(aux.shape)}"
     assert torch.equal(aux, torch.cat(taps, dim=-1)), "the draft's input is not the captured taps concatenated"
     for i, tap in enumerate(TAPS):
-        assert_is_tap(f"draft input chunk {i}", aux[:, i * HIDDEN:(i + 1) * HIDDEN], hf_states, tap)
+        assert_is_tap(f"draft input chunk {i}", aux[:, i * HIDDEN : (i + 1) * HIDDEN], hf_states, tap)
 
 
 # ------------------------------------------------------------------------------------------------- served
+
 
 @pytest.fixture(scope="module")
 def served(offline):
@@ -157,9 +166,18 @@ def served(offline):
     speculative-decoding counters over them. Depends on ``offline`` so that the offline engine is gone first."""
     from vllm_eagle3.testing.serving import serve_greedy
 
-    return serve_greedy(TARGET, DRAFT, SPEC, SERVE_CONFIG,
-                        [it["prompt_token_ids"] for it in eval_items(NUM_PROMPTS)], max_tokens=MAX_TOKENS,
-                        in_flight=4, cwd=REPO, start_timeout=START_TIMEOUT_S, progress=say)
+    return serve_greedy(
+        TARGET,
+        DRAFT,
+        SPEC,
+        SERVE_CONFIG,
+        [it["prompt_token_ids"] for it in eval_items(NUM_PROMPTS)],
+        max_tokens=MAX_TOKENS,
+        in_flight=4,
+        cwd=REPO,
+        start_timeout=START_TIMEOUT_S,
+        progress=say,
+    )
 
 
 def test_served_four_tap_greedy_is_token_identical(served):
@@ -175,6 +193,7 @@ def test_served_four_tap_greedy_is_token_identical(served):
 def test_served_four_tap_head_is_accepted(served, assert_speculation_accepted, record_property):
     """The trained 4-tap head, fed the four taps it was trained on, is accepted (acceptance length > 1.5)."""
     c = served.counters
-    length = assert_speculation_accepted({"vllm:spec_decode_num_drafts": c.drafts,
-                                          "vllm:spec_decode_num_accepted_tokens": c.accepted})
+    length = assert_speculation_accepted(
+        {"vllm:spec_decode_num_drafts": c.drafts, "vllm:spec_decode_num_accepted_tokens": c.accepted}
+    )
     record_property("four_tap_acceptance_length", round(length, 4))

@@ -39,8 +39,15 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3.tools.images import (DEFAULT_VISION_CONFIG, chat_tokens, data_url, image_part, image_prompts,
-                                      image_tokens, make_png)
+from vllm_eagle3.tools.images import (
+    DEFAULT_VISION_CONFIG,
+    chat_tokens,
+    data_url,
+    image_part,
+    image_prompts,
+    image_tokens,
+    make_png,
+)
 from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 from vllm_eagle3.tools.serve.process import VllmServer
 
@@ -124,9 +131,11 @@ class ImageTapProbe:
             model.register_forward_pre_hook(target_in, with_kwargs=True)
             model.vision_tower.register_forward_pre_hook(tower_in, with_kwargs=True)
             model.vision_tower.patch_embed.input_norm.register_forward_hook(
-                lambda m, a, out: rec["pixels"].append(out.detach().to("cpu", copy=True)))
+                lambda m, a, out: rec["pixels"].append(out.detach().to("cpu", copy=True))
+            )
             model.mm_projector.register_forward_hook(
-                lambda m, a, out: rec["features"].append(out.detach().to("cpu", copy=True)))
+                lambda m, a, out: rec["features"].append(out.detach().to("cpu", copy=True))
+            )
             setattr(model, _PROBE_ATTR, rec)
         for records in rec.values():
             records.clear()
@@ -134,20 +143,28 @@ class ImageTapProbe:
 
     def image_probe_take(self) -> dict:
         rec = getattr(self.model_runner.model, _PROBE_ATTR)  # type: ignore[attr-defined]
-        return {"taps": [[_encode(t) for t in forward] for forward in rec["taps"]],
-                "inputs_embeds": [None if e is None else _encode(e) for e in rec["inputs_embeds"]],
-                "pixels": [_encode(p) for p in rec["pixels"]], "grid": [g.tolist() for g in rec["grid"]],
-                "features": [_encode(f) for f in rec["features"]]}
+        return {
+            "taps": [[_encode(t) for t in forward] for forward in rec["taps"]],
+            "inputs_embeds": [None if e is None else _encode(e) for e in rec["inputs_embeds"]],
+            "pixels": [_encode(p) for p in rec["pixels"]],
+            "grid": [g.tolist() for g in rec["grid"]],
+            "features": [_encode(f) for f in rec["features"]],
+        }
 
 
 def worker_rpc(server: VllmServer, method: str) -> list:
-    req = urllib.request.Request(server.base_url + "/collective_rpc", data=json.dumps({"method": method}).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        server.base_url + "/collective_rpc",
+        data=json.dumps({"method": method}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310 - loopback
         return json.loads(resp.read())["results"]
 
 
 # ------------------------------------------------------------------------------------------------------ servers
+
 
 def start_server(name: str, args: list[str], env: dict[str, str] | None = None) -> VllmServer:
     server = VllmServer(args, cwd=REPO, env={**os.environ, **(env or {})})
@@ -196,12 +213,23 @@ def spec() -> VllmServer:
     # The vision config's live k as it ships; the per-request draft back-off off: the acceptance test accounts for
     # every token after the first as verified (a paused request's tokens are not).
     plugin = json.dumps({"vllm_eagle3": {"live_k": True, "draft_backoff": False}})
-    server = start_server("spec", ["--config", str(VISION_CONFIG), "--capture-spec", str(CAPTURE_SPEC),
-                                   "--additional-config", plugin,
-                                   "--worker-extension-cls", "test_images.ImageTapProbe"],
-                          env={"VLLM_SERVER_DEV_MODE": "1",
-                               "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH"))
-                                                             if p)})
+    server = start_server(
+        "spec",
+        [
+            "--config",
+            str(VISION_CONFIG),
+            "--capture-spec",
+            str(CAPTURE_SPEC),
+            "--additional-config",
+            plugin,
+            "--worker-extension-cls",
+            "test_images.ImageTapProbe",
+        ],
+        env={
+            "VLLM_SERVER_DEV_MODE": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p),
+        },
+    )
     yield server
     server.stop()
 
@@ -215,17 +243,21 @@ def served(spec, prompts) -> dict:
         before = SpecDecodeCounters.fetch(spec.base_url)
         out, seconds = run_prompts(spec, [p[key] for p in prompts])
         groups[group] = {"out": out, "seconds": seconds, "counters": SpecDecodeCounters.fetch(spec.base_url) - before}
-        say(f"spec, {group} prompts: {len(out)} x {MAX_TOKENS} tokens in {seconds:.1f} s; "
-            f"{groups[group]['counters'].summary()}")
+        say(
+            f"spec, {group} prompts: {len(out)} x {MAX_TOKENS} tokens in {seconds:.1f} s; "
+            f"{groups[group]['counters'].summary()}"
+        )
     return groups
 
 
 def assert_healthy(server: VllmServer, after: str) -> None:
-    assert server.healthy(timeout=10), (f"/health is down after {after}: the engine died; log {server.log_path}:\n"
-                                        f"{server.log_tail()}")
+    assert server.healthy(timeout=10), (
+        f"/health is down after {after}: the engine died; log {server.log_path}:\n{server.log_tail()}"
+    )
 
 
 # -------------------------------------------------------------------------------------------------------- tests
+
 
 def test_image_prompts_reach_the_model_and_greedy_is_token_identical(prompts, reference, served, spec):
     """Every image prompt: the prompt ids hold the image tokens the processor's resize rule gives (the images were
@@ -234,8 +266,10 @@ def test_image_prompts_reach_the_model_and_greedy_is_token_identical(prompts, re
     mismatched = []
     for p, ref, got in zip(prompts, reference, served["image"]["out"]):
         n_pad = got["prompt_token_ids"].count(media_pad)
-        assert n_pad == p["image_tokens"], (f"{p['name']}: the served prompt holds {n_pad} <|media_pad|> tokens, "
-                                            f"the processor's rule gives {p['image_tokens']}")
+        assert n_pad == p["image_tokens"], (
+            f"{p['name']}: the served prompt holds {n_pad} <|media_pad|> tokens, "
+            f"the processor's rule gives {p['image_tokens']}"
+        )
         assert got["prompt_token_ids"] == ref["prompt_token_ids"], f"{p['name']}: the two servers' prompts differ"
         assert len(got["token_ids"]) == MAX_TOKENS, f"{p['name']}: {len(got['token_ids'])} tokens, not {MAX_TOKENS}"
         if got["token_ids"] != ref["token_ids"]:
@@ -272,8 +306,15 @@ def test_served_embed_tap_is_the_merged_vision_embedding(spec, served):
     started = worker_rpc(spec, "image_probe_start")
     assert len(started) == 1, f"expected one worker, got {started}"
     w, h = 112, 84
-    messages = [{"role": "user", "content": [image_part(data_url(make_png(w, h, seed=1234))),
-                                             {"type": "text", "text": "Write Python code for this image."}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                image_part(data_url(make_png(w, h, seed=1234))),
+                {"type": "text", "text": "Write Python code for this image."},
+            ],
+        }
+    ]
     answer = chat_tokens(client_for(spec), MODEL_NAME, messages, max_tokens=1)
     rec = worker_rpc(spec, "image_probe_take")[0]
     ids = answer["prompt_token_ids"]
@@ -281,16 +322,19 @@ def test_served_embed_tap_is_the_merged_vision_embedding(spec, served):
     assert int(image_rows.sum()) == image_tokens(w, h)
 
     prefill = [[decode(t) for t in fwd] for fwd in rec["taps"] if fwd and fwd[0]["shape"][0] == len(ids)]
-    assert len(prefill) == 1, (f"expected one target forward over the {len(ids)}-token prompt, got forwards of "
-                               f"{[fwd[0]['shape'] for fwd in rec['taps'] if fwd]}")
+    assert len(prefill) == 1, (
+        f"expected one target forward over the {len(ids)}-token prompt, got forwards of "
+        f"{[fwd[0]['shape'] for fwd in rec['taps'] if fwd]}"
+    )
     taps = prefill[0]
     assert len(taps) == 3, f"the target handed the draft {len(taps)} aux tensors, expected 3 ([embed, 3, 31])"
     tap0 = taps[0]
     embeds = [decode(e) for e in rec["inputs_embeds"] if e is not None and e["shape"][0] == len(ids)]
     assert len(embeds) == 1, f"expected one prefill with inputs_embeds, got {len(embeds)}"
     assert torch.equal(tap0, embeds[0]), "served tap 0 is not the inputs_embeds the Kimi wrapper handed its decoder"
-    assert len(rec["features"]) == 1 and len(rec["pixels"]) == 1, \
+    assert len(rec["features"]) == 1 and len(rec["pixels"]) == 1, (
         f"expected one vision-tower call, got {len(rec['pixels'])} (grids {rec['grid']})"
+    )
     features = decode(rec["features"][0]).reshape(-1, tap0.shape[1])
     assert torch.equal(tap0[image_rows], features), "served tap 0's image rows are not the projector's features"
 
@@ -300,21 +344,25 @@ def test_served_embed_tap_is_the_merged_vision_embedding(spec, served):
     pixels = decode(rec["pixels"][0]).view(-1, 3, 14, 14)
     grid = torch.tensor(rec["grid"][0]).reshape(-1, 3)
     with torch.no_grad():
-        states = hf(input_ids=torch.tensor([ids]), pixel_values=pixels, image_grid_thw=grid,
-                    output_hidden_states=True).hidden_states
+        states = hf(
+            input_ids=torch.tensor([ids]), pixel_values=pixels, image_grid_thw=grid, output_hidden_states=True
+        ).hidden_states
         placeholder = hf.get_input_embeddings()(torch.tensor([ids]))[0]
     hf0 = states[0][0]
 
     def rel(a, b) -> float:
         return float((a - b).norm() / b.norm())
 
-    assert torch.equal(tap0[~image_rows], hf0[~image_rows]), \
+    assert torch.equal(tap0[~image_rows], hf0[~image_rows]), (
         f"text rows of tap 0 differ from transformers: max abs {(tap0[~image_rows] - hf0[~image_rows]).abs().max()}"
+    )
     err = rel(tap0[image_rows], hf0[image_rows])
     unmerged = rel(placeholder[image_rows], hf0[image_rows])
-    say(f"probe: {len(ids)}-token prompt, {int(image_rows.sum())} image rows (grid {rec['grid'][0]}); tap 0 image "
+    say(
+        f"probe: {len(ids)}-token prompt, {int(image_rows.sum())} image rows (grid {rec['grid'][0]}); tap 0 image "
         f"rows vs transformers hidden_states[0]: rel {err:.3g}, max abs "
-        f"{(tap0[image_rows] - hf0[image_rows]).abs().max():.3g}; the placeholder embedding is rel {unmerged:.3g} away")
+        f"{(tap0[image_rows] - hf0[image_rows]).abs().max():.3g}; the placeholder embedding is rel {unmerged:.3g} away"
+    )
     assert unmerged > 100 * MM_REL_TOL, f"the test cannot tell merged from unmerged embeddings (rel {unmerged:.3g})"
     assert err < MM_REL_TOL, f"tap 0 image rows vs transformers hidden_states[0]: relative error {err:.3g}"
     for got, layer in zip(taps[1:], (3, 31)):
@@ -341,16 +389,19 @@ def test_served_acceptance_image_vs_text_prompts(served, prompts, record_propert
         assert c.drafts > 0, f"{group} prompts: no drafts counted"
         assert emitted <= c.drafts + c.accepted <= emitted + k * len(out), (
             f"{group} prompts: {c.drafts:.0f} drafts + {c.accepted:.0f} accepted do not account for the {emitted} "
-            f"tokens generated after the first: the counters do not describe these requests")
+            f"tokens generated after the first: the counters do not describe these requests"
+        )
         rows[group] = c
         record_property(f"{group}_acceptance_length", round(c.acceptance_length, 4))
         record_property(f"{group}_position0", round(c.per_position[0], 4))
-        record_property(f"{group}_tokens_per_s",
-                        round(sum(o["completion_tokens"] for o in out) / served[group]["seconds"], 2))
+        record_property(
+            f"{group}_tokens_per_s", round(sum(o["completion_tokens"] for o in out) / served[group]["seconds"], 2)
+        )
         say(f"{group} prompts ({len(out)}): {c.summary()}")
     assert rows["image"].per_position[0] >= 0.5 * rows["text"].per_position[0], (
         f"image prompts collapse acceptance: position-0 {rows['image'].per_position[0]:.3f} vs "
-        f"{rows['text'].per_position[0]:.3f} without the images")
+        f"{rows['text'].per_position[0]:.3f} without the images"
+    )
 
 
 def closed_port() -> int:
@@ -373,19 +424,36 @@ def _bad_requests() -> dict[str, tuple[list, str]]:
         "corrupt base64": (one("data:image/png;base64,iVBORw0KGgo***not base64***"), "base64"),
         "not an image": (one(data_url(b"this is plain text, not a PNG file")), "image"),
         "truncated PNG": (one(data_url(make_png(112, 112)[:200])), "image"),
-        "too large for the context": ([{"role": "user", "content": [
-            {"type": "text", "text": long_text}, image_part(data_url(make_png(448, 448, 7)))]}], "context"),
-        "more images than allowed": ([{"role": "user", "content": [text] + [
-            image_part(data_url(make_png(56, 56, 20 + i))) for i in range(MAX_IMAGES + 1)]}], f"At most {MAX_IMAGES}"),
+        "too large for the context": (
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": long_text}, image_part(data_url(make_png(448, 448, 7)))],
+                }
+            ],
+            "context",
+        ),
+        "more images than allowed": (
+            [
+                {
+                    "role": "user",
+                    "content": [text] + [image_part(data_url(make_png(56, 56, 20 + i))) for i in range(MAX_IMAGES + 1)],
+                }
+            ],
+            f"At most {MAX_IMAGES}",
+        ),
         "unreachable URL": (one(f"http://127.0.0.1:{port}/cat.png"), f"127.0.0.1:{port}"),
     }
 
 
 def tokenize_chat(server: VllmServer, messages: list) -> int:
     """Prompt tokens of ``messages`` after the chat template (vLLM's ``POST /tokenize``; no generation)."""
-    req = urllib.request.Request(server.base_url + "/tokenize", method="POST",
-                                 data=json.dumps({"model": MODEL_NAME, "messages": messages}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.base_url + "/tokenize",
+        method="POST",
+        data=json.dumps({"model": MODEL_NAME, "messages": messages}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - loopback
         return int(json.loads(resp.read())["count"])
 

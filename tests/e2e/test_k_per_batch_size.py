@@ -50,8 +50,14 @@ def server(server_pool):
 
     argv = shipped_server_argv()
     i = argv.index("--speculative-config") + 1
-    argv[i] = json.dumps({"method": "eagle3", "model": str(DRAFT), "num_speculative_tokens": 3,
-                          "num_speculative_tokens_per_batch_size": TABLE})
+    argv[i] = json.dumps(
+        {
+            "method": "eagle3",
+            "model": str(DRAFT),
+            "num_speculative_tokens": 3,
+            "num_speculative_tokens_per_batch_size": TABLE,
+        }
+    )
     return server_pool.get(ServerKey.of("k per batch size", argv, SERVER_ENV))
 
 
@@ -91,8 +97,10 @@ def test_drafts_follow_the_table_and_greedy_is_unchanged(server, record_property
     # two, as the API server hands them over; see _phase). k >= 1 at every step would draft at least one token per
     # two output tokens (a step verifies k + 1 and drafts k), so a third separates the two with room.
     out4 = 4 * MAX_TOKENS
-    assert c4.draft_tokens < out4 / 3, (f"4 per step should draft nothing (k=0), drafts only while batches form: "
-                                        f"{c4.draft_tokens:.0f} draft tokens for {out4} output tokens; {c4.summary()}")
+    assert c4.draft_tokens < out4 / 3, (
+        f"4 per step should draft nothing (k=0), drafts only while batches form: "
+        f"{c4.draft_tokens:.0f} draft tokens for {out4} output tokens; {c4.summary()}"
+    )
     for got, n in ((one, 1), (two, 2), (four, 4)):
         bad = greedy_mismatch(got, want[:n])
         assert bad is None, f"{n} requests at once: {bad}"
@@ -106,8 +114,9 @@ def test_watch_and_check_read_steps_without_drafts_as_healthy(server):
     from vllm_eagle3.testing.shipped import MODEL_NAME
 
     with ThreadPoolExecutor(2) as ex:
-        list(ex.map(lambda i: greedy_token_ids(server, MODEL_NAME, [items[i]["prompt_token_ids"]], 32, 1),
-                    range(8, 24)))
+        list(
+            ex.map(lambda i: greedy_token_ids(server, MODEL_NAME, [items[i]["prompt_token_ids"]], 32, 1), range(8, 24))
+        )
     status, raw = http_get(server.base_url + "/v1/eagle3/wiring")
     assert status == 200, raw[:500]
     body = json.loads(raw)
@@ -140,9 +149,15 @@ def test_sampled_verification_gets_each_requests_parameters_while_k_changes(serv
     client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=300)
 
     def one(i: int) -> list[int]:
-        r = client.completions.create(model=MODEL_NAME, prompt=items[i]["prompt_token_ids"], max_tokens=32,
-                                      temperature=0.8, top_p=0.9, seed=i,
-                                      extra_body={"top_k": 1, "ignore_eos": True, "return_token_ids": True})
+        r = client.completions.create(
+            model=MODEL_NAME,
+            prompt=items[i]["prompt_token_ids"],
+            max_tokens=32,
+            temperature=0.8,
+            top_p=0.9,
+            seed=i,
+            extra_body={"top_k": 1, "ignore_eos": True, "return_token_ids": True},
+        )
         return [int(t) for t in r.choices[0].model_extra["token_ids"]]
 
     alone = one(30)

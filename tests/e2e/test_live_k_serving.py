@@ -37,11 +37,24 @@ def server(server_pool):
     from vllm_eagle3.testing.pool import ServerKey
     from vllm_eagle3.testing.shipped import SERVE_CONFIG, SERVER_ENV, SPEC, TARGET
 
-    argv = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config",
-            json.dumps({"method": "eagle3", "model": str(DRAFT), "num_speculative_tokens": 5,
-                        "num_speculative_tokens_per_batch_size": TABLE}),
-            "--additional-config", json.dumps({"vllm_eagle3": {"live_k": {"explore_every": 3, "hold": 2}}}),
-            "--capture-spec", str(SPEC)]
+    argv = [
+        str(TARGET),
+        "--config",
+        str(SERVE_CONFIG),
+        "--speculative-config",
+        json.dumps(
+            {
+                "method": "eagle3",
+                "model": str(DRAFT),
+                "num_speculative_tokens": 5,
+                "num_speculative_tokens_per_batch_size": TABLE,
+            }
+        ),
+        "--additional-config",
+        json.dumps({"vllm_eagle3": {"live_k": {"explore_every": 3, "hold": 2}}}),
+        "--capture-spec",
+        str(SPEC),
+    ]
     return server_pool.get(ServerKey.of("live k", argv, SERVER_ENV))
 
 
@@ -83,9 +96,15 @@ def test_seeded_sampling_is_reproducible_while_live_k_probes(server):
     client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=300)
 
     def once() -> list[int]:
-        r = client.completions.create(model=MODEL_NAME, prompt=items[5]["prompt_token_ids"], max_tokens=48,
-                                      temperature=1.0, top_p=0.95, seed=1234,
-                                      extra_body={"top_k": 50, "ignore_eos": True, "return_token_ids": True})
+        r = client.completions.create(
+            model=MODEL_NAME,
+            prompt=items[5]["prompt_token_ids"],
+            max_tokens=48,
+            temperature=1.0,
+            top_p=0.95,
+            seed=1234,
+            extra_body={"top_k": 50, "ignore_eos": True, "return_token_ids": True},
+        )
         return [int(t) for t in r.choices[0].model_extra["token_ids"]]
 
     first = once()

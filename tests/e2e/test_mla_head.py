@@ -44,8 +44,12 @@ ACCEPTANCE_TOL = 0.1
 
 pytestmark = [pytest.mark.e2e]
 if not (DRAFT / "config.json").is_file():
-    pytestmark.append(pytest.mark.skip(reason=f"the MLA head is not there ({DRAFT}); train it with `python -m "
-                                              "vllm_eagle3.miniature.train_draft --arch mla --fc-norm --norm-output`"))
+    pytestmark.append(
+        pytest.mark.skip(
+            reason=f"the MLA head is not there ({DRAFT}); train it with `python -m "
+            "vllm_eagle3.miniature.train_draft --arch mla --fc-norm --norm-output`"
+        )
+    )
 
 
 def say(line: str) -> None:
@@ -62,10 +66,19 @@ def served():
     the spec-decode counters over them, and the server log."""
     from vllm_eagle3.testing.serving import serve_greedy
 
-    return serve_greedy(TARGET, DRAFT, SPEC, SERVE_CONFIG,
-                        [it["prompt_token_ids"] for it in eval_items(NUM_PROMPTS)], max_tokens=MAX_TOKENS,
-                        in_flight=IN_FLIGHT, cwd=REPO, num_speculative_tokens=K, start_timeout=START_TIMEOUT_S,
-                        progress=say)
+    return serve_greedy(
+        TARGET,
+        DRAFT,
+        SPEC,
+        SERVE_CONFIG,
+        [it["prompt_token_ids"] for it in eval_items(NUM_PROMPTS)],
+        max_tokens=MAX_TOKENS,
+        in_flight=IN_FLIGHT,
+        cwd=REPO,
+        num_speculative_tokens=K,
+        start_timeout=START_TIMEOUT_S,
+        progress=say,
+    )
 
 
 def card_served_walk(k: int, num_prompts: int) -> float:
@@ -89,24 +102,29 @@ def test_mla_head_served_acceptance_matches_model_card(served, assert_speculatio
     """Served acceptance length at k = 3 equals the card's served walk on the same prompts within 0.1, and the head is
     really accepted (the shared floor, tests/conftest.py)."""
     c = served.counters
-    length = assert_speculation_accepted({"vllm:spec_decode_num_drafts": c.drafts,
-                                          "vllm:spec_decode_num_accepted_tokens": c.accepted})
+    length = assert_speculation_accepted(
+        {"vllm:spec_decode_num_drafts": c.drafts, "vllm:spec_decode_num_accepted_tokens": c.accepted}
+    )
     offline = card_served_walk(len(c.accepted_per_pos), NUM_PROMPTS)
     record_property("mla_served_acceptance_length", round(length, 4))
     record_property("mla_card_served_walk", round(offline, 4))
-    say(f"served acceptance length {length:.3f} ({c.drafts:.0f} drafts) vs card served walk {offline:.3f}; "
-        f"per position {[round(x, 3) for x in c.per_position]}")
+    say(
+        f"served acceptance length {length:.3f} ({c.drafts:.0f} drafts) vs card served walk {offline:.3f}; "
+        f"per position {[round(x, 3) for x in c.per_position]}"
+    )
     assert len(c.accepted_per_pos) == K, f"the server drafted {len(c.accepted_per_pos)} tokens per step, not {K}"
     assert c.drafts >= 100, f"only {c.drafts:.0f} drafts measured: too few to compare"
     assert abs(length - offline) <= ACCEPTANCE_TOL, (
-        f"served acceptance length {length:.3f} is not within {ACCEPTANCE_TOL} of the card's served walk {offline:.3f}")
+        f"served acceptance length {length:.3f} is not within {ACCEPTANCE_TOL} of the card's served walk {offline:.3f}"
+    )
 
 
 def test_mla_head_startup_line_names_taps_and_draft_class(served):
     """The plugin's start-up line names the taps and the MLA draft class, and vLLM really built that class."""
     lines = [ln for ln in served.log.splitlines() if "vllm-eagle3: capturing taps [embed, 3, 31]" in ln]
     assert lines, "no 'vllm-eagle3: capturing taps [embed, 3, 31]' line in the server log"
-    assert any(f"draft class {DRAFT_CLASS}" in ln for ln in lines), \
+    assert any(f"draft class {DRAFT_CLASS}" in ln for ln in lines), (
         f"the taps line does not name {DRAFT_CLASS}: {lines}"
+    )
     others = "\n".join(ln for ln in served.log.splitlines() if "vllm-eagle3: capturing taps" not in ln)
     assert DRAFT_CLASS in others, f"vLLM's own log never names {DRAFT_CLASS}: it built another draft class"

@@ -43,8 +43,21 @@ SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
 MAX_MODEL_LEN = 200
 ENGINE_ARGS = dict(max_model_len=MAX_MODEL_LEN, max_num_seqs=4, num_gpu_blocks_override=20, disable_log_stats=False)
 # (eval item, continuation tokens appended to its 64-token prompt, max_tokens), in arrival order; None = a short prompt
-PLAN = [(0, 0, 24), (11, 1, 12), (1, 120, 30), (2, 0, 2), (12, 2, 12), (3, 40, 9), (4, 0, 1), (13, 3, 12),
-        (5, 100, 24), (6, 0, 17), (14, 4, 12), (7, 127, 24), (8, 60, 40)]
+PLAN = [
+    (0, 0, 24),
+    (11, 1, 12),
+    (1, 120, 30),
+    (2, 0, 2),
+    (12, 2, 12),
+    (3, 40, 9),
+    (4, 0, 1),
+    (13, 3, 12),
+    (5, 100, 24),
+    (6, 0, 17),
+    (14, 4, 12),
+    (7, 127, 24),
+    (8, 60, 40),
+]
 SHORT = {11, 12, 13, 14}  # these items contribute only their first `extra` prompt tokens (1-4-token prompts)
 PREEMPT = [(9, 36, 96), (10, 36, 96)]  # sent on their own after PLAN: 2 x 13 blocks of KV > 20, both admitted at 7
 
@@ -78,7 +91,7 @@ def requests() -> list[dict]:
         ref = ref or []
         if len(ref) < n:  # short prompts, and requests running past the 128 stored tokens into max_model_len
             seq = greedy_continue(model, torch.tensor([ids + ref]), n - len(ref), batch=1)
-            ref = seq[0, len(ids):].tolist()
+            ref = seq[0, len(ids) :].tolist()
         out.append({"ids": ids, "max_tokens": max_tokens, "want": ref[:n], "n": n})
     return out
 
@@ -86,23 +99,35 @@ def requests() -> list[dict]:
 def generate(engine, reqs: list[dict]) -> list[list[int]]:
     from vllm import SamplingParams
 
-    outs = engine.llm.generate([{"prompt_token_ids": r["ids"]} for r in reqs],
-                               [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True)
-                                for r in reqs], use_tqdm=False)
+    outs = engine.llm.generate(
+        [{"prompt_token_ids": r["ids"]} for r in reqs],
+        [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True) for r in reqs],
+        use_tqdm=False,
+    )
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
 def run_engine(env_value: str | None, *batches: list[dict]) -> dict:
     """One engine; each batch of requests generated in one call, after the one before it."""
-    from vllm_eagle3.testing.engine import (counter_totals, start_engine, stop_engine, worker_applied_patches,
-                                            worker_attention_builders, worker_mla_verify_calls)
+    from vllm_eagle3.testing.engine import (
+        counter_totals,
+        start_engine,
+        stop_engine,
+        worker_applied_patches,
+        worker_attention_builders,
+        worker_mla_verify_calls,
+    )
 
     engine = start_engine(TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC), ENV: env_value}, **ENGINE_ARGS)
     try:
         got = [g for reqs in batches for g in generate(engine, reqs)]
-        return {"got": got, "patches": engine.llm.collective_rpc(worker_applied_patches),
-                "builders": engine.llm.collective_rpc(worker_attention_builders),
-                "calls": engine.llm.collective_rpc(worker_mla_verify_calls), "metrics": counter_totals(engine.llm)}
+        return {
+            "got": got,
+            "patches": engine.llm.collective_rpc(worker_applied_patches),
+            "builders": engine.llm.collective_rpc(worker_attention_builders),
+            "calls": engine.llm.collective_rpc(worker_mla_verify_calls),
+            "metrics": counter_totals(engine.llm),
+        }
     finally:
         stop_engine(engine)
 
@@ -110,7 +135,7 @@ def run_engine(env_value: str | None, *batches: list[dict]) -> dict:
 @pytest.fixture(scope="module")
 def default_run(requests) -> dict:
     """The engine as shipped: the variable unset (start_engine removes it from the environment it starts with)."""
-    return run_engine(None, requests[:len(PLAN)], requests[len(PLAN):])
+    return run_engine(None, requests[: len(PLAN)], requests[len(PLAN) :])
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +148,10 @@ def assert_greedy(reqs: list[dict], got: list[list[int]], what: str) -> None:
     for r, g in zip(reqs, got):
         assert len(g) == r["n"], f"{len(r['ids'])}-token prompt, max_tokens {r['max_tokens']}: {len(g)} tokens"
         first = next((j for j, (a, b) in enumerate(zip(g, r["want"])) if a != b), None)
-        assert g == r["want"], (f"{what}: {len(r['ids'])}-token prompt differs from the target's greedy tokens from "
-                                f"position {first}: {g[first:first + 5]} vs {r['want'][first:first + 5]}")
+        assert g == r["want"], (
+            f"{what}: {len(r['ids'])}-token prompt differs from the target's greedy tokens from "
+            f"position {first}: {g[first : first + 5]} vs {r['want'][first : first + 5]}"
+        )
 
 
 def test_default_engine_verifies_on_the_decode_kernel(default_run):

@@ -43,11 +43,20 @@ def _run(name: str, argv: list[str], v2: bool, out: Path) -> dict:
     env = v2_environ() if v2 else dict(os.environ)
     log = out / f"{name}.log"
     with log.open("w") as f:
-        proc = subprocess.run([sys.executable, "-m", *argv, "--json", str(out / f"{name}.json")], env=env, cwd=REPO,
-                              stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, "-m", *argv, "--json", str(out / f"{name}.json")],
+            env=env,
+            cwd=REPO,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=RUN_TIMEOUT_S,
+        )
     text = log.read_text(errors="replace")
-    print(f"[{name}] exit {proc.returncode}\n" + "\n".join(line for line in text.splitlines()
-                                                        if not line.startswith("(")), flush=True)
+    print(
+        f"[{name}] exit {proc.returncode}\n"
+        + "\n".join(line for line in text.splitlines() if not line.startswith("(")),
+        flush=True,
+    )
     assert (out / f"{name}.json").is_file(), f"{name} wrote no results (exit {proc.returncode}); log {log}"
     data = json.loads((out / f"{name}.json").read_text())
     data["exit"] = proc.returncode
@@ -60,8 +69,20 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     selftest = ["vllm_eagle3.tools.selftest"]
     return {
         "v1": _run("v1", selftest, False, out),
-        "v2_replayed": _run("v2_replayed", ["vllm_eagle3.testing.replay", "--target", str(REPO / "models" /
-                            "kimi-k25-mini"), "--draft", str(LLAMA), "--capture-spec", str(SPEC)], True, out),
+        "v2_replayed": _run(
+            "v2_replayed",
+            [
+                "vllm_eagle3.testing.replay",
+                "--target",
+                str(REPO / "models" / "kimi-k25-mini"),
+                "--draft",
+                str(LLAMA),
+                "--capture-spec",
+                str(SPEC),
+            ],
+            True,
+            out,
+        ),
         "v1_mla": _run("v1_mla", [*selftest, "--draft", str(MLA), "--no-baseline"], False, out),
         "v2_mla": _run("v2_mla", [*selftest, "--draft", str(MLA), "--no-baseline"], True, out),
     }
@@ -108,7 +129,7 @@ def test_v2_draft_input_is_embed_h3_h31_on_every_step(runs):
         # prefill steps, then verify steps of k + 1 = 4 tokens per request, the batch shrinking as requests finish at
         # different steps (each reaches its 128 tokens when its own drafts allow), e.g. [64, 452, 32, ..., 20, 16, 8]
         rows = report["rows"]
-        tail = rows[rows.index(max(rows)) + 1:]
+        tail = rows[rows.index(max(rows)) + 1 :]
         assert max(rows) > 8 * 4 and tail == sorted(tail, reverse=True) and len(set(tail)) >= 3, (name, rows)
 
 

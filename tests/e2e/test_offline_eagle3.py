@@ -30,8 +30,9 @@ def runs(dsv3_dir, dsv3_eagle3_run):
     plain = start_engine(dsv3_dir)
     try:
         params = SamplingParams(max_tokens=dsv3_eagle3_run["max_tokens"], temperature=0.0, ignore_eos=True)
-        outs = plain.llm.generate([{"prompt_token_ids": prompt_ids(p)} for p in dsv3_eagle3_run["prompts"]], params,
-                                  use_tqdm=False)
+        outs = plain.llm.generate(
+            [{"prompt_token_ids": prompt_ids(p)} for p in dsv3_eagle3_run["prompts"]], params, use_tqdm=False
+        )
         reference = [list(o.outputs[0].token_ids) for o in outs]
     finally:
         stop_engine(plain)
@@ -58,16 +59,18 @@ def test_startup_log_names_taps_and_source(runs):
     assert re.match(r"\((Worker|EngineCore)[^)]*\)", lines[0]), "the line must come from the engine's processes"
 
 
-@pytest.mark.parametrize("draft_ids, env, message", [
-    pytest.param(
-        [2, 16, 29], {"EAGLE3_SPEC": "SPEC"},
-        "and the draft config disagree: its ids [2, 16, 29] read as vllm are taps [2, 16, 29]",
-        id="draft-ids-disagree-with-spec"),
-    pytest.param(
-        [0, 3, 31], {},
-        "have no stated convention",
-        id="no-declared-convention"),
-])
+@pytest.mark.parametrize(
+    "draft_ids, env, message",
+    [
+        pytest.param(
+            [2, 16, 29],
+            {"EAGLE3_SPEC": "SPEC"},
+            "and the draft config disagree: its ids [2, 16, 29] read as vllm are taps [2, 16, 29]",
+            id="draft-ids-disagree-with-spec",
+        ),
+        pytest.param([0, 3, 31], {}, "have no stated convention", id="no-declared-convention"),
+    ],
+)
 def test_engine_refuses_to_capture_other_taps(dsv3_dir, make_draft, tmp_path, draft_ids, env, message):
     """The incident's wiring (draft ids = vLLM's default (2, L//2, L-3) while the head wants [embed, 3, 31]), or ids
     with no stated convention, stop the engine at start-up with the reason, instead of serving other taps."""

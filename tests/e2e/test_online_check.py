@@ -61,8 +61,13 @@ def complete(server, n: int, first: int = 0) -> float:
     client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=300)
 
     def one(i: int) -> None:
-        client.completions.create(model=MODEL_NAME, prompt=[int(t) for t in items[i % len(items)]["prompt_token_ids"]],
-                                  max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True})
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt=[int(t) for t in items[i % len(items)]["prompt_token_ids"]],
+            max_tokens=MAX_TOKENS,
+            temperature=0.0,
+            extra_body={"ignore_eos": True},
+        )
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(IN_FLIGHT) as ex:
@@ -77,11 +82,13 @@ def test_online_check_names_the_better_wiring_of_an_fc_norm_head(server_pool, ml
     from vllm_eagle3.testing.pool import ServerKey
     from vllm_eagle3.testing.shipped import SERVER_ENV, shipped_server_argv
 
-    server = server_pool.get(ServerKey.of("mla incident", shipped_server_argv(mla_incident["draft"],
-                                                                              mla_incident["spec"]), SERVER_ENV))
+    server = server_pool.get(
+        ServerKey.of("mla incident", shipped_server_argv(mla_incident["draft"], mla_incident["spec"]), SERVER_ENV)
+    )
     log = server.log_text()
-    assert "vllm-eagle3 wiring check: scoring" in log and "configured [3, 31, 59]" in log, \
+    assert "vllm-eagle3 wiring check: scoring" in log and "configured [3, 31, 59]" in log, (
         "the check's start-up line (taps and candidates) is missing"
+    )
 
     def current() -> dict:
         time.sleep(1.0)
@@ -92,16 +99,20 @@ def test_online_check_names_the_better_wiring_of_an_fc_norm_head(server_pool, ml
     dt, sent = complete(server, REQUESTS), REQUESTS
     report = current()
     while report["verdict"] == V.PENDING and report["over_budget"] and sent < MAX_REQUESTS:
-        say(f"{sent} requests: {report['over_budget']} due for following were passed over for the budget "
-            f"(cost {report['cost']}); {WAVE} more")
+        say(
+            f"{sent} requests: {report['over_budget']} due for following were passed over for the budget "
+            f"(cost {report['cost']}); {WAVE} more"
+        )
         dt += complete(server, WAVE, sent)
         sent += WAVE
         report = current()
     lines = [ln for ln in server.log_text().splitlines() if MARK in ln and V.ALARM_LINE.search(ln)]
     metrics = http_get(server.base_url + "/metrics")[1]
-    say(f"{sent} requests in {dt:.1f} s: check {report['verdict']} after {report['requests']} scored requests; "
+    say(
+        f"{sent} requests in {dt:.1f} s: check {report['verdict']} after {report['requests']} scored requests; "
         f"configured {report['configured']}, better {report['better']}; cost {report['cost']}; due and passed over: "
-        f"{report['over_budget']} for the budget, {report['at_max_followed']} at max_followed")
+        f"{report['over_budget']} for the budget, {report['at_max_followed']} at max_followed"
+    )
     record_property("check_verdict", report["verdict"])
     record_property("check_requests", report["requests"])
     record_property("check_requests_sent", sent)
@@ -114,8 +125,14 @@ def test_online_check_names_the_better_wiring_of_an_fc_norm_head(server_pool, ml
     # the budget gates new follows, so one request's scoring can overshoot it a little, never by a multiple
     assert report["cost"]["fraction_of_engine_time"] < 2 * report["cost"]["budget"], report["cost"]
     assert 1 <= len(lines) <= 2, lines  # one per verdict kind (costs, then wrong as the interval narrows)
-    for part in ("WARNING", "the served taps [3, 31, 59] ", "[embed, 3, 31] gets", "taps: [embed, 3, 31]",
-                 '"eagle_aux_hidden_state_layer_ids": [0, 3, 31]', "false-alarm bound 0.001"):
+    for part in (
+        "WARNING",
+        "the served taps [3, 31, 59] ",
+        "[embed, 3, 31] gets",
+        "taps: [embed, 3, 31]",
+        '"eagle_aux_hidden_state_layer_ids": [0, 3, 31]',
+        "false-alarm bound 0.001",
+    ):
         assert part in lines[0], (part, lines[0])
     level = [ln for ln in metrics.splitlines() if ln.startswith("vllm_eagle3_wiring_check_verdict{")]
     assert level and float(level[0].rsplit(" ", 1)[1]) in (V.level(V.COSTS), V.level(V.WRONG)), level

@@ -78,12 +78,15 @@ def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env,
             time.sleep(0.5)
         import urllib.request
 
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(
-            {"model": MODEL_NAME, "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}).encode(),
-            {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            json.dumps({"model": MODEL_NAME, "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}).encode(),
+            {"Content-Type": "application/json"},
+        )
         body = json.loads(urllib.request.urlopen(req, timeout=120).read())
-        plain = greedy_token_ids_together(SimpleNamespace(openai_url=f"http://127.0.0.1:{port}/v1"), MODEL_NAME,
-                                          prompts(), MAX_TOKENS)
+        plain = greedy_token_ids_together(
+            SimpleNamespace(openai_url=f"http://127.0.0.1:{port}/v1"), MODEL_NAME, prompts(), MAX_TOKENS
+        )
         wiring_status, wiring_body = http_get(f"http://127.0.0.1:{port}{WIRING}", timeout=30)
         text = log.read_text(errors="replace")
     finally:

@@ -40,8 +40,9 @@ if not (TARGET / "config.json").is_file() or not (DRAFT / "eval_prompts.json").i
 
 
 def post(server: VllmServer, body: dict) -> tuple[int, str]:
-    req = urllib.request.Request(server.base_url + "/v1/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.base_url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
             return resp.status, resp.read().decode()
@@ -50,8 +51,14 @@ def post(server: VllmServer, body: dict) -> tuple[int, str]:
 
 
 def greedy(server: VllmServer, prompt: list[int], n: int, speculation=None) -> dict:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
-            "return_token_ids": True}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": n,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     if speculation is not None:
         body["vllm_xargs"] = {KEY: speculation}
     status, text = post(server, body)
@@ -74,6 +81,7 @@ def eval_items() -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------- servers
+
 
 @pytest.fixture(scope="module")
 def plugin_server(server_pool, shipped_keys) -> VllmServer:
@@ -114,6 +122,7 @@ def never_server(server_pool, tmp_path_factory, never_token) -> VllmServer:
 
 # ------------------------------------------------------------------------------------------------- the switch
 
+
 def test_speculation_off_is_greedy_identical_on_the_shipped_head(plugin_server):
     """Greedy output of a request with speculation off equals the same request with it on and the target's float32
     continuation (a dropped draft must never change a token)."""
@@ -126,8 +135,9 @@ def test_speculation_off_is_greedy_identical_on_the_shipped_head(plugin_server):
 @pytest.mark.parametrize("value", ["maybe", 2, 0.5, ["off"]])
 def test_bad_value_is_a_400_naming_the_fix(plugin_server, value):
     """A bad ``speculation`` value is refused with a 400 that says what to send, and the engine serves on."""
-    status, text = post(plugin_server, {"model": MODEL, "prompt": "def f(x):", "max_tokens": 4,
-                                        "vllm_xargs": {KEY: value}})
+    status, text = post(
+        plugin_server, {"model": MODEL, "prompt": "def f(x):", "max_tokens": 4, "vllm_xargs": {KEY: value}}
+    )
     assert status == 400, f"{value!r}: answered {status}: {text[:400]}"
     assert KEY in text and "true or false" in text, text[:400]
     greedy(plugin_server, eval_items()[0]["prompt_token_ids"], 4)
@@ -152,6 +162,7 @@ def test_speculation_off_drafts_nothing_while_a_concurrent_request_drafts(never_
 
 # ------------------------------------------------------------------------------------------------- the back-off
 
+
 @pytest.mark.parametrize("n", [128])
 def test_failing_drafts_stop_within_the_bound(never_server, never_token, n):
     """A request whose every draft fails verifies drafts on at most ``drafting_steps(Backoff(), n - 1)`` of its
@@ -161,9 +172,11 @@ def test_failing_drafts_stop_within_the_bound(never_server, never_token, n):
     r = greedy(never_server, prompt, n)
     m = spec_metrics(r)
     bound = drafting_steps(Backoff(), n - 1)
-    print(f"{n} tokens: {m['num_spec_steps']} verify steps with drafts, {m['num_draft_tokens']} drafts "
-          f"(bound {bound} steps, {K * bound} drafts; without back-off {n - 1} steps, {K * (n - 1)} drafts); "
-          f"per step drafted {m.get('per_step_drafted')}, accepted {m.get('per_step_accepted')}")
+    print(
+        f"{n} tokens: {m['num_spec_steps']} verify steps with drafts, {m['num_draft_tokens']} drafts "
+        f"(bound {bound} steps, {K * bound} drafts; without back-off {n - 1} steps, {K * (n - 1)} drafts); "
+        f"per step drafted {m.get('per_step_drafted')}, accepted {m.get('per_step_accepted')}"
+    )
     assert token_ids(r) == want and never_token not in want
     assert m["num_accepted_draft_tokens"] == 0, m
     assert Backoff().misses <= m["num_spec_steps"] <= bound, m

@@ -60,9 +60,11 @@ def say(line: str) -> None:
 
 # ------------------------------------------------------------------------------------------------- HTTP
 
+
 def post(server: VllmServer, path: str, body: dict) -> tuple[int, str]:
-    req = urllib.request.Request(server.base_url + path, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.base_url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:  # noqa: S310 - loopback
             return resp.status, resp.read().decode()
@@ -77,7 +79,7 @@ def post_ok(server: VllmServer, path: str, body: dict) -> dict:
 
 
 def sse_events(text: str) -> list[dict]:
-    lines = [ln[len("data: "):] for ln in text.splitlines() if ln.startswith("data: ")]
+    lines = [ln[len("data: ") :] for ln in text.splitlines() if ln.startswith("data: ")]
     assert lines and lines[-1] == "[DONE]", f"stream did not end with [DONE]: {text[-300:]}"
     return [json.loads(ln) for ln in lines[:-1]]
 
@@ -116,6 +118,7 @@ def check_top_logprobs(n: int):
         assert len(lp["tokens"]) == len(tokens(r)) == r["usage"]["completion_tokens"]
         assert all(n <= len(top) <= n + 1 for top in lp["top_logprobs"]), lp["top_logprobs"][:2]
         assert all(v <= 0.0 for v in lp["token_logprobs"])
+
     return check
 
 
@@ -123,6 +126,7 @@ def check_chat_logprobs(n: int):
     def check(r):
         content = r["choices"][0]["logprobs"]["content"]
         assert len(content) == r["usage"]["completion_tokens"] and all(len(c["top_logprobs"]) == n for c in content)
+
     return check
 
 
@@ -134,6 +138,7 @@ def check_prompt_logprobs(r):
 def check_length(n: int):
     def check(r):
         assert r["usage"]["completion_tokens"] == n, r["usage"]
+
     return check
 
 
@@ -177,8 +182,10 @@ OPTIONS = {
     "presence_penalty": (*completion(presence_penalty=1.0), None),
     "frequency_penalty": (*completion(frequency_penalty=1.0), None),
     "repetition_penalty": (*completion(repetition_penalty=1.3), None),
-    "penalties_greedy": (*completion(temperature=0.0, presence_penalty=0.5, frequency_penalty=0.5,
-                                     repetition_penalty=1.2), None),
+    "penalties_greedy": (
+        *completion(temperature=0.0, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2),
+        None,
+    ),
     "logprobs": (*completion(logprobs=3), check_top_logprobs(3)),
     "logprobs_0": (*completion(logprobs=0), check_top_logprobs(0)),
     "logprobs_greedy": (*completion(logprobs=5, temperature=0.0), check_top_logprobs(5)),
@@ -190,63 +197,134 @@ OPTIONS = {
     "best_of": (*completion(n=1, best_of=2, temperature=0.8), lambda r: len(r["choices"]) == 1 or fail(r)),
     "n_2_seed": (*completion(n=2, temperature=1.0, seed=7), lambda r: len(r["choices"]) == 2 or fail(r)),
     "stop": (*completion(stop=["\n"]), lambda r: "\n" not in r["choices"][0]["text"] or fail(r)),
-    "stop_token_ids": (*completion(stop_token_ids=[10, 11, 12]),
-                       lambda r: not set(tokens(r)[:-1]) & {10, 11, 12} or fail(r)),
-    "include_stop_str_in_output": (*completion(stop=["\n"], include_stop_str_in_output=True, temperature=0.0),
-                                   lambda r: finished_by(r) != "stop" or r["choices"][0]["text"].endswith("\n")
-                                   or fail(r)),
+    "stop_token_ids": (
+        *completion(stop_token_ids=[10, 11, 12]),
+        lambda r: not set(tokens(r)[:-1]) & {10, 11, 12} or fail(r),
+    ),
+    "include_stop_str_in_output": (
+        *completion(stop=["\n"], include_stop_str_in_output=True, temperature=0.0),
+        lambda r: finished_by(r) != "stop" or r["choices"][0]["text"].endswith("\n") or fail(r),
+    ),
     "min_tokens": (*completion(min_tokens=8), lambda r: r["usage"]["completion_tokens"] >= 8 or fail(r)),
     "min_tokens_eq_max": (*completion(min_tokens=16), check_length(16)),
-    "min_tokens_greedy_stop": (*completion(min_tokens=12, temperature=0.0, stop=["\n"]),
-                               lambda r: r["usage"]["completion_tokens"] >= 12 or fail(r)),
+    "min_tokens_greedy_stop": (
+        *completion(min_tokens=12, temperature=0.0, stop=["\n"]),
+        lambda r: r["usage"]["completion_tokens"] >= 12 or fail(r),
+    ),
     "max_tokens_1": (*completion(max_tokens=1, ignore_eos=True), check_length(1)),
     "max_tokens_2": (*completion(max_tokens=2, ignore_eos=True), check_length(2)),
     "max_tokens_3_greedy": (*completion(max_tokens=3, ignore_eos=True, temperature=0.0), check_length(3)),
     "max_tokens_unset": ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "stop": ["\n"]}, None),
     "ignore_eos": (*completion(ignore_eos=True, max_tokens=40), check_length(40)),
-    "bad_words": (*completion(bad_words=[" self", " return"], max_tokens=32),
-                  lambda r: not set(tokens(r)) & set(BAD_WORD_IDS) or fail(r)),
-    "allowed_token_ids": (*completion(allowed_token_ids=ALLOWED, temperature=0.0),
-                          lambda r: set(tokens(r)) <= set(ALLOWED) or fail(r)),
-    "allowed_token_ids_sampled": (*completion(allowed_token_ids=ALLOWED, temperature=0.8),
-                                  lambda r: set(tokens(r)) <= set(ALLOWED) or fail(r)),
+    "bad_words": (
+        *completion(bad_words=[" self", " return"], max_tokens=32),
+        lambda r: not set(tokens(r)) & set(BAD_WORD_IDS) or fail(r),
+    ),
+    "allowed_token_ids": (
+        *completion(allowed_token_ids=ALLOWED, temperature=0.0),
+        lambda r: set(tokens(r)) <= set(ALLOWED) or fail(r),
+    ),
+    "allowed_token_ids_sampled": (
+        *completion(allowed_token_ids=ALLOWED, temperature=0.8),
+        lambda r: set(tokens(r)) <= set(ALLOWED) or fail(r),
+    ),
     "response_format_json_object": (*chat(response_format={"type": "json_object"}, max_tokens=48), check_json),
-    "response_format_json_schema": (*chat(max_tokens=48, response_format={"type": "json_schema", "json_schema": {
-        "name": "a", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}),
-        check_schema),
-    "structured_regex": (*completion(structured_outputs={"regex": "[0-9]{3}"}),
-                         lambda r: re.fullmatch("[0-9]{3}", r["choices"][0]["text"]) or fail(r)),
-    "structured_choice": (*completion(structured_outputs={"choice": ["yes", "no"]}),
-                          lambda r: r["choices"][0]["text"] in ("yes", "no") or fail(r)),
+    "response_format_json_schema": (
+        *chat(
+            max_tokens=48,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "a",
+                    "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                },
+            },
+        ),
+        check_schema,
+    ),
+    "structured_regex": (
+        *completion(structured_outputs={"regex": "[0-9]{3}"}),
+        lambda r: re.fullmatch("[0-9]{3}", r["choices"][0]["text"]) or fail(r),
+    ),
+    "structured_choice": (
+        *completion(structured_outputs={"choice": ["yes", "no"]}),
+        lambda r: r["choices"][0]["text"] in ("yes", "no") or fail(r),
+    ),
     # Cut by max_tokens ("length"), the text is a prefix of a match, e.g. "cdaba" (seen).
-    "structured_regex_sampled": (*completion(structured_outputs={"regex": "(ab|cd)+"}, temperature=1.0, top_k=3),
-                                 lambda r: re.fullmatch("(ab|cd)+" if finished_by(r) == "stop" else "(ab|cd)*[ac]?",
-                                                        r["choices"][0]["text"]) or fail(r)),
+    "structured_regex_sampled": (
+        *completion(structured_outputs={"regex": "(ab|cd)+"}, temperature=1.0, top_k=3),
+        lambda r: (
+            re.fullmatch("(ab|cd)+" if finished_by(r) == "stop" else "(ab|cd)*[ac]?", r["choices"][0]["text"])
+            or fail(r)
+        ),
+    ),
     # echo without return_token_ids: with it, vLLM returns the prompt in prompt_token_ids instead of the text.
-    "echo": (*completion(echo=True, return_token_ids=False),
-             lambda r: r["choices"][0]["text"].startswith(PROMPT) or fail(r)),
-    "echo_logprobs": (*completion(echo=True, logprobs=2, max_tokens=4, return_token_ids=False),
-                      lambda r: r["choices"][0]["text"].startswith(PROMPT) or fail(r)),
-    "echo_max_tokens_0": (*completion(echo=True, max_tokens=0, return_token_ids=False),
-                          lambda r: r["choices"][0]["text"] == PROMPT or fail(r)),
+    "echo": (
+        *completion(echo=True, return_token_ids=False),
+        lambda r: r["choices"][0]["text"].startswith(PROMPT) or fail(r),
+    ),
+    "echo_logprobs": (
+        *completion(echo=True, logprobs=2, max_tokens=4, return_token_ids=False),
+        lambda r: r["choices"][0]["text"].startswith(PROMPT) or fail(r),
+    ),
+    "echo_max_tokens_0": (
+        *completion(echo=True, max_tokens=0, return_token_ids=False),
+        lambda r: r["choices"][0]["text"] == PROMPT or fail(r),
+    ),
     "skip_special_tokens_false": (*completion(skip_special_tokens=False, spaces_between_special_tokens=False), None),
-    "stream": (*completion(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True},
-                           top_k=8, logprobs=1), check_stream),
+    "stream": (
+        *completion(
+            stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}, top_k=8, logprobs=1
+        ),
+        check_stream,
+    ),
     "chat_stream": (*chat(stream=True, stream_options={"include_usage": True}, top_p=0.9), check_chat_stream),
-    "combination": (*completion(temperature=0.7, top_p=0.9, top_k=20, presence_penalty=0.3, frequency_penalty=0.2,
-                                repetition_penalty=1.1, logprobs=2, n=2, seed=3, stop=["\n\n"], min_tokens=4,
-                                bad_words=[" self"], prompt_logprobs=1), None),
+    "combination": (
+        *completion(
+            temperature=0.7,
+            top_p=0.9,
+            top_k=20,
+            presence_penalty=0.3,
+            frequency_penalty=0.2,
+            repetition_penalty=1.1,
+            logprobs=2,
+            n=2,
+            seed=3,
+            stop=["\n\n"],
+            min_tokens=4,
+            bad_words=[" self"],
+            prompt_logprobs=1,
+        ),
+        None,
+    ),
     "min_p": (*completion(temperature=0.8, min_p=0.1), None),
     "min_p_top_k_top_p": (*completion(temperature=1.2, min_p=0.2, top_k=20, top_p=0.9), None),
     "logit_bias": (*completion(logit_bias={"10": 5}), None),
-    "logit_bias_forced": (*completion(temperature=0.8, logit_bias={str(ALLOWED[2]): 100}, ignore_eos=True),
-                          lambda r: set(tokens(r)) == {ALLOWED[2]} or fail(r)),
-    "logit_bias_greedy_banned": (*completion(temperature=0.0, logit_bias={str(t): -100 for t in BAD_WORD_IDS}),
-                                 lambda r: not set(tokens(r)) & set(BAD_WORD_IDS) or fail(r)),
+    "logit_bias_forced": (
+        *completion(temperature=0.8, logit_bias={str(ALLOWED[2]): 100}, ignore_eos=True),
+        lambda r: set(tokens(r)) == {ALLOWED[2]} or fail(r),
+    ),
+    "logit_bias_greedy_banned": (
+        *completion(temperature=0.0, logit_bias={str(t): -100 for t in BAD_WORD_IDS}),
+        lambda r: not set(tokens(r)) & set(BAD_WORD_IDS) or fail(r),
+    ),
     "chat_logit_bias": (*chat(logit_bias={"10": 5}), None),
     "chat_min_p": (*chat(temperature=0.7, min_p=0.1), None),
-    "chat_combination": (*chat(temperature=0.7, top_p=0.9, top_k=20, seed=5, logprobs=True, top_logprobs=2, n=2,
-                               stop=["}"], response_format={"type": "json_object"}, max_tokens=32), None),
+    "chat_combination": (
+        *chat(
+            temperature=0.7,
+            top_p=0.9,
+            top_k=20,
+            seed=5,
+            logprobs=True,
+            top_logprobs=2,
+            n=2,
+            stop=["}"],
+            response_format={"type": "json_object"},
+            max_tokens=32,
+        ),
+        None,
+    ),
 }
 
 # Refused with a 400: name -> (endpoint, body, a substring the error message must contain).
@@ -256,6 +334,7 @@ REFUSED = {
 
 
 # ------------------------------------------------------------------------------------------------- servers
+
 
 def serve_args() -> list[str]:
     from vllm_eagle3.testing.shipped import shipped_server_argv
@@ -270,8 +349,10 @@ def server(server_pool, shipped_keys) -> VllmServer:
 
 
 def assert_healthy(server: VllmServer, after: str) -> None:
-    assert server.healthy(timeout=10), (f"/health is down after {after}: the engine died; log {server.log_path}:\n"
-                                        f"{server.log_tail(60)}\n{server.failure_digest()}")
+    assert server.healthy(timeout=10), (
+        f"/health is down after {after}: the engine died; log {server.log_path}:\n"
+        f"{server.log_tail(60)}\n{server.failure_digest()}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------- greedy reference
@@ -286,8 +367,18 @@ def reference_prompt() -> tuple[list[int], list[int]]:
 
 
 def greedy_tokens(server: VllmServer, prompt: list[int], n: int) -> list[int]:
-    r = post_ok(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0.0,
-                                            "ignore_eos": True, "return_token_ids": True})
+    r = post_ok(
+        server,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": n,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     return tokens(r)
 
 
@@ -301,6 +392,7 @@ def before(server) -> SpecDecodeCounters:
 
 
 # ------------------------------------------------------------------------------------------------- tests
+
 
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_option_answered_engine_alive(server, before, name):
@@ -359,8 +451,18 @@ def next_token_dist(server: VllmServer, prefix: list[int]) -> dict[int, float]:
     defines it (temperature, then top-k, then top-p over the renormalised rest), from the served raw logprobs of
     a request's FIRST token. A first token comes out of the prefill step, which has no drafts: the plain sampler
     computes it from the target's logits, so these are the target's logprobs whatever the speculation does."""
-    r = post_ok(server, "/v1/completions", {"model": MODEL, "prompt": prefix, "max_tokens": 1, "temperature": 0.0,
-                                            "logprobs": 20, "return_tokens_as_token_ids": True})
+    r = post_ok(
+        server,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": prefix,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": 20,
+            "return_tokens_as_token_ids": True,
+        },
+    )
     top = r["choices"][0]["logprobs"]["top_logprobs"][0]
     scaled = sorted(((lp / DIST_T, int(tok.split(":")[1])) for tok, lp in top.items()), reverse=True)[:DIST_TOP_K]
     z = max(s for s, _ in scaled)
@@ -396,15 +498,29 @@ def test_sampled_output_keeps_the_target_distribution(server, before):
     p1 = next_token_dist(server, prompt)
     p2 = {a: next_token_dist(server, prompt + [a]) for a in p1}
     p3 = {(a, b): next_token_dist(server, prompt + [a, b]) for a in p1 for b in p2[a]}
-    say(f"exact distribution: {len(p1)} x {sum(map(len, p2.values()))} x {sum(map(len, p3.values()))} outcomes, "
-        f"{time.monotonic() - t0:.1f} s")
+    say(
+        f"exact distribution: {len(p1)} x {sum(map(len, p2.values()))} x {sum(map(len, p3.values()))} outcomes, "
+        f"{time.monotonic() - t0:.1f} s"
+    )
 
     counters0 = SpecDecodeCounters.fetch(server.base_url)
 
     def sample(seed: int) -> tuple[int, ...]:
-        r = post_ok(server, "/v1/completions", {
-            "model": MODEL, "prompt": prompt, "max_tokens": 3, "temperature": DIST_T, "top_k": DIST_TOP_K,
-            "top_p": DIST_TOP_P, "seed": seed, "ignore_eos": True, "return_token_ids": True})
+        r = post_ok(
+            server,
+            "/v1/completions",
+            {
+                "model": MODEL,
+                "prompt": prompt,
+                "max_tokens": 3,
+                "temperature": DIST_T,
+                "top_k": DIST_TOP_K,
+                "top_p": DIST_TOP_P,
+                "seed": seed,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+        )
         return tuple(tokens(r))
 
     t0 = time.monotonic()
@@ -422,12 +538,16 @@ def test_sampled_output_keeps_the_target_distribution(server, before):
     for (a, b), q3 in p3.items():
         for c, q in q3.items():
             marg3[c] = marg3.get(c, 0.0) + joint12[(a, b)] * q
-    for what, observed, expected in (("(token 1, token 2)", Counter(s[:2] for s in samples), joint12),
-                                     ("token 3", Counter(s[2] for s in samples), marg3)):
+    for what, observed, expected in (
+        ("(token 1, token 2)", Counter(s[:2] for s in samples), joint12),
+        ("token 3", Counter(s[2] for s in samples), marg3),
+    ):
         stat, df, p_value = chi_square(observed, expected, DIST_SAMPLES)
         say(f"{what}: chi2 {stat:.1f}, df {df}, p {p_value:.3g}")
-        assert p_value > DIST_ALPHA, (f"sampled {what} under speculation differs from the target's distribution: "
-                                      f"chi2 {stat:.1f} on {df} df, p = {p_value:.2e} < {DIST_ALPHA}")
+        assert p_value > DIST_ALPHA, (
+            f"sampled {what} under speculation differs from the target's distribution: "
+            f"chi2 {stat:.1f} on {df} df, p = {p_value:.2e} < {DIST_ALPHA}"
+        )
     assert counters.drafts > 0 and counters.accepted > 0, f"speculation did not run while sampling: {counters}"
 
 
@@ -435,7 +555,8 @@ def test_greedy_unchanged_and_speculation_ran(server, before):
     """After every option above: greedy output still equals the target's, and the server really speculated."""
     prompt, want = reference_prompt()
     assert greedy_tokens(server, prompt, REFERENCE_TOKENS) == want[:REFERENCE_TOKENS], (
-        "greedy speculative output changed after the sampling-option requests")
+        "greedy speculative output changed after the sampling-option requests"
+    )
     counters = SpecDecodeCounters.fetch(server.base_url) - before
     say(f"whole module: {counters.summary()}")
     assert counters.drafts > 0 and counters.draft_tokens > 0 and counters.accepted > 0, counters
@@ -447,8 +568,15 @@ def test_greedy_logit_bias_identical_to_no_speculation(server, before, server_po
     server returns exactly the tokens of the target alone (``baseline``), and the bias did change the output."""
     prompt, want = reference_prompt()
     bias = {str(want[3]): -100, str(want[10]): -100, str(ALLOWED[1]): 3}
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": REFERENCE_TOKENS, "temperature": 0.0, "ignore_eos": True,
-            "return_token_ids": True, "logit_bias": bias}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": REFERENCE_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logit_bias": bias,
+    }
     counters0 = SpecDecodeCounters.fetch(server.base_url)
     spec = tokens(post_ok(server, "/v1/completions", body))
     counters = SpecDecodeCounters.fetch(server.base_url) - counters0

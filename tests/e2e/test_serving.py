@@ -46,8 +46,9 @@ TP_ACCEPTANCE_TOL = 0.05
 
 pytestmark = [pytest.mark.e2e]
 if not (TARGET / "config.json").is_file() or not (DRAFT / "config.json").is_file():
-    pytestmark.append(pytest.mark.skip(
-        reason=f"the trained miniature is not built yet ({TARGET} and {DRAFT}); these tests serve it"))
+    pytestmark.append(
+        pytest.mark.skip(reason=f"the trained miniature is not built yet ({TARGET} and {DRAFT}); these tests serve it")
+    )
 
 
 def say(line: str) -> None:
@@ -55,6 +56,7 @@ def say(line: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- prompts
+
 
 def eval_prompts(n: int = NUM_PROMPTS) -> list[list[int]] | None:
     """The first ``n`` prompts (token ids) the model card's offline acceptance was measured on, or None.
@@ -86,7 +88,7 @@ def heldout_prompts(n: int = NUM_PROMPTS, chars: int = 400) -> list[str]:
         if len(text) < 3 * chars:
             continue
         start = text.find("\n", len(text) // 3) + 1
-        window = text[start:start + chars]
+        window = text[start : start + chars]
         window = window[: window.rfind("\n") + 1]
         if window.strip():
             prompts.append(window)
@@ -98,14 +100,19 @@ def heldout_prompts(n: int = NUM_PROMPTS, chars: int = 400) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------- servers
 
+
 @pytest.fixture(scope="module")
 def pool(server_pool, shipped_keys):
     """``pool.get(name)``: the session's shared servers (tests/conftest.py) plus this module's TP=2 server."""
     from vllm_eagle3.testing.pool import ServerKey
     from vllm_eagle3.testing.shipped import SERVER_ENV, shipped_server_argv
 
-    keys = {**shipped_keys, "plugin_tp2": ServerKey.of("plugin_tp2", [*shipped_server_argv(), "--tensor-parallel-size",
-                                                                       "2"], {**SERVER_ENV, **TP2_ENV})}
+    keys = {
+        **shipped_keys,
+        "plugin_tp2": ServerKey.of(
+            "plugin_tp2", [*shipped_server_argv(), "--tensor-parallel-size", "2"], {**SERVER_ENV, **TP2_ENV}
+        ),
+    }
 
     class Pool:
         def get(self, name: str) -> VllmServer:
@@ -131,8 +138,9 @@ def greedy_outputs(server: VllmServer, prompts: list, max_tokens: int = MAX_TOKE
     client = client_for(server)
 
     def one(p):
-        r = client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=max_tokens, temperature=0.0,
-                                      extra_body={"ignore_eos": True})
+        r = client.completions.create(
+            model=MODEL_NAME, prompt=p, max_tokens=max_tokens, temperature=0.0, extra_body={"ignore_eos": True}
+        )
         return r.choices[0].text, r.usage.completion_tokens
 
     t0 = time.perf_counter()
@@ -172,6 +180,7 @@ def served(pool, prompts, reference, reference_short) -> dict:
 
 # ------------------------------------------------------------------------------------------------- model card
 
+
 def offline_acceptance(k: int, num_prompts: int) -> tuple[float, int, str]:
     """The model card's offline estimate of what a server measures on the first ``num_prompts`` eval prompts at
     ``k`` draft tokens: (acceptance length, drafts, where it was read).
@@ -183,27 +192,35 @@ def offline_acceptance(k: int, num_prompts: int) -> tuple[float, int, str]:
     path = DRAFT / "eval.json"
     assert path.is_file(), f"{path} is missing: the model card's offline estimate ships with the draft"
     sim = json.loads(path.read_text())["simulated_acceptance"]
-    assert "served_walk" in sim, (f"{path} has no simulated_acceptance.served_walk: run `python -m "
-                                  "vllm_eagle3.miniature.evaluate --target ... --draft ... --walk-only`")
+    assert "served_walk" in sim, (
+        f"{path} has no simulated_acceptance.served_walk: run `python -m "
+        "vllm_eagle3.miniature.evaluate --target ... --draft ... --walk-only`"
+    )
     per = sim["served_walk"][str(k)]["per_sequence"][:num_prompts]
     assert len(per) == num_prompts, f"{path}: served_walk has {len(per)} prompts, {num_prompts} served"
     drafts, accepted = sum(d for d, _ in per), sum(a for _, a in per)
     every = sim["greedy"]["acceptance_length"][str(k)]
-    return (1.0 + accepted / drafts, drafts,
-            f"{path.name}: simulated_acceptance.served_walk, k={k}, first {num_prompts} prompts, {drafts} drafts; "
-            f"every-anchor average over all prompts {every:.3f}")
+    return (
+        1.0 + accepted / drafts,
+        drafts,
+        f"{path.name}: simulated_acceptance.served_walk, k={k}, first {num_prompts} prompts, {drafts} drafts; "
+        f"every-anchor average over all prompts {every:.3f}",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- tests
+
 
 def test_speculative_greedy_is_token_identical(served, reference, record_property):
     """Guards: speculation changing what the model says (a wrong accept/reject or KV-cache bookkeeping bug shows
     up as a different greedy continuation). float32 on both sides: exact, no tolerance."""
     mismatched = [i for i, (a, b) in enumerate(zip(reference, served["texts"])) if a != b]
     record_property("greedy_mismatches", len(mismatched))
-    assert not mismatched, (f"{len(mismatched)}/{len(reference)} greedy outputs differ with speculation; first: "
-                            f"prompt {mismatched[0]}:\n--- target alone\n{reference[mismatched[0]]!r}\n"
-                            f"--- with EAGLE-3\n{served['texts'][mismatched[0]]!r}")
+    assert not mismatched, (
+        f"{len(mismatched)}/{len(reference)} greedy outputs differ with speculation; first: "
+        f"prompt {mismatched[0]}:\n--- target alone\n{reference[mismatched[0]]!r}\n"
+        f"--- with EAGLE-3\n{served['texts'][mismatched[0]]!r}"
+    )
 
 
 def test_served_acceptance_matches_model_card(served, prompts, record_property):
@@ -226,12 +243,15 @@ def test_served_acceptance_matches_model_card(served, prompts, record_property):
     offline, drafts, where = offline_acceptance(k, len(prompts))
     record_property("served_acceptance_length", round(counters.acceptance_length, 4))
     record_property("offline_acceptance_length", round(offline, 4))
-    say(f"served acceptance length {counters.acceptance_length:.3f} ({counters.drafts:.0f} drafts) vs offline "
-        f"{offline:.3f} ({where}); served per position {[round(x, 3) for x in counters.per_position]}")
+    say(
+        f"served acceptance length {counters.acceptance_length:.3f} ({counters.drafts:.0f} drafts) vs offline "
+        f"{offline:.3f} ({where}); served per position {[round(x, 3) for x in counters.per_position]}"
+    )
     assert counters.drafts >= 100, f"only {counters.drafts:.0f} drafts measured: too few to compare"
     assert abs(counters.acceptance_length - offline) <= 0.1, (
         f"served acceptance length {counters.acceptance_length:.3f} is not within 0.1 of the model card's "
-        f"simulation {offline:.3f} ({where})")
+        f"simulation {offline:.3f} ({where})"
+    )
     per_pos = counters.per_position
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:])), f"per-position acceptance not decreasing: {per_pos}"
 
@@ -258,10 +278,15 @@ def test_under_load_nothing_lost_or_corrupted(pool, prompts, reference_short, se
             hang_up = (cid + n) % DISCONNECT_EVERY == 0  # a quarter of the clients hang up on their first request
             n += 1
             try:
-                stream = client.completions.create(model=MODEL_NAME, prompt=prompts[i], max_tokens=LOAD_MAX_TOKENS,
-                                                   temperature=0.0, stream=True,
-                                                   stream_options={"include_usage": True},
-                                                   extra_body={"ignore_eos": True})
+                stream = client.completions.create(
+                    model=MODEL_NAME,
+                    prompt=prompts[i],
+                    max_tokens=LOAD_MAX_TOKENS,
+                    temperature=0.0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body={"ignore_eos": True},
+                )
                 parts, chunks, tokens = [], 0, 0
                 for chunk in stream:
                     if chunk.usage is not None:
@@ -278,8 +303,9 @@ def test_under_load_nothing_lost_or_corrupted(pool, prompts, reference_short, se
                         stats["disconnected"] += 1
                         if not reference_short[i].startswith(text):
                             stats["mismatches"] += 1
-                            problems.append(f"client {cid} prompt {i} (hung up): {text!r} is not a prefix of "
-                                            f"{reference_short[i]!r}")
+                            problems.append(
+                                f"client {cid} prompt {i} (hung up): {text!r} is not a prefix of {reference_short[i]!r}"
+                            )
                     else:
                         stats["completed"] += 1
                         stats["tokens"] += tokens
@@ -312,8 +338,14 @@ def test_under_load_nothing_lost_or_corrupted(pool, prompts, reference_short, se
     healthy = server.healthy()
     after, _ = greedy_outputs(server, prompts[:2], LOAD_MAX_TOKENS)
 
-    report = {**stats, "clients": LOAD_CLIENTS, "seconds": round(elapsed, 1),
-              "tokens_per_s": round(stats["tokens"] / elapsed, 1), "running_after": running, "healthy_after": healthy}
+    report = {
+        **stats,
+        "clients": LOAD_CLIENTS,
+        "seconds": round(elapsed, 1),
+        "tokens_per_s": round(stats["tokens"] / elapsed, 1),
+        "running_after": running,
+        "healthy_after": healthy,
+    }
     for key, value in report.items():
         record_property(f"load_{key}", value)
     say(f"load test: {json.dumps(report)}")
@@ -340,12 +372,15 @@ def test_incident_wiring_collapses_acceptance(pool, prompts, reference, served, 
     record_property("incident_acceptance_length", round(counters.acceptance_length, 4))
     record_property("incident_tokens_per_s", round(tps, 1))
     say(f"incident [3, 31, 59]: {tps:.1f} tok/s (plugin {served['tps']:.1f}); {counters.summary()}")
-    say(f"gap: acceptance length {good.acceptance_length:.3f} (plugin) vs {counters.acceptance_length:.3f} "
-        f"(incident wiring)")
+    say(
+        f"gap: acceptance length {good.acceptance_length:.3f} (plugin) vs {counters.acceptance_length:.3f} "
+        f"(incident wiring)"
+    )
     assert counters.drafts >= 100
     assert counters.acceptance_length <= good.acceptance_length - 0.5, (
         f"incident wiring acceptance {counters.acceptance_length:.3f} is not clearly below the correct wiring's "
-        f"{good.acceptance_length:.3f}")
+        f"{good.acceptance_length:.3f}"
+    )
     assert counters.acceptance_rate <= 0.5 * good.acceptance_rate
     assert texts == reference, "greedy output changed under the incident wiring (it should only be slow)"
 
@@ -368,17 +403,20 @@ def test_tp2_served_acceptance_matches_tp1(pool, prompts, reference, served, rec
     say(f"acceptance length TP=2 {counters.acceptance_length:.3f} vs TP=1 {tp1.acceptance_length:.3f}")
     log = pool.get("plugin_tp2").log_text()
     rank_lines = [line for line in log.splitlines() if "vllm-eagle3: capturing taps [embed, 3, 31]" in line]
-    assert any("[tp 0/2," in line for line in rank_lines) and any("[tp 1/2," in line for line in rank_lines), \
+    assert any("[tp 0/2," in line for line in rank_lines) and any("[tp 1/2," in line for line in rank_lines), (
         f"expected a taps line from each of the 2 TP ranks, got {rank_lines}"
+    )
     assert counters.drafts >= 100, f"only {counters.drafts:.0f} drafts measured: too few to compare"
     # the online wiring check (on by default) runs once per engine, on TP rank 0, with the taps gathered there
     checks = [line for line in log.splitlines() if "vllm-eagle3 wiring check: scoring" in line]
     assert len(checks) == 1, f"one online-check start-up line (TP rank 0) expected, got {checks}"
     status, raw = http_get(pool.get("plugin_tp2").base_url + "/v1/eagle3/wiring")
     check = json.loads(raw)["check"].get("0") if status == 200 else None
-    assert check and check["anchors"] > 0 and check["verdict"] in ("pending", "undecided", "ok"), \
+    assert check and check["anchors"] > 0 and check["verdict"] in ("pending", "undecided", "ok"), (
         f"the online check did not score (or raised an alarm) under TP=2: {status} {raw[:2000]}"
+    )
     assert texts == reference, "greedy output under TP=2 + EAGLE-3 differs from the target alone"
     assert abs(counters.acceptance_length - tp1.acceptance_length) <= TP_ACCEPTANCE_TOL, (
         f"TP=2 acceptance length {counters.acceptance_length:.3f} differs from TP=1's {tp1.acceptance_length:.3f} "
-        f"by more than {TP_ACCEPTANCE_TOL}")
+        f"by more than {TP_ACCEPTANCE_TOL}"
+    )

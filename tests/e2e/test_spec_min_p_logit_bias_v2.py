@@ -77,6 +77,7 @@ def exact_dist(top: dict[int, float], ban: set[int]) -> tuple[dict[int, float], 
 
 # ------------------------------------------------------------------------------------------------- the V2 process
 
+
 def _runner_class(worker) -> dict:
     """``collective_rpc`` target: the runner vLLM built, and whether it is Model Runner V2's."""
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2
@@ -89,8 +90,10 @@ def _spec_counts(llm) -> dict[str, float]:
     from vllm_eagle3.tools.engine import counter_totals
 
     t = counter_totals(llm)
-    return {"drafts": t.get("vllm:spec_decode_num_drafts", 0), "accepted": t.get("vllm:spec_decode_num_accepted_tokens",
-                                                                                  0)}
+    return {
+        "drafts": t.get("vllm:spec_decode_num_drafts", 0),
+        "accepted": t.get("vllm:spec_decode_num_accepted_tokens", 0),
+    }
 
 
 def _speculative(out: dict, say) -> None:
@@ -101,30 +104,49 @@ def _speculative(out: dict, say) -> None:
     items = eval_items()
     prompts = [{"prompt_token_ids": list(map(int, it["prompt_token_ids"]))} for it in items[:GREEDY_PROMPTS]]
     want = [list(map(int, it["continuation_token_ids"])) for it in items[:GREEDY_PROMPTS]]
-    engine = start_engine(TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC)}, num_speculative_tokens=K,
-                          disable_log_stats=False)
+    engine = start_engine(
+        TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC)}, num_speculative_tokens=K, disable_log_stats=False
+    )
     say(f"speculative engine ready in {engine.startup_s:.0f} s")
     try:
         llm = engine.llm
         out["runner"] = llm.collective_rpc(_runner_class)[0]
         c0 = _spec_counts(llm)
-        greedy = [SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True,
-                                 logit_bias=greedy_bias(w)) for w in want]
+        greedy = [
+            SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True, logit_bias=greedy_bias(w))
+            for w in want
+        ]
         out["greedy_bias"] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy, use_tqdm=False)]
         out["greedy_counts"] = {k: v - c0[k] for k, v in _spec_counts(llm).items()}
-        forced = [SamplingParams(max_tokens=16, temperature=t, seed=s, ignore_eos=True, logit_bias={FORCED: 100.0})
-                  for t, s in ((0.0, 0), (1.0, 1), (1.0, 2), (0.7, 3))]
+        forced = [
+            SamplingParams(max_tokens=16, temperature=t, seed=s, ignore_eos=True, logit_bias={FORCED: 100.0})
+            for t, s in ((0.0, 0), (1.0, 1), (1.0, 2), (0.7, 3))
+        ]
         out["forced"] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, forced, use_tqdm=False)]
-        accepted = [SamplingParams(max_tokens=16, temperature=0.8, min_p=0.1, seed=1),
-                    SamplingParams(max_tokens=16, temperature=0.8, min_p=0.2, top_k=20, top_p=0.9, seed=2,
-                                   logit_bias={FORCED: 2.0}, presence_penalty=0.5),
-                    SamplingParams(max_tokens=16, temperature=0.0, min_p=0.3),
-                    SamplingParams(max_tokens=16, temperature=1.0, min_p=0.05, logit_bias={FORCED: -5.0}, seed=3)]
+        accepted = [
+            SamplingParams(max_tokens=16, temperature=0.8, min_p=0.1, seed=1),
+            SamplingParams(
+                max_tokens=16,
+                temperature=0.8,
+                min_p=0.2,
+                top_k=20,
+                top_p=0.9,
+                seed=2,
+                logit_bias={FORCED: 2.0},
+                presence_penalty=0.5,
+            ),
+            SamplingParams(max_tokens=16, temperature=0.0, min_p=0.3),
+            SamplingParams(max_tokens=16, temperature=1.0, min_p=0.05, logit_bias={FORCED: -5.0}, seed=3),
+        ]
         out["min_p_lengths"] = [len(o.outputs[0].token_ids) for o in llm.generate(prompts, accepted, use_tqdm=False)]
         ban = banned(want[0])
         c0 = _spec_counts(llm)
-        dist = [SamplingParams(max_tokens=DIST_TOKENS, temperature=DIST_T, min_p=DIST_MIN_P, logit_bias=ban, seed=s,
-                               ignore_eos=True) for s in range(DIST_SAMPLES)]
+        dist = [
+            SamplingParams(
+                max_tokens=DIST_TOKENS, temperature=DIST_T, min_p=DIST_MIN_P, logit_bias=ban, seed=s, ignore_eos=True
+            )
+            for s in range(DIST_SAMPLES)
+        ]
         outs = llm.generate([prompts[0]] * DIST_SAMPLES, dist, use_tqdm=False)
         out["samples"] = [list(o.outputs[0].token_ids) for o in outs]
         out["dist_counts"] = {k: v - c0[k] for k, v in _spec_counts(llm).items()}
@@ -147,8 +169,10 @@ def _plain(out: dict, say) -> None:
     try:
         llm = engine.llm
         out["plain_runner"] = llm.collective_rpc(_runner_class)[0]
-        greedy = [SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True,
-                                 logit_bias=greedy_bias(w)) for w in want]
+        greedy = [
+            SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True, logit_bias=greedy_bias(w))
+            for w in want
+        ]
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
         out["plain_greedy_bias"] = [list(o.outputs[0].token_ids) for o in outs]
         ban = set(banned(want[0]))
@@ -189,6 +213,7 @@ def main(path: str) -> int:
 
 # ------------------------------------------------------------------------------------------------- tests
 
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
     from vllm_eagle3.tools.emulate import v2_environ
@@ -196,8 +221,14 @@ def run(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("spec_sampling_v2")
     log = out / "run.log"
     with log.open("w") as f:
-        proc = subprocess.run([sys.executable, __file__, str(out / "run.json")], env=v2_environ(), cwd=REPO,
-                              stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, __file__, str(out / "run.json")],
+            env=v2_environ(),
+            cwd=REPO,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=RUN_TIMEOUT_S,
+        )
     text = log.read_text(errors="replace")
     print("\n".join(x for x in text.splitlines() if x.startswith("[v2 sampling]")), flush=True)
     assert proc.returncode == 0, f"the V2 process exited {proc.returncode}; log {log}:\n{text[-4000:]}"
@@ -255,8 +286,10 @@ def test_sampled_distribution_matches_no_speculation(run):
     for (a, b), q in joint.items():
         for c, r in dist[f"{a},{b}"].items():
             marg3[c] = marg3.get(c, 0.0) + q * r
-    for what, observed, expected in (("(token 1, token 2)", Counter(s[:2] for s in samples), joint),
-                                     ("token 3", Counter(s[2] for s in samples), marg3)):
+    for what, observed, expected in (
+        ("(token 1, token 2)", Counter(s[:2] for s in samples), joint),
+        ("token 3", Counter(s[2] for s in samples), marg3),
+    ):
         stat, df, p = chi_square(observed, expected, DIST_SAMPLES)
         print(f"[v2 sampling] {what}: {len(expected)} outcomes, chi2 {stat:.1f}, df {df}, p {p:.3g}", flush=True)
         assert p > DIST_ALPHA, f"{what} under speculation differs from no speculation: chi2 {stat:.1f}, df {df}, p {p}"

@@ -30,12 +30,14 @@ def test_stock_vllm_crashes_on_embedding_tap(dsv3_dir, make_draft):
     assert PATCHES_ONLY in names, (
         f"entry point {PATCHES_ONLY} is not installed (found {sorted(names)}); pyproject.toml needs "
         f'`{PATCHES_ONLY} = "vllm_eagle3.model_patches.vllm_plugin:register"` under vllm.general_plugins, '
-        "then pip install -e .")
+        "then pip install -e ."
+    )
     engine = start_engine(dsv3_dir, make_draft(dsv3_dir, [0, 3, 31]), env={"VLLM_PLUGINS": PATCHES_ONLY})
     try:
         with pytest.raises(Exception) as info:
-            engine.llm.generate([{"prompt_token_ids": prompt_ids()}],
-                                SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+            engine.llm.generate(
+                [{"prompt_token_ids": prompt_ids()}], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False
+            )
         log = engine.log()
     finally:
         stop_engine(engine)

@@ -35,22 +35,37 @@ pytestmark = [pytest.mark.e2e]
 if not (TARGET / "config.json").is_file() or not (DRAFT / "eval_prompts.json").is_file():
     pytestmark.append(pytest.mark.skip(reason=f"the trained miniature is not built yet ({TARGET}, {DRAFT})"))
 
-PROMPTS = ("def parse_config(path):\n    ", "class Stack:\n    def __init__(self):\n        ",
-           "import os\n\n\ndef main():\n    ")
-FUNCTION_SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "pattern": "^[a-z_][a-z0-9_]{0,24}$"},
-    "args": {"type": "array", "items": {"type": "string", "pattern": "^[a-z_]{1,12}$"}, "maxItems": 3},
-    "kind": {"enum": ["function", "method", "property"]}}, "required": ["name", "args", "kind"],
-    "additionalProperties": False}
-VALUE_SCHEMA = {"type": "object", "properties": {"value": {"type": "integer", "minimum": 0, "maximum": 9999},
-                                                 "unit": {"enum": ["bytes", "lines", "items"]}},
-                "required": ["value", "unit"], "additionalProperties": False}
+PROMPTS = (
+    "def parse_config(path):\n    ",
+    "class Stack:\n    def __init__(self):\n        ",
+    "import os\n\n\ndef main():\n    ",
+)
+FUNCTION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z_][a-z0-9_]{0,24}$"},
+        "args": {"type": "array", "items": {"type": "string", "pattern": "^[a-z_]{1,12}$"}, "maxItems": 3},
+        "kind": {"enum": ["function", "method", "property"]},
+    },
+    "required": ["name", "args", "kind"],
+    "additionalProperties": False,
+}
+VALUE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "value": {"type": "integer", "minimum": 0, "maximum": 9999},
+        "unit": {"enum": ["bytes", "lines", "items"]},
+    },
+    "required": ["value", "unit"],
+    "additionalProperties": False,
+}
 SCHEMAS = {"function": FUNCTION_SCHEMA, "value": VALUE_SCHEMA}
-REGEXES = {"def": r"def [a-z_]{1,16}\((self|[a-z_]{1,10})(, [a-z_]{1,10}){0,2}\):",
-           "return": r"return (None|True|False|self\.[a-z_]{1,12}|[0-9]{1,4})",
-           "import": r"(import|from) [a-z_]{1,12}(\.[a-z_]{1,12})?"}
-CHOICES = {"bool": ["True", "False", "None"], "keyword": ["return", "yield", "raise", "pass"],
-           "self": ["self", "cls"]}
+REGEXES = {
+    "def": r"def [a-z_]{1,16}\((self|[a-z_]{1,10})(, [a-z_]{1,10}){0,2}\):",
+    "return": r"return (None|True|False|self\.[a-z_]{1,12}|[0-9]{1,4})",
+    "import": r"(import|from) [a-z_]{1,12}(\.[a-z_]{1,12})?",
+}
+CHOICES = {"bool": ["True", "False", "None"], "keyword": ["return", "yield", "raise", "pass"], "self": ["self", "cls"]}
 
 
 def response_format(name: str) -> dict:
@@ -62,18 +77,21 @@ def valid_json(schema: dict):
         import jsonschema
 
         jsonschema.validate(json.loads(text), schema)
+
     return check
 
 
 def valid_regex(pattern: str):
     def check(text: str) -> None:
         assert re.fullmatch(pattern, text), f"{text!r} does not match {pattern!r}"
+
     return check
 
 
 def valid_choice(choices: list[str]):
     def check(text: str) -> None:
         assert text in choices, f"{text!r} is not one of {choices}"
+
     return check
 
 
@@ -81,22 +99,44 @@ def cases() -> dict[str, tuple[str, dict, object]]:
     """name -> (endpoint, body, validity check of the text)."""
     out = {}
     for i, prompt in enumerate(PROMPTS):
-        base = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-                "return_token_ids": True}
+        base = {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
         for name, schema in SCHEMAS.items():
-            out[f"json_schema_{name}_{i}"] = ("/v1/completions", {**base, "response_format": response_format(name)},
-                                              valid_json(schema))
+            out[f"json_schema_{name}_{i}"] = (
+                "/v1/completions",
+                {**base, "response_format": response_format(name)},
+                valid_json(schema),
+            )
         for name, pattern in REGEXES.items():
-            out[f"regex_{name}_{i}"] = ("/v1/completions", {**base, "structured_outputs": {"regex": pattern}},
-                                        valid_regex(pattern))
+            out[f"regex_{name}_{i}"] = (
+                "/v1/completions",
+                {**base, "structured_outputs": {"regex": pattern}},
+                valid_regex(pattern),
+            )
         for name, choices in CHOICES.items():
-            out[f"choice_{name}_{i}"] = ("/v1/completions", {**base, "structured_outputs": {"choice": choices}},
-                                         valid_choice(choices))
+            out[f"choice_{name}_{i}"] = (
+                "/v1/completions",
+                {**base, "structured_outputs": {"choice": choices}},
+                valid_choice(choices),
+            )
     for name, schema in SCHEMAS.items():
-        out[f"chat_json_schema_{name}"] = ("/v1/chat/completions", {
-            "model": MODEL, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": MAX_TOKENS,
-            "temperature": 0.0, "return_token_ids": True, "response_format": response_format(name)},
-            valid_json(schema))
+        out[f"chat_json_schema_{name}"] = (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": PROMPTS[0]}],
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0.0,
+                "return_token_ids": True,
+                "response_format": response_format(name),
+            },
+            valid_json(schema),
+        )
     return out
 
 

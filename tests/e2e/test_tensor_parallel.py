@@ -86,8 +86,13 @@ def reference(dsv3_dir):
     with torch.no_grad():
         states = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
     greedy = [hf_greedy(hf, prompt_ids(p), MAX_TOKENS) for p in GEN_PROMPTS]
-    return dict(ids=ids, states=states, greedy=[g for g, _ in greedy], min_gap=min(m for _, m in greedy),
-                vocab_size=hf.config.vocab_size)
+    return dict(
+        ids=ids,
+        states=states,
+        greedy=[g for g, _ in greedy],
+        min_gap=min(m for _, m in greedy),
+        vocab_size=hf.config.vocab_size,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -95,20 +100,23 @@ def tp2(dsv3_dir, make_draft, reference, tmp_path_factory):
     """One TP=2 engine with the draft: per-rank prefill taps, greedy tokens, embedding shard shapes, log."""
     from vllm import SamplingParams
 
-    spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "spec.yaml", ["embed", 3, 31], num_layers=32,
-                           draft_ids_convention="vllm")
-    engine = start_engine(dsv3_dir, make_draft(dsv3_dir, list(TAPS)),
-                          env={"EAGLE3_SPEC": str(spec), **TP_ENV}, tensor_parallel_size=TP,
-                          disable_log_stats=False)
+    spec = write_spec_yaml(
+        tmp_path_factory.mktemp("spec") / "spec.yaml", ["embed", 3, 31], num_layers=32, draft_ids_convention="vllm"
+    )
+    engine = start_engine(
+        dsv3_dir,
+        make_draft(dsv3_dir, list(TAPS)),
+        env={"EAGLE3_SPEC": str(spec), **TP_ENV},
+        tensor_parallel_size=TP,
+        disable_log_stats=False,
+    )
     try:
         engine.llm.apply_model(install_recorder)
         ids = reference["ids"]
-        engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=0.0),
-                            use_tqdm=False)
+        engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
         per_rank = engine.llm.apply_model(recorded_taps)
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-        outs = engine.llm.generate([{"prompt_token_ids": prompt_ids(p)} for p in GEN_PROMPTS], params,
-                                   use_tqdm=False)
+        outs = engine.llm.generate([{"prompt_token_ids": prompt_ids(p)} for p in GEN_PROMPTS], params, use_tqdm=False)
         greedy = [list(o.outputs[0].token_ids) for o in outs]
         metrics = counter_totals(engine.llm)
         log = engine.log()
@@ -118,8 +126,10 @@ def tp2(dsv3_dir, make_draft, reference, tmp_path_factory):
     prefill = []
     for rank, records in enumerate(per_rank):
         full = [r for r in records if r and r[0].shape[0] == len(ids)]
-        assert full, f"rank {rank}: no forward over the {len(ids)}-token prompt recorded; got shapes " \
-                     f"{[[tuple(t.shape) for t in r] for r in records]}"
+        assert full, (
+            f"rank {rank}: no forward over the {len(ids)}-token prompt recorded; got shapes "
+            f"{[[tuple(t.shape) for t in r] for r in records]}"
+        )
         prefill.append(full[0])
     return dict(taps=prefill, greedy=greedy, metrics=metrics, log=log)
 
@@ -146,8 +156,10 @@ def test_tp2_taps_equal_transformers_hidden_states(tp2, reference, rank):
         print(f"rank {rank} tap {tap}: max abs diff vs transformers {diff:.3g}")
         if tap == 0:
             zero_rows = int((got.abs().sum(-1) == 0).sum())
-            assert torch.equal(got, want), f"rank {rank}: embed tap differs from HF hidden_states[0] (max abs " \
-                                           f"{diff:.3g}; {zero_rows} all-zero rows = tokens of another vocab shard)"
+            assert torch.equal(got, want), (
+                f"rank {rank}: embed tap differs from HF hidden_states[0] (max abs "
+                f"{diff:.3g}; {zero_rows} all-zero rows = tokens of another vocab shard)"
+            )
             continue
         assert_is_tap(got, states, tap, atol=1e-4, rtol=1e-4, neighbour=1e-2, where=f"rank {rank} (TP={TP})")
 
@@ -156,8 +168,9 @@ def test_both_ranks_hold_identical_full_width_taps(tp2):
     """After the all-reduce every rank holds the same full hidden state: rank 1's taps equal rank 0's exactly."""
     rank0, rank1 = tp2["taps"]
     for a, b, tap in zip(rank0, rank1, TAPS):
-        assert a.shape == b.shape and torch.equal(a, b), \
+        assert a.shape == b.shape and torch.equal(a, b), (
             f"tap {tap}: ranks differ (max abs {(a - b).abs().max().item():.3g})"
+        )
 
 
 def test_eagle3_greedy_output_identical_to_non_speculative(tp2, reference):
@@ -169,8 +182,9 @@ def test_eagle3_greedy_output_identical_to_non_speculative(tp2, reference):
     to ~1e-5 at tap 31, so logits agree to about that), so any correct
     non-speculative decoder — vLLM TP=1, TP=2 — must pick these tokens; ``tests/e2e/test_offline_eagle3.py``
     shows vLLM TP=1 with and without the draft agree on these prompts."""
-    assert reference["min_gap"] > 1e-3, f"reference has a near-tie (gap {reference['min_gap']:.3g}); " \
-                                        "choose other prompts"
+    assert reference["min_gap"] > 1e-3, (
+        f"reference has a near-tie (gap {reference['min_gap']:.3g}); choose other prompts"
+    )
     assert len({t for r in reference["greedy"] for t in r}) > 4, f"degenerate reference {reference['greedy']}"
     assert tp2["greedy"] == reference["greedy"]
 

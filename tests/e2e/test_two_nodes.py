@@ -79,8 +79,15 @@ def two_nodes(session_env, prompts, one_node) -> dict:
     config's additional-config only, the same head and k as the one-node server."""
     env = {k: v for k, v in session_env.items() if not k.startswith(PROJECT_ENV_PREFIXES)}
     env.pop("VLLM_PLUGINS", None)
-    args = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config", eagle3_config(DRAFT),
-            "--tensor-parallel-size", str(TP)]
+    args = [
+        str(TARGET),
+        "--config",
+        str(SERVE_CONFIG),
+        "--speculative-config",
+        eagle3_config(DRAFT),
+        "--tensor-parallel-size",
+        str(TP),
+    ]
     group = NodeGroup(args, NNODES, env=env, node_env=one_core_per_node, cwd=REPO)
     say(f"starting {NNODES} nodes: {' '.join(group.head.command())} (logs {[str(n.log_path) for n in group.nodes]})")
     group.start()
@@ -102,8 +109,9 @@ def test_each_node_runs_its_own_tp_rank(two_nodes):
     assert "DP group leader: node_rank=0" in head and "world_size=2, local_world_size=1" in head, head[-3000:]
     assert "headless multiproc executor" in other, other[-3000:]
     for rank, log in enumerate(two_nodes["logs"]):
-        assert f"(Worker_TP{rank} pid=" in log and f"(Worker_TP{1 - rank} pid=" not in log, \
+        assert f"(Worker_TP{rank} pid=" in log and f"(Worker_TP{1 - rank} pid=" not in log, (
             f"node {rank} should run TP rank {rank} only:\n{log[-3000:]}"
+        )
 
 
 @pytest.mark.parametrize("rank", range(NNODES))

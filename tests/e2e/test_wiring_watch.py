@@ -81,8 +81,9 @@ def complete(server: VllmServer, batch: list[list[int]]) -> float:
     client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=300)
 
     def one(p):
-        client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=MAX_TOKENS, temperature=0.0,
-                                  extra_body={"ignore_eos": True})
+        client.completions.create(
+            model=MODEL_NAME, prompt=p, max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True}
+        )
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(IN_FLIGHT) as ex:
@@ -98,8 +99,11 @@ def wiring(server: VllmServer) -> tuple[dict, str]:
 
 def gauges(server: VllmServer) -> dict[str, float]:
     text = http_get(server.base_url + "/metrics")[1]
-    return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith("vllm_eagle3_wiring_") and "position=" not in line and "_info{" not in line}
+    return {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm_eagle3_wiring_") and "position=" not in line and "_info{" not in line
+    }
 
 
 @pytest.fixture(scope="module")
@@ -110,15 +114,26 @@ def example() -> dict:
     out = os.environ.get(EXAMPLE_ENV)
     if out and seen:
         path = (REPO / out) if not os.path.isabs(out) else Path(out)
-        parts = ["# Copied by tests/e2e/test_wiring_watch.py from its servers' logs and endpoint (not typed).",
-                 f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; shipped miniature, eager, float32, k=3; "
-                 f"heads {DRAFT.name} and {SECOND.name}.", ""]
+        parts = [
+            "# Copied by tests/e2e/test_wiring_watch.py from its servers' logs and endpoint (not typed).",
+            f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; shipped miniature, eager, float32, k=3; "
+            f"heads {DRAFT.name} and {SECOND.name}.",
+            "",
+        ]
         if "warning" in seen:
-            parts += ["## The warning line (incident wiring: the shipped head served with taps [3, 31, 59])", "",
-                      seen["warning"], ""]
+            parts += [
+                "## The warning line (incident wiring: the shipped head served with taps [3, 31, 59])",
+                "",
+                seen["warning"],
+                "",
+            ]
         if "second_warning" in seen:
-            parts += ["## The warning line (the head trained on [3, 31, 59] served with the first head's "
-                      "[embed, 3, 31])", "", seen["second_warning"], ""]
+            parts += [
+                "## The warning line (the head trained on [3, 31, 59] served with the first head's [embed, 3, 31])",
+                "",
+                seen["second_warning"],
+                "",
+            ]
         for name in ("incident", "right", "second"):
             if name in seen:
                 parts += [f"## GET /v1/eagle3/wiring ({seen[name]['what']})", "", seen[name]["body"], ""]
@@ -133,12 +148,14 @@ def second_head_first_wiring(tmp_path_factory) -> Path:
     accepts for this folder."""
     from vllm_eagle3.tools.convert import rewired_copy
 
-    return rewired_copy(SECOND, tmp_path_factory.mktemp("second") / "kimi-k25-mini-eagle3-taps-3-31-59-first-wiring",
-                        [-1, 2, 30])
+    return rewired_copy(
+        SECOND, tmp_path_factory.mktemp("second") / "kimi-k25-mini-eagle3-taps-3-31-59-first-wiring", [-1, 2, 30]
+    )
 
 
-def test_second_head_with_the_first_heads_wiring_is_caught(server_pool, second_head_first_wiring, example,
-                                                           record_property):
+def test_second_head_with_the_first_heads_wiring_is_caught(
+    server_pool, second_head_first_wiring, example, record_property
+):
     """Guards: a watch that only knows the first head. The head trained on [3, 31, 59] served with the first head's
     spec ([embed, 3, 31]) must read wrong within 16 requests, with ONE warning, judged against ITS OWN eval.json
     (position-0 expectation = its served walk, which differs from the first head's in the 3rd decimal)."""
@@ -146,19 +163,23 @@ def test_second_head_with_the_first_heads_wiring_is_caught(server_pool, second_h
     from vllm_eagle3.testing.shipped import SERVER_ENV, shipped_server_argv
 
     draft = second_head_first_wiring
-    server = fresh(server_pool, ServerKey.of("second head, first wiring", shipped_server_argv(draft, RIGHT_SPEC),
-                                             SERVER_ENV))
+    server = fresh(
+        server_pool, ServerKey.of("second head, first wiring", shipped_server_argv(draft, RIGHT_SPEC), SERVER_ENV)
+    )
     log = server.log_text()
-    assert "vllm-eagle3 wiring watch [engine 0]: on; taps [embed, 3, 31]" in log, \
+    assert "vllm-eagle3 wiring watch [engine 0]: on; taps [embed, 3, 31]" in log, (
         "the watch's start-up line is missing from the server log (stat-logger plugin not loaded?)"
+    )
     dt = complete(server, prompts(16, SECOND))
     body, raw = wiring(server)
     time.sleep(1.0)
     lines = [line for line in server.log_text().splitlines() if WARNING_MARK in line]
     metrics = gauges(server)
     engine = body["engines"][0]
-    say(f"16 requests in {dt:.1f} s; verdict {body['verdict']}; window {engine['window']}; "
-        f"expected {engine['expected']}")
+    say(
+        f"16 requests in {dt:.1f} s; verdict {body['verdict']}; window {engine['window']}; "
+        f"expected {engine['expected']}"
+    )
     record_property("second_head_window_position0", engine["window"]["position0"])
     own, first = served_walk_p0(SECOND), served_walk_p0(DRAFT)
     assert round(own, 4) != round(first, 4), "the two heads' recorded expectations no longer differ: pick another check"
@@ -166,27 +187,34 @@ def test_second_head_with_the_first_heads_wiring_is_caught(server_pool, second_h
     assert f"(= {SECOND / 'eval.json'})" in engine["expected"]["source"], engine["expected"]["source"]
     assert len(lines) == 1, f"expected one wiring warning in the server log, got {len(lines)}: {lines}"
     line = lines[0]
-    for part in ("WARNING", "taps [embed, 3, 31]", f"from {engine['wiring']['source']}.",
-                 f"vs {own:.3f} expected (", f"vllm-eagle3 doctor --target {TARGET} --draft {draft}"):
+    for part in (
+        "WARNING",
+        "taps [embed, 3, 31]",
+        f"from {engine['wiring']['source']}.",
+        f"vs {own:.3f} expected (",
+        f"vllm-eagle3 doctor --target {TARGET} --draft {draft}",
+    ):
         assert part in line, (part, line)
     assert body["verdict"] == V.WRONG and engine["verdict"] == V.WRONG, raw
     assert engine["window"]["position0"] < engine["expected"]["wrong_below"]
     assert metrics.get("vllm_eagle3_wiring_verdict") == V.level(V.WRONG), metrics
     example["second_warning"] = line
-    example["second"] = {"what": "the head trained on [3, 31, 59] with the first head's [embed, 3, 31], after 16 "
-                                 "requests", "body": json.dumps(body, indent=1)}
+    example["second"] = {
+        "what": "the head trained on [3, 31, 59] with the first head's [embed, 3, 31], after 16 requests",
+        "body": json.dumps(body, indent=1),
+    }
 
 
-def test_incident_wiring_is_caught_while_serving(server_pool, shipped_keys, incident_files, example,
-                                                 record_property):
+def test_incident_wiring_is_caught_while_serving(server_pool, shipped_keys, incident_files, example, record_property):
     """Guards: the incident served silently. The shipped head with taps [3, 31, 59] passes every static check and
     serves at ~1.0 tokens per step; the watch must log exactly ONE warning within 16 requests naming the taps, their
     source, measured vs expected acceptance and the doctor command, and the endpoint and gauges must say wrong.
     """
     server = fresh(server_pool, shipped_keys["incident"])
     log = server.log_text()
-    assert "vllm-eagle3 wiring watch [engine 0]: on; taps [3, 31, 59]" in log, \
+    assert "vllm-eagle3 wiring watch [engine 0]: on; taps [3, 31, 59]" in log, (
         "the watch's start-up line is missing from the server log (stat-logger plugin not loaded?)"
+    )
     dt = complete(server, prompts(16))
     body, raw = wiring(server)
     say(f"16 requests in {dt:.1f} s; verdict {body['verdict']}; window {body['engines'][0]['window']}")
@@ -198,8 +226,12 @@ def test_incident_wiring_is_caught_while_serving(server_pool, shipped_keys, inci
     line = lines[0]
     assert "WARNING" in line, line
     engine = body["engines"][0]
-    for part in ("taps [3, 31, 59]", f"from {engine['wiring']['source']}.", "expected (",
-                 f"vllm-eagle3 doctor --target {TARGET} --draft {incident_files['draft']}"):
+    for part in (
+        "taps [3, 31, 59]",
+        f"from {engine['wiring']['source']}.",
+        "expected (",
+        f"vllm-eagle3 doctor --target {TARGET} --draft {incident_files['draft']}",
+    ):
         assert part in line, (part, line)
     assert body["verdict"] == V.WRONG and engine["verdict"] == V.WRONG, raw
     assert engine["wiring"]["taps"] == "[3, 31, 59]" and engine["lines_logged"] >= 1

@@ -39,15 +39,19 @@ def record_first_draft_call(target: Path, draft: Path, spec: Path, prompt: list[
     engine = start_engine(target, draft, env={"EAGLE3_SPEC": str(spec)}, max_model_len=512)
     try:
         names = engine.llm.collective_rpc(install_draft_recorder)
-        out = engine.llm.generate([{"prompt_token_ids": prompt}],
-                                  SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        out = engine.llm.generate(
+            [{"prompt_token_ids": prompt}],
+            SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+            use_tqdm=False,
+        )
         calls = engine.llm.collective_rpc(recorded_draft_calls)[0]
     finally:
         stop_engine(engine)
     assert calls, f"no draft proposal was recorded for {draft.name}: did speculation run?"
     first = calls[0]
-    assert first["aux"].shape[0] == len(prompt), \
+    assert first["aux"].shape[0] == len(prompt), (
         f"first proposal has {first['aux'].shape[0]} rows, expected the {len(prompt)}-token prefill"
+    )
     return {**first, "sampled": list(out[0].outputs[0].token_ids), "draft_classes": names}
 
 

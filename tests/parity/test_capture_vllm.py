@@ -60,8 +60,9 @@ def dsv3_case(dsv3_dir, dsv3_eagle3_run):
 @pytest.fixture(scope="module")
 def kimi_case(kimi_dir, make_draft, tmp_path_factory):
     """Kimi K2.5 with the spec in a NON-ascending order: [31, embed, 3]."""
-    spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "spec.yaml", [31, "embed", 3], num_layers=32,
-                           draft_ids_convention="vllm")
+    spec = write_spec_yaml(
+        tmp_path_factory.mktemp("spec") / "spec.yaml", [31, "embed", 3], num_layers=32, draft_ids_convention="vllm"
+    )
     taps, log = vllm_prefill_taps(kimi_dir, make_draft(kimi_dir, DRAFT_IDS), spec)
     hf = load_kimi_k25_hf(kimi_dir)
     with torch.no_grad():

@@ -68,19 +68,24 @@ def max_abs_finite(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a[finite] - b[finite]).abs().max().item()
 
 
-def assert_same_logits(name: str, got: torch.Tensor, want: torch.Tensor, atol: float = ATOL,
-                       rtol: float = RTOL) -> None:
+def assert_same_logits(
+    name: str, got: torch.Tensor, want: torch.Tensor, atol: float = ATOL, rtol: float = RTOL
+) -> None:
     """``got`` (engine ``name``) equals vLLM's logits ``want`` [T, V]: -inf pattern, values, top-1, top-k."""
     assert got.shape == want.shape, f"{name}: logits {tuple(got.shape)} vs vLLM {tuple(want.shape)}"
     finite_got, finite_want = torch.isfinite(got), torch.isfinite(want)
     assert torch.equal(finite_got, finite_want), (
         f"{name}: {int((finite_got != finite_want).sum())} logits finite in one engine and -inf in the other "
-        "(a different draft vocabulary or d2t mapping)")
+        "(a different draft vocabulary or d2t mapping)"
+    )
     diff = max_abs_finite(got, want)
-    print(f"{name} vs vLLM draft logits {tuple(got.shape)}: max abs diff {diff:.3g} "
-          f"(logit range {want[finite_want].min().item():.1f}..{want[finite_want].max().item():.1f})")
+    print(
+        f"{name} vs vLLM draft logits {tuple(got.shape)}: max abs diff {diff:.3g} "
+        f"(logit range {want[finite_want].min().item():.1f}..{want[finite_want].max().item():.1f})"
+    )
     assert torch.allclose(got[finite_want], want[finite_want], atol=atol, rtol=rtol), (
-        f"{name} vs vLLM draft logits {tuple(got.shape)}: max abs diff {diff:.3g} > atol {atol} / rtol {rtol}")
+        f"{name} vs vLLM draft logits {tuple(got.shape)}: max abs diff {diff:.3g} > atol {atol} / rtol {rtol}"
+    )
     top1_got, top1_want = got.argmax(-1), want.argmax(-1)
     rows = (top1_got != top1_want).nonzero().flatten().tolist()
     assert not rows, f"{name}: top-1 draft token differs from vLLM's at rows {rows}"
@@ -88,8 +93,9 @@ def assert_same_logits(name: str, got: torch.Tensor, want: torch.Tensor, atol: f
     idx_got = got.topk(TOP_K, dim=-1).indices
     separable = (vals[:, TOP_K - 1] - vals[:, TOP_K]) > 2 * atol
     for r in separable.nonzero().flatten().tolist():
-        assert set(idx_got[r].tolist()) == set(idx_want[r, :TOP_K].tolist()), \
+        assert set(idx_got[r].tolist()) == set(idx_want[r, :TOP_K].tolist()), (
             f"{name}: top-{TOP_K} draft tokens at row {r} differ from vLLM's"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +106,9 @@ def prompt(mini_prompt) -> list[int]:
 @pytest.fixture(scope="module")
 def vllm_call(mini_vllm_draft_call) -> dict:
     """The first draft step of vLLM's first proposal for ``prompt`` (one engine per session: ``conftest.py``)."""
-    assert mini_vllm_draft_call["draft_classes"] == ["Eagle3LlamaForCausalLM"], \
+    assert mini_vllm_draft_call["draft_classes"] == ["Eagle3LlamaForCausalLM"], (
         f"vLLM's draft model class: {mini_vllm_draft_call['draft_classes']}"
+    )
     return mini_vllm_draft_call
 
 
@@ -117,8 +124,9 @@ def test_vllm_draft_reads_the_trained_wiring(vllm_call, prompt):
         states = model(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
     hidden = states[0].shape[-1]
     got_taps = vllm_call["aux"].split(hidden, dim=-1)
-    assert len(got_taps) == spec.num_taps, \
+    assert len(got_taps) == spec.num_taps, (
         f"vLLM's draft input has {len(got_taps)} slices of {hidden}, spec {spec.label()}"
+    )
     from vllm_eagle3.testing.taps import assert_is_tap
 
     for tap, got in zip(spec.taps, got_taps):
@@ -142,13 +150,25 @@ def run_sglang_draft(runner: str, draft: Path, vllm_call: dict, tmp_path: Path) 
     require_sglang_env()
     inputs, out = tmp_path / "draft_inputs.pt", tmp_path / "sglang_draft.pt"
     torch.save({k: vllm_call[k] for k in ("input_ids", "positions", "aux")}, inputs)
-    cmd = [str(SGLANG_PY), str(HARNESS / runner), "--draft", str(draft), "--target", str(TARGET),
-           "--inputs", str(inputs), "--out", str(out)]
+    cmd = [
+        str(SGLANG_PY),
+        str(HARNESS / runner),
+        "--draft",
+        str(draft),
+        "--target",
+        str(TARGET),
+        "--inputs",
+        str(inputs),
+        "--out",
+        str(out),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHONPATH"))}
     env.update(SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=str(tmp_path))
-    assert proc.returncode == 0 and out.exists(), (f"SGLang draft runner failed (exit {proc.returncode}): "
-                                                   f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    assert proc.returncode == 0 and out.exists(), (
+        f"SGLang draft runner failed (exit {proc.returncode}): "
+        f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
     record = torch.load(out, weights_only=False)
     assert record["error"] is None, f"{record['error']}\n{record.get('traceback', '')}"
     assert record["sglang_version"] == "0.5.23", record["sglang_version"]
@@ -162,8 +182,9 @@ def sglang_logits_in_target_vocab(record: dict, draft: Path, vllm_call: dict) ->
 
     d2t = load_file(str(draft / "model.safetensors"))["d2t"].long()
     assert torch.equal(record["d2t"].long().cpu(), d2t), "SGLang loaded another d2t than the checkpoint's"
-    assert record["draft_input_ids"].tolist() == vllm_call["input_ids"].tolist(), \
+    assert record["draft_input_ids"].tolist() == vllm_call["input_ids"].tolist(), (
         "SGLang's draft read other token ids than vLLM's"
+    )
     mapped = torch.full_like(vllm_call["logits"], float("-inf"))
     mapped[:, torch.arange(d2t.numel()) + d2t] = record["logits"].float()
     return mapped
@@ -175,15 +196,18 @@ def test_sglang_llama_eagle3_equals_vllm_head(vllm_call, tmp_path):
     record = run_sglang_draft("draft_runner.py", DRAFT, vllm_call, tmp_path)
     assert record["model_class"] == "LlamaForCausalLMEagle3", record["model_class"]
     draft_logits = record["logits"]  # [T, draft_vocab], SGLang's lm_head output
-    assert_same_logits("SGLang llama_eagle3", sglang_logits_in_target_vocab(record, DRAFT, vllm_call),
-                       vllm_call["logits"])
+    assert_same_logits(
+        "SGLang llama_eagle3", sglang_logits_in_target_vocab(record, DRAFT, vllm_call), vllm_call["logits"]
+    )
     last = record.get("last_token_logits_sglang")
     if last is not None:  # SGLang's own LogitsProcessor output for the last row equals the hook-computed row
-        assert torch.allclose(last.float().reshape(-1)[: draft_logits.shape[1]], draft_logits[-1].float(),
-                              atol=ATOL, rtol=RTOL)
+        assert torch.allclose(
+            last.float().reshape(-1)[: draft_logits.shape[1]], draft_logits[-1].float(), atol=ATOL, rtol=RTOL
+        )
 
 
 # ------------------------------------------------------------------------------------------------- the MLA head
+
 
 @pytest.fixture(scope="module")
 def mla_vllm_call(prompt, vllm_call, first_draft_call) -> dict:
@@ -209,8 +233,7 @@ def test_training_mla_head_equals_vllm_head(mla_vllm_call):
     draft = Eagle3Draft.from_dir(MLA_DRAFT, target_dir=TARGET).eval()
     assert draft.config.arch == "mla" and draft.config.fc_norm and draft.config.norm_output, draft.config
     with torch.no_grad():
-        logits = draft(mla_vllm_call["aux"], input_ids=mla_vllm_call["input_ids"],
-                       positions=mla_vllm_call["positions"])
+        logits = draft(mla_vllm_call["aux"], input_ids=mla_vllm_call["input_ids"], positions=mla_vllm_call["positions"])
     assert_same_logits("training pipeline (Eagle3Draft, mla)", logits, mla_vllm_call["logits"], MLA_ATOL, MLA_RTOL)
 
 
@@ -221,16 +244,28 @@ def test_sglang_kimi_mla_eagle3_equals_vllm_head(mla_vllm_call, tmp_path):
     from vllm_eagle3.reference import Eagle3Draft
 
     record = run_sglang_draft("mla_draft_runner.py", MLA_DRAFT, mla_vllm_call, tmp_path)
-    assert record["model_class"] == MLA_CLASS and record["model_module"].endswith("kimi_k25_eagle3"), \
-        (record["model_class"], record["model_module"])
-    assert_same_logits("SGLang kimi_k25_eagle3", sglang_logits_in_target_vocab(record, MLA_DRAFT, mla_vllm_call),
-                       mla_vllm_call["logits"], MLA_ATOL, MLA_RTOL)
-    assert torch.equal(record["hidden_pre_norm_aux"], record["hidden_post_norm"]), \
+    assert record["model_class"] == MLA_CLASS and record["model_module"].endswith("kimi_k25_eagle3"), (
+        record["model_class"],
+        record["model_module"],
+    )
+    assert_same_logits(
+        "SGLang kimi_k25_eagle3",
+        sglang_logits_in_target_vocab(record, MLA_DRAFT, mla_vllm_call),
+        mla_vllm_call["logits"],
+        MLA_ATOL,
+        MLA_RTOL,
+    )
+    assert torch.equal(record["hidden_pre_norm_aux"], record["hidden_post_norm"]), (
         "SGLang's MLA draft feeds back another state than its post-norm output despite norm_output"
+    )
     draft = Eagle3Draft.from_dir(MLA_DRAFT, target_dir=TARGET).eval()
     with torch.no_grad():
-        (_, fed_back), = draft.unroll(mla_vllm_call["aux"][None], mla_vllm_call["input_ids"][None], steps=1,
-                                      positions=mla_vllm_call["positions"][None])
+        ((_, fed_back),) = draft.unroll(
+            mla_vllm_call["aux"][None],
+            mla_vllm_call["input_ids"][None],
+            steps=1,
+            positions=mla_vllm_call["positions"][None],
+        )
     diff = (fed_back[0] - record["hidden_pre_norm_aux"]).abs().max().item()
     print(f"fed-back state, training code vs SGLang: max abs diff {diff:.3g}")
     assert torch.allclose(fed_back[0], record["hidden_pre_norm_aux"], atol=MLA_ATOL, rtol=MLA_RTOL), diff

@@ -109,8 +109,9 @@ def legacy_drafts(make_draft) -> dict[str, Path]:
 def legacy_run(mini_sglang_dir, legacy_drafts, mini_prompt, tmp_path_factory) -> dict:
     require_legacy_env()
     cases = {name: (legacy_drafts[name], patched) for name, (_, patched) in LEGACY_CASES.items()}
-    return run_sglang(mini_sglang_dir, cases, mini_prompt, tmp_path_factory.mktemp("sglang_legacy") / "legacy.pt",
-                      python=LEGACY_PY)
+    return run_sglang(
+        mini_sglang_dir, cases, mini_prompt, tmp_path_factory.mktemp("sglang_legacy") / "legacy.pt", python=LEGACY_PY
+    )
 
 
 def convert_cli(config: Path, src: str, dst: str, out: Path) -> tuple[int, str]:
@@ -215,8 +216,9 @@ def test_embed_id_minus_1_crashes_unpatched_legacy_sglang_as_for_the_incident_us
     assert case["legacy_patch"] is None
     assert case["layers_to_capture"] == [0, 3, 31]
     assert case["error"] == "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'", case["error"]
-    assert "deepseek_v2.py" in case["traceback"] and "hidden_states + residual" in case["traceback"], \
-        case["traceback"][-2000:]
+    assert "deepseek_v2.py" in case["traceback"] and "hidden_states + residual" in case["traceback"], case["traceback"][
+        -2000:
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -236,8 +238,9 @@ def test_legacy_ids_with_patch_are_taps_embed_3_31_on_legacy_sglang(legacy_run, 
         assert_tap("SGLang 0.5.12.post1 + patch", g, mini_hf, tap)
     assert torch.equal(got[0], case["embed"]), "tap embed is not the embedding SGLang's own embed_tokens computed"
     listed = legacy_run["cases"]["legacy_listed_30_-1_2"]
-    assert listed["layers_to_capture"] == [31, 0, 3] and torch.equal(listed["aux"], case["aux"]), \
+    assert listed["layers_to_capture"] == [31, 0, 3] and torch.equal(listed["aux"], case["aux"]), (
         "patched legacy SGLang must concatenate [30, -1, 2] in ascending order, embed first"
+    )
 
 
 def test_patched_legacy_sglang_feeds_the_draft_what_the_vllm_plugin_feeds_it(legacy_run, mini_vllm_draft_call, mini_hf):
@@ -249,8 +252,9 @@ def test_patched_legacy_sglang_feeds_the_draft_what_the_vllm_plugin_feeds_it(leg
     hidden = sg.shape[-1] // len(TRAINED_TAPS)
     for tap, s, v in zip(TRAINED_TAPS, sg.split(hidden, -1), vl.split(hidden, -1)):
         rel = (s - v).abs().max().item() / v.abs().max().item()
-        print(f"tap {tap_label(tap)}: SGLang 0.5.12.post1 + patch vs vLLM plugin, "
-              f"max abs diff / max |value| = {rel:.3g}")
+        print(
+            f"tap {tap_label(tap)}: SGLang 0.5.12.post1 + patch vs vLLM plugin, max abs diff / max |value| = {rel:.3g}"
+        )
         if tap == EMBED:
             assert torch.equal(s, v), f"embed slice: SGLang legacy vs vLLM plugin differ by {rel:.3g}"
         else:
@@ -261,8 +265,9 @@ def test_patched_legacy_sglang_feeds_the_draft_what_the_vllm_plugin_feeds_it(leg
 # vllm-eagle3 convert, checked on both SGLang versions.
 
 
-def test_convert_from_sglang_legacy_captures_the_same_tensors_on_sglang_0_5_23(legacy_run, current_run,
-                                                                               converted_drafts, mini_hf):
+def test_convert_from_sglang_legacy_captures_the_same_tensors_on_sglang_0_5_23(
+    legacy_run, current_run, converted_drafts, mini_hf
+):
     """``convert --from sglang-legacy --to sglang`` writes ids with which SGLang 0.5.23 captures exactly the tensors
     0.5.12.post1 captured for the legacy ids (bit for bit) — including taps 1/4/32, where a leading 1 would trigger
     0.5.23's shift and convert lists another tap first ([4, 32, 1])."""
@@ -272,22 +277,26 @@ def test_convert_from_sglang_legacy_captures_the_same_tensors_on_sglang_0_5_23(l
         new_ids = config_ids(converted_drafts[name] / "config.json")
         case = current_run["cases"][name]
         assert case["draft_ids"] == new_ids and case["stub_calls"] == []
-        assert sorted(case["layers_to_capture"]) == sorted(taps), \
-            f"{legacy_ids} (legacy) -> {new_ids} (sglang): " \
+        assert sorted(case["layers_to_capture"]) == sorted(taps), (
+            f"{legacy_ids} (legacy) -> {new_ids} (sglang): "
             f"SGLang 0.5.23 captured {case['layers_to_capture']}, not {taps}"
+        )
         old = sglang_taps(legacy_run, name)
         new = sglang_taps(current_run, name)
         for tap, o, n in zip(sorted(taps), old, new):
             assert_tap(f"SGLang 0.5.23 ({new_ids})", n, mini_hf, tap)
             # Same CPU kernels, same weights: measured bit-identical across the two releases.
-            assert torch.equal(o, n), (f"tap {tap_label(tap)}: 0.5.23 with {new_ids} "
-                                       f"vs 0.5.12.post1 with {legacy_ids}: "
-                                       f"max abs diff {(o - n).abs().max().item():.3g}")
+            assert torch.equal(o, n), (
+                f"tap {tap_label(tap)}: 0.5.23 with {new_ids} "
+                f"vs 0.5.12.post1 with {legacy_ids}: "
+                f"max abs diff {(o - n).abs().max().item():.3g}"
+            )
 
 
 @pytest.mark.parametrize("convention", [c for c in CONVENTIONS if c != "sglang-legacy"])
-def test_convert_sglang_legacy_round_trips_through_every_convention(convention, legacy_drafts, converted_drafts,
-                                                                    tmp_path):
+def test_convert_sglang_legacy_round_trips_through_every_convention(
+    convention, legacy_drafts, converted_drafts, tmp_path
+):
     """legacy -> ``convention`` -> back gives the legacy ids the 0.5.12.post1 run checked, and ``convention`` ->
     sglang gives the ids the 0.5.23 run checked; what ``convention`` cannot express is refused with the reason."""
     for name, taps in CONVERTED.items():
@@ -305,5 +314,6 @@ def test_convert_sglang_legacy_round_trips_through_every_convention(convention, 
         assert convert_cli(mid, convention, "sglang-legacy", back)[0] == 0
         assert convert_cli(mid, convention, "sglang", current)[0] == 0
         assert sorted(config_ids(back)) == sorted(legacy_ids), f"{convention}: {config_ids(back)} vs {legacy_ids}"
-        assert config_ids(current) == config_ids(converted_drafts[name] / "config.json"), \
+        assert config_ids(current) == config_ids(converted_drafts[name] / "config.json"), (
             f"{convention} -> sglang: {config_ids(current)}, but 0.5.23 was checked with another list"
+        )

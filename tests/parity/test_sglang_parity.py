@@ -58,22 +58,39 @@ def require_sglang_env(python: Path = SGLANG_PY, make_target: str = "sglang-env"
         pytest.skip(msg)
 
 
-def run_sglang(target: Path, cases: dict[str, tuple[Path, bool]], input_ids: list[int], out: Path,
-               extra: list[str] = (), python: Path = SGLANG_PY) -> dict:
+def run_sglang(
+    target: Path,
+    cases: dict[str, tuple[Path, bool]],
+    input_ids: list[int],
+    out: Path,
+    extra: list[str] = (),
+    python: Path = SGLANG_PY,
+) -> dict:
     """Run SGLang's own model on ``target`` for each case (name -> (draft dir, legacy patch?)) with the SGLang venv
     of ``python`` (default 0.5.23's); return its record."""
     if python == SGLANG_PY:
         require_sglang_env()
-    cmd = [str(python), str(HARNESS / "runner.py"), "--target", str(target),
-           "--input-ids", ",".join(map(str, input_ids)), "--out", str(out), *extra]
+    cmd = [
+        str(python),
+        str(HARNESS / "runner.py"),
+        "--target",
+        str(target),
+        "--input-ids",
+        ",".join(map(str, input_ids)),
+        "--out",
+        str(out),
+        *extra,
+    ]
     for name, (draft, legacy) in cases.items():
         cmd += ["--case", f"{name}={draft}{':legacy' if legacy else ''}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHONPATH"))}
     env.update(SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=str(out.parent))
     if proc.returncode != 0 or not out.exists():
-        pytest.fail(f"SGLang runner failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                    f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
+        pytest.fail(
+            f"SGLang runner failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+            f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
     record = torch.load(out, weights_only=False)
     record["log"] = proc.stdout + proc.stderr
     return record
@@ -189,8 +206,10 @@ def test_legacy_ids_with_patch_are_taps_embed_3_31(dsv3_run, dsv3_hf):
     for g, tap in zip(got, sorted(taps)):
         assert_is_tap("SGLang 0.5.23 + legacy patch", g, dsv3_hf, tap)
     for g, ref, tap in zip(got, sglang_taps(dsv3_run, "sglang_0_3_31"), sorted(taps)):
-        assert torch.equal(g, ref), f"tap {tap_label(tap)}: legacy-patched run differs from the 0.5.23 run by " \
-                                    f"{max_abs(g, ref):.3g} (same forward, same taps: must be identical)"
+        assert torch.equal(g, ref), (
+            f"tap {tap_label(tap)}: legacy-patched run differs from the 0.5.23 run by "
+            f"{max_abs(g, ref):.3g} (same forward, same taps: must be identical)"
+        )
 
 
 def test_legacy_ids_without_patch_are_refused_by_sglang_0_5_23(dsv3_run):
@@ -216,11 +235,14 @@ def test_incident_ids_under_legacy_plus_one_are_taps_3_31_59_not_the_trained_wir
     served = torch.cat(got, dim=-1)
     trained = torch.cat([dsv3_hf[t][0] for t in TRAINED_TAPS], dim=-1)
     assert served.shape == trained.shape  # same fan-in: nothing in the shapes reveals the wrong wiring
-    slot_diffs = {f"slot {i}: tap {s} vs {tap_label(t)}": max_abs(g, dsv3_hf[t][0])
-                  for i, (g, s, t) in enumerate(zip(got, taps, TRAINED_TAPS))}
+    slot_diffs = {
+        f"slot {i}: tap {s} vs {tap_label(t)}": max_abs(g, dsv3_hf[t][0])
+        for i, (g, s, t) in enumerate(zip(got, taps, TRAINED_TAPS))
+    }
     print(f"incident wiring vs trained wiring, max abs diff per slot: {slot_diffs}")
     assert all(d > NEIGHBOUR_MIN_DIFF for d in slot_diffs.values()), (
-        f"the incident's served input should differ from the trained input in every slot: {slot_diffs}")
+        f"the incident's served input should differ from the trained input in every slot: {slot_diffs}"
+    )
 
 
 def test_incident_ids_on_sglang_0_5_23_are_taps_2_30_58(dsv3_run, dsv3_hf):
@@ -244,8 +266,10 @@ def kimi_sglang_dir(kimi_dir, tiny_root) -> Path:
 
 @pytest.fixture(scope="module")
 def kimi_run(kimi_dir, kimi_sglang_dir, make_draft, prompt, tmp_path_factory) -> dict:
-    cases = {"sglang_0_3_31": (make_draft(kimi_dir, [0, 3, 31]), False),
-             "legacy_-1_2_30": (make_draft(kimi_dir, [-1, 2, 30]), True)}
+    cases = {
+        "sglang_0_3_31": (make_draft(kimi_dir, [0, 3, 31]), False),
+        "legacy_-1_2_30": (make_draft(kimi_dir, [-1, 2, 30]), True),
+    }
     return run_sglang(kimi_sglang_dir, cases, prompt, tmp_path_factory.mktemp("sglang") / "kimi.pt")
 
 
@@ -270,6 +294,7 @@ def test_kimi_k25_taps_equal_transformers(kimi_run, kimi_dir, prompt):
 # ---------------------------------------------------------------------------------------------------------------
 # SGLang vs the vLLM plugin, same checkpoint, same prompt.
 
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
@@ -281,8 +306,12 @@ def vllm_taps(dsv3_61, make_draft, prompt, tmp_path_factory) -> list[torch.Tenso
     from vllm_eagle3.testing.taps import prefill_taps
     from vllm_eagle3.testing.tiny import write_spec_yaml
 
-    spec = write_spec_yaml(tmp_path_factory.mktemp("spec") / "spec.yaml", ["embed", 3, 31],
-                           num_layers=INCIDENT_LAYERS, draft_ids_convention="vllm")
+    spec = write_spec_yaml(
+        tmp_path_factory.mktemp("spec") / "spec.yaml",
+        ["embed", 3, 31],
+        num_layers=INCIDENT_LAYERS,
+        draft_ids_convention="vllm",
+    )
     engine = start_engine(dsv3_61, make_draft(dsv3_61, [0, 3, 31]), env={"EAGLE3_SPEC": str(spec)})
     try:
         return prefill_taps(engine, prompt)
@@ -300,8 +329,9 @@ def test_sglang_taps_equal_vllm_plugin_taps(dsv3_run, dsv3_hf, vllm_taps):
         if tap == EMBED:
             assert torch.equal(s, v), f"{where}: max abs diff {max_abs(s, v):.3g} (must be bit-identical)"
             continue
-        assert torch.allclose(s, v, atol=ATOL, rtol=RTOL), \
+        assert torch.allclose(s, v, atol=ATOL, rtol=RTOL), (
             f"{where}: max abs diff {max_abs(s, v):.3g} (atol {ATOL}, rtol {RTOL})"
+        )
         assert_is_tap("vLLM plugin", v, dsv3_hf, tap)  # and not a neighbouring tap
 
 
@@ -324,8 +354,9 @@ def image_patches(side_patches: int = IMAGE_SIDE_PATCHES, patch: int = 14) -> tu
     img = torch.stack([x / side, y / side, ((x // 7 + y // 7) % 2).float()], 0)  # [3, H, W] in [0, 1]
     img = (img - 0.5) / 0.5
     patches = img.reshape(3, side_patches, patch, side_patches, patch).permute(1, 3, 0, 2, 4)
-    return patches.reshape(side_patches * side_patches, 3, patch, patch).contiguous(), \
-        torch.tensor([[1, side_patches, side_patches]])
+    return patches.reshape(side_patches * side_patches, 3, patch, patch).contiguous(), torch.tensor(
+        [[1, side_patches, side_patches]]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -341,8 +372,9 @@ def kimi_mm(kimi_dir, kimi_sglang_dir, make_draft, tmp_path_factory):
     record = run_sglang(kimi_sglang_dir, cases, ids, folder / "kimi_mm.pt", extra=["--mm", str(folder / "mm.pt")])
     hf = load_kimi_k25_hf(kimi_dir)
     with torch.no_grad():
-        states = hf(input_ids=torch.tensor([ids]), pixel_values=pixel_values, image_grid_thw=grid,
-                    output_hidden_states=True).hidden_states
+        states = hf(
+            input_ids=torch.tensor([ids]), pixel_values=pixel_values, image_grid_thw=grid, output_hidden_states=True
+        ).hidden_states
         text_only_embed = hf.get_input_embeddings()(torch.tensor([ids]))[0]
     image_rows = torch.tensor([t == MEDIA_PAD_ID for t in ids])
     return record, states, text_only_embed, image_rows
@@ -365,16 +397,21 @@ def test_kimi_k25_image_prefill_embedding_tap_carries_vision_features(kimi_mm):
     embed = case["embed"]  # the input_embeds SGLang's KimiK25 handed its DeepSeek decoder stack
     assert torch.equal(taps[0], embed), "SGLang's tap 0 is not the merged input_embeds of its decoder stack"
     hf0 = states[0][0]
-    assert torch.equal(taps[0][~image_rows], hf0[~image_rows]), \
-        f"SGLang tap embed, text rows: max abs diff {max_abs(taps[0][~image_rows], hf0[~image_rows]):.3g} " \
+    assert torch.equal(taps[0][~image_rows], hf0[~image_rows]), (
+        f"SGLang tap embed, text rows: max abs diff {max_abs(taps[0][~image_rows], hf0[~image_rows]):.3g} "
         f"vs transformers"
+    )
     img_err = _rel(taps[0][image_rows], hf0[image_rows])
-    assert img_err < MM_REL_TOL, (f"SGLang tap embed, image rows {tuple(taps[0][image_rows].shape)}: relative error "
-                                  f"{img_err:.3g}, max abs diff {max_abs(taps[0][image_rows], hf0[image_rows]):.3g}")
+    assert img_err < MM_REL_TOL, (
+        f"SGLang tap embed, image rows {tuple(taps[0][image_rows].shape)}: relative error "
+        f"{img_err:.3g}, max abs diff {max_abs(taps[0][image_rows], hf0[image_rows]):.3g}"
+    )
     placeholder_err = _rel(text_only_embed[image_rows], hf0[image_rows])
     assert placeholder_err > 100 * MM_REL_TOL, "the image rows of tap 0 do not differ from the placeholder embedding"
     for got, tap in zip(taps[1:], (3, 31)):
         err = _rel(got, states[tap][0])
-        assert err < MM_REL_TOL, (f"SGLang tap {tap} (image prefill) {tuple(got.shape)} vs transformers "
-                                  f"{tuple(states[tap][0].shape)}: relative error {err:.3g}, "
-                                  f"max abs diff {max_abs(got, states[tap][0]):.3g}")
+        assert err < MM_REL_TOL, (
+            f"SGLang tap {tap} (image prefill) {tuple(got.shape)} vs transformers "
+            f"{tuple(states[tap][0].shape)}: relative error {err:.3g}, "
+            f"max abs diff {max_abs(got, states[tap][0]):.3g}"
+        )

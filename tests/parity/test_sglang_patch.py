@@ -36,8 +36,13 @@ def check(request) -> dict:
     require_sglang_env(python, make_target)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["SGLANG_USE_CPU_ENGINE"] = "1"
-    proc = subprocess.run([str(python), str(REPO / "tests/parity/sglang_harness/patch_check.py")],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [str(python), str(REPO / "tests/parity/sglang_harness/patch_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, f"patch_check.py failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["sglang_version"] == request.param
@@ -57,8 +62,9 @@ def test_patch_is_idempotent_and_recorded(check):
     """Applying twice is one application; the record names the patch, the target method and the SGLang version."""
     version = check["sglang_version"]
     assert check["replaced_method"] and check["idempotent"] and check["forward_idempotent"]
-    assert check["forward_wrapped"] == (version == "0.5.12.post1"), \
+    assert check["forward_wrapped"] == (version == "0.5.12.post1"), (
         f"DeepseekV2Model.forward wrapped on sglang {version}: {check['forward_wrapped']}"
+    )
     assert check["v3_inherits"], "DeepseekV3ForCausalLM (Kimi K2.5's language model) must see the patched method"
     assert check["applied"] == ["sglang_embed_tap.legacy_eagle3_ids"]
     assert check["details"]["target"].endswith("DeepseekV2ForCausalLM.set_eagle3_layers_to_capture")

@@ -37,8 +37,10 @@ def v2_run(tmp_path_factory):
     spec = write_spec_yaml(root / "spec.yaml", SPEC, num_layers=LAYERS, draft_ids_convention="vllm")
     engine = start_engine(target, draft, env={"EAGLE3_SPEC": str(spec)})
     try:
-        out = {"set": engine.llm.collective_rpc(v2_runner.v2_set_aux_layers)[0],
-               "nested_only": engine.llm.collective_rpc(v2_runner.v2_set_aux_layers_nested_only)[0]}
+        out = {
+            "set": engine.llm.collective_rpc(v2_runner.v2_set_aux_layers)[0],
+            "nested_only": engine.llm.collective_rpc(v2_runner.v2_set_aux_layers_nested_only)[0],
+        }
     finally:
         stop_engine(engine)
     return out

@@ -103,19 +103,26 @@ def vllm_mm(kimi_dir, make_draft, tmp_path_factory):
     """ONE engine: plugin + spec [embed, 3, 31] + draft [0, 3, 31], images enabled; prefill the image prompt."""
     from vllm import SamplingParams
 
-    spec = write_spec_yaml(tmp_path_factory.mktemp("spec_mm") / "spec.yaml", ["embed", 3, 31], num_layers=32,
-                           draft_ids_convention="vllm")
+    spec = write_spec_yaml(
+        tmp_path_factory.mktemp("spec_mm") / "spec.yaml", ["embed", 3, 31], num_layers=32, draft_ids_convention="vllm"
+    )
     t0 = time.monotonic()
     pythonpath = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
-    engine = start_engine(kimi_dir, make_draft(kimi_dir, [0, 3, 31]),
-                          env={"EAGLE3_SPEC": str(spec), "PYTHONPATH": pythonpath},
-                          limit_mm_per_prompt={"vision_chunk": 1})  # images on (start_engine defaults Kimi to 0)
+    engine = start_engine(
+        kimi_dir,
+        make_draft(kimi_dir, [0, 3, 31]),
+        env={"EAGLE3_SPEC": str(spec), "PYTHONPATH": pythonpath},
+        limit_mm_per_prompt={"vision_chunk": 1},
+    )  # images on (start_engine defaults Kimi to 0)
     try:
         engine.llm.apply_model(install_recorder)
         engine.llm.apply_model(_install_mm_observers)
         image = {"type": "image", "image": make_image(), "uuid": None}
-        out = engine.llm.generate([{"prompt_token_ids": PROMPT_IDS, "multi_modal_data": {"vision_chunk": [image]}}],
-                                  SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+        out = engine.llm.generate(
+            [{"prompt_token_ids": PROMPT_IDS, "multi_modal_data": {"vision_chunk": [image]}}],
+            SamplingParams(max_tokens=1, temperature=0.0),
+            use_tqdm=False,
+        )
         taps = engine.llm.apply_model(recorded_taps)[0]
         mm = engine.llm.apply_model(_mm_records)[0]
         log = engine.log()
@@ -123,8 +130,10 @@ def vllm_mm(kimi_dir, make_draft, tmp_path_factory):
         stop_engine(engine)
     ids = list(out[0].prompt_token_ids)
     prefill = [r for r in taps if r and r[0].shape[0] == len(ids)]
-    assert prefill, f"no target forward over the {len(ids)}-token image prompt recorded; got shapes " \
-                    f"{[[tuple(t.shape) for t in r] for r in taps]}"
+    assert prefill, (
+        f"no target forward over the {len(ids)}-token image prompt recorded; got shapes "
+        f"{[[tuple(t.shape) for t in r] for r in taps]}"
+    )
     embeds = [e for e in mm["inputs_embeds"] if e is not None and e.shape[0] == len(ids)]
     return dict(ids=ids, taps=prefill[0], mm=mm, embeds=embeds, log=log, seconds=time.monotonic() - t0)
 
@@ -133,19 +142,22 @@ def vllm_mm(kimi_dir, make_draft, tmp_path_factory):
 def hf_mm(kimi_dir, vllm_mm):
     """transformers on the ids vLLM prefilled and the pixel patches vLLM's ViT consumed."""
     mm = vllm_mm["mm"]
-    assert len(mm["pixels"]) == 1 and len(mm["grid"]) == 1, \
+    assert len(mm["pixels"]) == 1 and len(mm["grid"]) == 1, (
         f"expected one vision-tower call, got {len(mm['pixels'])} (grids {mm['grid']})"
+    )
     pixel_values = mm["pixels"][0].view(-1, 3, PATCH, PATCH)
     grid = mm["grid"][0].reshape(-1, 3)
     ids = torch.tensor([vllm_mm["ids"]])
     hf = load_kimi_k25_hf(kimi_dir)
     with torch.no_grad():
-        states = hf(input_ids=ids, pixel_values=pixel_values, image_grid_thw=grid,
-                    output_hidden_states=True).hidden_states
+        states = hf(
+            input_ids=ids, pixel_values=pixel_values, image_grid_thw=grid, output_hidden_states=True
+        ).hidden_states
         text_only_embed = hf.get_input_embeddings()(ids)[0]
     image_rows = ids[0] == MEDIA_PAD_ID
-    return dict(states=states, text_only_embed=text_only_embed, image_rows=image_rows, pixel_values=pixel_values,
-                grid=grid)
+    return dict(
+        states=states, text_only_embed=text_only_embed, image_rows=image_rows, pixel_values=pixel_values, grid=grid
+    )
 
 
 def test_vllm_expanded_the_image_placeholder(vllm_mm, hf_mm):
@@ -154,10 +166,11 @@ def test_vllm_expanded_the_image_placeholder(vllm_mm, hf_mm):
     want = list(b"look: ") + [MEDIA_PAD_ID] * N_IMAGE_TOKENS + list(b" -> a cat")
     assert ids == want, f"vLLM prefilled {ids}, expected {want}"
     assert hf_mm["grid"].tolist() == [[1, IMAGE_SIDE_PATCHES, IMAGE_SIDE_PATCHES]], hf_mm["grid"]
-    assert tuple(hf_mm["pixel_values"].shape) == (IMAGE_SIDE_PATCHES ** 2, 3, PATCH, PATCH)
+    assert tuple(hf_mm["pixel_values"].shape) == (IMAGE_SIDE_PATCHES**2, 3, PATCH, PATCH)
     px = hf_mm["pixel_values"]
-    assert px.min() >= -1.0 and px.max() <= 1.0 and px.min() < -0.9 and px.max() > 0.9, \
+    assert px.min() >= -1.0 and px.max() <= 1.0 and px.min() < -0.9 and px.max() > 0.9, (
         f"vLLM's ViT input is not normalized to [-1, 1] (mean = std = 0.5): range [{px.min():.3g}, {px.max():.3g}]"
+    )
     assert "capturing taps [embed, 3, 31]" in vllm_mm["log"]
 
 
@@ -172,34 +185,46 @@ def test_kimi_k25_image_prefill_embedding_tap_carries_vision_features_vllm(vllm_
 
     # Tap 0 is what vLLM's Kimi wrapper handed its decoder stack, and its image rows are vLLM's vision features.
     assert len(vllm_mm["embeds"]) == 1, f"expected one prefill forward with inputs_embeds, got {len(vllm_mm['embeds'])}"
-    assert torch.equal(tap0, vllm_mm["embeds"][0]), \
+    assert torch.equal(tap0, vllm_mm["embeds"][0]), (
         f"vLLM tap embed is not the inputs_embeds of the prefill: max abs {max_abs(tap0, vllm_mm['embeds'][0]):.3g}"
+    )
     features = torch.cat(vllm_mm["mm"]["features"]).reshape(-1, tap0.shape[1])
-    assert torch.equal(tap0[image_rows], features), \
-        f"vLLM tap embed image rows {tuple(tap0[image_rows].shape)} are not vLLM's projected vision features " \
+    assert torch.equal(tap0[image_rows], features), (
+        f"vLLM tap embed image rows {tuple(tap0[image_rows].shape)} are not vLLM's projected vision features "
         f"{tuple(features.shape)}"
+    )
 
     text_diff = max_abs(tap0[~image_rows], hf0[~image_rows])
-    assert torch.equal(tap0[~image_rows], hf0[~image_rows]), \
+    assert torch.equal(tap0[~image_rows], hf0[~image_rows]), (
         f"vLLM tap embed, text rows {tuple(tap0[~image_rows].shape)}: max abs diff {text_diff:.3g} vs transformers"
+    )
     img_err = _rel(tap0[image_rows], hf0[image_rows])
     img_abs = max_abs(tap0[image_rows], hf0[image_rows])
-    assert img_err < MM_REL_TOL, (f"vLLM tap embed, image rows {tuple(tap0[image_rows].shape)}: relative error "
-                                  f"{img_err:.3g}, max abs diff {img_abs:.3g} vs transformers hidden_states[0]")
+    assert img_err < MM_REL_TOL, (
+        f"vLLM tap embed, image rows {tuple(tap0[image_rows].shape)}: relative error "
+        f"{img_err:.3g}, max abs diff {img_abs:.3g} vs transformers hidden_states[0]"
+    )
     placeholder_err = _rel(hf_mm["text_only_embed"][image_rows], hf0[image_rows])
     tap_vs_placeholder = _rel(tap0[image_rows], hf_mm["text_only_embed"][image_rows])
-    assert placeholder_err > 100 * MM_REL_TOL and tap_vs_placeholder > 100 * MM_REL_TOL, \
-        (f"the image rows of tap 0 do not differ from the placeholder embedding (transformers {placeholder_err:.3g}, "
-         f"vLLM {tap_vs_placeholder:.3g} relative): the test cannot tell merged from unmerged embeddings")
-    report = [f"embed: text rows bit-identical; image rows rel {img_err:.3g}, max abs {img_abs:.3g} "
-              f"(placeholder embedding: rel {placeholder_err:.3g})"]
+    assert placeholder_err > 100 * MM_REL_TOL and tap_vs_placeholder > 100 * MM_REL_TOL, (
+        f"the image rows of tap 0 do not differ from the placeholder embedding (transformers {placeholder_err:.3g}, "
+        f"vLLM {tap_vs_placeholder:.3g} relative): the test cannot tell merged from unmerged embeddings"
+    )
+    report = [
+        f"embed: text rows bit-identical; image rows rel {img_err:.3g}, max abs {img_abs:.3g} "
+        f"(placeholder embedding: rel {placeholder_err:.3g})"
+    ]
     for got, tap in zip(taps[1:], (3, 31)):
         want = states[tap][0]
         assert got.shape == want.shape, f"vLLM tap {tap} shape {tuple(got.shape)} != transformers {tuple(want.shape)}"
         err, diff = _rel(got, want), max_abs(got, want)
-        assert err < MM_REL_TOL, (f"vLLM tap {tap} (image prefill) {tuple(got.shape)} vs transformers "
-                                  f"hidden_states[{tap}] {tuple(want.shape)}: relative error {err:.3g}, "
-                                  f"max abs diff {diff:.3g}")
-        report.append(f"tap {tap}: rel {err:.3g}, max abs {diff:.3g}, image rows max abs "
-                      f"{max_abs(got[image_rows], want[image_rows]):.3g}")
+        assert err < MM_REL_TOL, (
+            f"vLLM tap {tap} (image prefill) {tuple(got.shape)} vs transformers "
+            f"hidden_states[{tap}] {tuple(want.shape)}: relative error {err:.3g}, "
+            f"max abs diff {diff:.3g}"
+        )
+        report.append(
+            f"tap {tap}: rel {err:.3g}, max abs {diff:.3g}, image rows max abs "
+            f"{max_abs(got[image_rows], want[image_rows]):.3g}"
+        )
     print(f"\n[vLLM image prefill vs transformers, engine+prefill {vllm_mm['seconds']:.0f} s] " + "; ".join(report))

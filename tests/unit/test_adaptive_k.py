@@ -32,8 +32,13 @@ BF16_RESULTS = REPO / DOCS["adaptive_bf16"]  # AMX_MLA, measured on an AMX host
 
 
 def test_schedule_takes_the_fastest_k_per_concurrency_and_splits_at_geometric_means():
-    pts = {1: {0: 10, 1: 15, 2: 18, 3: 20, 4: 19}, 4: {0: 30, 1: 45, 2: 50, 3: 50}, 16: {0: 80, 1: 100, 2: 95, 3: 90},
-           32: {0: 100, 1: 104, 3: 90}, 64: {0: 120, 1: 110, 3: 80}}
+    pts = {
+        1: {0: 10, 1: 15, 2: 18, 3: 20, 4: 19},
+        4: {0: 30, 1: 45, 2: 50, 3: 50},
+        16: {0: 80, 1: 100, 2: 95, 3: 90},
+        32: {0: 100, 1: 104, 3: 90},
+        64: {0: 120, 1: 110, 3: 80},
+    }
     table = advise.schedule(pts)
     # 1 -> k=3; 4 -> tie 2/3 goes to 2; 16 and 32 -> 1 (merged); 64 -> 0; ends at floor(sqrt(1*4))=2, sqrt(64)=8,
     # sqrt(512)=22, sqrt(2048)=45
@@ -46,8 +51,13 @@ def test_schedule_takes_the_fastest_k_per_concurrency_and_splits_at_geometric_me
 def test_schedule_never_raises_k_with_the_batch():
     """The run of 2026-12-03 measured k = 3, 1, 3, 1, 1 best at 1, 4, 16, 32, 64 (k = 1 and 3 within 1 % at 16):
     a k that rises with load is noise, and the table keeps the lower concurrency's k."""
-    pts = {1: {0: 19.9, 1: 30.9, 3: 39.9}, 4: {0: 53.8, 1: 91.1, 3: 83.7}, 16: {0: 123.7, 1: 142.3, 3: 143.8},
-           32: {0: 136.1, 1: 167.8, 3: 146.9}, 64: {0: 143.0, 1: 143.8, 3: 143.5}}
+    pts = {
+        1: {0: 19.9, 1: 30.9, 3: 39.9},
+        4: {0: 53.8, 1: 91.1, 3: 83.7},
+        16: {0: 123.7, 1: 142.3, 3: 143.8},
+        32: {0: 136.1, 1: 167.8, 3: 146.9},
+        64: {0: 143.0, 1: 143.8, 3: 143.5},
+    }
     assert advise.schedule(pts) == ((1, 2, 3), (3, advise.OPEN_END, 1))
 
 
@@ -59,8 +69,9 @@ def test_vllm_reads_the_table_as_the_advice_means_it():
     table = ((1, 2, 4), (3, 8, 3), (9, 22, 2), (23, 45, 1), (46, advise.OPEN_END, 0))
     cfg = yaml.safe_load(advise.config_lines(table))["speculative-config"]
     assert cfg["num_speculative_tokens"] == 4
-    lookup = build_dynamic_sd_schedule_lookup(cfg["num_speculative_tokens_per_batch_size"], 256,
-                                              cfg["num_speculative_tokens"])
+    lookup = build_dynamic_sd_schedule_lookup(
+        cfg["num_speculative_tokens_per_batch_size"], 256, cfg["num_speculative_tokens"]
+    )
     assert lookup[1:] == [k_at(table, b) for b in range(1, 257)]
 
 
@@ -72,17 +83,49 @@ def _raw(v: Variant, tok_s: dict[int, float], text=lambda i: f"t{i}") -> dict:
         if cell.kind != "throughput" or cell.concurrency not in tok_s:
             continue
         t = tok_s[cell.concurrency]
-        reqs = [{"prompt": i, "tokens": 100, "latency_s": 100 / t * cell.concurrency * (0.9 + 0.05 * i),
-                 "text": text(i), "ttft_s": float("nan"), "counters": None} for i in range(4)]
-        cells.append({"kind": "throughput", "concurrency": cell.concurrency, "round": 0, "split": None,
-                      "wall_s": 400 / t, "requests": reqs, "counters": None})
-    return {"key": v.key, "variant": v.as_dict(), "label": v.label, "ready_s": 30.0, "error": None,
-            "capture_line": "", "check_line": "", "mla_calls": {}, "cells": cells}
+        reqs = [
+            {
+                "prompt": i,
+                "tokens": 100,
+                "latency_s": 100 / t * cell.concurrency * (0.9 + 0.05 * i),
+                "text": text(i),
+                "ttft_s": float("nan"),
+                "counters": None,
+            }
+            for i in range(4)
+        ]
+        cells.append(
+            {
+                "kind": "throughput",
+                "concurrency": cell.concurrency,
+                "round": 0,
+                "split": None,
+                "wall_s": 400 / t,
+                "requests": reqs,
+                "counters": None,
+            }
+        )
+    return {
+        "key": v.key,
+        "variant": v.as_dict(),
+        "label": v.label,
+        "ready_s": 30.0,
+        "error": None,
+        "capture_line": "",
+        "check_line": "",
+        "mla_calls": {},
+        "cells": cells,
+    }
 
 
 SPEEDS = {  # k -> {concurrency: tok/s}: k=3 best at 1, k=2 at 4, k=1 at 16, no speculation at 64
-    0: {1: 10, 4: 30, 16: 80, 64: 120}, 1: {1: 15, 4: 45, 16: 100, 64: 110}, 2: {1: 18, 4: 52, 16: 95, 64: 100},
-    3: {1: 20, 4: 50, 16: 90, 64: 85}, 4: {1: 19, 4: 40, 16: 70, 64: 60}, 5: {1: 17, 4: 35, 16: 60, 64: 50}}
+    0: {1: 10, 4: 30, 16: 80, 64: 120},
+    1: {1: 15, 4: 45, 16: 100, 64: 110},
+    2: {1: 18, 4: 52, 16: 95, 64: 100},
+    3: {1: 20, 4: 50, 16: 90, 64: 85},
+    4: {1: 19, 4: 40, 16: 70, 64: 60},
+    5: {1: 17, 4: 35, 16: 60, 64: 50},
+}
 
 
 def _run(adaptive_speed, concs=(1, 4, 16, 64), second_server: float = 1.0) -> dict:
@@ -102,10 +145,25 @@ def _run(adaptive_speed, concs=(1, 4, 16, 64), second_server: float = 1.0) -> di
                 speeds = SPEEDS[v.k]
             ran.append(_raw(v, {c: t * (second_server if v.replica == 2 else 1.0) for c, t in speeds.items()}))
         raws += ran
-    meta = {"date": "2026-12-03 08:00 UTC", "command": "vllm-eagle3 bench --plan adaptive", "duration_min": 60.0,
-            "load_before": "0.1 0.1 0.1", "load_after": "2.0 1.9 1.5",
-            "machine": {"cpu": "CPU", "nproc": "2", "memory": "23 GiB", "flags": "avx2", "python": "3.11",
-                        "torch": "2", "vllm": "0.32", "openai": "1", "commit": "abc1234", "dirty": "no"}}
+    meta = {
+        "date": "2026-12-03 08:00 UTC",
+        "command": "vllm-eagle3 bench --plan adaptive",
+        "duration_min": 60.0,
+        "load_before": "0.1 0.1 0.1",
+        "load_after": "2.0 1.9 1.5",
+        "machine": {
+            "cpu": "CPU",
+            "nproc": "2",
+            "memory": "23 GiB",
+            "flags": "avx2",
+            "python": "3.11",
+            "torch": "2",
+            "vllm": "0.32",
+            "openai": "1",
+            "commit": "abc1234",
+            "dirty": "no",
+        },
+    }
     return {"schema": 2, "meta": meta, "plan": p.as_dict(), "variants": raws}
 
 
@@ -130,13 +188,26 @@ def test_judging_stretches_run_the_statics_the_adaptive_server_is_compared_with_
     servers of each speculating configuration, and the adaptive rows pool them (a ratio over servers, with the ratio
     between the two servers of one configuration beside it)."""
     data = _run(lambda c, k: SPEEDS[k][c], second_server=0.8)
-    side = {r["key"]: [c["concurrency"] for c in r["cells"]] for r in data["variants"]
-            if r["variant"]["stretch"] in plans.JUDGING}
+    side = {
+        r["key"]: [c["concurrency"] for c in r["cells"]]
+        for r in data["variants"]
+        if r["variant"]["stretch"] in plans.JUDGING
+    }
     # table 1-2: k=3, 3-8: k=2, 9-32: k=1, 33+: k=0; best k >= 1: 3 at 1, 2 at 4, 1 at 16 and 64
-    assert side == {"nospec@3": [1, 4, 16], "embed-k1@3": [16], "embed-k2@3": [4], "embed-k3@3": [1],
-                    "embed-adaptive@3": [1, 4, 16], "embed-adaptive#2@3": [1, 4, 16], "embed-k1#2@3": [16],
-                    "embed-k2#2@3": [4], "embed-k3#2@3": [1],
-                    "nospec@4": [64], "embed-adaptive@4": [64], "embed-k1@4": [64]}
+    assert side == {
+        "nospec@3": [1, 4, 16],
+        "embed-k1@3": [16],
+        "embed-k2@3": [4],
+        "embed-k3@3": [1],
+        "embed-adaptive@3": [1, 4, 16],
+        "embed-adaptive#2@3": [1, 4, 16],
+        "embed-k1#2@3": [16],
+        "embed-k2#2@3": [4],
+        "embed-k3#2@3": [1],
+        "nospec@4": [64],
+        "embed-adaptive@4": [64],
+        "embed-k1@4": [64],
+    }
     summary = analysis.summarize(data)
     rows = {r["concurrency"]: r for r in summary["adaptive"]}
     assert sorted(rows) == [1, 4, 16, 64]
@@ -222,6 +293,7 @@ def test_variant_rules():
 
 # ------------------------------------------------------------------------------------------------ held-out prompts
 
+
 def test_heldout_windows_and_corpus_check(tmp_path):
     from vllm_eagle3.miniature.tokenizer import load_tokenizer
 
@@ -247,8 +319,9 @@ def test_committed_heldout_prompts_are_what_they_say():
     assert c["dropped_seen_in_corpus"] >= 0 and c["corpus_files"] > 1000 and c["after"] == heldout.DEFAULT_AFTER
     assert len(data["items"]) >= 128  # a c=64 cell of 2 waves
     try:
-        added = set(heldout.git("log", "--diff-filter=A", "-M", "--name-only", "--format=", f"{c['after']}..HEAD")
-                    .split())
+        added = set(
+            heldout.git("log", "--diff-filter=A", "-M", "--name-only", "--format=", f"{c['after']}..HEAD").split()
+        )
     except subprocess.CalledProcessError:
         pytest.skip(f"this clone has no history back to {c['after']} (shallow): the git clock cannot be read")
     from vllm_eagle3.miniature.tokenizer import load_tokenizer
@@ -262,18 +335,23 @@ def test_committed_heldout_prompts_are_what_they_say():
 
 # ------------------------------------------------------------------------------------------------ shipped configs
 
+
 def test_shipped_serve_configs_carry_the_measured_table():
     if not ADAPTIVE_RESULTS.exists():
-        pytest.fail(f"{ADAPTIVE_RESULTS.relative_to(REPO)} is missing: run vllm-eagle3 bench --plan adaptive "
-                    "--out-dir bench/adaptive")
+        pytest.fail(
+            f"{ADAPTIVE_RESULTS.relative_to(REPO)} is missing: run vllm-eagle3 bench --plan adaptive "
+            "--out-dir bench/adaptive"
+        )
     table = advise.from_results(json.loads(ADAPTIVE_RESULTS.read_text()))
     want = yaml.safe_load(advise.config_lines(table))["speculative-config"]
     for name in SHIPPED_SERVE_CONFIGS:
         spec = yaml.safe_load((REPO / name).read_text())["speculative-config"]
         got = [tuple(e) for e in spec.get("num_speculative_tokens_per_batch_size") or []]
-        assert got == list(table), (f"{name}: num_speculative_tokens_per_batch_size {got} is not the table of "
-                                    f"{ADAPTIVE_RESULTS.relative_to(REPO)} {list(table)}: paste the lines of "
-                                    f"vllm-eagle3 bench --from-json bench/adaptive/results.json --advise")
+        assert got == list(table), (
+            f"{name}: num_speculative_tokens_per_batch_size {got} is not the table of "
+            f"{ADAPTIVE_RESULTS.relative_to(REPO)} {list(table)}: paste the lines of "
+            f"vllm-eagle3 bench --from-json bench/adaptive/results.json --advise"
+        )
         assert spec["num_speculative_tokens"] == want["num_speculative_tokens"], name
 
 
@@ -288,9 +366,11 @@ def test_the_bf16_config_carries_the_table_measured_on_amx_mla_or_none():
     data = json.loads(BF16_RESULTS.read_text())
     assert (data["meta"]["dtype"], data["meta"]["attention"]) == ("bfloat16", "AMX_MLA"), data["meta"]
     table = advise.from_results(data)
-    assert got == list(table), (f"{BF16_CONFIG}: {got} is not the table of {BF16_RESULTS.relative_to(REPO)} "
-                                f"{list(table)}: paste the lines of vllm-eagle3 bench --from-json "
-                                f"{BF16_RESULTS.relative_to(REPO)} --advise")
+    assert got == list(table), (
+        f"{BF16_CONFIG}: {got} is not the table of {BF16_RESULTS.relative_to(REPO)} "
+        f"{list(table)}: paste the lines of vllm-eagle3 bench --from-json "
+        f"{BF16_RESULTS.relative_to(REPO)} --advise"
+    )
     assert spec["num_speculative_tokens"] == max(k for _, _, k in table), BF16_CONFIG
 
 

@@ -20,16 +20,23 @@ def f32_config():
     from vllm.engine.arg_utils import EngineArgs
 
     draft = str(REPO / "models" / "kimi-k25-mini-eagle3-mla")
-    args = EngineArgs(model=str(REPO / "models" / "kimi-k25-mini"), dtype="float32", enforce_eager=True,
-                      max_model_len=512, speculative_config={"method": "eagle3", "num_speculative_tokens": 2,
-                                                             "model": draft})
+    args = EngineArgs(
+        model=str(REPO / "models" / "kimi-k25-mini"),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        speculative_config={"method": "eagle3", "num_speculative_tokens": 2, "model": draft},
+    )
     return args.create_engine_config()
 
 
 @pytest.fixture()
 def cfg(f32_config):
-    a, s, dtype = f32_config.attention_config.backend, f32_config.speculative_config.attention_backend, \
-        f32_config.model_config.dtype
+    a, s, dtype = (
+        f32_config.attention_config.backend,
+        f32_config.speculative_config.attention_backend,
+        f32_config.model_config.dtype,
+    )
     f32_config.attention_config.backend = f32_config.speculative_config.attention_backend = None
     yield f32_config
     f32_config.attention_config.backend, f32_config.speculative_config.attention_backend = a, s

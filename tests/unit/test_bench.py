@@ -18,14 +18,14 @@ from vllm_eagle3.tools.bench import analysis, plan as plans, report
 from vllm_eagle3.tools.bench.client import RequestRecord, spec_counters, summed
 from vllm_eagle3.tools.bench.plan import EMBED_TAP, MLA_OFF, NATIVE, NATIVE_CAPTURES, NO_SPEC, Cell, Plan, Variant
 from vllm_eagle3.tools.bench.run import make_native_draft, native_taps
-from vllm_eagle3.tools.bench.stats import (Estimate, bootstrap, cost_ratio, ideal_speedup, paired_ratio,
-                                           stratified_ratio)
+from vllm_eagle3.tools.bench.stats import Estimate, bootstrap, cost_ratio, ideal_speedup, paired_ratio, stratified_ratio
 from vllm_eagle3.tools.bench.timers import StepTimers, step_split
 
 pytestmark = pytest.mark.unit
 
 
 # ------------------------------------------------------------------------------------------------ statistics
+
 
 def test_paired_ratio_cancels_prompt_to_prompt_variation():
     """Prompts differ a lot in speed; if every prompt is exactly 2x faster with speculation the speedup is 2 with
@@ -76,14 +76,19 @@ def test_step_models():
 
 # ------------------------------------------------------------------------------------------------ timers
 
+
 def test_step_split_counts_pure_decode_steps_and_attributes_the_draft():
     """Prefill steps must not inflate the verify time, nor the shorter last steps; the draft runs after the
     target forward (in ``sample_tokens``) and belongs to the step before it."""
     rec = [
-        ("F", 0.000, 0.080, 64), ("D", 0.085, 0.010, 0),  # prefill of a 64-token prompt (+ first draft)
-        ("F", 0.100, 0.040, 4), ("D", 0.145, 0.020, 0),  # pure decode: 1 request x (k + 1) tokens
-        ("F", 0.180, 0.060, 4), ("D", 0.245, 0.010, 0),
-        ("F", 0.260, 0.050, 4), ("D", 0.315, 0.000, 0),
+        ("F", 0.000, 0.080, 64),
+        ("D", 0.085, 0.010, 0),  # prefill of a 64-token prompt (+ first draft)
+        ("F", 0.100, 0.040, 4),
+        ("D", 0.145, 0.020, 0),  # pure decode: 1 request x (k + 1) tokens
+        ("F", 0.180, 0.060, 4),
+        ("D", 0.245, 0.010, 0),
+        ("F", 0.260, 0.050, 4),
+        ("D", 0.315, 0.000, 0),
         ("F", 0.340, 0.030, 2),  # the last step verifies fewer tokens (max_tokens reached): left out
     ]
     s = step_split(rec, 4)
@@ -127,6 +132,7 @@ def test_step_timers_are_removed_after_a_timed_cell():
 
 # ------------------------------------------------------------------------------------------------ plan
 
+
 def test_default_plan_has_the_headline_cells_with_enough_prompts():
     """Issue 12: >= 16 prompts per cell, 128 tokens, k=3 vs none at 1/4/16 eager AND compiled, the opt-out, the
     incident wiring, the same-taps capture A/B (second head: plugin vs native) on two servers each, alternating, and
@@ -137,8 +143,18 @@ def test_default_plan_has_the_headline_cells_with_enough_prompts():
     assert [p.throughput_requests(c) for c in (1, 4, 16)] == [16, 16, 64]
     assert dataclasses.replace(p, waves=1).throughput_requests(16) == 16  # one wave: plan.prompts requests
     keys = [v.key for v in p.variants]
-    for key in ("nospec", "embed-k3", "nospec+compiled", "embed-k3+compiled", "embed-k3+mla-off", "native-k3",
-                "layers-k3", "native-layers-k3", "layers-k3#2", "native-layers-k3#2"):
+    for key in (
+        "nospec",
+        "embed-k3",
+        "nospec+compiled",
+        "embed-k3+compiled",
+        "embed-k3+mla-off",
+        "native-k3",
+        "layers-k3",
+        "native-layers-k3",
+        "layers-k3#2",
+        "native-layers-k3#2",
+    ):
         assert key in keys
     for v in p.variants:
         if v.key in ("nospec", "embed-k3", "nospec+compiled", "embed-k3+compiled"):
@@ -188,8 +204,9 @@ def test_check_plan_measures_the_shipped_server_with_the_check_on_and_off(capsys
     p = plans.PLANS["check"]()
     assert [v.key for v in p.variants] == ["embed-k3", "embed-k3+check-off", "embed-k3+check-off#2", "embed-k3#2"]
     assert all(v.k == 3 and v.capture == EMBED_TAP and not v.compiled for v in p.variants)
-    assert all([(c.kind, c.concurrency) for c in v.cells] == [("throughput", c) for c in (1, 4, 16)]
-               for v in p.variants)
+    assert all(
+        [(c.kind, c.concurrency) for c in v.cells] == [("throughput", c) for c in (1, 4, 16)] for v in p.variants
+    )
     assert (p.prompts, p.waves, p.max_tokens) == (16, 4, 128)
     assert 20 * 60 <= sum(plans.estimate_items(p).values()) <= 30 * 60
     assert main(["--plan", "check", "--dry-run", "--concurrency", "1", "4"]) == 0
@@ -209,7 +226,11 @@ def test_check_off_server_gets_its_capture_spec_with_the_check_disabled(tmp_path
     shipped = REPO / "configs/kimi_k25_eagle3.yaml"
     wiring = Wiring(tmp_path, ("--capture-spec", str(shipped)))
     assert serve_args(Variant(3), wiring, tmp_path / "s.yaml", tmp_path) == [
-        "--config", str(tmp_path / "s.yaml"), "--capture-spec", str(shipped)]
+        "--config",
+        str(tmp_path / "s.yaml"),
+        "--capture-spec",
+        str(shipped),
+    ]
     args = serve_args(Variant(3, check=False, replica=2), wiring, tmp_path / "s.yaml", tmp_path)
     sf, orig = load_spec_file(args[-1]), load_spec_file(shipped)
     assert sf.check.enabled is False and sf.spec.taps == orig.spec.taps and sf.num_layers == orig.num_layers
@@ -226,9 +247,15 @@ def test_native_taps_are_the_incident_default_and_written_in_vllm_ids(tmp_path):
     assert native_taps(61) == (3, 31, 59)
     draft = tmp_path / "draft"
     draft.mkdir()
-    (draft / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [-1, 2, 30],
-                                                   "eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 2, 30]},
-                                                   "vllm_eagle3": {"taps": "[embed, 3, 31]"}}))
+    (draft / "config.json").write_text(
+        json.dumps(
+            {
+                "eagle_aux_hidden_state_layer_ids": [-1, 2, 30],
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 2, 30]},
+                "vllm_eagle3": {"taps": "[embed, 3, 31]"},
+            }
+        )
+    )
     (draft / "model.safetensors").write_bytes(b"x")
     out = make_native_draft(draft, tmp_path / "native", native_taps(61), 61)
     cfg = json.loads((out / "config.json").read_text())
@@ -251,19 +278,38 @@ def test_request_record_and_per_request_counters():
     m = RequestSpecDecodeMetrics.new(3)
     for accepted in (3, 1, 0, 2):  # four verify steps of 3 drafts each
         m.observe(3, accepted)
-    resp = Completion.model_validate({"id": "x", "created": 0, "model": "m", "object": "text_completion",
-                                      "choices": [], "metrics": {"speculative_decoding": m.to_dict()}})
+    resp = Completion.model_validate(
+        {
+            "id": "x",
+            "created": 0,
+            "model": "m",
+            "object": "text_completion",
+            "choices": [],
+            "metrics": {"speculative_decoding": m.to_dict()},
+        }
+    )
     counters = spec_counters(resp)
     assert counters == (4, 12, 6, (3.0, 2.0, 1.0))  # position 0 accepted in 3 steps, 1 in 2, 2 in 1
     assert spec_counters(Completion.model_validate({**resp.model_dump(), "metrics": None})) is None
-    assert summed([RequestRecord(0, 5, 1.0, counters=counters)] * 2 + [RequestRecord(1, 5, 1.0)]) == \
-        [8, 24, 12, [6.0, 4.0, 2.0]]
+    assert summed([RequestRecord(0, 5, 1.0, counters=counters)] * 2 + [RequestRecord(1, 5, 1.0)]) == [
+        8,
+        24,
+        12,
+        [6.0, 4.0, 2.0],
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ analysis
 
-def synthetic_results(spec_speed: float = 2.0, native_slow: float = 1.0, native_server_slow: float = 1.0,
-                      plan: str = "smoke", check_slow: float = 1.0, second_server_slow: float = 1.0) -> dict:
+
+def synthetic_results(
+    spec_speed: float = 2.0,
+    native_slow: float = 1.0,
+    native_server_slow: float = 1.0,
+    plan: str = "smoke",
+    check_slow: float = 1.0,
+    second_server_slow: float = 1.0,
+) -> dict:
     """A schema-2 results file from ``plan`` (smoke) with made-up, deterministic timings: plain decode 10 ms per
     token per prompt (varying by prompt), speculation ``spec_speed`` x faster, tau 3, the incident tau 1.
     ``native_slow`` slows the native servers' target forward only (a capture cost), ``native_server_slow`` their
@@ -283,26 +329,69 @@ def synthetic_results(spec_speed: float = 2.0, native_slow: float = 1.0, native_
                 lat = toks * 0.01 * (1 + 0.1 * i) / speed
                 acc = 0 if v.capture == NATIVE else 2 * (toks // 3)
                 counters = [toks // 3, v.k * (toks // 3), acc, [acc / 2, acc / 2, 0.0]] if v.k else None
-                reqs.append({"prompt": i, "tokens": toks, "latency_s": lat, "text": f"t{i}",
-                             "ttft_s": 0.05 if cell.kind == "stream" else float("nan"),
-                             "counters": counters if cell.concurrency == 1 and cell.kind == "throughput" else None})
+                reqs.append(
+                    {
+                        "prompt": i,
+                        "tokens": toks,
+                        "latency_s": lat,
+                        "text": f"t{i}",
+                        "ttft_s": 0.05 if cell.kind == "stream" else float("nan"),
+                        "counters": counters if cell.concurrency == 1 and cell.kind == "throughput" else None,
+                    }
+                )
             cell_counters = ([n * x for x in counters[:3]] + [[n * y for y in counters[3]]]) if v.k else None
             split = None
             if cell.kind == "split":
                 server = native_server_slow if v.capture in NATIVE_CAPTURES else 1.0
                 fwd = (10.0 if v.k == 0 else 14.0) * (native_slow if v.capture in NATIVE_CAPTURES else 1.0) * server
-                split = {"forward_ms": [fwd + 0.1 * (i % 3) for i in range(30)],
-                         "draft_ms": [0.0 if v.k == 0 else 3.0 * server] * 30, "step_ms": [fwd + 5.0] * 29}
-            cells.append({"kind": cell.kind, "concurrency": cell.concurrency, "round": 0, "split": split,
-                          "wall_s": sum(r["latency_s"] for r in reqs) / cell.concurrency, "requests": reqs,
-                          "counters": cell_counters, "draft_timed": v.k > 0})
-        variants.append({"key": v.key, "variant": v.as_dict(), "label": v.label, "ready_s": 30.0, "error": None,
-                         "capture_line": "x" if v.k else "", "mla_calls": {"verify": 5} if v.k else {},
-                         "cells": cells})
-    meta = {"date": "2026-12-01 12:00 UTC", "command": "vllm-eagle3 bench --smoke", "duration_min": 5.0,
-            "load_before": "0.10 0.10 0.10", "load_after": "1.00 0.50 0.20",
-            "machine": {"cpu": "CPU", "nproc": "2", "memory": "23 GiB", "flags": "avx2", "python": "3.11",
-                        "torch": "2", "vllm": "0.32", "openai": "1", "commit": "abc1234", "dirty": "no"}}
+                split = {
+                    "forward_ms": [fwd + 0.1 * (i % 3) for i in range(30)],
+                    "draft_ms": [0.0 if v.k == 0 else 3.0 * server] * 30,
+                    "step_ms": [fwd + 5.0] * 29,
+                }
+            cells.append(
+                {
+                    "kind": cell.kind,
+                    "concurrency": cell.concurrency,
+                    "round": 0,
+                    "split": split,
+                    "wall_s": sum(r["latency_s"] for r in reqs) / cell.concurrency,
+                    "requests": reqs,
+                    "counters": cell_counters,
+                    "draft_timed": v.k > 0,
+                }
+            )
+        variants.append(
+            {
+                "key": v.key,
+                "variant": v.as_dict(),
+                "label": v.label,
+                "ready_s": 30.0,
+                "error": None,
+                "capture_line": "x" if v.k else "",
+                "mla_calls": {"verify": 5} if v.k else {},
+                "cells": cells,
+            }
+        )
+    meta = {
+        "date": "2026-12-01 12:00 UTC",
+        "command": "vllm-eagle3 bench --smoke",
+        "duration_min": 5.0,
+        "load_before": "0.10 0.10 0.10",
+        "load_after": "1.00 0.50 0.20",
+        "machine": {
+            "cpu": "CPU",
+            "nproc": "2",
+            "memory": "23 GiB",
+            "flags": "avx2",
+            "python": "3.11",
+            "torch": "2",
+            "vllm": "0.32",
+            "openai": "1",
+            "commit": "abc1234",
+            "dirty": "no",
+        },
+    }
     return {"schema": 2, "meta": meta, "plan": p.as_dict(), "variants": variants}
 
 
@@ -363,8 +452,9 @@ def test_check_cost_is_a_paired_ratio_set_against_two_identical_servers():
     noisy = analysis.summarize(synthetic_results(plan="check", check_slow=1.1, second_server_slow=1.3))["check_cost"]
     assert all(o["ratio"]["value"] == pytest.approx(1 / 1.1) for o in noisy)
     assert all("within server-to-server noise" in o["verdict"] for o in noisy)
-    assert [o["ratio"]["value"] for o in analysis.summarize(synthetic_results(plan="check"))["check_cost"]] == \
-        [pytest.approx(1.0)] * 3
+    assert [o["ratio"]["value"] for o in analysis.summarize(synthetic_results(plan="check"))["check_cost"]] == [
+        pytest.approx(1.0)
+    ] * 3
     assert analysis.summarize(synthetic_results())["check_cost"] == []
     assert "wiring check costs" not in report.render(synthetic_results())
 
@@ -385,8 +475,9 @@ def test_from_json_writes_the_documents(tmp_path, capsys):
     res = tmp_path / "results.json"
     res.write_text(json.dumps(synthetic_results()))
     assert main(["--from-json", str(res), "--out-dir", str(tmp_path)]) == 0
-    assert (tmp_path / "BENCHMARKS.md").read_text() == report.render(json.loads(res.read_text()), "bench.png",
-                                                                     soak=NO_SOAK)
+    assert (tmp_path / "BENCHMARKS.md").read_text() == report.render(
+        json.loads(res.read_text()), "bench.png", soak=NO_SOAK
+    )
     assert (tmp_path / "bench.png").stat().st_size > 0 and "](bench.png)" in (tmp_path / "BENCHMARKS.md").read_text()
     assert "advice" in capsys.readouterr().out
 
@@ -418,7 +509,8 @@ def test_without_matplotlib_the_page_and_advice_are_still_written(tmp_path, caps
     out = capsys.readouterr().out
     assert "=== vllm-eagle3 bench: advice ===" in out
     assert [ln for ln in out.splitlines() if "skipped" in ln] == [
-        f"[plot] {tmp_path / 'bench.png'} skipped: matplotlib is not installed (pip install 'vllm-eagle3[bench]')"]
+        f"[plot] {tmp_path / 'bench.png'} skipped: matplotlib is not installed (pip install 'vllm-eagle3[bench]')"
+    ]
     assert plot_rss({"rss_mb_series": {"t": [], "processes": {}}}, tmp_path / "rss.png") is False
     assert not (tmp_path / "rss.png").exists()
 
@@ -447,15 +539,38 @@ def test_progress_counts_cells_and_minutes_left_from_the_plans_estimate():
 
 
 def _soak_result(**over):
-    verdict = {"no_5xx": True, "no_transport_errors": True, "only_expected_4xx": True, "memory_bounded": True,
-               "greedy_unchanged": True, "healthy_at_end": True, "speculation_ran": True}
-    base = {"date_utc": "2026-12-01 15:00", "machine": "x86_64, 2 cores", "commit": "abc1234", "load_before": "0.5",
-            "duration_s": 600.0, "warmup_s": 60.0, "concurrency": 8, "requests": 1200,
-            "by_status": {"200": 1150, "400": 50}, "transport_errors": 0, "early_disconnects": 40,
-            "refusals_4xx": {"The min_p and logit_bias sampling parameters are not yet supported": 50},
-            "completion_tokens": 30000, "first_errors": [], "rss_mb_first_last": [2000.0, 2050.0],
-            "rss_growth_mb": 50.0, "max_growth_mb": 200.0, "acceptance_length": 2.5, "drafts": 900,
-            "verdict": verdict, "passed": True}
+    verdict = {
+        "no_5xx": True,
+        "no_transport_errors": True,
+        "only_expected_4xx": True,
+        "memory_bounded": True,
+        "greedy_unchanged": True,
+        "healthy_at_end": True,
+        "speculation_ran": True,
+    }
+    base = {
+        "date_utc": "2026-12-01 15:00",
+        "machine": "x86_64, 2 cores",
+        "commit": "abc1234",
+        "load_before": "0.5",
+        "duration_s": 600.0,
+        "warmup_s": 60.0,
+        "concurrency": 8,
+        "requests": 1200,
+        "by_status": {"200": 1150, "400": 50},
+        "transport_errors": 0,
+        "early_disconnects": 40,
+        "refusals_4xx": {"The min_p and logit_bias sampling parameters are not yet supported": 50},
+        "completion_tokens": 30000,
+        "first_errors": [],
+        "rss_mb_first_last": [2000.0, 2050.0],
+        "rss_growth_mb": 50.0,
+        "max_growth_mb": 200.0,
+        "acceptance_length": 2.5,
+        "drafts": 900,
+        "verdict": verdict,
+        "passed": True,
+    }
     base.update(over)
     return base
 
@@ -466,9 +581,10 @@ def test_soak_section_renders_each_check_and_the_verdict():
 
     ok = soak.soak_block(_soak_result())
     assert "**passed**" in ok and "1150 x 200" in ok and "2000 -> 2050" in ok and "commit abc1234" in ok
-    assert "memory bounded yes" in ok and "50 x \"The min_p" in ok
-    bad = _soak_result(passed=False, verdict={**_soak_result()["verdict"], "no_5xx": False},
-                       first_errors=["500 completion-n2: boom"])
+    assert "memory bounded yes" in ok and '50 x "The min_p' in ok
+    bad = _soak_result(
+        passed=False, verdict={**_soak_result()["verdict"], "no_5xx": False}, first_errors=["500 completion-n2: boom"]
+    )
     text = soak.soak_block(bad)
     assert "**FAILED**" in text and "no 5xx **NO**" in text and "`500 completion-n2: boom`" in text
     assert soak.soak_block(None) == soak.NO_SOAK

@@ -24,8 +24,11 @@ def test_pickle_only_draft_is_refused_with_the_conversion(tmp_path, target):
     d = make_draft(tmp_path)
     (d / "model.safetensors").unlink()
     (d / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
-    with pytest.raises(CaptureSpecError, match=r"only pickle weights \(pytorch_model.bin\).*safetensors only.*"
-                                               r"save_file"):
+    with pytest.raises(
+        CaptureSpecError,
+        match=r"only pickle weights \(pytorch_model.bin\).*safetensors only.*"
+        r"save_file",
+    ):
         resolve_capture(target, d, convention="sglang-legacy")
 
 
@@ -40,15 +43,21 @@ def test_truncated_safetensors_is_refused(tmp_path, target):
     d = make_draft(tmp_path)
     f = d / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-100])
-    with pytest.raises(CaptureSpecError, match=r"model.safetensors is truncated: its header describes \d+ bytes but "
-                                               r"the file has \d+; download it again"):
+    with pytest.raises(
+        CaptureSpecError,
+        match=r"model.safetensors is truncated: its header describes \d+ bytes but "
+        r"the file has \d+; download it again",
+    ):
         resolve_capture(target, d, convention="sglang-legacy")
 
 
 def test_index_naming_a_missing_shard_is_refused(tmp_path):
     d = make_draft(tmp_path)
-    (d / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"fc.weight": "model.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {"weight_map": {"fc.weight": "model.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}
+        )
+    )
     with pytest.raises(CaptureSpecError, match=r"names shard\(s\) \['model-00002-of-00002.safetensors'\]"):
         safetensors_shapes(d)
 
@@ -56,8 +65,11 @@ def test_index_naming_a_missing_shard_is_refused(tmp_path):
 @pytest.mark.parametrize("extra", [{"target_hidden_size": 2 * H}, {"hidden_size": 2 * H}])
 def test_draft_for_another_target_hidden_size_is_refused(tmp_path, target, extra):
     d = make_draft(tmp_path, extra=extra)
-    with pytest.raises(CaptureSpecError, match=rf"built for a target hidden size of {2 * H} .* target's hidden size "
-                                               rf"is {H}"):
+    with pytest.raises(
+        CaptureSpecError,
+        match=rf"built for a target hidden size of {2 * H} .* target's hidden size "
+        rf"is {H}",
+    ):
         resolve_capture(target, d, convention="sglang-legacy")
 
 
@@ -65,16 +77,20 @@ def test_draft_for_another_target_hidden_size_is_refused(tmp_path, target, extra
 def llama_target(tmp_path):
     t = tmp_path / "llama"
     t.mkdir()
-    (t / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": L,
-                                               "hidden_size": H, "vocab_size": V}))
+    (t / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": L, "hidden_size": H, "vocab_size": V})
+    )
     return t
 
 
 def test_spec_on_a_target_the_plugin_does_not_capture_is_refused(tmp_path, llama_target):
     """vLLM's own capture on a Llama target reads ids [-1, 2, 30] as its own taps: the sglang-legacy reading
     [embed, 3, 31] would be silently ignored."""
-    with pytest.raises(CaptureSpecError, match=r"LlamaForCausalLM keeps vLLM's own capture .* not the spec's "
-                                               r"\[embed, 3, 31\]; the capture spec would be silently ignored"):
+    with pytest.raises(
+        CaptureSpecError,
+        match=r"LlamaForCausalLM keeps vLLM's own capture .* not the spec's "
+        r"\[embed, 3, 31\]; the capture spec would be silently ignored",
+    ):
         resolve_capture(llama_target, make_draft(tmp_path), convention="sglang-legacy")
 
 
@@ -91,8 +107,11 @@ def test_the_trainers_record_of_taps_is_checked(tmp_path, target, record, ok):
     if ok:
         assert resolve_capture(target, d, convention="sglang-legacy").spec.taps == (0, 3, 31)
     else:
-        with pytest.raises(CaptureSpecError, match=rf"trained on taps {re.escape(record)} .* resolves to "
-                                                   r"\[embed, 3, 31\]"):
+        with pytest.raises(
+            CaptureSpecError,
+            match=rf"trained on taps {re.escape(record)} .* resolves to "
+            r"\[embed, 3, 31\]",
+        ):
             resolve_capture(target, d, convention="sglang-legacy")
 
 
@@ -106,8 +125,12 @@ def test_a_malformed_record_is_an_error(tmp_path, target):
 
 from vllm_eagle3.checkpoint import draft_option_warnings, draft_readings  # noqa: E402
 
-MLA = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2", "kv_lora_rank": 512,
-       "num_hidden_layers": 1}
+MLA = {
+    "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+    "model_type": "kimi_k2",
+    "kv_lora_rank": 512,
+    "num_hidden_layers": 1,
+}
 LLAMA = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1}
 IDS = "eagle_aux_hidden_state_layer_ids"
 
@@ -133,35 +156,46 @@ def test_fan_in_sources_differ_between_engines():
     assert "the default 3" in r["vLLM 0.32"].num_taps_from and r["SGLang 0.5.23"].num_taps_from == "the top-level list"
     r = readings({**MLA, "num_aux_hidden_states": 4, "eagle_config": {IDS: [0, 3, 31]}})
     assert (r["vLLM 0.32"].num_taps, r["SGLang 0.5.23"].num_taps) == (4, 3)
-    codes = [c for c, _ in draft_option_warnings({**MLA, "num_aux_hidden_states": 4,
-                                                  "eagle_config": {IDS: [0, 3, 31]}})]
+    codes = [
+        c for c, _ in draft_option_warnings({**MLA, "num_aux_hidden_states": 4, "eagle_config": {IDS: [0, 3, 31]}})
+    ]
     assert codes == ["fan-in-engines"]
     r = readings({**LLAMA, "num_aux_hidden_states": 4, "eagle_config": {IDS: [0, 3, 31]}})
     assert (r["vLLM 0.32"].num_taps, r["SGLang 0.5.23"].num_taps) == (4, 4)
 
 
-@pytest.mark.parametrize("base, cfg, engine, opt, how", [
-    # MLA: vLLM deepseek_eagle3.py L101 reads norm_before_residual; SGLang kimi_k25_eagle3.py L159-161 always norms
-    # after the residual.
-    (MLA, {"norm_before_residual": True}, "SGLang 0.5.23", "norm_before_residual", "never reads it"),
-    # MLA: neither class has an input_norm over the concatenation.
-    (MLA, {"norm_before_fc": True}, "vLLM 0.32", "norm_before_fc", "never reads it"),
-    (MLA, {"norm_before_fc": True}, "SGLang 0.5.23", "norm_before_fc", "never reads it"),
-    # SGLang's legacy name for fc_norm (kimi_k25_eagle3.py L230, llama_eagle3.py L185); vLLM reads only fc_norm.
-    (MLA, {"use_aux_norm": True}, "vLLM 0.32", "use_aux_norm", "never reads it"),
-    (LLAMA, {"use_aux_norm": True}, "vLLM 0.32", "use_aux_norm", "never reads it"),
-    # Llama: SGLang 0.5.23 llama_eagle3.py L99-100 always norms after the residual.
-    (LLAMA, {"norm_before_residual": True}, "SGLang 0.5.23", "norm_before_residual", "never reads it"),
-    # fc_norm / norm_output are read only at the top level; inside eagle_config every engine ignores them.
-    (MLA, {"eagle_config": {"fc_norm": True}}, "vLLM 0.32", "fc_norm", "reads it only at the top level"),
-    (LLAMA, {"eagle_config": {"norm_output": True}}, "SGLang 0.5.23", "norm_output", "reads it only at the top level"),
-])
+@pytest.mark.parametrize(
+    "base, cfg, engine, opt, how",
+    [
+        # MLA: vLLM deepseek_eagle3.py L101 reads norm_before_residual; SGLang kimi_k25_eagle3.py L159-161 always norms
+        # after the residual.
+        (MLA, {"norm_before_residual": True}, "SGLang 0.5.23", "norm_before_residual", "never reads it"),
+        # MLA: neither class has an input_norm over the concatenation.
+        (MLA, {"norm_before_fc": True}, "vLLM 0.32", "norm_before_fc", "never reads it"),
+        (MLA, {"norm_before_fc": True}, "SGLang 0.5.23", "norm_before_fc", "never reads it"),
+        # SGLang's legacy name for fc_norm (kimi_k25_eagle3.py L230, llama_eagle3.py L185); vLLM reads only fc_norm.
+        (MLA, {"use_aux_norm": True}, "vLLM 0.32", "use_aux_norm", "never reads it"),
+        (LLAMA, {"use_aux_norm": True}, "vLLM 0.32", "use_aux_norm", "never reads it"),
+        # Llama: SGLang 0.5.23 llama_eagle3.py L99-100 always norms after the residual.
+        (LLAMA, {"norm_before_residual": True}, "SGLang 0.5.23", "norm_before_residual", "never reads it"),
+        # fc_norm / norm_output are read only at the top level; inside eagle_config every engine ignores them.
+        (MLA, {"eagle_config": {"fc_norm": True}}, "vLLM 0.32", "fc_norm", "reads it only at the top level"),
+        (
+            LLAMA,
+            {"eagle_config": {"norm_output": True}},
+            "SGLang 0.5.23",
+            "norm_output",
+            "reads it only at the top level",
+        ),
+    ],
+)
 def test_option_an_engine_ignores_is_a_warning_naming_it(base, cfg, engine, opt, how):
     r = readings({**base, **cfg})[engine]
     assert opt in r.ignored
     messages = [m for c, m in draft_option_warnings({**base, **cfg}) if c == "option-ignored"]
-    assert any(m.startswith(f"draft option {opt} is set") and f"but {engine} {how} ({engine} " in m
-               for m in messages), messages
+    assert any(
+        m.startswith(f"draft option {opt} is set") and f"but {engine} {how} ({engine} " in m for m in messages
+    ), messages
 
 
 def test_options_both_engines_read_give_no_warning():
@@ -174,13 +208,20 @@ def test_options_both_engines_read_give_no_warning():
     assert draft_option_warnings(cfg) == [] and all(r.options["norm_before_fc"] for r in draft_readings(cfg))
 
 
-@pytest.mark.parametrize("cfg, code, text", [
-    ({**MLA, "architectures": ["Eagle3DeepseekV3ForCausalLM"]}, "mla-arch", "SGLang 0.5.23 has no such draft class"),
-    ({**MLA, "model_type": "llama"}, "mla-model-type", "vLLM 0.32 treats it as MLA only for model_type"),
-    ({**MLA, "kv_lora_rank": None}, "mla-model-type", "with kv_lora_rank set"),
-    ({**MLA, "num_hidden_layers": 2}, "mla-layers", "SGLang 0.5.23 refuses it"),
-    ({**LLAMA, "fc_norm": True, "norm_before_fc": True}, "norm-exclusive", "apply both"),
-])
+@pytest.mark.parametrize(
+    "cfg, code, text",
+    [
+        (
+            {**MLA, "architectures": ["Eagle3DeepseekV3ForCausalLM"]},
+            "mla-arch",
+            "SGLang 0.5.23 has no such draft class",
+        ),
+        ({**MLA, "model_type": "llama"}, "mla-model-type", "vLLM 0.32 treats it as MLA only for model_type"),
+        ({**MLA, "kv_lora_rank": None}, "mla-model-type", "with kv_lora_rank set"),
+        ({**MLA, "num_hidden_layers": 2}, "mla-layers", "SGLang 0.5.23 refuses it"),
+        ({**LLAMA, "fc_norm": True, "norm_before_fc": True}, "norm-exclusive", "apply both"),
+    ],
+)
 def test_mla_and_norm_traps(cfg, code, text):
     found = dict(draft_option_warnings(cfg))
     assert code in found and text in found[code], found

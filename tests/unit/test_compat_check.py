@@ -33,8 +33,12 @@ def test_body_hash_is_of_the_code_not_its_layout():
 def test_a_body_not_reviewed_in_the_table_fails():
     row = next(r for r in RELIED if r.use == WRAP and r.body)
     reviewed = next(iter(row.body))
-    res = {"entries": [{"module": row.module, "name": row.name, "status": "ok", "body_sha": sha}
-                       for sha in (reviewed, "0123456789ab")]}
+    res = {
+        "entries": [
+            {"module": row.module, "name": row.name, "status": "ok", "body_sha": sha}
+            for sha in (reviewed, "0123456789ab")
+        ]
+    }
     compat_check.judge_bodies(res)
     ok, changed = res["entries"]
     assert ok["status"] == "ok" and ok["body"] == f"reviewed: {row.body[reviewed]}"
@@ -66,8 +70,15 @@ def test_doc_commands_are_read_as_bash_runs_them():
 
 
 def test_vllm_eagle3_serve_argv_becomes_what_vllm_serve_receives():
-    argv = ["vllm-eagle3", "serve", "moonshotai/Kimi-K2.5", "--capture-spec", "configs/kimi_k25_eagle3.yaml",
-            "--tensor-parallel-size", "8"]
+    argv = [
+        "vllm-eagle3",
+        "serve",
+        "moonshotai/Kimi-K2.5",
+        "--capture-spec",
+        "configs/kimi_k25_eagle3.yaml",
+        "--tensor-parallel-size",
+        "8",
+    ]
     out = compat_flags.vllm_argv(argv)
     assert out[:2] == ["serve", "moonshotai/Kimi-K2.5"] and "--capture-spec" not in out
     extra = json.loads(out[out.index("--additional-config") + 1])

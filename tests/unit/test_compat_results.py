@@ -63,7 +63,8 @@ def test_results_record_each_wheel_and_the_current_table(results):
         rows = [(e["module"], e["name"]) for e in w["entries"]]
         assert rows == [(r.module, r.name) for r in RELIED], (
             f"{w['wheel']}: the results were written for another table than vllm_eagle3/tools/compat_table.py; "
-            "run `make compat`")
+            "run `make compat`"
+        )
         failing = [e for e in w["entries"] if e["status"] not in ("ok", "not checked")]
         assert w["passes"] == (not failing and w["registration"]["ok"]), w["wheel"]
 
@@ -78,7 +79,8 @@ def test_every_minor_version_named_in_the_brief_was_checked(results):
         published = w["published_in_minor"]
         assert published and published[0] == w["version"] and w["latest_patch"], (
             f"{w['wheel']}: checked {w['version']}, the index listed {published} for its minor version; run `make "
-            "compat` online")
+            "compat` online"
+        )
 
 
 def test_every_wrapped_or_replaced_body_is_hashed_and_reviewed(results):
@@ -96,7 +98,8 @@ def test_every_wrapped_or_replaced_body_is_hashed_and_reviewed(results):
             assert e["body_sha"] in (row.body or {}), (
                 f"{w['wheel']}: {e['module']}:{e['name']} body {e['body_sha']} is not reviewed in compat_table.py "
                 f"(reviewed: {dict(row.body or {})}); read its diff (`python -m vllm_eagle3.tools.compat_check "
-                f"--offline --diff {e['module']}:{e['name']}`) and record it")
+                f"--offline --diff {e['module']}:{e['name']}`) and record it"
+            )
             seen.setdefault((row.module, row.name), set()).add(e["body_sha"])
     for key, row in table.items():
         if row.hashed:
@@ -133,12 +136,14 @@ def test_deployment_commands_parse_with_each_versions_own_parser(results):
         flags = w["flags"]
         assert flags["parser"].startswith(f"vllm {w['version']}'s own"), flags["parser"]
         assert [(c["where"].split(":")[0], c["argv"]) for c in flags["commands"]] == commands, (
-            f"{w['wheel']}: docs/DEPLOYMENT.md's commands changed since `make compat` parsed them; run it again")
+            f"{w['wheel']}: docs/DEPLOYMENT.md's commands changed since `make compat` parsed them; run it again"
+        )
         bad = [f"{c['where']}: {c['error']}" for c in flags["commands"] if not c["ok"]]
         assert flags["ok"] and not bad, f"{w['wheel']}: {bad}"
         assert set(flags["stubbed"]) <= {"orjson"}, (
             f"{w['wheel']}: empty modules stood in for {flags['stubbed']} (vLLM requirements missing here); check that "
-            "the parser does not use them, then allow them here")
+            "the parser does not use them, then allow them here"
+        )
 
 
 def test_gpu_extra_admits_exactly_the_passing_versions(results):
@@ -146,11 +151,14 @@ def test_gpu_extra_admits_exactly_the_passing_versions(results):
     assert spec.name == "vllm"
     gpu = wheels(results, "vllm")
     wrong = {v: ok for v, ok in gpu.items() if spec.specifier.contains(v) != ok}
-    assert not wrong, (f"pyproject's gpu extra {spec} disagrees with the results for {wrong} (True: passes, False: "
-                       f"fails; bench/compat/results.json); {FIX}")
+    assert not wrong, (
+        f"pyproject's gpu extra {spec} disagrees with the results for {wrong} (True: passes, False: "
+        f"fails; bench/compat/results.json); {FIX}"
+    )
     passing_minors = {minor(v) for v, ok in gpu.items() if ok}
-    unchecked = [f"0.{n}.0" for n in range(100) if spec.specifier.contains(f"0.{n}.0")
-                 and f"0.{n}" not in passing_minors]
+    unchecked = [
+        f"0.{n}.0" for n in range(100) if spec.specifier.contains(f"0.{n}.0") and f"0.{n}" not in passing_minors
+    ]
     assert not unchecked, f"pyproject's gpu extra {spec} admits {unchecked}, which no passing result covers; {FIX}"
 
 
@@ -169,7 +177,8 @@ def test_supported_vllm_matches_the_results(results):
     assert not wrong, f"compat.SUPPORTED_VLLM {compat.SUPPORTED_VLLM} disagrees with the results for {wrong}; {FIX}"
     passing_minors = {minor(v) for v, ok in checked.items() if ok}
     assert set(compat.whole_minors(compat.SUPPORTED_VLLM)) <= passing_minors, (
-        f"compat.SUPPORTED_VLLM {compat.SUPPORTED_VLLM} names a version no passing result covers ({passing_minors})")
+        f"compat.SUPPORTED_VLLM {compat.SUPPORTED_VLLM} names a version no passing result covers ({passing_minors})"
+    )
 
 
 def test_engine_extras_are_the_supported_range():
@@ -178,7 +187,8 @@ def test_engine_extras_are_the_supported_range():
     pins a version inside it, and every vLLM patch claims a part of it."""
     assert extra("gpu").specifier == compat.SUPPORTED_VLLM, (
         f"pyproject's gpu extra {extra('gpu')} and compat.SUPPORTED_VLLM {compat.SUPPORTED_VLLM} differ; state the "
-        "range in compat.py and copy it into pyproject.toml")
+        "range in compat.py and copy it into pyproject.toml"
+    )
     pins = [s.version for s in extra("cpu").specifier if s.operator == "=="]
     assert pins and all(compat.is_supported_vllm(v) for v in pins), (extra("cpu"), compat.SUPPORTED_VLLM)
     outside = []
@@ -187,7 +197,10 @@ def test_engine_extras_are_the_supported_range():
             continue
         patch = getattr(importlib.import_module(f"vllm_eagle3.model_patches.{info.name}"), "PATCH", None)
         if isinstance(patch, model_patches.Patch):
-            outside += [f"{patch.name}: 0.{m}" for spec in patch.supported for m in range(100)
-                        if compat.release_in(spec, f"0.{m}.0") and not compat.is_supported_vllm(f"0.{m}.0")]
+            outside += [
+                f"{patch.name}: 0.{m}"
+                for spec in patch.supported
+                for m in range(100)
+                if compat.release_in(spec, f"0.{m}.0") and not compat.is_supported_vllm(f"0.{m}.0")
+            ]
     assert not outside, f"vLLM patches claim versions outside compat.SUPPORTED_VLLM: {outside}"
-

@@ -55,8 +55,14 @@ def test_not_mla_says_nothing():
 
 
 def test_a_users_choice_wins():
-    c = choose(amx=True, dtype="float32", target_is_mla=True, draft_is_mla=True, target_backend="CPU_MLA",
-               draft_backend="CPU_MLA")
+    c = choose(
+        amx=True,
+        dtype="float32",
+        target_is_mla=True,
+        draft_is_mla=True,
+        target_backend="CPU_MLA",
+        draft_backend="CPU_MLA",
+    )
     assert (c.target, c.draft) == (None, None) and "as you chose" in c.line
 
 
@@ -69,12 +75,15 @@ def test_amx_mla_with_float32_is_refused_with_the_fix(where):
 
 # ------------------------------------------------------------------------------- serve's argv, end to end
 
+
 @pytest.fixture
 def folders(tmp_path):
     mla = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"kv_lora_rank": 512}}
-    for name, cfg in (("target", mla), ("mla_draft", {"architectures": ["Eagle3DeepseekV2ForCausalLM"],
-                                                      "kv_lora_rank": 512}),
-                      ("llama_draft", {"architectures": ["LlamaForCausalLMEagle3"]})):
+    for name, cfg in (
+        ("target", mla),
+        ("mla_draft", {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "kv_lora_rank": 512}),
+        ("llama_draft", {"architectures": ["LlamaForCausalLMEagle3"]}),
+    ):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
     return tmp_path
@@ -100,8 +109,10 @@ def test_serve_adds_cpu_mla_for_a_float32_mla_pair_on_amx(folders, on_vllm_cpu, 
 
 def test_serve_reads_dtype_and_draft_from_the_config_yaml(folders, on_vllm_cpu, tmp_path):
     cfg = tmp_path / "serve.yaml"
-    cfg.write_text(f"model: {folders / 'target'}\ndtype: float32\nspeculative-config:\n"
-                   f"  method: eagle3\n  model: {folders / 'llama_draft'}\n  num_speculative_tokens: 3\n")
+    cfg.write_text(
+        f"model: {folders / 'target'}\ndtype: float32\nspeculative-config:\n"
+        f"  method: eagle3\n  model: {folders / 'llama_draft'}\n  num_speculative_tokens: 3\n"
+    )
     out = serve.attention_argv(["--config", str(cfg)], amx=True)
     assert out == ["--config", str(cfg), "--attention-backend", CPU_MLA]  # a Llama draft: speculative config kept
 
@@ -120,15 +131,36 @@ def test_serve_refuses_amx_mla_with_float32_in_one_line(folders, on_vllm_cpu):
 
 
 def test_serve_replaces_dotted_and_shorthand_speculative_options(folders, on_vllm_cpu):
-    dotted = [str(folders / "target"), "--dtype=float32", "--speculative-config.method", "eagle3",
-              f"--speculative-config.model={folders / 'mla_draft'}", "--speculative-config.num_speculative_tokens", "2"]
+    dotted = [
+        str(folders / "target"),
+        "--dtype=float32",
+        "--speculative-config.method",
+        "eagle3",
+        f"--speculative-config.model={folders / 'mla_draft'}",
+        "--speculative-config.num_speculative_tokens",
+        "2",
+    ]
     out = serve.attention_argv(dotted, amx=True)
     assert not any(a.startswith("--speculative-config.") for a in out)
-    assert serve_target_and_draft(out)[1] == {"method": "eagle3", "model": str(folders / "mla_draft"),
-                                              "num_speculative_tokens": 2, "attention_backend": CPU_MLA}
+    assert serve_target_and_draft(out)[1] == {
+        "method": "eagle3",
+        "model": str(folders / "mla_draft"),
+        "num_speculative_tokens": 2,
+        "attention_backend": CPU_MLA,
+    }
     with pytest.raises(ServeInputError, match="--spec-\\* shorthands"):
-        serve.attention_argv([str(folders / "target"), "--dtype", "float32", "--spec-method", "eagle3",
-                              "--spec-model", str(folders / "mla_draft")], amx=True)
+        serve.attention_argv(
+            [
+                str(folders / "target"),
+                "--dtype",
+                "float32",
+                "--spec-method",
+                "eagle3",
+                "--spec-model",
+                str(folders / "mla_draft"),
+            ],
+            amx=True,
+        )
 
 
 def test_serve_main_exits_2_before_vllm_on_amx_mla_float32(folders, monkeypatch, capsys):

@@ -17,10 +17,12 @@ VOCAB = 8
 
 def logits_with(top1: int, top2: int, gap: float):
     """A float32 logits function whose next-token top-2 is (top1, top2) with ``gap`` between them, everywhere."""
+
     def logits(ids):
         row = torch.zeros(VOCAB)
         row[top1], row[top2] = 5.0, 5.0 - gap
         return row
+
     return logits
 
 

@@ -37,14 +37,20 @@ def test_benchmarks_md_is_the_rendering_of_the_results_file():
     """Any number in BENCHMARKS.md that differs from the results file (hand edit, stale run) fails here."""
     from vllm_eagle3.tools.bench.report_soak import soak_block
 
-    expected = report.render(_results(), DOCS["png"], soak=soak_block(report.load_json(REPO / DOCS["soak"])),
-                             adaptive_runs=repo_adaptive_runs())
+    expected = report.render(
+        _results(),
+        DOCS["png"],
+        soak=soak_block(report.load_json(REPO / DOCS["soak"])),
+        adaptive_runs=repo_adaptive_runs(),
+    )
     actual = (REPO / "BENCHMARKS.md").read_text()
     if actual != expected:
         for i, (a, b) in enumerate(zip(actual.splitlines(), expected.splitlines()), 1):
             if a != b:
-                pytest.fail(f"BENCHMARKS.md line {i} differs from the rendering of {RESULTS.name}:\n  file:     {a}\n"
-                            f"  rendered: {b}\n{FIX}")
+                pytest.fail(
+                    f"BENCHMARKS.md line {i} differs from the rendering of {RESULTS.name}:\n  file:     {a}\n"
+                    f"  rendered: {b}\n{FIX}"
+                )
         pytest.fail(f"BENCHMARKS.md and the rendering of {RESULTS.name} differ in length; {FIX}")
 
 
@@ -91,15 +97,23 @@ def test_suite_time_quoted_from_its_results_file():
     vllm_eagle3.tools.suite_time LOG` from a run's output), never typed; so are the slower host's
     (bench/suite_slow_host.json: an avx2-only EPYC) and the AMX host's (bench/suite_amx.json)."""
     text = (REPO / "docs" / "testing.md").read_text()
-    section = text[text.index("## How long the suite takes"):]
+    section = text[text.index("## How long the suite takes") :]
     for name in ("suite.json", "suite_slow_host.json", "suite_amx.json"):
         run = json.loads((REPO / "bench" / name).read_text())
         assert run["fresh_clone"] and run["exit_code"] == 0 and run["machine"]["nproc"] == "2", run
-        for quote in (f"{run['total_s']} s", f"{run['installs_s']} s", f"{run['pytest_s']} s", run["machine"]["cpu"],
-                      run["date"], run["machine"]["commit"], f"{round(run['slowest'][0]['seconds'])} s"):
+        for quote in (
+            f"{run['total_s']} s",
+            f"{run['installs_s']} s",
+            f"{run['pytest_s']} s",
+            run["machine"]["cpu"],
+            run["date"],
+            run["machine"]["commit"],
+            f"{round(run['slowest'][0]['seconds'])} s",
+        ):
             assert quote in section, f"docs/testing.md does not quote {quote!r} from bench/{name}"
     r = json.loads((REPO / "bench" / "suite.json").read_text())
     minutes = f"{round(r['total_s'] / 60)} minutes"
     readme = (REPO / "README.md").read_text()
-    assert minutes in readme and f"{round(r['installs_s'] / 60)} of them installs" in readme, \
+    assert minutes in readme and f"{round(r['installs_s'] / 60)} of them installs" in readme, (
         f"README does not say the suite takes {minutes} from bench/suite.json"
+    )

@@ -18,8 +18,10 @@ TARGET = REPO / "models" / "kimi-k25-mini"
 FIRST = REPO / "models" / "kimi-k25-mini-eagle3"  # taps [embed, 3, 31]
 SECOND = REPO / "models" / "kimi-k25-mini-eagle3-taps-3-31-59"  # taps [3, 31, 59]
 
-pytestmark = pytest.mark.skipif(not all((d / "config.json").is_file() for d in (TARGET, FIRST, SECOND)),
-                                reason="the miniature and both heads are not built")
+pytestmark = pytest.mark.skipif(
+    not all((d / "config.json").is_file() for d in (TARGET, FIRST, SECOND)),
+    reason="the miniature and both heads are not built",
+)
 
 
 def test_capture_superset_covers_every_candidate_of_both_heads_and_both_wirings():
@@ -33,8 +35,9 @@ def test_capture_superset_covers_every_candidate_of_both_heads_and_both_wirings(
         assert first == (0, 3, 31)
         assert {0, 3, 31, 59} <= need and L not in need and all(0 <= t < L for t in need)
         cands = candidate_wirings(DraftInfo.load(draft), L, 3, {"a": (0, 3, 31), "b": (3, 31, 59)})
-        assert all(set(c.taps) <= need for c in cands if L not in c.taps), \
-            [c.label for c in cands if not set(c.taps) <= need]
+        assert all(set(c.taps) <= need for c in cands if L not in c.taps), [
+            c.label for c in cands if not set(c.taps) <= need
+        ]
 
 
 def test_engine_refuses_to_score_the_final_pre_norm_tap():
@@ -65,9 +68,9 @@ def test_capture_draft_is_the_head_fed_the_configured_wiring_and_passes_the_plug
     assert new["fc.weight"].shape == (h, len(superset) * h)
     for i, t in enumerate(configured):
         j = superset.index(t)
-        assert torch.equal(new["fc.weight"][:, j * h:(j + 1) * h], old["fc.weight"][:, i * h:(i + 1) * h]), t
+        assert torch.equal(new["fc.weight"][:, j * h : (j + 1) * h], old["fc.weight"][:, i * h : (i + 1) * h]), t
     others = [j for j, t in enumerate(superset) if t not in configured]
-    assert all(not new["fc.weight"][:, j * h:(j + 1) * h].any() for j in others)
+    assert all(not new["fc.weight"][:, j * h : (j + 1) * h].any() for j in others)
     assert all(torch.equal(old[k], new[k]) for k in old if k != "fc.weight")
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"taps: {taps_label(superset)}\nnum_layers: 61\ndraft_ids_convention: vllm\n")
@@ -79,7 +82,8 @@ def test_greedy_mode_refuses_a_window_without_anchors(capsys):
     """Guards: ``--mode greedy --window 32`` continued 32-token prompts by 0 tokens and crashed on a NaN verdict."""
     from vllm_eagle3.tools import doctor
 
-    code = doctor.main(["--target", str(TARGET), "--draft", str(FIRST), "--mode", "greedy", "--window", "32",
-                        "--engine", "vllm"])
+    code = doctor.main(
+        ["--target", str(TARGET), "--draft", str(FIRST), "--mode", "greedy", "--window", "32", "--engine", "vllm"]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "--mode greedy continues 32-token prompts" in err and "--window >= 53" in err, err

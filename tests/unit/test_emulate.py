@@ -22,8 +22,11 @@ WIDE = {"avx512f", "amx_tile"} & cpu_attention.cpu_flags()
 def test_environ_puts_the_site_folder_first_and_keeps_the_rest():
     env = emulate.environ({"PYTHONPATH": "/a:/b", "HOME": "/h"})
     assert env["PYTHONPATH"] == f"{emulate.SITE}:/a:/b" and env["HOME"] == "/h"
-    assert (env["ATEN_CPU_CAPABILITY"], env["ONEDNN_MAX_CPU_ISA"], env["EAGLE3_EMULATED_ISA"]) == ("avx2", "AVX2",
-                                                                                                    "avx2")
+    assert (env["ATEN_CPU_CAPABILITY"], env["ONEDNN_MAX_CPU_ISA"], env["EAGLE3_EMULATED_ISA"]) == (
+        "avx2",
+        "AVX2",
+        "avx2",
+    )
     assert emulate.environ({})["PYTHONPATH"] == str(emulate.SITE)
     # compiled kernels apart from the host's own: a cached AVX-512 kernel under AVX2 dispatch broke TP=2
     assert all(env[k] == v and "emulate-avx2" in v for k, v in emulate.CACHES.items())
@@ -53,12 +56,15 @@ def test_flags_hide_avx512_and_amx_only_when_emulating(monkeypatch):
 def test_a_child_process_sees_an_avx2_cpu_and_records_it_as_emulated():
     """The whole chain in one real child: the site hook patched torch.cpu as torch imported it, ATen dispatches AVX2,
     the plugin's flags and the results' machine record say AVX2 and that it is emulated (never a real AVX2 host)."""
-    code = ("import json, torch; from vllm_eagle3.tools.machine import machine_info; m = machine_info(); "
-            "print(json.dumps([torch.cpu._is_avx512_supported(), torch.cpu._is_avx512_bf16_supported(), "
-            "torch.cpu._is_amx_tile_supported(), torch.backends.cpu.get_cpu_capability(), m['flags'], "
-            "m.get('emulated')]))")
-    out = subprocess.run([sys.executable, "-c", code], env=emulate.environ(), capture_output=True, text=True,
-                         timeout=300, check=True).stdout
+    code = (
+        "import json, torch; from vllm_eagle3.tools.machine import machine_info; m = machine_info(); "
+        "print(json.dumps([torch.cpu._is_avx512_supported(), torch.cpu._is_avx512_bf16_supported(), "
+        "torch.cpu._is_amx_tile_supported(), torch.backends.cpu.get_cpu_capability(), m['flags'], "
+        "m.get('emulated')]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=emulate.environ(), capture_output=True, text=True, timeout=300, check=True
+    ).stdout
     avx512, bf16, amx, capability, flags, emulated = json.loads(out.strip().splitlines()[-1])
     assert (avx512, bf16, amx, capability) == (False, False, False, "AVX2")
     assert flags == "avx2" and emulated.startswith("vllm-eagle3 emulate avx2 on a CPU with")

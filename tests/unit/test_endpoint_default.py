@@ -36,7 +36,8 @@ def patched():
 @pytest.fixture()
 def other_plugin(tmp_path, monkeypatch):
     """A second installed endpoint plugin, ``other_endpoint`` (someone else's route, not read-only for all we know)."""
-    (tmp_path / "other_endpoint_mod.py").write_text(textwrap.dedent(f'''
+    (tmp_path / "other_endpoint_mod.py").write_text(
+        textwrap.dedent(f'''
         class Other:
             name = "other_endpoint"
             required_tasks = None
@@ -46,7 +47,8 @@ def other_plugin(tmp_path, monkeypatch):
 
             async def init_state(self, engine_client, state, args):
                 return None
-    '''))
+    ''')
+    )
     info = tmp_path / "other_endpoint-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: other-endpoint\nVersion: 0.1\n")

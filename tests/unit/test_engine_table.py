@@ -34,11 +34,26 @@ def _minus_two(taps, num_layers):
 
 READING = "Made-up 1.0 (top-level, else nested)"
 MADE_UP = Engine(
-    "madeup", "Made-up 1.0", "a made-up engine: id k is tap k+2; -2 = embedding", "nowhere.py L1-2",
-    _plus_two, _minus_two, -2, -2, -2, "listed", (ListReading(READING, (TOP, NESTED)),), serving=True,
-    draft_classes={"mla": DraftClass("nowhere.py L3", (NESTED,), {"fc_norm": (TOP,)},
-                                     ("Eagle3DeepseekV2ForCausalLM",), "nowhere.py L4")},
-    write=Write("made-up.json", '"made_up_layers": {ids}'), aliases=("made-up",))
+    "madeup",
+    "Made-up 1.0",
+    "a made-up engine: id k is tap k+2; -2 = embedding",
+    "nowhere.py L1-2",
+    _plus_two,
+    _minus_two,
+    -2,
+    -2,
+    -2,
+    "listed",
+    (ListReading(READING, (TOP, NESTED)),),
+    serving=True,
+    draft_classes={
+        "mla": DraftClass(
+            "nowhere.py L3", (NESTED,), {"fc_norm": (TOP,)}, ("Eagle3DeepseekV2ForCausalLM",), "nowhere.py L4"
+        )
+    },
+    write=Write("made-up.json", '"made_up_layers": {ids}'),
+    aliases=("made-up",),
+)
 
 
 @pytest.fixture
@@ -87,11 +102,18 @@ def test_convert_to_the_new_engine(made_up, tmp_path, capsys):
     from vllm_eagle3.tools import convert
 
     out = tmp_path / "config.json"
-    assert convert.main([str(HEAD / "config.json"), "--from", "vllm", "--to", "madeup", "--num-layers", str(L),
-                         "-o", str(out)]) == 0
+    assert (
+        convert.main(
+            [str(HEAD / "config.json"), "--from", "vllm", "--to", "madeup", "--num-layers", str(L), "-o", str(out)]
+        )
+        == 0
+    )
     cfg = json.loads(out.read_text())
-    assert cfg["eagle_aux_hidden_state_layer_ids"] == cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == \
-        [0, 28, 56]
+    assert (
+        cfg["eagle_aux_hidden_state_layer_ids"]
+        == cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        == [0, 28, 56]
+    )
     assert "-> madeup ids [0, 28, 56]" in capsys.readouterr().err
 
 
@@ -113,8 +135,16 @@ def test_the_made_up_engine_is_gone_after_the_test():
         get_convention("madeup")
 
 
-@pytest.mark.parametrize("version, name", [("0.5.12.post1", "sglang-legacy"), ("0.5.12", "sglang-legacy"),
-                                           ("0.5.13", "sglang"), ("0.5.23", "sglang"), ("0.6.0rc1", "sglang")])
+@pytest.mark.parametrize(
+    "version, name",
+    [
+        ("0.5.12.post1", "sglang-legacy"),
+        ("0.5.12", "sglang-legacy"),
+        ("0.5.13", "sglang"),
+        ("0.5.23", "sglang"),
+        ("0.6.0rc1", "sglang"),
+    ],
+)
 def test_sglang_version_rule(version, name):
     """The SGLang parity harness and inspect's --sglang-version read the version boundary (0.5.13, PR #25454) from
     the table: a release on the wrong side would be checked against the other id rule."""

@@ -91,9 +91,14 @@ def test_envs_is_stdlib_only():
 
 # ----------------------------------------------------------------------------------------------- the source scan
 
+
 def _is_os_environ(node: ast.AST, environ_names: set[str]) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name)
-            and node.value.id == "os") or (isinstance(node, ast.Name) and node.id in environ_names)
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "environ"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "os"
+    ) or (isinstance(node, ast.Name) and node.id in environ_names)
 
 
 def _known_literal(node: ast.AST) -> bool:
@@ -107,10 +112,20 @@ def direct_reads(path: Path) -> list[str]:
     (``dict(os.environ)``, ``{**os.environ, ...}``, passing ``os.environ`` to a function), and setting or removing
     variables (for this process's children)."""
     tree = ast.parse(path.read_text())
-    environ_names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "os"
-                     for a in n.names if a.name == "environ"}
-    getenv_names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "os"
-                    for a in n.names if a.name == "getenv"}
+    environ_names = {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "os"
+        for a in n.names
+        if a.name == "environ"
+    }
+    getenv_names = {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "os"
+        for a in n.names
+        if a.name == "getenv"
+    }
     used_pops = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}  # a bare pop() only removes
     bad = []
     for node in ast.walk(tree):
@@ -119,8 +134,12 @@ def direct_reads(path: Path) -> list[str]:
             f = node.func
             if isinstance(f, ast.Attribute) and _is_os_environ(f.value, environ_names):
                 hit = f.attr == "get" or (f.attr == "pop" and id(node) not in used_pops)
-            elif isinstance(f, ast.Attribute) and f.attr == "getenv" and isinstance(f.value, ast.Name) \
-                    and f.value.id == "os":
+            elif (
+                isinstance(f, ast.Attribute)
+                and f.attr == "getenv"
+                and isinstance(f.value, ast.Name)
+                and f.value.id == "os"
+            ):
                 hit = True
             elif isinstance(f, ast.Name) and f.id in getenv_names:
                 hit = True
@@ -139,19 +158,26 @@ def test_no_direct_environment_reads_outside_envs():
     """Every read goes through envs.py, so a variable's default, parser and deprecated name apply everywhere (a
     direct read of EAGLE3_SPEC would miss VLLM_EAGLE3_SPEC, a direct read of EAGLE3_CPU_MLA_VERIFY_AS_DECODE would
     accept "yes")."""
-    bad = [b for pkg in SCANNED for f in sorted((REPO / pkg).rglob("*.py")) if f != REPO / "vllm_eagle3" / "envs.py"
-           for b in direct_reads(f)]
+    bad = [
+        b
+        for pkg in SCANNED
+        for f in sorted((REPO / pkg).rglob("*.py"))
+        if f != REPO / "vllm_eagle3" / "envs.py"
+        for b in direct_reads(f)
+    ]
     assert not bad, "read through vllm_eagle3.envs (envs.get(NAME, environ) / envs.NAME) instead:\n" + "\n".join(bad)
 
 
 def test_the_scan_catches_each_form(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text("import os\nfrom os import environ as E\n"
-                   "a = os.environ.get('X')\nb = os.environ['X']\nc = os.getenv('X')\nd = 'X' in os.environ\n"
-                   "e = os.environ.pop('X', None)\nf = E.get('X')\ng = env.get('EAGLE3_SPEC')\n"
-                   "h = env['LD_PRELOAD']\ni = 'VLLM_PLUGINS' in env\n"
-                   "os.environ.pop('X', None)\nos.environ['X'] = '1'\nchild = {**os.environ, 'X': '1'}\n"
-                   "whole = dict(os.environ)\nrun(os.environ)\nenv['EAGLE3_SPEC'] = 'p'\n")
+    src.write_text(
+        "import os\nfrom os import environ as E\n"
+        "a = os.environ.get('X')\nb = os.environ['X']\nc = os.getenv('X')\nd = 'X' in os.environ\n"
+        "e = os.environ.pop('X', None)\nf = E.get('X')\ng = env.get('EAGLE3_SPEC')\n"
+        "h = env['LD_PRELOAD']\ni = 'VLLM_PLUGINS' in env\n"
+        "os.environ.pop('X', None)\nos.environ['X'] = '1'\nchild = {**os.environ, 'X': '1'}\n"
+        "whole = dict(os.environ)\nrun(os.environ)\nenv['EAGLE3_SPEC'] = 'p'\n"
+    )
     monkey = REPO
     try:
         globals()["REPO"] = tmp_path
@@ -175,10 +201,16 @@ def test_every_entry_is_read_somewhere():
     """envs.py listed five names nothing read (issue 39): an entry without a reader documents a setting that does
     nothing. A name counts as read when another module names it (``"NAME"``, ``envs.NAME``, or its name constant
     ``envs.SERVE_LOG``), or names the group holding it (``envs.MALLOC_KNOBS``)."""
-    text = "\n".join(f.read_text() for pkg in SCANNED for f in (REPO / pkg).rglob("*.py")
-                     if f != REPO / "vllm_eagle3" / "envs.py")
+    text = "\n".join(
+        f.read_text() for pkg in SCANNED for f in (REPO / pkg).rglob("*.py") if f != REPO / "vllm_eagle3" / "envs.py"
+    )
     groups = {n for g in ("MALLOC_KNOBS", "ONEDNN_CACHE") if f"envs.{g}" in text for n in getattr(envs, g)}
     constants = {n: [a for a, v in vars(envs).items() if v == n and a.isupper()] for n in envs.VARIABLES}
-    unread = [n for n in envs.VARIABLES if n not in groups and not re.search(rf"[\"']{n}[\"']|envs\.{n}\b", text)
-              and not any(re.search(rf"envs\.{a}\b", text) for a in constants[n])]
+    unread = [
+        n
+        for n in envs.VARIABLES
+        if n not in groups
+        and not re.search(rf"[\"']{n}[\"']|envs\.{n}\b", text)
+        and not any(re.search(rf"envs\.{a}\b", text) for a in constants[n])
+    ]
     assert not unread, f"listed in vllm_eagle3/envs.py but read nowhere (remove them): {unread}"

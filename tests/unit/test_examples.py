@@ -68,8 +68,10 @@ def test_client_acceptance_matches_the_project_parser():
     """The copied client's acceptance length and per-position rates equal SpecDecodeCounters' on the same /metrics."""
     from vllm_eagle3.tools.serve.metrics import SpecDecodeCounters
 
-    bodies = [METRICS % dict(drafts=10.0, tokens=30.0, accepted=12.0, p0=7.0, p1=4.0, p2=1.0),
-              METRICS % dict(drafts=50.0, tokens=150.0, accepted=71.0, p0=33.0, p1=25.0, p2=13.0)]
+    bodies = [
+        METRICS % dict(drafts=10.0, tokens=30.0, accepted=12.0, p0=7.0, p1=4.0, p2=1.0),
+        METRICS % dict(drafts=50.0, tokens=150.0, accepted=71.0, p0=33.0, p1=25.0, p2=13.0),
+    ]
     served = list(bodies)
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -107,11 +109,22 @@ class FakeVllm(http.server.BaseHTTPRequestHandler):
     USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     ANSWERS = {
         "/v1/models": {"object": "list", "data": [MODEL]},
-        "/v1/completions": {"id": "c", "object": "text_completion", "created": 0, "model": "m", "usage": USAGE,
-                            "choices": [{"index": 0, "text": "ok", "finish_reason": "length", "logprobs": None}]},
-        "/v1/chat/completions": {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "usage": USAGE,
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": "ok"}}]},
+        "/v1/completions": {
+            "id": "c",
+            "object": "text_completion",
+            "created": 0,
+            "model": "m",
+            "usage": USAGE,
+            "choices": [{"index": 0, "text": "ok", "finish_reason": "length", "logprobs": None}],
+        },
+        "/v1/chat/completions": {
+            "id": "c",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "usage": USAGE,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
+        },
     }
 
     def answer(self):

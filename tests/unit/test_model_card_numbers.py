@@ -15,16 +15,22 @@ from vllm_eagle3.tools import REPO
 pytestmark = pytest.mark.unit
 
 CARD = REPO / "models" / "kimi-k25-mini" / "MODEL_CARD.md"
-SOURCES = ("models/kimi-k25-mini-eagle3/eval.json", "models/kimi-k25-mini-eagle3/eval_replaced_head.json",
-           "models/kimi-k25-mini-eagle3/candidates.json",
-           "models/kimi-k25-mini/train_log.json",
-           "models/kimi-k25-mini-eagle3/train_log.json", "models/kimi-k25-mini-eagle3-taps-3-31-59/eval.json",
-           "models/kimi-k25-mini-eagle3-taps-3-31-59/train_log.json", "models/kimi-k25-mini-eagle3-mla/eval.json",
-           "models/kimi-k25-mini-eagle3-mla/train_log.json", "models/kimi-k25-mini-eagle3-4tap/eval.json",
-           "models/kimi-k25-mini-eagle3-4tap/train_log.json")
+SOURCES = (
+    "models/kimi-k25-mini-eagle3/eval.json",
+    "models/kimi-k25-mini-eagle3/eval_replaced_head.json",
+    "models/kimi-k25-mini-eagle3/candidates.json",
+    "models/kimi-k25-mini/train_log.json",
+    "models/kimi-k25-mini-eagle3/train_log.json",
+    "models/kimi-k25-mini-eagle3-taps-3-31-59/eval.json",
+    "models/kimi-k25-mini-eagle3-taps-3-31-59/train_log.json",
+    "models/kimi-k25-mini-eagle3-mla/eval.json",
+    "models/kimi-k25-mini-eagle3-mla/train_log.json",
+    "models/kimi-k25-mini-eagle3-4tap/eval.json",
+    "models/kimi-k25-mini-eagle3-4tap/train_log.json",
+)
 NOT_IN_A_SHIPPED_FILE = {
     "3.317": "the first target's head (k=3 acceptance length), replaced with the target; "
-             "eval.json in git history (9e974a8)",
+    "eval.json in git history (9e974a8)",
     "5.144": "the first target run's final held-out loss; models/kimi-k25-mini/train_log.json in git history (13edffe)",
 }
 
@@ -51,16 +57,20 @@ def test_every_three_decimal_number_of_the_card_is_in_its_files():
         x = float(n)
         if n not in NOT_IN_A_SHIPPED_FILE and not any(abs(round(v, 3) - x) < 1e-9 for v in values):
             typed.append(n)
-    assert not typed, f"MODEL_CARD.md quotes {sorted(set(typed))}, found in none of {SOURCES}: copy numbers from " \
-                      "the run's files (or name the source in NOT_IN_A_SHIPPED_FILE)"
+    assert not typed, (
+        f"MODEL_CARD.md quotes {sorted(set(typed))}, found in none of {SOURCES}: copy numbers from "
+        "the run's files (or name the source in NOT_IN_A_SHIPPED_FILE)"
+    )
 
 
 # Issue 15's heads: each acceptance row of the card must be THAT head's eval.json (the test above only checks that a
 # number exists in some file, so a row copied from the other head would pass it).
-HEAD_ROWS = {"default `[embed, 3, 31]`": "models/kimi-k25-mini-eagle3/eval.json",
-             "first default head `[embed, 3, 31]` (replaced)": "models/kimi-k25-mini-eagle3/eval_replaced_head.json",
-             "MLA `[embed, 3, 31]`": "models/kimi-k25-mini-eagle3-mla/eval.json",
-             "4-tap `[embed, 3, 31, 59]`": "models/kimi-k25-mini-eagle3-4tap/eval.json"}
+HEAD_ROWS = {
+    "default `[embed, 3, 31]`": "models/kimi-k25-mini-eagle3/eval.json",
+    "first default head `[embed, 3, 31]` (replaced)": "models/kimi-k25-mini-eagle3/eval_replaced_head.json",
+    "MLA `[embed, 3, 31]`": "models/kimi-k25-mini-eagle3-mla/eval.json",
+    "4-tap `[embed, 3, 31, 59]`": "models/kimi-k25-mini-eagle3-4tap/eval.json",
+}
 
 
 def _row(label: str, setting: str) -> list[float]:

@@ -32,13 +32,17 @@ TARGET = REPO / "models" / "kimi-k25-mini"
 
 # ----------------------------------------------------------------------------------------------- settings
 
-@pytest.mark.parametrize("bad, words", [
-    ({"sample_evry": 2}, "unknown key(s) ['sample_evry']"),
-    ({"budget": 0}, "check.budget = 0 is invalid"),
-    ({"false_alarm": 0.5}, "check.false_alarm = 0.5 is invalid"),
-    ({"min_requests": 2}, "check.min_requests = 2 is invalid"),
-    ({"enabled": "yes"}, "check.enabled = 'yes' is invalid"),
-])
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ({"sample_evry": 2}, "unknown key(s) ['sample_evry']"),
+        ({"budget": 0}, "check.budget = 0 is invalid"),
+        ({"false_alarm": 0.5}, "check.false_alarm = 0.5 is invalid"),
+        ({"min_requests": 2}, "check.min_requests = 2 is invalid"),
+        ({"enabled": "yes"}, "check.enabled = 'yes' is invalid"),
+    ],
+)
 def test_bad_settings_are_refused_with_the_key_and_the_rule(tmp_path, bad, words):
     import yaml
 
@@ -58,6 +62,7 @@ def test_settings_are_read_from_the_spec(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- candidates
 
+
 def test_candidates_of_the_incident_include_the_trained_wiring():
     draft = DraftInfo.from_config({"eagle_aux_hidden_state_layer_ids": [2, 30, 58]})
     cands = online_candidates((3, 31, 59), draft, 61)
@@ -76,6 +81,7 @@ def test_candidates_of_the_right_wiring_include_the_incident():
 
 
 # ----------------------------------------------------------------------------------------------- statistics
+
 
 def test_t_quantile_matches_tabulated_values():
     for p, df, want in ((0.001, 15, 3.733), (0.001, 30, 3.385), (1e-4, 20, 4.515), (0.05, 10, 1.812)):
@@ -135,6 +141,7 @@ def test_a_ten_percent_loss_is_found_and_a_right_wiring_is_ok():
 
 
 # ----------------------------------------------------------------------------------------------- bookkeeping
+
 
 def span(rid, first_row, valid, position, done=False, temperature=0.0, prompt_len=6):
     return RowSpan(rid, first_row, valid, position, prompt_len, temperature, done)
@@ -221,8 +228,9 @@ def test_idle_time_does_not_earn_check_time(monkeypatch):
     now = [10_000.0]
     monkeypatch.setattr(engine_hook, "time", SimpleNamespace(monotonic=lambda: now[0], time=lambda: now[0]))
     cands = [SimpleNamespace(taps=(3, 31, 59), why="configured"), SimpleNamespace(taps=(EMBED, 3, 31), why="x")]
-    checker = engine_hook.Checker(SimpleNamespace(config=CheckConfig(), candidates=cands, extra_taps=()), None, 0, 3,
-                                  61, None)
+    checker = engine_hook.Checker(
+        SimpleNamespace(config=CheckConfig(), candidates=cands, extra_taps=()), None, 0, 3, 61, None
+    )
     checker.observe = lambda runner, args: None
     checker.last_step = now[0] - 3600.0
     checker.observe_safely(None, {})
@@ -233,6 +241,7 @@ def test_idle_time_does_not_earn_check_time(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------- scoring
+
 
 def test_the_shortened_first_step_equals_the_full_one():
     """``query_from`` computes queries, MLP and logits from an anchor row on: the full step's numbers there, and its
@@ -267,13 +276,24 @@ def test_candidates_scored_as_one_batch_match_one_at_a_time(monkeypatch):
     h = s.head.config.target_hidden_size
     torch.manual_seed(1)
     trace = Trace("r", prompt_len=14, start=0)
-    trace.append(0, torch.randint(0, s.head.config.vocab_size, (50,)),
-                 {k: torch.randn(50, h, dtype=torch.bfloat16) for k in {k for c in cands for k in c}})
+    trace.append(
+        0,
+        torch.randint(0, s.head.config.vocab_size, (50,)),
+        {k: torch.randn(50, h, dtype=torch.bfloat16) for k in {k for c in cands for k in c}},
+    )
     assert scorer_mod.group_size(s.head.config, 49, 37, len(cands)) == len(cands)
     batched = s.score(trace)
     monkeypatch.setattr(scorer_mod, "GROUP_BYTES", 1)
     assert batched == s.score(trace) and batched[0] == 36 and len(batched[1]) == len(cands)
-    big = DraftConfig(vocab_size=163840, hidden_size=7168, target_hidden_size=7168, num_aux_hidden_states=3,
-                      draft_vocab_size=32000, num_attention_heads=64, num_key_value_heads=64, intermediate_size=18432)
+    big = DraftConfig(
+        vocab_size=163840,
+        hidden_size=7168,
+        target_hidden_size=7168,
+        num_aux_hidden_states=3,
+        draft_vocab_size=32000,
+        num_attention_heads=64,
+        num_key_value_heads=64,
+        intermediate_size=18432,
+    )
     monkeypatch.undo()
     assert scorer_mod.group_size(big, 2048, 2040, 11) == 1

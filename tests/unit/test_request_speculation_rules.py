@@ -24,9 +24,21 @@ from vllm_eagle3.request_speculation import (
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("extra, want", [(None, True), ({}, True), ({"other": 1}, True), ({KEY: True}, True),
-                                         ({KEY: False}, False), ({KEY: 1}, True), ({KEY: 0}, False),
-                                         ({KEY: "off"}, False), ({KEY: "ON"}, True), ({KEY: "false"}, False)])
+@pytest.mark.parametrize(
+    "extra, want",
+    [
+        (None, True),
+        ({}, True),
+        ({"other": 1}, True),
+        ({KEY: True}, True),
+        ({KEY: False}, False),
+        ({KEY: 1}, True),
+        ({KEY: 0}, False),
+        ({KEY: "off"}, False),
+        ({KEY: "ON"}, True),
+        ({KEY: "false"}, False),
+    ],
+)
 def test_switch_values(extra, want):
     assert speculation_of(extra) is want
 
@@ -94,17 +106,30 @@ def test_drafting_steps_is_the_bound():
     assert gate.paused == b.pause and gate.next_pause == 2 * b.pause
 
 
-@pytest.mark.parametrize("value, want", [(None, Backoff()), (True, Backoff()), (False, None),
-                                         ({"misses": 2}, Backoff(misses=2)),
-                                         ({"pause": 4, "max_pause": 4}, Backoff(pause=4, max_pause=4))])
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        (None, Backoff()),
+        (True, Backoff()),
+        (False, None),
+        ({"misses": 2}, Backoff(misses=2)),
+        ({"pause": 4, "max_pause": 4}, Backoff(pause=4, max_pause=4)),
+    ],
+)
 def test_backoff_config(value, want):
     assert Backoff.from_config(value) == want
 
 
-@pytest.mark.parametrize("value, match", [({"misses": 0}, "misses and pause must be >= 1"),
-                                          ({"pause": 8, "max_pause": 4}, "max_pause >= pause"),
-                                          ({"wait": 3}, r"unknown key\(s\) \['wait'\]"),
-                                          ({"misses": 2.5}, "whole numbers"), ("yes", "true, false or a mapping")])
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ({"misses": 0}, "misses and pause must be >= 1"),
+        ({"pause": 8, "max_pause": 4}, "max_pause >= pause"),
+        ({"wait": 3}, r"unknown key\(s\) \['wait'\]"),
+        ({"misses": 2.5}, "whole numbers"),
+        ("yes", "true, false or a mapping"),
+    ],
+)
 def test_backoff_config_errors_name_the_fix(value, match):
     with pytest.raises(SpeculationRequestError, match=match):
         Backoff.from_config(value)
@@ -126,8 +151,9 @@ def test_verified_counts_match_vllms_per_request_metrics():
 
     from vllm_eagle3.request_speculation_vllm import verified_counts
 
-    so = SimpleNamespace(scheduled_spec_decode_tokens={"a": [5, 6, 7], "b": [1, 2], "c": []},
-                         num_invalid_spec_tokens={"b": 1})
+    so = SimpleNamespace(
+        scheduled_spec_decode_tokens={"a": [5, 6, 7], "b": [1, 2], "c": []}, num_invalid_spec_tokens={"b": 1}
+    )
     mo = SimpleNamespace(sampled_token_ids=[[9], [5, 6, 4], [3], [1, 8]], req_id_to_index={"a": 1, "b": 3, "c": 0})
     assert verified_counts(so, mo) == [("a", 3, 2), ("b", 1, 1)]
 

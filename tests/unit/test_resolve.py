@@ -13,8 +13,16 @@ import yaml
 
 from vllm_eagle3.testing.files import write_safetensors_zeros
 
-from vllm_eagle3.resolve import (CONFIG_KEY, ENV_CONVENTION, ENV_SPEC, load_spec_file, resolve_capture,
-                                 resolve_from_env, spec_file_from_mapping, spec_source)
+from vllm_eagle3.resolve import (
+    CONFIG_KEY,
+    ENV_CONVENTION,
+    ENV_SPEC,
+    load_spec_file,
+    resolve_capture,
+    resolve_from_env,
+    spec_file_from_mapping,
+    spec_source,
+)
 from vllm_eagle3.spec import CaptureSpecError
 
 pytestmark = pytest.mark.unit
@@ -24,8 +32,13 @@ H, L, V = 128, 61, 4096
 def make_draft(tmp_path, ids=(-1, 2, 30), nested=True, top=True, fan_in=3 * H, d2t=True, extra=None, name="draft"):
     d = tmp_path / name
     d.mkdir()
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": H, "draft_vocab_size": 1024,
-           "vocab_size": V, **(extra or {})}
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "hidden_size": H,
+        "draft_vocab_size": 1024,
+        "vocab_size": V,
+        **(extra or {}),
+    }
     if top:
         cfg["eagle_aux_hidden_state_layer_ids"] = list(ids)
     if nested:
@@ -71,21 +84,31 @@ def test_runner_ids_must_match(target, tmp_path, spec_yaml):
         r.check_runner_ids((2, 30, 58))
 
 
-@pytest.mark.parametrize("kwargs, setup, message", [
-    ({}, {}, r"have no stated convention, and they mean different taps in different engines; pass --capture-spec"),
-    ({"convention": "tensorrt"}, {}, r"unknown id convention 'tensorrt'"),
-    ({"convention": "vllm"}, {}, r"id -1 is out of range for a 61-layer model under the vllm convention"),
-    ({"convention": "sglang-legacy"}, {"ids": (2, 30, 58)}, None),  # fine on its own: taps 3/31/59
-    ({"convention": "sglang-legacy"}, {"ids": (-1, 2, 2)}, r"lists id 2 twice"),
-    ({"convention": "sglang-legacy"}, {"fan_in": 2 * H}, r"fan-in mismatch: the draft's fc takes 256 inputs"),
-    ({"convention": "sglang-legacy"}, {"d2t": False}, r"reduced vocabulary \(1024 of 4096 tokens\) but has no d2t"),
-    ({"convention": "sglang-legacy"}, {"top": False},
-     r"ids only in eagle_config.* V2 runner .* reads only the top-level"),
-    ({"convention": "sglang-legacy"}, {"top": False, "nested": False}, r"no eagle_aux_hidden_state_layer_ids; .*"
-                                                                        r"defaults \[2, 30, 58\]"),
-    ({"convention": "sglang-legacy"}, {"ids": ([-1, 2, 30],)}, r"is a nested list"),
-    ({"convention": "sglang-legacy"}, {"extra": {"num_aux_hidden_states": 2}}, r"num_aux_hidden_states = 2"),
-])
+@pytest.mark.parametrize(
+    "kwargs, setup, message",
+    [
+        ({}, {}, r"have no stated convention, and they mean different taps in different engines; pass --capture-spec"),
+        ({"convention": "tensorrt"}, {}, r"unknown id convention 'tensorrt'"),
+        ({"convention": "vllm"}, {}, r"id -1 is out of range for a 61-layer model under the vllm convention"),
+        ({"convention": "sglang-legacy"}, {"ids": (2, 30, 58)}, None),  # fine on its own: taps 3/31/59
+        ({"convention": "sglang-legacy"}, {"ids": (-1, 2, 2)}, r"lists id 2 twice"),
+        ({"convention": "sglang-legacy"}, {"fan_in": 2 * H}, r"fan-in mismatch: the draft's fc takes 256 inputs"),
+        ({"convention": "sglang-legacy"}, {"d2t": False}, r"reduced vocabulary \(1024 of 4096 tokens\) but has no d2t"),
+        (
+            {"convention": "sglang-legacy"},
+            {"top": False},
+            r"ids only in eagle_config.* V2 runner .* reads only the top-level",
+        ),
+        (
+            {"convention": "sglang-legacy"},
+            {"top": False, "nested": False},
+            r"no eagle_aux_hidden_state_layer_ids; .*"
+            r"defaults \[2, 30, 58\]",
+        ),
+        ({"convention": "sglang-legacy"}, {"ids": ([-1, 2, 30],)}, r"is a nested list"),
+        ({"convention": "sglang-legacy"}, {"extra": {"num_aux_hidden_states": 2}}, r"num_aux_hidden_states = 2"),
+    ],
+)
 def test_bad_input_is_a_clear_error(target, tmp_path, kwargs, setup, message):
     draft = make_draft(tmp_path, **setup)
     if message is None:
@@ -98,8 +121,11 @@ def test_bad_input_is_a_clear_error(target, tmp_path, kwargs, setup, message):
 def test_spec_and_draft_disagree(target, tmp_path, spec_yaml):
     """The incident: a spec for [embed, 3, 31] and a draft config whose ids name 3/31/59."""
     draft = make_draft(tmp_path, ids=(2, 30, 58))
-    with pytest.raises(CaptureSpecError, match=r"spec \[embed, 3, 31\] .* disagree: its ids \[2, 30, 58\] read as "
-                                               r"sglang-legacy are taps \[3, 31, 59\]"):
+    with pytest.raises(
+        CaptureSpecError,
+        match=r"spec \[embed, 3, 31\] .* disagree: its ids \[2, 30, 58\] read as "
+        r"sglang-legacy are taps \[3, 31, 59\]",
+    ):
         resolve_capture(target, draft, spec_path=spec_yaml)
 
 
@@ -108,8 +134,11 @@ def test_nested_and_top_level_disagree(target, tmp_path):
     cfg = json.loads((draft / "config.json").read_text())
     cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}
     (draft / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CaptureSpecError, match=r"two different id lists: top-level \[-1, 2, 30\] .* eagle_config "
-                                               r"\[2, 30, 58\]"):
+    with pytest.raises(
+        CaptureSpecError,
+        match=r"two different id lists: top-level \[-1, 2, 30\] .* eagle_config "
+        r"\[2, 30, 58\]",
+    ):
         resolve_capture(target, draft, convention="sglang-legacy")
 
 
@@ -135,6 +164,7 @@ def test_missing_and_malformed_files(target, tmp_path):
 
 # ------------------------------------------------------------------------------ more than three taps (issue 15)
 
+
 def test_four_taps_resolve_where_vllm_can_express_them(target, tmp_path):
     """[embed, 3, 31, 59] on vLLM: ids [0, 3, 31, 59] (any count; fc sized num_aux x hidden in vLLM 0.32's
     llama_eagle3.py L210-221), accepted with the fan-in the head was built for."""
@@ -152,9 +182,12 @@ def test_four_taps_refused_when_vllm_would_size_fc_for_three(target, tmp_path):
     """Ids only at the top level and no num_aux_hidden_states: vLLM 0.32 never counts the top-level list and builds
     fc for 3 taps (llama_eagle3.py L213-216); the 4-tap head would fail to load, so resolve says what to add."""
     d = make_draft(tmp_path, ids=(0, 3, 31, 59), nested=False, fan_in=4 * H)
-    with pytest.raises(CaptureSpecError, match=r"^vLLM 0.32 llama_eagle3.py .* sizes the draft's fc for 3 taps \(from "
-                                               r"the default 3.*\) but the spec \[embed, 3, 31, 59\] has 4; add "
-                                               r"\"num_aux_hidden_states\": 4"):
+    with pytest.raises(
+        CaptureSpecError,
+        match=r"^vLLM 0.32 llama_eagle3.py .* sizes the draft's fc for 3 taps \(from "
+        r"the default 3.*\) but the spec \[embed, 3, 31, 59\] has 4; add "
+        r"\"num_aux_hidden_states\": 4",
+    ):
         resolve_capture(target, d, convention="vllm")
 
 
@@ -162,8 +195,11 @@ def test_resolution_carries_option_warnings(target, tmp_path):
     """An EAGLE-3.1 option one engine ignores is not an error for vLLM (which reads it) but is reported."""
     d = make_draft(tmp_path, extra={"use_aux_norm": True})
     r = resolve_capture(target, d, convention="sglang-legacy")
-    assert len(r.warnings) == 1 and r.warnings[0].startswith("draft option use_aux_norm is set") and \
-        "vLLM 0.32 never reads it" in r.warnings[0]
+    assert (
+        len(r.warnings) == 1
+        and r.warnings[0].startswith("draft option use_aux_norm is set")
+        and "vLLM 0.32 never reads it" in r.warnings[0]
+    )
 
 
 # ----------------------------------------------------------------------------------------------- the spec's channel
@@ -196,13 +232,17 @@ def test_config_spec_wins_over_the_environment(target, tmp_path, spec_yaml):
     src = spec_source(additional({"taps": ["embed", 3, 31], "draft_ids_convention": "sglang-legacy"}), env)
     assert src.origin == "--additional-config" and src.spec_file.spec.taps == (0, 3, 31)
     r = resolve_from_env(target, make_draft(tmp_path), env, config=additional(yaml.safe_load(spec_yaml.read_text())))
-    assert r.spec.taps == (0, 3, 31) and "capturing taps [embed, 3, 31] (spec from --additional-config; $EAGLE3_SPEC " \
-        "ignored)" in r.log_line()
+    assert (
+        r.spec.taps == (0, 3, 31)
+        and "capturing taps [embed, 3, 31] (spec from --additional-config; $EAGLE3_SPEC ignored)" in r.log_line()
+    )
     assert spec_source(additional(convention="vllm"), env).convention == "vllm"  # the config's no-spec case wins too
     fallback = spec_source({"other_plugin": {}}, {ENV_SPEC: str(spec_yaml)})
     assert fallback.origin == "$EAGLE3_SPEC" and fallback.spec_file.spec.taps == (0, 3, 31)
-    assert "(spec from $EAGLE3_SPEC)" in resolve_from_env(target, make_draft(tmp_path, name="d2"),
-                                                          {ENV_SPEC: str(spec_yaml)}).log_line()
+    assert (
+        "(spec from $EAGLE3_SPEC)"
+        in resolve_from_env(target, make_draft(tmp_path, name="d2"), {ENV_SPEC: str(spec_yaml)}).log_line()
+    )
     assert spec_source(None, {ENV_CONVENTION: "vllm"}).origin == "$EAGLE3_CONVENTION"
     assert spec_source(None, {}).origin == "none"
 
@@ -210,8 +250,11 @@ def test_config_spec_wins_over_the_environment(target, tmp_path, spec_yaml):
 def test_unknown_plugin_config_key_is_refused():
     """A misspelt key (``capture-spec``) would otherwise be ignored and the server would fall back to the env var or
     refuse for lack of a convention, far from the typo."""
-    with pytest.raises(CaptureSpecError, match=r"unknown key\(s\) \['capture-spec'\]; allowed keys: capture_spec: .*"
-                                               r"convention: "):
+    with pytest.raises(
+        CaptureSpecError,
+        match=r"unknown key\(s\) \['capture-spec'\]; allowed keys: capture_spec: .*"
+        r"convention: ",
+    ):
         spec_source({CONFIG_KEY: {"capture-spec": {"taps": ["embed"]}}}, {})
     with pytest.raises(CaptureSpecError, match="must be a mapping"):
         spec_source({CONFIG_KEY: ["embed", 3, 31]}, {})
@@ -244,10 +287,18 @@ def test_worker_resolves_the_spec_from_a_real_engine_config(monkeypatch):
     for name in ("EAGLE3_SPEC", "EAGLE3_CONVENTION", "VLLM_EAGLE3_SPEC", "VLLM_EAGLE3_CONVENTION"):
         monkeypatch.delenv(name, raising=False)
     spec = {**yaml.safe_load((repo / "configs" / "kimi_k25_eagle3.yaml").read_text()), "check": {"enabled": False}}
-    cfg = EngineArgs(model=str(repo / "models" / "kimi-k25-mini"), dtype="float32", enforce_eager=True,
-                     max_model_len=256, additional_config={CONFIG_KEY: {"capture_spec": spec}},
-                     speculative_config={"method": "eagle3", "num_speculative_tokens": 2,
-                                         "model": str(repo / "models" / "kimi-k25-mini-eagle3")}).create_engine_config()
+    cfg = EngineArgs(
+        model=str(repo / "models" / "kimi-k25-mini"),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=256,
+        additional_config={CONFIG_KEY: {"capture_spec": spec}},
+        speculative_config={
+            "method": "eagle3",
+            "num_speculative_tokens": 2,
+            "model": str(repo / "models" / "kimi-k25-mini-eagle3"),
+        },
+    ).create_engine_config()
     res = resolve_in_worker(cfg)
     assert res.spec.taps == (0, 3, 31) and res.runner_ids == (-1, 2, 30)
     assert "capturing taps [embed, 3, 31] (spec from --additional-config)" in res.log_line()

@@ -117,14 +117,21 @@ def test_skip_env_leaves_a_patch_out(monkeypatch):
     from vllm_eagle3.model_patches import SKIP_ENV, skipped_by_env
 
     assert skipped_by_env({SKIP_ENV: " vllm_cpu_spec_expand, ,vllm_cpu_top_k_empty"}) == {
-        "vllm_cpu_spec_expand", "vllm_cpu_top_k_empty"}
+        "vllm_cpu_spec_expand",
+        "vllm_cpu_top_k_empty",
+    }
     assert skipped_by_env({}) == frozenset()
 
     from vllm_eagle3 import model_patches
 
     ran = []
-    patch = model_patches.Patch(name="unit_test_skip_env_probe", engine="vllm", supported=("0.32.",),
-                                retire_when="never (a test probe)", apply_fn=lambda: ran.append(1) or "ran")
+    patch = model_patches.Patch(
+        name="unit_test_skip_env_probe",
+        engine="vllm",
+        supported=("0.32.",),
+        retire_when="never (a test probe)",
+        apply_fn=lambda: ran.append(1) or "ran",
+    )
     monkeypatch.setenv(SKIP_ENV, "unit_test_skip_env_probe")
     record = model_patches.apply(patch, "0.32.0")
     assert ran == [] and "skipped" in record and SKIP_ENV in record, record

@@ -59,11 +59,12 @@ print("RESULT" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def vllm_reads():
-    proc = subprocess.run([sys.executable, "-c", VLLM_PARSE, json.dumps(CASES)], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", VLLM_PARSE, json.dumps(CASES)], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
     assert line, proc.stderr[-3000:]
-    return json.loads(line[len("RESULT"):])
+    return json.loads(line[len("RESULT") :])
 
 
 @pytest.mark.parametrize("i", range(len(CASES)))
@@ -78,8 +79,11 @@ def test_wrapper_reads_what_vllm_reads(vllm_reads, i):
 
 def test_shorthand_conflicting_with_the_speculative_config_is_refused_before_start_up():
     """vLLM raises this only when it creates the engine config, seconds into start-up."""
-    with pytest.raises(ServeInputError, match=r"--spec-model and --speculative-config\['model'\] are mutually "
-                                              r"exclusive"):
+    with pytest.raises(
+        ServeInputError,
+        match=r"--spec-model and --speculative-config\['model'\] are mutually "
+        r"exclusive",
+    ):
         serve_target_and_draft(["m", "--speculative-config", JSON3, "--spec-model", "other"])
 
 
@@ -99,9 +103,12 @@ def test_capture_spec_goes_into_the_additional_config():
     spec = str(REPO / "configs" / "kimi_k25_eagle3.yaml")
     four = str(REPO / "configs" / "kimi_k25_eagle3_4tap.yaml")
     assert capture_spec_argv(["--config", SERVE_YAML], spec, None) == ["--config", SERVE_YAML]
-    with pytest.raises(ServeInputError, match=r"--capture-spec .*4tap.yaml \(taps \[embed, 3, 31, 59\]\) and the "
-                                              r"additional-config of .*serve_kimi_k25_mini.yaml .*taps \[embed, 3, 31\]"
-                                              r"\) name different capture specs"):
+    with pytest.raises(
+        ServeInputError,
+        match=r"--capture-spec .*4tap.yaml \(taps \[embed, 3, 31, 59\]\) and the "
+        r"additional-config of .*serve_kimi_k25_mini.yaml .*taps \[embed, 3, 31\]"
+        r"\) name different capture specs",
+    ):
         capture_spec_argv(["--config", SERVE_YAML], four, None)
     argv = capture_spec_argv(["m", "--additional-config", json.dumps({"other": {"x": 1}})], four, "vllm")
     assert argv[:2] == ["m", "--additional-config"] and len(argv) == 3
@@ -111,5 +118,6 @@ def test_capture_spec_goes_into_the_additional_config():
     replaced = capture_spec_argv(["--config", SERVE_YAML, "--additional-config", "{}"], four, None)
     assert spec_source(additional_config(replaced), {}).spec_file.spec.label() == "[embed, 3, 31, 59]"
     with pytest.raises(ServeInputError, match="--convention vllm and --additional-config .* disagree"):
-        capture_spec_argv(["m", "--additional-config", json.dumps({"vllm_eagle3": {"convention": "sglang"}})],
-                          None, "vllm")
+        capture_spec_argv(
+            ["m", "--additional-config", json.dumps({"vllm_eagle3": {"convention": "sglang"}})], None, "vllm"
+        )

@@ -43,8 +43,11 @@ def test_failure_digest_comes_last_with_phase_and_cause(tmp_path):
     server = VllmServer(["/m"], port=1, log_path=log)
     digest = server.failure_digest()
     assert startup_phase(ENGINE_CORE_FAILURE) == "loading the target's weights"
-    assert digest.splitlines() == ["start-up phase reached: loading the target's weights", "exceptions in the log:",
-                                   "(EngineCore pid=12) ValueError: kv_lora_rank 256 unsupported"]
+    assert digest.splitlines() == [
+        "start-up phase reached: loading the target's weights",
+        "exceptions in the log:",
+        "(EngineCore pid=12) ValueError: kv_lora_rank 256 unsupported",
+    ]
 
 
 def test_intel_openmp_is_added_only_when_no_openmp_runtime_is_preloaded(tmp_path):

@@ -11,8 +11,13 @@ time so the next growth names its process.
 import pytest
 
 from vllm_eagle3.tools.soak import plot_rss, tree_rss_by_process
-from vllm_eagle3.tools.serve.vllm_cpu import (MALLOC_ENV, ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, allocator_setting,
-                                        onednn_cache_setting)
+from vllm_eagle3.tools.serve.vllm_cpu import (
+    MALLOC_ENV,
+    ONEDNN_CACHE_CAPACITY,
+    ONEDNN_CACHE_ENV,
+    allocator_setting,
+    onednn_cache_setting,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -28,14 +33,17 @@ def test_glibc_thresholds_and_the_onednn_cache_are_set_and_said_when_nothing_els
     assert all("choose yourself" in x for x in line.splitlines())
 
 
-@pytest.mark.parametrize("environ, bundled", [
-    ({}, True),  # vLLM preloads the tcmalloc it bundles
-    ({"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4:/x/libiomp5.so"}, False),
-    ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, False),
-    ({"MALLOC_ARENA_MAX": "2"}, False),
-    ({"MALLOC_MMAP_THRESHOLD_": "1048576"}, False),
-    ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, False),
-])
+@pytest.mark.parametrize(
+    "environ, bundled",
+    [
+        ({}, True),  # vLLM preloads the tcmalloc it bundles
+        ({"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4:/x/libiomp5.so"}, False),
+        ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, False),
+        ({"MALLOC_ARENA_MAX": "2"}, False),
+        ({"MALLOC_MMAP_THRESHOLD_": "1048576"}, False),
+        ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, False),
+    ],
+)
 def test_an_allocator_choice_already_made_wins(environ, bundled):
     """No glibc setting then; the oneDNN cache is capped all the same (it is live memory, whatever the allocator)."""
     env, line = allocator_setting(environ, bundled_tcmalloc=bundled)
@@ -60,11 +68,14 @@ def test_processes_are_named_by_role():
 
     import psutil
 
-    script = ("import multiprocessing.resource_tracker as rt, subprocess, sys, time; rt.ensure_running(); "
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    script = (
+        "import multiprocessing.resource_tracker as rt, subprocess, sys, time; rt.ensure_running(); "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    )
     root = subprocess.Popen([sys.executable, "-c", script])
     here: dict[str, float] = {}
     try:
+
         def settled() -> bool:  # both children exist and have exec'd (a forked child shows the root's cmdline)
             kids = psutil.Process(root.pid).children()
             return len(kids) == 2 and all(k.cmdline() != psutil.Process(root.pid).cmdline() for k in kids)
@@ -88,10 +99,20 @@ def test_processes_are_named_by_role():
 
 
 def test_the_rss_plot_is_drawn(tmp_path):
-    result = {"rss_mb_series": {"t": [5.0, 65.0, 125.0], "processes": {
-        "1 supervisor": [25.0, 25.0, 25.0], "2 API server": [700.0, 700.0, None],
-        "4 worker": [5000.0, 5100.0, 5120.0]}},
-        "warmup_s": 60.0, "date_utc": "2026-12-01 19:00", "rss_growth_mb": 20.0, "max_growth_mb": 200.0}
+    result = {
+        "rss_mb_series": {
+            "t": [5.0, 65.0, 125.0],
+            "processes": {
+                "1 supervisor": [25.0, 25.0, 25.0],
+                "2 API server": [700.0, 700.0, None],
+                "4 worker": [5000.0, 5100.0, 5120.0],
+            },
+        },
+        "warmup_s": 60.0,
+        "date_utc": "2026-12-01 19:00",
+        "rss_growth_mb": 20.0,
+        "max_growth_mb": 200.0,
+    }
     plot_rss(result, tmp_path / "rss.png")
     assert (tmp_path / "rss.png").stat().st_size > 1000
 
@@ -100,13 +121,31 @@ def test_the_soak_section_names_each_process_and_links_the_plot():
     from vllm_eagle3.tools.bench import report_soak as soaks
 
     verdict = {"memory_bounded": True}
-    soak = {"date_utc": "2026-12-01 19:00", "machine": "x86_64, 2 cores", "duration_s": 600.0, "warmup_s": 60.0,
-            "concurrency": 8, "requests": 10, "by_status": {"200": 10}, "transport_errors": 0, "early_disconnects": 0,
-            "refusals_4xx": {}, "completion_tokens": 100, "first_errors": [], "rss_mb_first_last": [5725.0, 5745.0],
-            "rss_growth_mb": 20.0, "max_growth_mb": 200.0, "acceptance_length": 2.0, "verdict": verdict,
-            "passed": True, "rss_mb_by_process_first_last": [{"1 supervisor": 25.0, "4 worker": 5000.0},
-                                                             {"1 supervisor": 25.0, "4 worker": 5020.0}],
-            "rss_mb_series": {"t": [5.0], "processes": {"4 worker": [5000.0]}}}
+    soak = {
+        "date_utc": "2026-12-01 19:00",
+        "machine": "x86_64, 2 cores",
+        "duration_s": 600.0,
+        "warmup_s": 60.0,
+        "concurrency": 8,
+        "requests": 10,
+        "by_status": {"200": 10},
+        "transport_errors": 0,
+        "early_disconnects": 0,
+        "refusals_4xx": {},
+        "completion_tokens": 100,
+        "first_errors": [],
+        "rss_mb_first_last": [5725.0, 5745.0],
+        "rss_growth_mb": 20.0,
+        "max_growth_mb": 200.0,
+        "acceptance_length": 2.0,
+        "verdict": verdict,
+        "passed": True,
+        "rss_mb_by_process_first_last": [
+            {"1 supervisor": 25.0, "4 worker": 5000.0},
+            {"1 supervisor": 25.0, "4 worker": 5020.0},
+        ],
+        "rss_mb_series": {"t": [5.0], "processes": {"4 worker": [5000.0]}},
+    }
     text = soaks.soak_block(soak)
     assert "supervisor 25 -> 25, worker 5000 -> 5020" in text and f"]({soaks.SOAK_RSS_PNG})" in text
 
@@ -123,8 +162,10 @@ def test_documented_refusals_are_tallied_not_listed_as_errors(monkeypatch):
     tally.add(400, "completion-x", '{"error": {"message": "something else"}}')
     tally.add(500, "completion-n2", "boom")
     assert sum(tally.refusals.values()) == 2 and not any("bias" in e for e in tally.first_errors)
-    assert tally.first_errors == ['400 completion-x: {"error": {"message": "something else"}}',
-                                  "500 completion-n2: boom"]
+    assert tally.first_errors == [
+        '400 completion-x: {"error": {"message": "something else"}}',
+        "500 completion-n2: boom",
+    ]
 
 
 def _closing_server():
@@ -240,7 +281,7 @@ def test_readme_quotes_the_last_soak_result():
     r = json.loads((REPO / DOCS["soak"]).read_text())
     text = (REPO / "docs" / "testing.md").read_text()
     start = text.index("`pytest -m slow tests/e2e/test_soak.py`")
-    sentence = " ".join(text[start:text.index("\n\n", start)].split())
+    sentence = " ".join(text[start : text.index("\n\n", start)].split())
     quoted = {
         "verdict": f"({'passed' if r['passed'] else 'FAILED'}:",
         "requests": f"{r['requests']} requests",
@@ -250,6 +291,7 @@ def test_readme_quotes_the_last_soak_result():
         "transport": "no transport errors" if r["transport_errors"] == 0 else f"{r['transport_errors']} transport",
     }
     missing = {k: v for k, v in quoted.items() if v not in sentence}
-    assert not missing, (f"docs/testing.md's soak sentence does not quote {DOCS['soak']}: "
-                         f"expected {missing} in: {sentence}")
+    assert not missing, (
+        f"docs/testing.md's soak sentence does not quote {DOCS['soak']}: expected {missing} in: {sentence}"
+    )
     assert not re.search(r"\b\d+ requests\b", sentence.replace(quoted["requests"], "")), "another request count"

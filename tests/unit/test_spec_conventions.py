@@ -6,8 +6,15 @@ Each row of docs/conventions.md is pinned here; SGLang's real code pins the same
 
 import pytest
 
-from vllm_eagle3.conventions import (CONVENTIONS, convert_ids, engine_default_ids, engine_order, get_convention,
-                                     ids_to_taps, taps_to_ids)
+from vllm_eagle3.conventions import (
+    CONVENTIONS,
+    convert_ids,
+    engine_default_ids,
+    engine_order,
+    get_convention,
+    ids_to_taps,
+    taps_to_ids,
+)
 from vllm_eagle3.resolve import load_spec_file, load_spec_yaml
 from vllm_eagle3.spec import EMBED, CaptureSpec, CaptureSpecError
 
@@ -17,6 +24,7 @@ L = 61  # Kimi K2.5
 
 # ---------------------------------------------------------------------------------------------------- spec
 
+
 def test_spec_parses_embed_and_keeps_declared_order():
     """The declared order is the draft's fc order; nothing may sort it (vLLM's mixin does)."""
     spec = CaptureSpec(taps=("embed", 31, 3))
@@ -25,16 +33,19 @@ def test_spec_parses_embed_and_keeps_declared_order():
     assert spec.has_embed and spec.num_taps == 3
 
 
-@pytest.mark.parametrize("taps, message", [
-    ([], "has no taps"),
-    ([0, 3, 3], "tap 3 appears twice"),
-    (["embed", 0, 3], "tap embed appears twice"),
-    ([-1, 2, 30], "SGLang-legacy's embedding id"),
-    (["layer3"], "is not understood"),
-    ([[0, 3, 31]], "nested list"),
-    ([True], "boolean"),
-    ("embed,3,31", "must be a list"),
-])
+@pytest.mark.parametrize(
+    "taps, message",
+    [
+        ([], "has no taps"),
+        ([0, 3, 3], "tap 3 appears twice"),
+        (["embed", 0, 3], "tap embed appears twice"),
+        ([-1, 2, 30], "SGLang-legacy's embedding id"),
+        (["layer3"], "is not understood"),
+        ([[0, 3, 31]], "nested list"),
+        ([True], "boolean"),
+        ("embed,3,31", "must be a list"),
+    ],
+)
 def test_spec_rejects_bad_taps(taps, message):
     with pytest.raises(CaptureSpecError, match=message):
         CaptureSpec(taps=taps)
@@ -50,8 +61,11 @@ def test_spec_out_of_range_names_valid_range_and_neighbour():
 
 def test_fan_in_mismatch_says_how_many_taps_the_draft_expects():
     spec = CaptureSpec(taps=(0, 3))
-    with pytest.raises(CaptureSpecError, match=r"fc takes 384 inputs but the spec \[embed, 3\] gives 2 x 128 = 256 "
-                                               r"\(the draft was trained on 3 taps\)"):
+    with pytest.raises(
+        CaptureSpecError,
+        match=r"fc takes 384 inputs but the spec \[embed, 3\] gives 2 x 128 = 256 "
+        r"\(the draft was trained on 3 taps\)",
+    ):
         spec.check_fan_in(384, 128)
     CaptureSpec(taps=(0, 3, 31)).check_fan_in(384, 128)
 
@@ -94,16 +108,16 @@ ROWS = [
     ("vllm", [0, 3, 31], (0, 3, 31)),
     ("speculators", [0, 3, 31], (0, 3, 31)),
     ("hf", [0, 3, 31], (0, 3, 31)),
-    ("sglang", [0, 3, 31], (0, 3, 31)),            # 0.5.13+: 0 works unpatched
-    ("sglang", [1, 3, 31], (2, 4, 32)),            # ...but a list starting with 1 is shifted
-    ("sglang-legacy", [-1, 2, 30], (0, 3, 31)),    # the incident's fixed config
-    ("sglang-legacy", [2, 30, 58], (3, 31, 59)),   # the incident's broken config
-    ("sglang-legacy", [0, 3, 31], (1, 4, 32)),     # the same JSON as vLLM's, other taps
+    ("sglang", [0, 3, 31], (0, 3, 31)),  # 0.5.13+: 0 works unpatched
+    ("sglang", [1, 3, 31], (2, 4, 32)),  # ...but a list starting with 1 is shifted
+    ("sglang-legacy", [-1, 2, 30], (0, 3, 31)),  # the incident's fixed config
+    ("sglang-legacy", [2, 30, 58], (3, 31, 59)),  # the incident's broken config
+    ("sglang-legacy", [0, 3, 31], (1, 4, 32)),  # the same JSON as vLLM's, other taps
     ("specforge", [2, 30, 58], (3, 31, 59)),
     ("vllm", [2, 30, 58], (2, 30, 58)),
-    ("torchspec", [1, 29, 57], (2, 30, 58)),       # lightseekorg's MLA head as trained ...
-    ("vllm", [2, 30, 58], (2, 30, 58)),            # ... and as exported for vLLM (convert_to_hf.py: +1 on kimi_k2)
-    ("sglang", [1, 29, 57], (2, 30, 58)),          # SGLang 0.5.23 reads the training list right (leading 1)
+    ("torchspec", [1, 29, 57], (2, 30, 58)),  # lightseekorg's MLA head as trained ...
+    ("vllm", [2, 30, 58], (2, 30, 58)),  # ... and as exported for vLLM (convert_to_hf.py: +1 on kimi_k2)
+    ("sglang", [1, 29, 57], (2, 30, 58)),  # SGLang 0.5.23 reads the training list right (leading 1)
     ("torchspec", [2, 30, 58, 60], (3, 31, 59, 61)),  # any number of ids
 ]
 
@@ -122,9 +136,11 @@ def test_roundtrip_every_convention(conv, taps):
     try:
         ids = taps_to_ids(taps, conv, L)
     except CaptureSpecError as exc:
-        assert (0 in taps and conv in ("specforge", "torchspec") and "cannot express the embedding tap" in str(exc)) \
-            or (61 in taps and conv == "specforge" and "out of range" in str(exc)) \
-            or (61 in taps and conv in ("sglang", "sglang-legacy") and "cannot capture tap 61" in str(exc)), str(exc)
+        assert (
+            (0 in taps and conv in ("specforge", "torchspec") and "cannot express the embedding tap" in str(exc))
+            or (61 in taps and conv == "specforge" and "out of range" in str(exc))
+            or (61 in taps and conv in ("sglang", "sglang-legacy") and "cannot capture tap 61" in str(exc))
+        ), str(exc)
         return
     assert sorted(ids_to_taps(ids, conv, L)) == sorted(taps)
     if get_convention(conv).concat_order == "listed" or conv in ("vllm", "speculators", "sglang-legacy"):
@@ -144,22 +160,29 @@ def test_convert_incident_config():
         convert_ids([-1, 2, 30], "sglang-legacy", "specforge", L)
 
 
-@pytest.mark.parametrize("conv, ids, message", [
-    ("vllm", [-1, 2, 30], r"id -1 is out of range .* vllm convention \(valid: 0..61\); -1 means the embedding only"),
-    ("sglang", [-1, 2, 30], r"id -1 is out of range"),
-    ("sglang-legacy", [2, 30, 61], r"id 61 is out of range .* \(valid: -1..60\)"),
-    ("specforge", [-1, 2, 30], r"specforge cannot express the embedding tap"),
-    ("specforge", [2, 30], r"requires exactly 3 ids, got 2 \(SpecForge's resolve_eagle_capture_layers"),
-    ("torchspec", [-1, 2, 30], r"torchspec cannot express the embedding tap"),
-    ("torchspec", [1, 29, 61], r"id 61 is out of range .* torchspec convention \(valid: 0..60\)"),
-    ("sglang", [0, 3, 61], r"id 61 is out of range .* sglang convention \(valid: 0..60\)"),
-    ("sglang", [1, 29, 60], r"sglang cannot capture tap 61 .*captured n-1 of n aux hidden states"),
-    ("vllm", [3, 3, 31], r"lists id 3 twice"),
-    ("vllm", [[0, 3, 31]], r"is nested; a runner reads a flat list"),
-    ("vllm", ["3"], r"not an integer"),
-    ("vllm", [], r"is empty"),
-    ("tensorrt", [0], r"unknown id convention 'tensorrt'; known: vllm, speculators, hf, sglang, sglang-legacy"),
-])
+@pytest.mark.parametrize(
+    "conv, ids, message",
+    [
+        (
+            "vllm",
+            [-1, 2, 30],
+            r"id -1 is out of range .* vllm convention \(valid: 0..61\); -1 means the embedding only",
+        ),
+        ("sglang", [-1, 2, 30], r"id -1 is out of range"),
+        ("sglang-legacy", [2, 30, 61], r"id 61 is out of range .* \(valid: -1..60\)"),
+        ("specforge", [-1, 2, 30], r"specforge cannot express the embedding tap"),
+        ("specforge", [2, 30], r"requires exactly 3 ids, got 2 \(SpecForge's resolve_eagle_capture_layers"),
+        ("torchspec", [-1, 2, 30], r"torchspec cannot express the embedding tap"),
+        ("torchspec", [1, 29, 61], r"id 61 is out of range .* torchspec convention \(valid: 0..60\)"),
+        ("sglang", [0, 3, 61], r"id 61 is out of range .* sglang convention \(valid: 0..60\)"),
+        ("sglang", [1, 29, 60], r"sglang cannot capture tap 61 .*captured n-1 of n aux hidden states"),
+        ("vllm", [3, 3, 31], r"lists id 3 twice"),
+        ("vllm", [[0, 3, 31]], r"is nested; a runner reads a flat list"),
+        ("vllm", ["3"], r"not an integer"),
+        ("vllm", [], r"is empty"),
+        ("tensorrt", [0], r"unknown id convention 'tensorrt'; known: vllm, speculators, hf, sglang, sglang-legacy"),
+    ],
+)
 def test_bad_ids(conv, ids, message):
     with pytest.raises(CaptureSpecError, match=message):
         ids_to_taps(ids, conv, L)
@@ -192,15 +215,21 @@ def test_four_taps_per_convention():
     assert taps_to_ids(FOUR, "vllm", L) == (0, 3, 31, 59)
     assert taps_to_ids(FOUR, "sglang", L) == (0, 3, 31, 59)
     # SGLang 0.5.12.post1 captures four (+1 each) but sizes its draft-extend buffer from the target's config (3 x H).
-    with pytest.raises(CaptureSpecError, match=r"sglang-legacy ids can name 4 taps, but that engine serves 3 only "
-                                               r"\(SGLang 0.5.12.post1 .*eagle_info.py L877-901"):
+    with pytest.raises(
+        CaptureSpecError,
+        match=r"sglang-legacy ids can name 4 taps, but that engine serves 3 only "
+        r"\(SGLang 0.5.12.post1 .*eagle_info.py L877-901",
+    ):
         taps_to_ids(FOUR, "sglang-legacy", L)
     assert ids_to_taps((-1, 2, 30, 58), "sglang-legacy", L) == FOUR  # read (to serve on vLLM), never refused
     assert taps_to_ids(FOUR[:3], "sglang-legacy", L) == (-1, 2, 30)
     with pytest.raises(CaptureSpecError, match=r"specforge cannot express the embedding tap"):
         taps_to_ids(FOUR, "specforge", L)
-    with pytest.raises(CaptureSpecError, match=r"specforge requires exactly 3 ids, got 4 \(SpecForge's "
-                                               r"resolve_eagle_capture_layers .* TorchSpec or speculators\)"):
+    with pytest.raises(
+        CaptureSpecError,
+        match=r"specforge requires exactly 3 ids, got 4 \(SpecForge's "
+        r"resolve_eagle_capture_layers .* TorchSpec or speculators\)",
+    ):
         taps_to_ids((3, 31, 59, 60), "specforge", L)
     with pytest.raises(CaptureSpecError, match=r"torchspec cannot express the embedding tap"):
         taps_to_ids(FOUR, "torchspec", L)

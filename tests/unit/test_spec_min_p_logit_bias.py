@@ -27,11 +27,13 @@ import torch
 pytestmark = pytest.mark.unit
 
 V = 10
-LOGITS = torch.tensor([  # [2 draft rows + bonus row, V]: the target's raw logits of one step, a fixed context
-    [2.0, 1.6, 1.2, 0.9, 0.5, 0.2, -0.3, -0.6, -1.0, -2.0],
-    [0.4, 2.2, 1.9, 1.0, 0.7, 0.1, 0.0, -0.4, -1.5, -3.0],
-    [1.5, 0.3, 1.8, 2.1, 0.6, 0.6, -0.2, -1.0, -0.5, -2.5],
-])
+LOGITS = torch.tensor(
+    [  # [2 draft rows + bonus row, V]: the target's raw logits of one step, a fixed context
+        [2.0, 1.6, 1.2, 0.9, 0.5, 0.2, -0.3, -0.6, -1.0, -2.0],
+        [0.4, 2.2, 1.9, 1.0, 0.7, 0.1, 0.0, -0.4, -1.5, -3.0],
+        [1.5, 0.3, 1.8, 2.1, 0.6, 0.6, -0.2, -1.0, -0.5, -2.5],
+    ]
+)
 TAIL_DRAFTS = (5, 2)  # a draft pair whose first token min_p masks or the bias makes rarer
 N, BATCH, TV_BOUND = 40_000, 4_000, 0.025
 BIAS = {4: 2.5, 0: -1.5, 9: 4.0}
@@ -77,6 +79,7 @@ def patched():
 
 # ------------------------------------------------------------------------------------------------- harness
 
+
 def sampling_metadata(params, batch: int, drafts, prompt: list[int] | None = None, outputs=None):
     """``batch`` requests with the same SamplingParams (and ``prompt``; ``outputs``: each one's tokens so far, default
     none), processors built and updated as the V1 input batch does."""
@@ -93,15 +96,23 @@ def sampling_metadata(params, batch: int, drafts, prompt: list[int] | None = Non
     penalties = params.repetition_penalty != 1.0
     return SamplingMetadata(
         temperature=None if greedy else torch.full((batch,), params.temperature),
-        all_greedy=greedy, all_random=not greedy,
+        all_greedy=greedy,
+        all_random=not greedy,
         top_p=None if params.top_p == 1.0 else torch.full((batch,), params.top_p),
         top_k=None if params.top_k in (0, -1) else torch.full((batch,), params.top_k, dtype=torch.int32),
-        generators={}, max_num_logprobs=None, no_penalties=not penalties,
+        generators={},
+        max_num_logprobs=None,
+        no_penalties=not penalties,
         prompt_token_ids=torch.tensor([prompt] * batch) if penalties else None,
-        frequency_penalties=torch.zeros(batch), presence_penalties=torch.zeros(batch),
+        frequency_penalties=torch.zeros(batch),
+        presence_penalties=torch.zeros(batch),
         repetition_penalties=torch.full((batch,), params.repetition_penalty),
-        output_token_ids=outputs or [[] for _ in range(batch)], allowed_token_ids_mask=None, bad_words_token_ids={},
-        logitsprocs=procs, spec_token_ids=[list(drafts)] * batch)
+        output_token_ids=outputs or [[] for _ in range(batch)],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=procs,
+        spec_token_ids=[list(drafts)] * batch,
+    )
 
 
 def spec_step(params, drafts, batch: int, prompt=None) -> list[tuple[int, ...]]:
@@ -114,10 +125,14 @@ def spec_step(params, drafts, batch: int, prompt=None) -> list[tuple[int, ...]]:
     k = len(drafts)
     rows = torch.arange(batch * (k + 1)).view(batch, k + 1)  # request i's rows: k drafts, then its bonus row
     meta = SpecDecodeMetadata(
-        draft_token_ids=torch.tensor(list(drafts) * batch, dtype=torch.int32), num_draft_tokens=[k] * batch,
+        draft_token_ids=torch.tensor(list(drafts) * batch, dtype=torch.int32),
+        num_draft_tokens=[k] * batch,
         cu_num_draft_tokens=torch.arange(1, batch + 1, dtype=torch.int32) * k,
         cu_num_sampled_tokens=torch.arange(1, batch + 1, dtype=torch.int32) * (k + 1),
-        target_logits_indices=rows[:, :k].flatten(), bonus_logits_indices=rows[:, k], logits_indices=rows.flatten())
+        target_logits_indices=rows[:, :k].flatten(),
+        bonus_logits_indices=rows[:, k],
+        logits_indices=rows.flatten(),
+    )
     logits = LOGITS[: k + 1].repeat(batch, 1)  # [batch * (k + 1), V]
     out = RejectionSampler(Sampler())(meta, None, logits, sampling_metadata(params, batch, drafts, prompt))
     return [tuple(t for t in row if t != PLACEHOLDER_TOKEN_ID) for row in out.sampled_token_ids.tolist()]
@@ -129,8 +144,9 @@ def no_spec_probs(params) -> torch.Tensor:
     from vllm.v1.sample.sampler import Sampler
 
     meta = sampling_metadata(params, LOGITS.shape[0], ())
-    out = Sampler(logprobs_mode="processed_logprobs")(LOGITS.clone(), meta.__class__(
-        **{**meta.__dict__, "max_num_logprobs": -1}))
+    out = Sampler(logprobs_mode="processed_logprobs")(
+        LOGITS.clone(), meta.__class__(**{**meta.__dict__, "max_num_logprobs": -1})
+    )
     return out.logprobs_tensors.logprobs.exp()
 
 
@@ -179,12 +195,14 @@ def bonus_only(patched, monkeypatch):
     re-enabling the processors alone would serve."""
     from vllm.v1.sample import rejection_sampler
 
-    monkeypatch.setattr(rejection_sampler.RejectionSampler, "apply_logits_processors",
-                        patched.stock("apply_logits_processors"))
+    monkeypatch.setattr(
+        rejection_sampler.RejectionSampler, "apply_logits_processors", patched.stock("apply_logits_processors")
+    )
     monkeypatch.setattr(rejection_sampler, "apply_sampling_constraints", patched.stock("apply_sampling_constraints"))
 
 
 # ------------------------------------------------------------------------------------------------- tests
+
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_sampled_under_speculation_is_the_no_speculation_distribution(patched, name):
@@ -281,8 +299,11 @@ def test_builtin_processors_under_speculation_custom_still_refused(patched):
     """Under speculation the V1 input batch gets MinP, LogitBias and MinTokens; custom processors keep vLLM's
     start-up refusal."""
     from vllm.v1.sample import logits_processor
-    from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor, MinPLogitsProcessor,
-                                                         MinTokensLogitsProcessor)
+    from vllm.v1.sample.logits_processor.builtin import (
+        LogitBiasLogitsProcessor,
+        MinPLogitsProcessor,
+        MinTokensLogitsProcessor,
+    )
 
     config = SimpleNamespace(speculative_config=object(), scheduler_config=SimpleNamespace(max_num_seqs=4))
     procs = logits_processor.build_logitsprocs(config, torch.device("cpu"), False, False)

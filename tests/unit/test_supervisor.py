@@ -31,8 +31,10 @@ STUBBORN = textwrap.dedent("""
     time.sleep(600)
 """)
 
-POLITE = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
-          "open(sys.argv[1], 'w').write('up'); time.sleep(600)")
+POLITE = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+    "open(sys.argv[1], 'w').write('up'); time.sleep(600)"
+)
 
 
 def _alive(pid: int) -> bool:
@@ -49,8 +51,12 @@ def _supervisor(argv, grace_s: float | None = None) -> list[str]:
     in a pytest-xdist worker are the shared vLLM servers of the e2e tests (CI saw one found dead, "exit code 0":
     Popen's answer for a child someone else reaped)."""
     grace = "" if grace_s is None else f", grace_s={grace_s}"
-    return [sys.executable, "-c", "import os, sys; from vllm_eagle3.tools.serve.supervisor import supervise; "
-                                  f"sys.exit(supervise({list(argv)!r}, dict(os.environ){grace}))"]
+    return [
+        sys.executable,
+        "-c",
+        "import os, sys; from vllm_eagle3.tools.serve.supervisor import supervise; "
+        f"sys.exit(supervise({list(argv)!r}, dict(os.environ){grace}))",
+    ]
 
 
 def _run_in_child(argv, signum, ready: Path, grace_s):
@@ -89,8 +95,9 @@ def test_polite_server_stops_on_the_forwarded_signal_without_waiting_the_grace(t
 def _fake_vllm(tmp_path, script: str, *args: str) -> tuple[int, str, str]:
     """``script`` as vLLM under the supervisor (in a process of its own); its exit code, stdout and stderr."""
     env = {**os.environ, "EAGLE3_SERVE_LOG": str(tmp_path / "serve.log")}
-    proc = subprocess.run(_supervisor([sys.executable, "-c", script, *args]), env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        _supervisor([sys.executable, "-c", script, *args]), env=env, capture_output=True, text=True, timeout=120
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -110,21 +117,29 @@ def test_the_helper_leaves_the_test_process_children_alone(tmp_path):
 def test_a_server_that_dies_after_start_up_exits_3_naming_the_process(tmp_path):
     """Guards issue 27: vLLM 0.32's API server exits 0 after its engine died (a worker SIGKILLed, as the OOM killer
     does): systemd / Docker `on-failure` would not restart it. Exit 3 and one line naming the worker and signal."""
-    code, out, err = _fake_vllm(tmp_path, (
-        "print('INFO:     Application startup complete.', flush=True); "
-        "print('(EngineCore pid=7) ERROR 12-02 10:00:00 [multiproc_executor.py:316] Worker proc VllmWorker-0 died "
-        "unexpectedly (exit code: -9), shutting down executor.', flush=True)"))
+    code, out, err = _fake_vllm(
+        tmp_path,
+        (
+            "print('INFO:     Application startup complete.', flush=True); "
+            "print('(EngineCore pid=7) ERROR 12-02 10:00:00 [multiproc_executor.py:316] Worker proc VllmWorker-0 died "
+            "unexpectedly (exit code: -9), shutting down executor.', flush=True)"
+        ),
+    )
     assert code == 3, err
     assert "Application startup complete" in out  # vLLM's output still reaches the user
     line = err.strip().splitlines()[-1]
-    assert line.startswith("vllm-eagle3: error: the engine died while serving: vLLM worker VllmWorker-0 was killed "
-                           "by SIGKILL (what the kernel's OOM killer sends"), line
+    assert line.startswith(
+        "vllm-eagle3: error: the engine died while serving: vLLM worker VllmWorker-0 was killed "
+        "by SIGKILL (what the kernel's OOM killer sends"
+    ), line
     assert f"full log: {tmp_path / 'serve.log'}" in line
     assert "died unexpectedly" in (tmp_path / "serve.log").read_text()
 
 
-WORKER_KILLED = ("print('(Worker pid=7) ERROR 12-02 10:00:00 [multiproc_executor.py:315] Worker proc VllmWorker-1 "
-                 "died unexpectedly (exit code: -9), shutting down executor.', flush=True)")
+WORKER_KILLED = (
+    "print('(Worker pid=7) ERROR 12-02 10:00:00 [multiproc_executor.py:315] Worker proc VllmWorker-1 "
+    "died unexpectedly (exit code: -9), shutting down executor.', flush=True)"
+)
 
 
 def test_a_headless_node_whose_worker_dies_while_serving_exits_3_not_did_not_start(tmp_path):
@@ -133,8 +148,9 @@ def test_a_headless_node_whose_worker_dies_while_serving_exits_3_not_did_not_sta
     start", exit 1). Without --headless the same output without the ready line is still a failed start."""
     code, _, err = _fake_vllm(tmp_path, WORKER_KILLED, "serve", "--headless")
     line = err.strip().splitlines()[-1]
-    assert code == 3 and line.startswith("vllm-eagle3: error: the engine died while serving: vLLM worker "
-                                         "VllmWorker-1 was killed by SIGKILL"), line
+    assert code == 3 and line.startswith(
+        "vllm-eagle3: error: the engine died while serving: vLLM worker VllmWorker-1 was killed by SIGKILL"
+    ), line
     code, _, err = _fake_vllm(tmp_path, WORKER_KILLED, "serve")
     assert code == 1 and "vLLM did not start" in err.strip().splitlines()[-1]
     # what a real headless node logged when its worker was SIGKILLed (the monitor looked before the reap)
@@ -144,24 +160,35 @@ def test_a_headless_node_whose_worker_dies_while_serving_exits_3_not_did_not_sta
 
 
 def test_a_server_that_never_starts_exits_1_with_the_cause_and_the_fix(tmp_path):
-    code, _, err = _fake_vllm(tmp_path, (
-        "import sys; print('RuntimeError: expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8', "
-        "file=sys.stderr); raise SystemExit(1)"))
+    code, _, err = _fake_vllm(
+        tmp_path,
+        (
+            "import sys; print('RuntimeError: expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8', "
+            "file=sys.stderr); raise SystemExit(1)"
+        ),
+    )
     line = err.strip().splitlines()[-1]
     assert code == 1 and line.startswith("vllm-eagle3: error: vLLM did not start: the attention backend cannot load")
     assert "--dtype bfloat16" in line and "full log:" in line
 
 
 def test_vllms_own_usage_error_keeps_exit_2(tmp_path):
-    code, _, err = _fake_vllm(tmp_path, "import sys; print('vllm serve: error: unrecognized arguments: --bogus', "
-                                        "file=sys.stderr); raise SystemExit(2)")
+    code, _, err = _fake_vllm(
+        tmp_path,
+        "import sys; print('vllm serve: error: unrecognized arguments: --bogus', file=sys.stderr); raise SystemExit(2)",
+    )
     assert code == 2 and "vllm-eagle3: error: vLLM did not start" in err
 
 
 def test_descendants_walks_the_tree():
-    proc = subprocess.Popen([sys.executable, "-c",
-                             "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-                             "'import time; time.sleep(30)']); time.sleep(30)"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(30)']); time.sleep(30)",
+        ]
+    )
     try:
         deadline = time.monotonic() + 10
         while len(descendants(proc.pid)) < 1 and time.monotonic() < deadline:
@@ -177,8 +204,11 @@ def test_descendants_walks_the_tree():
 def test_the_error_line_starts_a_line_after_output_without_a_newline(tmp_path):
     """Seen when the engine core was SIGKILLed: vLLM's last output (a nanobind leak notice) had no newline, and the
     one error line was glued to it, so a reader looking for lines starting with `vllm-eagle3: error:` found none."""
-    code, out, err = _fake_vllm(tmp_path, "import sys; print('Application startup complete.', flush=True); "
-                                          "sys.stdout.write('See https://nanobind.readthedocs.io'); sys.stdout.flush()")
+    code, out, err = _fake_vllm(
+        tmp_path,
+        "import sys; print('Application startup complete.', flush=True); "
+        "sys.stdout.write('See https://nanobind.readthedocs.io'); sys.stdout.flush()",
+    )
     assert code == 3 and out.endswith("nanobind.readthedocs.io\n"), repr(out[-80:])
     assert err.strip().splitlines()[-1].startswith("vllm-eagle3: error: the engine died while serving")
 

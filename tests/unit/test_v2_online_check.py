@@ -30,8 +30,10 @@ from vllm_eagle3.wiring_check import CheckConfig
 pytestmark = pytest.mark.unit
 
 H = 8
-CANDIDATES = (SimpleNamespace(taps=(EMBED, 3, 31), why="configured", label="[embed, 3, 31]"),
-              SimpleNamespace(taps=(3, 31, 59), why="the incident", label="[3, 31, 59]"))
+CANDIDATES = (
+    SimpleNamespace(taps=(EMBED, 3, 31), why="configured", label="[embed, 3, 31]"),
+    SimpleNamespace(taps=(3, 31, 59), why="the incident", label="[3, 31, 59]"),
+)
 
 
 def _plan(**cfg):
@@ -108,11 +110,14 @@ def vllm_cpu_shims(monkeypatch):
     import vllm.utils.torch_utils as torch_utils
     import vllm.v1.worker.gpu.buffer_utils as gpu_buffer_utils
 
-    for owner, names in ((torch, ("Event",)),
-                         (torch.cuda, ("Event", "Stream", "set_stream", "current_stream", "stream")),
-                         (torch.accelerator, ("synchronize", "empty_cache", "get_memory_info")),
-                         (torch.Tensor, ("pin_memory", "record_stream")), (torch_utils, ("async_tensor_h2d",)),
-                         (gpu_buffer_utils, ("UvaBuffer",))):
+    for owner, names in (
+        (torch, ("Event",)),
+        (torch.cuda, ("Event", "Stream", "set_stream", "current_stream", "stream")),
+        (torch.accelerator, ("synchronize", "empty_cache", "get_memory_info")),
+        (torch.Tensor, ("pin_memory", "record_stream")),
+        (torch_utils, ("async_tensor_h2d",)),
+        (gpu_buffer_utils, ("UvaBuffer",)),
+    ):
         for name in names:
             monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
     import vllm.v1.worker.cpu.shm as shm
@@ -129,31 +134,54 @@ def _v2_step(aux):
     from vllm.v1.worker.gpu.sample.states import SamplingStates
     from vllm.v1.worker.gpu.states import RequestState
 
-    states = RequestState(max_num_reqs=4, max_model_len=256, max_num_batched_tokens=64, num_speculative_steps=3,
-                          vocab_size=512, device=torch.device("cpu"))
+    states = RequestState(
+        max_num_reqs=4,
+        max_model_len=256,
+        max_num_batched_tokens=64,
+        num_speculative_steps=3,
+        vocab_size=512,
+        device=torch.device("cpu"),
+    )
     sampling = SamplingStates(4, 512)
     for rid, prompt, computed, max_tokens, temp in (("a", 10, 0, 5, 0.0), ("b", 12, 20, 100, 0.2)):
         states.add_request(rid, prompt, list(range(computed or prompt)), computed, max_tokens)
         sampling.add_request(states.req_id_to_index[rid], SamplingParams(temperature=temp, max_tokens=max_tokens))
     n = 14
-    batch = InputBatch.make_dummy(2, n, InputBuffers(max_num_reqs=4, max_num_tokens=64, device=torch.device("cpu")),
-                                  is_padding=False)
+    batch = InputBatch.make_dummy(
+        2, n, InputBuffers(max_num_reqs=4, max_num_tokens=64, device=torch.device("cpu")), is_padding=False
+    )
     batch = dataclasses.replace(
-        batch, req_ids=["b", "a"], idx_mapping_np=np.array([states.req_id_to_index[r] for r in ("b", "a")]),
-        num_scheduled_tokens=np.array([4, 10], dtype=np.int32), query_start_loc_np=np.array([0, 4, 14], dtype=np.int32),
-        num_draft_tokens_per_req=np.array([3, 0], dtype=np.int32))
+        batch,
+        req_ids=["b", "a"],
+        idx_mapping_np=np.array([states.req_id_to_index[r] for r in ("b", "a")]),
+        num_scheduled_tokens=np.array([4, 10], dtype=np.int32),
+        query_start_loc_np=np.array([0, 4, 14], dtype=np.int32),
+        num_draft_tokens_per_req=np.array([3, 0], dtype=np.int32),
+    )
     batch.input_ids.copy_(torch.arange(100, 100 + n))
     batch.positions.copy_(torch.tensor([20, 21, 22, 23] + list(range(10))))
-    state = ExecuteModelState(input_batch=batch, attn_metadata=None, slot_mappings_by_layer=None,
-                              hidden_states=torch.zeros(n, H), aux_hidden_states=aux, dp_sync_state=None,
-                              finished_req_ids=set(), ec_connector_output=None, cudagraph_stats=None,
-                              num_spec_tokens_to_schedule=3)
+    state = ExecuteModelState(
+        input_batch=batch,
+        attn_metadata=None,
+        slot_mappings_by_layer=None,
+        hidden_states=torch.zeros(n, H),
+        aux_hidden_states=aux,
+        dp_sync_state=None,
+        finished_req_ids=set(),
+        ec_connector_output=None,
+        cudagraph_stats=None,
+        num_spec_tokens_to_schedule=3,
+    )
     runner = object.__new__(_v2_runner_class())  # V2's class; its __init__ needs CUDA streams
     runner.req_states, runner.execute_model_state = states, state
     runner.sampler = SimpleNamespace(sampling_states=sampling)  # V2's Sampler holds more; the check reads this
     # propose's arguments, as sample_tokens passes them (tokens sampled per request: b 2, a 1)
-    return runner, {"input_batch": batch, "aux_hidden_states": aux,
-                    "num_sampled": torch.tensor([2, 1], dtype=torch.int32), "dummy_run": False}
+    return runner, {
+        "input_batch": batch,
+        "aux_hidden_states": aux,
+        "num_sampled": torch.tensor([2, 1], dtype=torch.int32),
+        "dummy_run": False,
+    }
 
 
 def test_a_v2_step_becomes_the_rows_the_check_records(vllm_cpu_shims):
@@ -204,8 +232,11 @@ def test_the_wrapper_on_v2s_class_runs_v2s_own_method(tmp_path, monkeypatch):
 
 
 def _config(v2: bool, worker: str = "auto"):
-    return SimpleNamespace(use_v2_model_runner=v2, speculative_config=SimpleNamespace(num_speculative_tokens=3),
-                           parallel_config=SimpleNamespace(worker_cls=worker, data_parallel_rank=0))
+    return SimpleNamespace(
+        use_v2_model_runner=v2,
+        speculative_config=SimpleNamespace(num_speculative_tokens=3),
+        parallel_config=SimpleNamespace(worker_cls=worker, data_parallel_rank=0),
+    )
 
 
 def test_check_is_off_with_the_reason_where_v2_has_no_hook(tmp_path, monkeypatch, caplog):

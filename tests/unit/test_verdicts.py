@@ -25,18 +25,27 @@ pytestmark = pytest.mark.unit
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vllm_eagle3"
 HOME = PACKAGE / "verdicts.py"
-THRESHOLDS = {"TOLERANCE", "COLLAPSE_RATIO", "COSTS_RATIO", "SUSPICIOUS_RATIO", "MIN_GAIN", "FLOOR",
-              "VERDICT_LEVEL"}
+THRESHOLDS = {"TOLERANCE", "COLLAPSE_RATIO", "COSTS_RATIO", "SUSPICIOUS_RATIO", "MIN_GAIN", "FLOOR", "VERDICT_LEVEL"}
 RETIRED = {"collapsed", "suspicious", "inactive", "cannot tell"}  # the judges' own words before the shared ones
-JUDGES = [PACKAGE / "watch.py", PACKAGE / "watch_vllm.py", PACKAGE / "wiring_check.py",
-          *sorted((PACKAGE / "online").glob("*.py")), *sorted((PACKAGE / "tools" / "doctor").glob("*.py"))]
+JUDGES = [
+    PACKAGE / "watch.py",
+    PACKAGE / "watch_vllm.py",
+    PACKAGE / "wiring_check.py",
+    *sorted((PACKAGE / "online").glob("*.py")),
+    *sorted((PACKAGE / "tools" / "doctor").glob("*.py")),
+]
 
 
 def assigned_names(tree: ast.AST) -> set[str]:
     names = set()
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, (ast.AnnAssign, ast.AugAssign)) else []
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+            else []
+        )
         for t in targets:
             for n in ast.walk(t):
                 if isinstance(n, ast.Name):
@@ -51,8 +60,9 @@ def test_each_threshold_is_defined_once_in_the_verdicts_module():
     for path in sorted(PACKAGE.rglob("*.py")):
         for name in assigned_names(ast.parse(path.read_text())) & THRESHOLDS:
             defined.setdefault(name, []).append(str(path.relative_to(PACKAGE)))
-    assert {n: p for n, p in defined.items() if p != ["verdicts.py"]} == {}, \
+    assert {n: p for n, p in defined.items() if p != ["verdicts.py"]} == {}, (
         "define each threshold once, in vllm_eagle3/verdicts.py, and import it"
+    )
     assert set(defined) == THRESHOLDS - {"SUSPICIOUS_RATIO", "VERDICT_LEVEL"}
 
 
@@ -60,11 +70,18 @@ def string_constants(tree: ast.AST) -> list[str]:
     """String literals that are not docstrings."""
     docs = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body and \
-                isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        ):
             docs.add(id(node.body[0].value))
-    return [n.value for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
 
 
 def test_each_verdict_word_is_defined_once_in_the_verdicts_module():
@@ -72,12 +89,21 @@ def test_each_verdict_word_is_defined_once_in_the_verdicts_module():
     a verdict word, in any case, nor a retired word, as a string literal: they name verdicts by the constants of
     vllm_eagle3.verdicts."""
     words = {w.word for w in V.VOCABULARY} | RETIRED
-    found = [(str(path.relative_to(PACKAGE)), s) for path in JUDGES
-             for s in string_constants(ast.parse(path.read_text())) if s.strip().lower() in words]
+    found = [
+        (str(path.relative_to(PACKAGE)), s)
+        for path in JUDGES
+        for s in string_constants(ast.parse(path.read_text()))
+        if s.strip().lower() in words
+    ]
     assert found == [], "use vllm_eagle3.verdicts' constants (OK, COSTS, WRONG, ...) instead of literals"
-    homes = [p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py")
-             if any(isinstance(n, ast.ClassDef) and n.name in ("Verdict", "VerdictWord")
-                    for n in ast.walk(ast.parse(p.read_text())))]
+    homes = [
+        p.relative_to(PACKAGE)
+        for p in PACKAGE.rglob("*.py")
+        if any(
+            isinstance(n, ast.ClassDef) and n.name in ("Verdict", "VerdictWord")
+            for n in ast.walk(ast.parse(p.read_text()))
+        )
+    ]
     assert [str(h) for h in homes] == ["verdicts.py"]
 
 
@@ -184,8 +210,7 @@ def test_one_wrong_wiring_reads_the_same_word_everywhere(monkeypatch):
         W.unregister_watch(watch)
     assert body["verdict"] == V.WRONG and body["judges"] == {"watch": V.WRONG, "check": V.WRONG}
     assert body["engines"][0]["verdict"] == V.WRONG and body["check"]["0"]["verdict"] == V.WRONG
-    for name in ("vllm_eagle3_wiring_verdict", "vllm_eagle3_wiring_watch_verdict",
-                 "vllm_eagle3_wiring_check_verdict"):
+    for name in ("vllm_eagle3_wiring_verdict", "vllm_eagle3_wiring_watch_verdict", "vllm_eagle3_wiring_check_verdict"):
         assert gauges[name] == [V.level(V.WRONG)], (name, gauges[name])
 
 
@@ -195,8 +220,10 @@ def test_the_docs_table_is_the_vocabulary():
     doc = (PACKAGE.parent / "docs" / "wiring-watch.md").read_text()
     table = doc.split("<!-- VERDICTS:", 1)[1].split("\n\n", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
-    want = [f"| `{w.word}` | {w.level} | {w.meaning} | "
-            f"{logging.getLevelName(w.log_level) if w.log_level else 'no line'} |" for w in V.VOCABULARY]
+    want = [
+        f"| `{w.word}` | {w.level} | {w.meaning} | {logging.getLevelName(w.log_level) if w.log_level else 'no line'} |"
+        for w in V.VOCABULARY
+    ]
     assert rows == want, "re-render the table in docs/wiring-watch.md from vllm_eagle3/verdicts.py"
 
 

@@ -38,8 +38,11 @@ def test_a_user_choice_wins(tmp_path, user_chose, environ):
 
 def test_too_little_memory_is_one_clear_line(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 1024)
-    with pytest.raises(ValueError, match=r"not enough memory to serve on vLLM-CPU: 2\.0 GiB available, ~3\.0 GiB "
-                                         r"needed .* set VLLM_CPU_KVCACHE_SPACE=<GiB> / --gpu-memory-utilization"):
+    with pytest.raises(
+        ValueError,
+        match=r"not enough memory to serve on vLLM-CPU: 2\.0 GiB available, ~3\.0 GiB "
+        r"needed .* set VLLM_CPU_KVCACHE_SPACE=<GiB> / --gpu-memory-utilization",
+    ):
         memory_setting(False, {}, [tmp_path], meminfo=meminfo(2.0))
 
 
@@ -53,8 +56,16 @@ def test_demo_compares_served_acceptance_with_the_served_walk(tmp_path):
 
     draft = tmp_path / "draft"
     draft.mkdir()
-    (draft / "eval.json").write_text(json.dumps({"simulated_acceptance": {
-        "greedy": {"acceptance_length": {"3": 3.317}}, "served_walk": {"3": {"acceptance_length": 3.164}}}}))
+    (draft / "eval.json").write_text(
+        json.dumps(
+            {
+                "simulated_acceptance": {
+                    "greedy": {"acceptance_length": {"3": 3.317}},
+                    "served_walk": {"3": {"acceptance_length": 3.164}},
+                }
+            }
+        )
+    )
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(f"speculative-config:\n  model: {draft}\n")
     line = model_card_line(cfg, SpecDecodeCounters(100, 300, 200, (80, 65, 55)))
@@ -120,8 +131,10 @@ def test_demo_names_the_attention_backend_it_ran_on():
     CPU_MLA for the float32 miniature and why."""
     from vllm_eagle3.tools.demo import attention_backend_line
 
-    log = ("vllm-eagle3: vLLM-CPU attention: CPU_MLA for the target (float32 on a CPU with AMX tiles: ...)\n"
-           "(EngineCore pid=3) INFO 12-02 10:00:00 [cpu.py:175] Using CPU_MLA backend.\n")
+    log = (
+        "vllm-eagle3: vLLM-CPU attention: CPU_MLA for the target (float32 on a CPU with AMX tiles: ...)\n"
+        "(EngineCore pid=3) INFO 12-02 10:00:00 [cpu.py:175] Using CPU_MLA backend.\n"
+    )
     line = attention_backend_line(log)
     assert line.startswith("vllm-eagle3: vLLM-CPU attention: CPU_MLA for the target")
     assert line.endswith("(vLLM: CPU_MLA)")

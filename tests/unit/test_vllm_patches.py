@@ -40,8 +40,9 @@ def test_rope_on_strided_3d_query_matches_reference(tokens):
     record = model_patches.apply(vllm_cpu_rope_3d.PATCH, "0.32.0")
     assert "vllm_cpu_rope_3d" in record and record in model_patches.applied_patches()
     with set_current_vllm_config(VllmConfig()):
-        rope = get_rope(64, max_position=4096, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                        is_neox_style=False)
+        rope = get_rope(
+            64, max_position=4096, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, is_neox_style=False
+        )
     torch.manual_seed(0)
     heads, nope = 3, 64
     q = torch.randn(tokens, heads, nope + 64)  # [num_tokens, heads, nope + rope], as vLLM's MLA holds it
@@ -87,10 +88,11 @@ def reference_mla_decode(q, cache, scale, block_table, seq_lens, qsl, kv_lora_ra
         s = int(seq_lens[i])
         slots = torch.tensor([int(block_table[i, t // block]) * block + t % block for t in range(s)])
         kv = cache.view(-1, cache.shape[-1])[slots]  # [S, 576]
-        qi = q[int(qsl[i]):int(qsl[i + 1])].transpose(0, 1)  # [H, n_q, 576]
+        qi = q[int(qsl[i]) : int(qsl[i + 1])].transpose(0, 1)  # [H, n_q, 576]
         mask = torch.ones(n_q, s, dtype=torch.bool).tril(diagonal=s - n_q)  # token j sees the first s-n_q+j+1
-        o = torch.nn.functional.scaled_dot_product_attention(qi, kv[None], kv[None, :, :kv_lora_rank],
-                                                             attn_mask=mask, scale=scale)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qi, kv[None], kv[None, :, :kv_lora_rank], attn_mask=mask, scale=scale
+        )
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
 
@@ -114,12 +116,12 @@ def test_decode_kernel_on_expanded_rows_equals_causal_attention():
     table = torch.zeros(len(q_lens), max(blocks_per_req), dtype=torch.int32)
     used = 0
     for i, n in enumerate(blocks_per_req):
-        table[i, :n] = perm[used:used + n]
+        table[i, :n] = perm[used : used + n]
         used += n
     cache = torch.randn(len(perm), block, dim)
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(int(qsl[-1]), heads, dim)
-    scale = dim ** -0.5
+    scale = dim**-0.5
 
     rows, lens = expand_decode_rows(table, seq_lens, qsl)
     out = torch.zeros(q.shape[0], heads, 512)

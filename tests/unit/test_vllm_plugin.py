@@ -28,11 +28,23 @@ def test_a_cpu_only_patch_is_not_version_guarded_where_it_is_not_needed():
     """GPU vLLM 0.33 could not register: a vLLM-CPU patch written for 0.32 raised PatchVersionError before its
     platform check said it was not needed there. A patch not needed in this process is skipped, whatever the version;
     a needed one is still refused on a version it was not written for."""
-    off = Patch(name="unit_test_cpu_only_on_gpu", engine="vllm", supported=("0.32.",), retire_when="upstream PR X",
-                apply_fn=lambda: "applied", needed_fn=lambda: (False, "platform is cuda, not cpu"))
+    off = Patch(
+        name="unit_test_cpu_only_on_gpu",
+        engine="vllm",
+        supported=("0.32.",),
+        retire_when="upstream PR X",
+        apply_fn=lambda: "applied",
+        needed_fn=lambda: (False, "platform is cuda, not cpu"),
+    )
     assert apply(off, "0.34.0") == "unit_test_cpu_only_on_gpu: skipped (platform is cuda, not cpu)"
-    on = Patch(name="unit_test_cpu_only_on_cpu", engine="vllm", supported=("0.32.",), retire_when="upstream PR X",
-               apply_fn=lambda: "applied", needed_fn=lambda: (True, ""))
+    on = Patch(
+        name="unit_test_cpu_only_on_cpu",
+        engine="vllm",
+        supported=("0.32.",),
+        retire_when="upstream PR X",
+        apply_fn=lambda: "applied",
+        needed_fn=lambda: (True, ""),
+    )
     with pytest.raises(PatchVersionError, match=r"written for vllm 0\.32\.x but vllm 0\.34\.0 is installed"):
         apply(on, "0.34.0")
 
@@ -40,14 +52,24 @@ def test_a_cpu_only_patch_is_not_version_guarded_where_it_is_not_needed():
 def test_patch_is_version_guarded_idempotent_and_recorded():
     """Applying twice runs the patch once; the record lists it; a wrong version names installed vs supported."""
     calls = []
-    patch = Patch(name="unit_test_patch", engine="vllm", supported=("0.32.",), retire_when="upstream PR X",
-                  apply_fn=lambda: calls.append(1) or "did it")
+    patch = Patch(
+        name="unit_test_patch",
+        engine="vllm",
+        supported=("0.32.",),
+        retire_when="upstream PR X",
+        apply_fn=lambda: calls.append(1) or "did it",
+    )
     first = apply(patch, "0.32.0")
     assert apply(patch, "0.32.0") == first
     assert calls == [1]
     assert first in applied_patches() and "did it" in first
-    other = Patch(name="unit_test_patch_2", engine="vllm", supported=("0.32.",), retire_when="upstream PR X",
-                  apply_fn=lambda: "never")
+    other = Patch(
+        name="unit_test_patch_2",
+        engine="vllm",
+        supported=("0.32.",),
+        retire_when="upstream PR X",
+        apply_fn=lambda: "never",
+    )
     with pytest.raises(PatchVersionError, match=r"written for vllm 0\.32\.x but vllm 0\.31\.0 is installed"):
         apply(other, "0.31.0")
     assert not any(r.startswith("unit_test_patch_2") for r in applied_patches())

@@ -61,9 +61,15 @@ def make_watch():
         rec = Records()
         log.addHandler(rec)
         clock = Clock()
-        w = W.WiringWatch(cfg or W.WatchConfig(), expectation or fixed_expectation(),
-                          {"taps": "[3, 31, 59]", "source": "spec file /tmp/incident_spec.yaml"}, K,
-                          "vllm-eagle3 doctor --target T --draft D", clock=clock, log=log)
+        w = W.WiringWatch(
+            cfg or W.WatchConfig(),
+            expectation or fixed_expectation(),
+            {"taps": "[3, 31, 59]", "source": "spec file /tmp/incident_spec.yaml"},
+            K,
+            "vllm-eagle3 doctor --target T --draft D",
+            clock=clock,
+            log=log,
+        )
         return w, rec, clock
 
     return make
@@ -87,12 +93,13 @@ def feed(w: W.WiringWatch, p0: float, drafts: int, per_step: int = 8, seed: int 
 
 # ------------------------------------------------------------------------------------------------- window math
 
+
 def test_wilson_bounds_known_values():
     """Guards: a wrong bound judging too early (false alarms) or never. Zero successes: the upper bound is exactly
     z^2 / (n + z^2); the interval holds the estimate and narrows with n."""
     for n in (10, 40, 500):
         lo, hi = W.wilson_bounds(0, n)
-        assert lo == 0.0 and hi == pytest.approx(W.Z ** 2 / (n + W.Z ** 2))
+        assert lo == 0.0 and hi == pytest.approx(W.Z**2 / (n + W.Z**2))
     prev = 1.0
     for n in (50, 200, 800, 3200):
         lo, hi = W.wilson_bounds(0.3 * n, n)
@@ -115,7 +122,7 @@ def test_window_slides_over_whole_steps():
         kept = list(win.steps)
         assert win.drafts == sum(s[0] for s in kept)
         assert win.accepted == [sum(s[1][i] for s in kept) for i in range(K)]
-        assert [tuple(p) for _, p in history[-len(kept):]] == [s[1] for s in kept]
+        assert [tuple(p) for _, p in history[-len(kept) :]] == [s[1] for s in kept]
         assert win.drafted == [win.drafts] * K  # no per-position counts given: every draft had every position
         assert win.drafts - kept[0][0] < 100 <= win.drafts or len(kept) == len(history)
     assert win.total_drafts == sum(d for d, _ in history)
@@ -123,6 +130,7 @@ def test_window_slides_over_whole_steps():
 
 
 # ------------------------------------------------------------------------------------------------- verdicts
+
 
 def test_incident_collapses_with_one_warning(make_watch):
     """Guards: THE incident served silently. ~3% position-0 acceptance against 0.8 expected: pending until
@@ -135,8 +143,14 @@ def test_incident_collapses_with_one_warning(make_watch):
     assert len(warnings) == 1, warnings
     assert rec.records == [rec.records[-1]], "a collapse in progress must give its wrong line alone, not costs first"
     line = warnings[0]
-    for part in ("wiring watch [engine 0]: WRONG: ", "taps [3, 31, 59]", "spec file /tmp/incident_spec.yaml",
-                 "0.800 expected", "`vllm-eagle3 doctor --target T --draft D`", "position-0 acceptance 0.0"):
+    for part in (
+        "wiring watch [engine 0]: WRONG: ",
+        "taps [3, 31, 59]",
+        "spec file /tmp/incident_spec.yaml",
+        "0.800 expected",
+        "`vllm-eagle3 doctor --target T --draft D`",
+        "position-0 acceptance 0.0",
+    ):
         assert part in line, (part, line)
     assert w.last_warning == line and w.lines_logged >= 1
 
@@ -192,6 +206,7 @@ def test_hysteresis_leaves_wrong_only_when_clearly_above(make_watch):
 
 # ------------------------------------------------------------------------------------------------- expectation
 
+
 def test_expectation_read_from_shipped_eval_json():
     """Guards: an expectation typed into code going stale when the head is retrained. The numbers come from the
     draft's own eval.json: served-walk k=1 accepted/drafts for position 0, served-walk k for the length."""
@@ -216,13 +231,15 @@ def test_expectation_fallbacks(tmp_path):
     assert W.expectation_for(tmp_path, K, cfg).position0 is None
     (tmp_path / "eval.json").write_text(json.dumps({"simulated_acceptance": {"greedy": [0.5], "served_walk": 3}}))
     assert W.expectation_for(tmp_path, K, cfg).position0 is None
-    (tmp_path / "eval.json").write_text(json.dumps({"simulated_acceptance": {"greedy": {
-        "per_position_acceptance": [0.6, 0.4, 0.3, 0.2]}}}))
+    (tmp_path / "eval.json").write_text(
+        json.dumps({"simulated_acceptance": {"greedy": {"per_position_acceptance": [0.6, 0.4, 0.3, 0.2]}}})
+    )
     e = W.expectation_for(tmp_path, K, cfg)
     assert e.position0 == 0.6 and e.acceptance_length == pytest.approx(2.3) and "every-anchor" in e.source
 
 
 # ------------------------------------------------------------------------------------------------- config
+
 
 def spec_with(tmp_path, watch_yaml: str) -> Path:
     p = tmp_path / "spec.yaml"
@@ -234,8 +251,9 @@ def test_spec_yaml_watch_keys(tmp_path):
     """Guards: the watch being configurable only by code. ``watch:`` in the capture spec loads into WatchConfig;
     absent -> None (defaults apply); the API server reads it through EAGLE3_SPEC (watch_vllm.build_watch builds
     no watch when it says ``enabled: false``)."""
-    sf = load_spec_file(spec_with(tmp_path, "watch: {enabled: true, window: 256, min_drafts: 32, floor: 0.1, "
-                                            "warn_interval_s: 60}\n"))
+    sf = load_spec_file(
+        spec_with(tmp_path, "watch: {enabled: true, window: 256, min_drafts: 32, floor: 0.1, warn_interval_s: 60}\n")
+    )
     from vllm_eagle3.watch_vllm import watch_config_from_env
 
     assert sf.watch == W.WatchConfig(True, 256, 32, 0.1, 60)
@@ -245,20 +263,23 @@ def test_spec_yaml_watch_keys(tmp_path):
     assert watch_config_from_env({}) == W.WatchConfig()
 
 
-@pytest.mark.parametrize("bad, key", [
-    ("watch: {window: 8}", "window"),
-    ("watch: {window: 512.5}", "window"),
-    ("watch: {min_drafts: 0}", "min_drafts"),
-    ("watch: {window: 64, min_drafts: 65}", "min_drafts"),
-    ("watch: {floor: 0.7}", "floor"),
-    ("watch: {floor: .nan}", "floor"),
-    ("watch: {floor: yes}", "floor"),
-    ("watch: {enabled: 1}", "enabled"),
-    ("watch: {warn_interval_s: -1}", "warn_interval_s"),
-    ("watch: {windw: 512}", "unknown key(s) ['windw']"),
-    ("watch: [512]", "must be a mapping"),
-    ("watch: {}\nwatcher: {}", "unknown key(s) ['watcher']"),
-])
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ("watch: {window: 8}", "window"),
+        ("watch: {window: 512.5}", "window"),
+        ("watch: {min_drafts: 0}", "min_drafts"),
+        ("watch: {window: 64, min_drafts: 65}", "min_drafts"),
+        ("watch: {floor: 0.7}", "floor"),
+        ("watch: {floor: .nan}", "floor"),
+        ("watch: {floor: yes}", "floor"),
+        ("watch: {enabled: 1}", "enabled"),
+        ("watch: {warn_interval_s: -1}", "warn_interval_s"),
+        ("watch: {windw: 512}", "unknown key(s) ['windw']"),
+        ("watch: [512]", "must be a mapping"),
+        ("watch: {}\nwatcher: {}", "unknown key(s) ['watcher']"),
+    ],
+)
 def test_spec_yaml_bad_watch_values_rejected(tmp_path, bad, key):
     """Guards: a typo or a nonsense threshold silently falling back to defaults. Each bad value or unknown key is a
     CaptureSpecError naming the key and what is valid."""
@@ -268,6 +289,7 @@ def test_spec_yaml_bad_watch_values_rejected(tmp_path, bad, key):
 
 
 # ------------------------------------------------------------------------------------------------- report, cost
+
 
 def test_report_is_json_and_names_everything(make_watch):
     """Guards: an endpoint body missing what an operator needs, or one that shows two verdicts for one wiring. The
@@ -310,8 +332,10 @@ def test_observe_costs_microseconds(make_watch):
 
 EXAMPLE = REPO / "docs" / "wiring_watch_example.txt"
 QUOTING_DOCS = (REPO / "docs" / "wiring-watch.md", REPO / "docs" / "DEPLOYMENT.md")
-REGENERATE = ("regenerate it: flock /tmp/vllm-engine.lock env EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt "
-              ".venv/bin/python -m pytest tests/e2e/test_wiring_watch.py, then copy its lines into the docs")
+REGENERATE = (
+    "regenerate it: flock /tmp/vllm-engine.lock env EAGLE3_WATCH_EXAMPLE=docs/wiring_watch_example.txt "
+    ".venv/bin/python -m pytest tests/e2e/test_wiring_watch.py, then copy its lines into the docs"
+)
 
 
 def watch_quotes(markdown: str) -> list[list[str]]:
@@ -335,13 +359,15 @@ def test_docs_quote_only_lines_the_example_run_wrote():
     lines = {x.strip() for x in EXAMPLE.read_text().splitlines()}
     for doc in QUOTING_DOCS:
         blocks = watch_quotes(doc.read_text())
-        assert any("wiring watch [engine 0]: WRONG: " in x for b in blocks for x in b), \
+        assert any("wiring watch [engine 0]: WRONG: " in x for b in blocks for x in b), (
             f"{doc.name} quotes no warning line of the watch (issue 14: show it as an operator sees it)"
+        )
         assert any('"verdict":' in x for b in blocks for x in b), f"{doc.name} quotes no endpoint body"
         for block in blocks:
             for x in block:
-                assert x.strip() in lines, f"{doc.name} quotes a line {EXAMPLE.name} does not contain: {x!r}; " \
-                                           f"{REGENERATE}"
+                assert x.strip() in lines, (
+                    f"{doc.name} quotes a line {EXAMPLE.name} does not contain: {x!r}; {REGENERATE}"
+                )
 
 
 def _walk(eval_json: Path, k: int) -> float:
@@ -354,10 +380,12 @@ def test_example_run_is_on_the_current_weights():
     retrained head's eval.json says 0.633). Every endpoint body's expectation is the CURRENT eval.json of the head it
     names (the shipped folder the served copy links), and every warning line states one of those expectations."""
     text = EXAMPLE.read_text()
-    bodies = [json.loads(part.split("\n\n", 1)[1].split("\n\n", 1)[0])
-              for part in text.split("## GET /v1/eagle3/wiring")[1:]]
-    assert len(bodies) >= 3, f"{EXAMPLE.name} has {len(bodies)} endpoint bodies, want incident, right and second " \
-                             f"head; {REGENERATE}"
+    bodies = [
+        json.loads(part.split("\n\n", 1)[1].split("\n\n", 1)[0]) for part in text.split("## GET /v1/eagle3/wiring")[1:]
+    ]
+    assert len(bodies) >= 3, (
+        f"{EXAMPLE.name} has {len(bodies)} endpoint bodies, want incident, right and second head; {REGENERATE}"
+    )
     heads = set()
     for body in bodies:
         exp = body["engines"][0]["expected"]
@@ -366,9 +394,10 @@ def test_example_run_is_on_the_current_weights():
         assert eval_json.parts[-3:-2] == ("models",), f"{exp['source']} names no shipped head; {REGENERATE}"
         eval_json = REPO / "models" / eval_json.parent.name / "eval.json"  # the run's absolute path, on this clone
         heads.add(eval_json.parent.name)
-        assert exp["position0"] == round(_walk(eval_json, 1), 4), \
-            f"{EXAMPLE.name} expects position-0 {exp['position0']}, {eval_json} now says {_walk(eval_json, 1):.4f}; " \
+        assert exp["position0"] == round(_walk(eval_json, 1), 4), (
+            f"{EXAMPLE.name} expects position-0 {exp['position0']}, {eval_json} now says {_walk(eval_json, 1):.4f}; "
             f"{REGENERATE}"
+        )
         assert exp["acceptance_length"] == round(1 + _walk(eval_json, exp["num_spec_tokens"]), 4)
     assert len(heads) == 2, heads
     expected = {f"vs {_walk(REPO / 'models' / h / 'eval.json', 1):.3f} expected (" for h in heads}

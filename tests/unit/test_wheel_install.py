@@ -43,19 +43,33 @@ def installed(tmp_path_factory):
     shutil.copytree(REPO / "vllm_eagle3", src / "vllm_eagle3", ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EAGLE3_HOME", "VIRTUAL_ENV")}
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    build = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src)],
-                           capture_output=True, text=True, env=env, timeout=300)
+    build = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stdout + build.stderr
     (wheel,) = (tmp / "dist").glob("vllm_eagle3-*.whl")
 
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(purelib, "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    install = subprocess.run([*pip, "--python", str(py), "install", "--no-deps", "--no-index", str(wheel)],
-                             capture_output=True, text=True, env=env, timeout=300)
+    install = subprocess.run(
+        [*pip, "--python", str(py), "install", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stdout + install.stderr
     away = tmp / "elsewhere"
     away.mkdir()
@@ -64,20 +78,32 @@ def installed(tmp_path_factory):
 
 def run(installed, *args: str) -> subprocess.CompletedProcess:
     bin_dir, env, away, _, _ = installed
-    return subprocess.run([str(bin_dir / "vllm-eagle3"), *args], cwd=away, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [str(bin_dir / "vllm-eagle3"), *args], cwd=away, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_wheel_is_what_gets_imported(installed):
     """Without this the other tests could pass on the clone (an editable install) rather than on the wheel."""
     bin_dir, env, away, wheel, purelib = installed
     names = zipfile.ZipFile(wheel).namelist()
-    assert "vllm_eagle3/model_patches/vllm_plugin.py" in names and not any(n.startswith("model_patches/")
-                                                                          for n in names), names
-    r = subprocess.run([str(bin_dir / "python"), "-c", "import vllm_eagle3, vllm_eagle3.model_patches as p, "
-                        "vllm_eagle3.tools as t; print(vllm_eagle3.__file__); print(p.__file__); "
-                        "print(t.REPO); print(t.REPO_SOURCE)"],
-                       cwd=away, env=env, capture_output=True, text=True, timeout=120)
+    assert "vllm_eagle3/model_patches/vllm_plugin.py" in names and not any(
+        n.startswith("model_patches/") for n in names
+    ), names
+    r = subprocess.run(
+        [
+            str(bin_dir / "python"),
+            "-c",
+            "import vllm_eagle3, vllm_eagle3.model_patches as p, "
+            "vllm_eagle3.tools as t; print(vllm_eagle3.__file__); print(p.__file__); "
+            "print(t.REPO); print(t.REPO_SOURCE)",
+        ],
+        cwd=away,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     package, patches, repo, source = r.stdout.splitlines()
     assert Path(package).is_relative_to(purelib) and Path(patches).is_relative_to(purelib), r.stdout
@@ -98,8 +124,17 @@ def test_static_commands_work_away_from_the_clone(installed):
     assert r.returncode == 0, r.stderr
     assert "fc fan-in 384" in r.stdout and "resolved: vllm-eagle3: capturing taps [embed, 3, 31]" in r.stdout
 
-    r = run(installed, "convert", "--from", "sglang-legacy", "--to", "vllm", "--num-layers", "61",
-            str(DRAFT / "config.json"))
+    r = run(
+        installed,
+        "convert",
+        "--from",
+        "sglang-legacy",
+        "--to",
+        "vllm",
+        "--num-layers",
+        "61",
+        str(DRAFT / "config.json"),
+    )
     assert r.returncode == 0, r.stderr
     assert "taps [embed, 3, 31] -> vllm ids [0, 3, 31]" in r.stderr + r.stdout, r.stdout + r.stderr
 
@@ -118,8 +153,14 @@ def test_bundled_defaults_say_where_they_look(installed):
     lines = [ln for ln in r.stderr.splitlines() if "error" in ln]
     assert len(lines) == 1 and str(away) in lines[0] and "EAGLE3_HOME" in lines[0], r.stderr
 
-    r = subprocess.run([str(bin_dir / "python"), "-c", "import vllm_eagle3.tools as t; print(t.REPO)"], cwd=away,
-                       env={**env, "EAGLE3_HOME": str(REPO)}, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [str(bin_dir / "python"), "-c", "import vllm_eagle3.tools as t; print(t.REPO)"],
+        cwd=away,
+        env={**env, "EAGLE3_HOME": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.stdout.strip() == str(REPO), r.stdout + r.stderr
 
 
@@ -144,17 +185,38 @@ def base_only(installed, tmp_path_factory):
     venv = tmp_path_factory.mktemp("base") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    purelib = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, check=True).stdout.strip())
+    purelib = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     for dist in base_distributions():
         for f in dist.files or []:
             src = Path(dist.locate_file(f))
             if ".." not in f.parts and "__pycache__" not in f.parts and src.is_file():
                 (purelib / f).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, purelib / f)
-    install = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(py),
-                              "install", "--no-deps", "--no-index", str(wheel)],
-                             capture_output=True, text=True, env=env, timeout=300)
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--disable-pip-version-check",
+            "--python",
+            str(py),
+            "install",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stdout + install.stderr
     return venv / "bin", env, away
 
@@ -164,20 +226,41 @@ def test_base_install_runs_the_base_commands(base_only):
     import. With only pyproject's base dependencies, resolve, inspect, convert and conventions run; the engine's
     packages are really absent there."""
     bin_dir, env, away = base_only
-    listed = subprocess.run([str(bin_dir / "python"), "-c", "import importlib.metadata as m; "
-                             "print(sorted(d.metadata['Name'].lower() for d in m.distributions()))"],
-                            cwd=away, env=env, capture_output=True, text=True, timeout=60)
-    assert listed.stdout.strip() == str(sorted(["vllm-eagle3"] + [d.metadata["Name"].lower()
-                                                                 for d in base_distributions()])), listed
-    r = subprocess.run([str(bin_dir / "python"), "-c", "import transformers"], cwd=away, env=env, capture_output=True,
-                       text=True, timeout=60)
+    listed = subprocess.run(
+        [
+            str(bin_dir / "python"),
+            "-c",
+            "import importlib.metadata as m; print(sorted(d.metadata['Name'].lower() for d in m.distributions()))",
+        ],
+        cwd=away,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.stdout.strip() == str(
+        sorted(["vllm-eagle3"] + [d.metadata["Name"].lower() for d in base_distributions()])
+    ), listed
+    r = subprocess.run(
+        [str(bin_dir / "python"), "-c", "import transformers"],
+        cwd=away,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and "No module named 'transformers'" in r.stderr, r.stderr
     paths = ["--target", str(TARGET), "--draft", str(DRAFT), "--capture-spec", str(SPEC)]
-    for args, expected in [(["resolve", *paths], "vllm           [0, 3, 31]"),
-                           (["inspect", *paths], "fc fan-in 384"),
-                           (["convert", "--from", "sglang-legacy", "--to", "vllm", "--num-layers", "61",
-                             str(DRAFT / "config.json")], "taps [embed, 3, 31] -> vllm ids [0, 3, 31]"),
-                           (["conventions", "--ids=-1,2,30"], "taps [embed, 3, 31]")]:
-        r = subprocess.run([str(bin_dir / "vllm-eagle3"), *args], cwd=away, env=env, capture_output=True, text=True,
-                           timeout=300)
+    for args, expected in [
+        (["resolve", *paths], "vllm           [0, 3, 31]"),
+        (["inspect", *paths], "fc fan-in 384"),
+        (
+            ["convert", "--from", "sglang-legacy", "--to", "vllm", "--num-layers", "61", str(DRAFT / "config.json")],
+            "taps [embed, 3, 31] -> vllm ids [0, 3, 31]",
+        ),
+        (["conventions", "--ids=-1,2,30"], "taps [embed, 3, 31]"),
+    ]:
+        r = subprocess.run(
+            [str(bin_dir / "vllm-eagle3"), *args], cwd=away, env=env, capture_output=True, text=True, timeout=300
+        )
         assert r.returncode == 0 and expected in r.stdout + r.stderr, (args, r.stdout, r.stderr)

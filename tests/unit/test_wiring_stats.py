@@ -21,8 +21,9 @@ pytestmark = pytest.mark.unit
 K = 3
 
 
-def matches(n_seq: int, anchors: int, p: float, seed: int, base: torch.Tensor | None = None,
-            flip: float = 0.0) -> torch.Tensor:
+def matches(
+    n_seq: int, anchors: int, p: float, seed: int, base: torch.Tensor | None = None, flip: float = 0.0
+) -> torch.Tensor:
     """[N, A, 5] bool chains: each step accepted with probability p (independently), or ``base`` with a fraction
     ``flip`` of its anchors redrawn (a correlated neighbour wiring: same hard positions)."""
     g = torch.Generator().manual_seed(seed)

@@ -57,9 +57,7 @@ def source_files(roots: Sequence[Path], max_file_bytes: int = 200_000) -> list[S
     for root in roots:
         root = Path(root)
         if not root.is_dir():
-            raise FileNotFoundError(
-                f"source root {root} is not a directory; pass existing folders with --roots"
-            )
+            raise FileNotFoundError(f"source root {root} is not a directory; pass existing folders with --roots")
         for p in sorted(root.rglob("*.py")):
             try:
                 real = p.resolve()
@@ -113,8 +111,13 @@ def is_stdlib(f: SourceFile) -> bool:
     return not ({"site-packages", "dist-packages"} & set(f.path.parts))
 
 
-def looks_like_code(text: str, max_mean_line: float = 60.0, max_line: int = 1000, max_digit_frac: float = 0.2,
-                    max_non_ascii: float = 0.05) -> bool:
+def looks_like_code(
+    text: str,
+    max_mean_line: float = 60.0,
+    max_line: int = 1000,
+    max_digit_frac: float = 0.2,
+    max_non_ascii: float = 0.05,
+) -> bool:
     """False for files that are data rather than code: long mean or max lines (serialized protobufs, minified
     or generated tables), many digits (numeric tables), non-ASCII text (unicode tables)."""
     lines = text.splitlines()
@@ -128,8 +131,9 @@ def looks_like_code(text: str, max_mean_line: float = 60.0, max_line: int = 1000
     return digits / n <= max_digit_frac and non_ascii / n <= max_non_ascii
 
 
-def read_unique_texts(files: Iterable[SourceFile], max_chars: int, keep=None,
-                      seen: set[str] | None = None) -> list[str]:
+def read_unique_texts(
+    files: Iterable[SourceFile], max_chars: int, keep=None, seen: set[str] | None = None
+) -> list[str]:
     """Like :func:`read_texts`, skipping texts already in ``seen`` (sha1, updated) and texts ``keep`` rejects."""
     seen = set() if seen is None else seen
     texts: list[str] = []
@@ -186,42 +190,65 @@ class TrainingMix:
         return TrainingMix(self.stdlib.to(device), self.other.to(device), self.stdlib_weight)
 
 
-def load_training_mix(tok, train_files: Sequence[SourceFile], eot_id: int, stdlib_chars: int, other_chars: int,
-                      stdlib_weight: float) -> tuple[TrainingMix, dict[str, int]]:
+def load_training_mix(
+    tok, train_files: Sequence[SourceFile], eot_id: int, stdlib_chars: int, other_chars: int, stdlib_weight: float
+) -> tuple[TrainingMix, dict[str, int]]:
     """The training mix of ``train_files`` (see the module docstring) and its statistics."""
     std = [f for f in train_files if is_stdlib(f)]
     other = sorted((f for f in train_files if not is_stdlib(f)), key=lambda f: hashlib.sha1(f.rel.encode()).hexdigest())
     seen: set[str] = set()
     std_texts = read_unique_texts(std, stdlib_chars, seen=seen)
     other_texts = read_unique_texts(other, other_chars, keep=looks_like_code, seen=seen)
-    mix = TrainingMix(encode_texts(tok, std_texts, eot_id) if std_texts else torch.zeros(0, dtype=torch.int32),
-                      encode_texts(tok, other_texts, eot_id) if other_texts else torch.zeros(0, dtype=torch.int32),
-                      stdlib_weight)
-    stats = {"stdlib_files": len(std_texts), "stdlib_chars": sum(map(len, std_texts)),
-             "stdlib_tokens": mix.stdlib.numel(),
-             "other_files": len(other_texts), "other_chars": sum(map(len, other_texts)),
-             "other_tokens": mix.other.numel()}
+    mix = TrainingMix(
+        encode_texts(tok, std_texts, eot_id) if std_texts else torch.zeros(0, dtype=torch.int32),
+        encode_texts(tok, other_texts, eot_id) if other_texts else torch.zeros(0, dtype=torch.int32),
+        stdlib_weight,
+    )
+    stats = {
+        "stdlib_files": len(std_texts),
+        "stdlib_chars": sum(map(len, std_texts)),
+        "stdlib_tokens": mix.stdlib.numel(),
+        "other_files": len(other_texts),
+        "other_chars": sum(map(len, other_texts)),
+        "other_tokens": mix.other.numel(),
+    }
     return mix, stats
 
 
-def cached_training_mix(cache: Path | None, tok, train_files: Sequence[SourceFile], eot_id: int, stdlib_chars: int,
-                        other_chars: int, stdlib_weight: float) -> tuple[TrainingMix, dict[str, int]]:
+def cached_training_mix(
+    cache: Path | None,
+    tok,
+    train_files: Sequence[SourceFile],
+    eot_id: int,
+    stdlib_chars: int,
+    other_chars: int,
+    stdlib_weight: float,
+) -> tuple[TrainingMix, dict[str, int]]:
     """:func:`load_training_mix`, kept in ``cache`` (a torch file) when given: a second run (a resumed target,
     the heads) skips reading and tokenizing. The cache records its arguments and is rebuilt when they differ."""
-    key = {"stdlib_chars": stdlib_chars, "other_chars": other_chars, "files": len(train_files),
-           "vocab": tok.get_vocab_size()}
+    key = {
+        "stdlib_chars": stdlib_chars,
+        "other_chars": other_chars,
+        "files": len(train_files),
+        "vocab": tok.get_vocab_size(),
+    }
     if cache is not None and Path(cache).exists():
         saved = torch.load(cache, weights_only=False)
         if saved["key"] == key:
             print(f"[data] tokenized training mix read from {cache}", flush=True)
             return TrainingMix(saved["stdlib"], saved["other"], stdlib_weight), saved["stats"]
-    print(f"[data] reading up to {stdlib_chars / 1e6:.0f} M standard-library and {other_chars / 1e6:.0f} M other "
-          f"characters of {len(train_files):,} files and tokenizing them"
-          + ("" if cache else " (minutes; --data-cache keeps the result for the next run)"), flush=True)
+    print(
+        f"[data] reading up to {stdlib_chars / 1e6:.0f} M standard-library and {other_chars / 1e6:.0f} M other "
+        f"characters of {len(train_files):,} files and tokenizing them"
+        + ("" if cache else " (minutes; --data-cache keeps the result for the next run)"),
+        flush=True,
+    )
     t0 = time.time()
     mix, stats = load_training_mix(tok, train_files, eot_id, stdlib_chars, other_chars, stdlib_weight)
-    print(f"[data] training mix: {stats['stdlib_tokens'] + stats['other_tokens']:,} tokens in {time.time() - t0:.0f} s",
-          flush=True)
+    print(
+        f"[data] training mix: {stats['stdlib_tokens'] + stats['other_tokens']:,} tokens in {time.time() - t0:.0f} s",
+        flush=True,
+    )
     if cache is not None:
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
         torch.save({"key": key, "stdlib": mix.stdlib, "other": mix.other, "stats": stats}, cache)
@@ -236,20 +263,19 @@ def encode_texts(tokenizer, texts: Sequence[str], eot_id: int) -> torch.Tensor:
     ids: list[int] = []
     t0, done, step = time.time(), 0, max(1, len(texts) // 10)
     for start in range(0, len(texts), step):
-        chunk = texts[start:start + step]
+        chunk = texts[start : start + step]
         for e in tokenizer.encode_batch(chunk, add_special_tokens=False):
             ids.extend(e.ids)
             ids.append(eot_id)
         done += sum(map(len, chunk))
         if len(texts) > step:
-            print(f"[data] tokenizing {len(texts):,} files: {progress_text(done / chars, time.time() - t0)}",
-                  flush=True)
+            print(
+                f"[data] tokenizing {len(texts):,} files: {progress_text(done / chars, time.time() - t0)}", flush=True
+            )
     return torch.tensor(ids, dtype=torch.int32)
 
 
-def random_windows(
-    stream: torch.Tensor, batch: int, seq_len: int, generator: torch.Generator
-) -> torch.Tensor:
+def random_windows(stream: torch.Tensor, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
     """``[batch, seq_len]`` int64 windows at random offsets of ``stream``."""
     if stream.numel() <= seq_len:
         raise ValueError(
@@ -271,15 +297,18 @@ def fixed_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Show the Python-source corpus and its train/held-out split.")
-    ap.add_argument("--roots", nargs="*", type=Path, default=None,
-                    help="folders to scan (default: stdlib + site-packages)")
+    ap.add_argument(
+        "--roots", nargs="*", type=Path, default=None, help="folders to scan (default: stdlib + site-packages)"
+    )
     ap.add_argument("--heldout-fraction", type=float, default=0.02)
     args = ap.parse_args(argv)
     files = source_files(args.roots or default_roots())
     train, held = split_files(files, args.heldout_fraction)
     size = lambda fs: sum(f.path.stat().st_size for f in fs)  # noqa: E731
-    print(f"{len(files)} files; train {len(train)} ({size(train) / 1e6:.1f} MB), "
-          f"held-out {len(held)} ({size(held) / 1e6:.1f} MB)")
+    print(
+        f"{len(files)} files; train {len(train)} ({size(train) / 1e6:.1f} MB), "
+        f"held-out {len(held)} ({size(held) / 1e6:.1f} MB)"
+    )
 
 
 if __name__ == "__main__":

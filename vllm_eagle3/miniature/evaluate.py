@@ -70,8 +70,11 @@ def plot_curves(target_log: dict, draft_log: dict, path: Path) -> bool:
     ax[1].grid(alpha=0.3)
     if dr:
         for j in range(len(dr[-1]["step_top1"])):
-            ax[2].plot([r["step"] for r in dr if len(r["step_top1"]) > j],
-                       [r["step_top1"][j] for r in dr if len(r["step_top1"]) > j], label=f"step {j + 1}")
+            ax[2].plot(
+                [r["step"] for r in dr if len(r["step_top1"]) > j],
+                [r["step_top1"][j] for r in dr if len(r["step_top1"]) > j],
+                label=f"step {j + 1}",
+            )
     ax[2].set_xlabel("step")
     ax[2].set_title("draft: train top-1 vs target greedy")
     ax[2].legend()
@@ -102,20 +105,24 @@ def update_served_walk(args) -> None:
     result["setup"]["served_walk_device"] = str(device)
     out.write_text(json.dumps(result, indent=1) + "\n")
     walk = result["simulated_acceptance"]["served_walk"]
-    print(f"[walk] {len(items)} prompts; served-walk acceptance length k=1..{MAX_K} "
-          f"{[round(walk[str(k)]['acceptance_length'], 3) for k in range(1, MAX_K + 1)]}; {time.time() - t0:.0f}s")
+    print(
+        f"[walk] {len(items)} prompts; served-walk acceptance length k=1..{MAX_K} "
+        f"{[round(walk[str(k)]['acceptance_length'], 3) for k in range(1, MAX_K + 1)]}; {time.time() - t0:.0f}s"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Evaluate the miniature target and its EAGLE-3 head on held-out text; "
-                                             "write eval.json.")
+    ap = argparse.ArgumentParser(
+        description="Evaluate the miniature target and its EAGLE-3 head on held-out text; write eval.json."
+    )
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--draft", type=Path, required=True)
     ap.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
     ap.add_argument("--roots", nargs="*", type=Path, default=None)
     ap.add_argument("--heldout-fraction", type=float, default=0.02)
-    ap.add_argument("--windows", type=int, default=128,
-                    help="held-out text windows for perplexity / top-1 / text acceptance")
+    ap.add_argument(
+        "--windows", type=int, default=128, help="held-out text windows for perplexity / top-1 / text acceptance"
+    )
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=64, help="held-out prompts continued greedily")
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -123,9 +130,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, default=None, help="eval.json path (default: DRAFT/eval.json)")
-    ap.add_argument("--walk-only", action="store_true",
-                    help="only (re)compute simulated_acceptance.served_walk from DRAFT/eval_prompts.json (no text "
-                         "evaluation, no generation: CPU-friendly) and update eval.json in place")
+    ap.add_argument(
+        "--walk-only",
+        action="store_true",
+        help="only (re)compute simulated_acceptance.served_walk from DRAFT/eval_prompts.json (no text "
+        "evaluation, no generation: CPU-friendly) and update eval.json in place",
+    )
     args = ap.parse_args(argv)
     if args.walk_only:
         return update_served_walk(args)
@@ -150,8 +160,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         for i in range(0, windows.shape[0], args.batch):
             ids = windows[i : i + args.batch]
             lg = target(input_ids=ids).logits[:, :-1].float()
-            nll += float(torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1),
-                                                           reduction="sum"))
+            nll += float(
+                torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum")
+            )
             correct += int((lg.argmax(-1) == ids[:, 1:]).sum())
             n += ids[:, 1:].numel()
     target_metrics = {"heldout_loss": nll / n, "perplexity": math.exp(nll / n), "top1": correct / n, "tokens": n}
@@ -176,34 +187,54 @@ def main(argv: Sequence[str] | None = None) -> None:
             "teacher_forced_top1": text_top1[0],
             "greedy_tokens_in_draft_vocab": in_vocab,
         },
-        "simulated_acceptance": {"greedy": greedy_stats.summary(), "text": text_stats.summary(),
-                                 "served_walk": walk_summary(greedy_match, range(1, MAX_K + 1))},
+        "simulated_acceptance": {
+            "greedy": greedy_stats.summary(),
+            "text": text_stats.summary(),
+            "served_walk": walk_summary(greedy_match, range(1, MAX_K + 1)),
+        },
         "setup": {
-            "taps": spec.label(), "dtype": "float32 (bf16 weights)", "device": str(device),
-            "windows": int(windows.shape[0]), "seq_len": args.seq_len, "prompts": int(prompts.shape[0]),
-            "prompt_len": plen, "new_tokens": args.new_tokens, "max_k": MAX_K,
+            "taps": spec.label(),
+            "dtype": "float32 (bf16 weights)",
+            "device": str(device),
+            "windows": int(windows.shape[0]),
+            "seq_len": args.seq_len,
+            "prompts": int(prompts.shape[0]),
+            "prompt_len": plen,
+            "new_tokens": args.new_tokens,
+            "max_k": MAX_K,
             "definition": "acceptance_length[k] = 1 + sum_{j<=k} per_position_acceptance[j]; "
-                          "per_position_acceptance[j] = fraction of anchors whose first j chained drafts all equal "
-                          "the target's greedy tokens",
+            "per_position_acceptance[j] = fraction of anchors whose first j chained drafts all equal "
+            "the target's greedy tokens",
         },
     }
     out = args.out or (args.draft / "eval.json")
     out.write_text(json.dumps(result, indent=1) + "\n")
-    replay = {"note": "prompt_token_ids -> target greedy continuation_token_ids (float32, no EOS stop); "
-                      "replay with temperature 0, ignore_eos, max_tokens=len(continuation)",
-              "items": [{"prompt_token_ids": p.tolist(), "prompt": tok.decode(p.tolist(), skip_special_tokens=False),
-                         "continuation_token_ids": s[plen:].tolist()} for p, s in zip(prompts.cpu(), seqs.cpu())]}
+    replay = {
+        "note": "prompt_token_ids -> target greedy continuation_token_ids (float32, no EOS stop); "
+        "replay with temperature 0, ignore_eos, max_tokens=len(continuation)",
+        "items": [
+            {
+                "prompt_token_ids": p.tolist(),
+                "prompt": tok.decode(p.tolist(), skip_special_tokens=False),
+                "continuation_token_ids": s[plen:].tolist(),
+            }
+            for p, s in zip(prompts.cpu(), seqs.cpu())
+        ],
+    }
     (out.parent / "eval_prompts.json").write_text(json.dumps(replay) + "\n")
     tl = Path(args.target) / "train_log.json"
     dl = Path(args.draft) / "train_log.json"
     if tl.exists() and dl.exists():
         plot_curves(json.loads(tl.read_text()), json.loads(dl.read_text()), out.parent / "training_curves.png")
     g = result["simulated_acceptance"]["greedy"]
-    print(f"[eval] target ppl {target_metrics['perplexity']:.2f} top1 {target_metrics['top1']:.3f}; draft top1 (text) "
-          f"{[round(x, 3) for x in text_top1]}; "
-          f"greedy per-position {[round(x, 3) for x in g['per_position_acceptance']]}; "
-          f"acceptance length k=1..5 {[round(v, 3) for v in g['acceptance_length'].values()]}; "
-          f"in-draft-vocab {in_vocab:.3f}; {time.time() - t0:.0f}s", flush=True)
+    print(
+        f"[eval] target ppl {target_metrics['perplexity']:.2f} top1 {target_metrics['top1']:.3f}; draft top1 (text) "
+        f"{[round(x, 3) for x in text_top1]}; "
+        f"greedy per-position {[round(x, 3) for x in g['per_position_acceptance']]}; "
+        f"acceptance length k=1..5 {[round(v, 3) for v in g['acceptance_length'].values()]}; "
+        f"in-draft-vocab {in_vocab:.3f}; {time.time() - t0:.0f}s",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

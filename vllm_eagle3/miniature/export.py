@@ -76,7 +76,7 @@ def kimi_to_text_state(kimi: dict[str, torch.Tensor], expected_keys: Sequence[st
     for name, t in kimi.items():
         if not name.startswith("language_model."):
             continue
-        name = name[len("language_model."):]
+        name = name[len("language_model.") :]
         if m := _EXPERT.match(name):
             experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = t
         else:
@@ -85,8 +85,9 @@ def kimi_to_text_state(kimi: dict[str, torch.Tensor], expected_keys: Sequence[st
     for prefix, per in experts.items():
         ids = sorted(per)
         if f"{prefix}.gate_up_proj" in expected:
-            text[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([per[e]["gate_proj"], per[e]["up_proj"]], 0)
-                                                          for e in ids])
+            text[f"{prefix}.gate_up_proj"] = torch.stack(
+                [torch.cat([per[e]["gate_proj"], per[e]["up_proj"]], 0) for e in ids]
+            )
             text[f"{prefix}.down_proj"] = torch.stack([per[e]["down_proj"] for e in ids])
         else:
             for e in ids:
@@ -126,14 +127,22 @@ def random_vision_state(shape: TargetShape, text_hidden: int, seed: int = 0) -> 
     }
     for i in range(shape.vision_layers):
         b = f"vision_tower.encoder.blocks.{i}"
-        sd.update({
-            f"{b}.wqkv.weight": w(3 * h, h), f"{b}.wqkv.bias": torch.zeros(3 * h),
-            f"{b}.wo.weight": w(h, h), f"{b}.wo.bias": torch.zeros(h),
-            f"{b}.norm0.weight": torch.ones(h), f"{b}.norm0.bias": torch.zeros(h),
-            f"{b}.norm1.weight": torch.ones(h), f"{b}.norm1.bias": torch.zeros(h),
-            f"{b}.mlp.fc0.weight": w(2 * h, h), f"{b}.mlp.fc0.bias": torch.zeros(2 * h),
-            f"{b}.mlp.fc1.weight": w(h, 2 * h), f"{b}.mlp.fc1.bias": torch.zeros(h),
-        })
+        sd.update(
+            {
+                f"{b}.wqkv.weight": w(3 * h, h),
+                f"{b}.wqkv.bias": torch.zeros(3 * h),
+                f"{b}.wo.weight": w(h, h),
+                f"{b}.wo.bias": torch.zeros(h),
+                f"{b}.norm0.weight": torch.ones(h),
+                f"{b}.norm0.bias": torch.zeros(h),
+                f"{b}.norm1.weight": torch.ones(h),
+                f"{b}.norm1.bias": torch.zeros(h),
+                f"{b}.mlp.fc0.weight": w(2 * h, h),
+                f"{b}.mlp.fc0.bias": torch.zeros(2 * h),
+                f"{b}.mlp.fc1.weight": w(h, 2 * h),
+                f"{b}.mlp.fc1.bias": torch.zeros(h),
+            }
+        )
     return sd
 
 
@@ -188,8 +197,12 @@ def write_kimi_checkpoint(
     cfg["torch_dtype"] = cfg["dtype"] = str(dtype).removeprefix("torch.")
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (out_dir / "preprocessor_config.json").write_text(json.dumps(preprocessor_config_dict(shape), indent=2) + "\n")
-    gen = {"bos_token_id": special["[BOS]"], "eos_token_id": special["[EOS]"], "pad_token_id": special["[PAD]"],
-           "do_sample": False}
+    gen = {
+        "bos_token_id": special["[BOS]"],
+        "eos_token_id": special["[EOS]"],
+        "pad_token_id": special["[PAD]"],
+        "do_sample": False,
+    }
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     if Path(tokenizer_dir).resolve() != out_dir.resolve():
         for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -203,8 +216,9 @@ def read_kimi_state(model_dir: Path) -> dict[str, torch.Tensor]:
     model_dir = Path(model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}; "
-                                f"is this a miniature target folder (models/kimi-k25-mini)?")
+        raise FileNotFoundError(
+            f"no *.safetensors in {model_dir}; is this a miniature target folder (models/kimi-k25-mini)?"
+        )
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
@@ -248,13 +262,16 @@ def check_with_transformers(model_dir: Path, num_tokens: int = 16) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Check that a miniature Kimi K2.5 folder loads in transformers "
-                                             "and matches load_text_model.")
+    ap = argparse.ArgumentParser(
+        description="Check that a miniature Kimi K2.5 folder loads in transformers and matches load_text_model."
+    )
     ap.add_argument("--check", type=Path, required=True, help="target folder, e.g. models/kimi-k25-mini")
     args = ap.parse_args(argv)
     diff = check_with_transformers(args.check)
-    print(f"transformers Kimi_K25ForConditionalGeneration loaded {args.check}; "
-          f"max |logit diff| vs load_text_model = {diff:.3e}")
+    print(
+        f"transformers Kimi_K25ForConditionalGeneration loaded {args.check}; "
+        f"max |logit diff| vs load_text_model = {diff:.3e}"
+    )
     if diff > 1e-3:
         raise SystemExit("logits differ: the layout conversion is wrong")
 

@@ -27,8 +27,11 @@ def progress_text(progress: float, elapsed_s: float) -> str:
     if p <= 0:
         return "0%, time left unknown"
     left = int(round(elapsed_s * (1 - p) / p))
-    return f"{100 * p:.0f}%, ~{left // 3600}h{left % 3600 // 60:02d}m left" if left >= 3600 else \
-        f"{100 * p:.0f}%, ~{left // 60}m{left % 60:02d}s left"
+    return (
+        f"{100 * p:.0f}%, ~{left // 3600}h{left % 3600 // 60:02d}m left"
+        if left >= 3600
+        else f"{100 * p:.0f}%, ~{left // 60}m{left % 60:02d}s left"
+    )
 
 
 def set_lr(opt, lr: float) -> None:
@@ -36,8 +39,15 @@ def set_lr(opt, lr: float) -> None:
         g["lr"] = lr
 
 
-def lr_at(progress: float, step: int, lr: float, warmup: int, min_ratio: float = 0.1, schedule: str = "cosine",
-          decay_fraction: float = 0.2) -> float:
+def lr_at(
+    progress: float,
+    step: int,
+    lr: float,
+    warmup: int,
+    min_ratio: float = 0.1,
+    schedule: str = "cosine",
+    decay_fraction: float = 0.2,
+) -> float:
     """Learning rate at ``step`` (global, counts resumed steps) and run ``progress`` in [0, 1].
 
     Linear warm-up for ``warmup`` steps; then ``cosine``: cosine from ``lr`` to ``min_ratio * lr`` as progress

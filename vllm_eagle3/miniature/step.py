@@ -57,8 +57,9 @@ def eager() -> contextlib.AbstractContextManager:
     return torch.compiler.set_stance("force_eager")
 
 
-def train_step(model, opt, ids: torch.Tensor, amp: bool, clip: float = 1.0,
-               use_cache: bool | None = False) -> torch.Tensor:
+def train_step(
+    model, opt, ids: torch.Tensor, amp: bool, clip: float = 1.0, use_cache: bool | None = False
+) -> torch.Tensor:
     """One AdamW step of next-token loss on ``ids`` [B, T]; returns the loss as a device tensor (no host sync).
 
     transformers' causal-LM loss shifts ``labels`` itself, so ``labels=input_ids``. ``use_cache=None`` is the
@@ -75,12 +76,22 @@ def train_step(model, opt, ids: torch.Tensor, amp: bool, clip: float = 1.0,
 
 def new_optimizer(model, lr: float, weight_decay: float, device: torch.device) -> torch.optim.Optimizer:
     """AdamW (betas 0.9 / 0.95), fused on CUDA (one kernel for all ~1,400 tensors)."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay,
-                             fused=device.type == "cuda")
+    return torch.optim.AdamW(
+        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay, fused=device.type == "cuda"
+    )
 
 
-def time_config(batch: int, seq_len: int, compile_mode: str, steps: int, warmup: int, num_layers: int,
-                device: torch.device, moe_impl: str = "dense", use_cache: bool | None = False) -> dict:
+def time_config(
+    batch: int,
+    seq_len: int,
+    compile_mode: str,
+    steps: int,
+    warmup: int,
+    num_layers: int,
+    device: torch.device,
+    moe_impl: str = "dense",
+    use_cache: bool | None = False,
+) -> dict:
     """Tokens/s of :func:`train_step` for one configuration on random weights (first ``warmup`` steps, where
     compilation happens, are timed separately)."""
     amp = device.type == "cuda"
@@ -104,8 +115,17 @@ def time_config(batch: int, seq_len: int, compile_mode: str, steps: int, warmup:
         loss = train_step(model, opt, ids, amp, use_cache=use_cache)
     sync()
     dt = (time.time() - t0) / steps
-    out = {"batch": batch, "seq_len": seq_len, "compile": compile_mode, "moe": moe_impl, "use_cache": use_cache,
-           "ms_per_step": 1e3 * dt, "tok_per_s": batch * seq_len / dt, "warmup_s": t_warm, "loss": float(loss)}
+    out = {
+        "batch": batch,
+        "seq_len": seq_len,
+        "compile": compile_mode,
+        "moe": moe_impl,
+        "use_cache": use_cache,
+        "ms_per_step": 1e3 * dt,
+        "tok_per_s": batch * seq_len / dt,
+        "warmup_s": t_warm,
+        "loss": float(loss),
+    }
     if amp:
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     del model, opt
@@ -115,8 +135,9 @@ def time_config(batch: int, seq_len: int, compile_mode: str, steps: int, warmup:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Time the miniature target's training step (tokens/s) per batch size "
-                                             "and compile mode.")
+    ap = argparse.ArgumentParser(
+        description="Time the miniature target's training step (tokens/s) per batch size and compile mode."
+    )
     ap.add_argument("--batch", type=int, nargs="+", default=[192])
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--compile", nargs="+", choices=COMPILE_MODES, default=["none", "layers"])
@@ -132,8 +153,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     for mode in args.compile:
         for b in args.batch:
             try:
-                r = time_config(b, args.seq_len, mode, args.steps, args.warmup, args.num_layers, device, args.moe_impl,
-                               None if args.legacy_cache else False)
+                r = time_config(
+                    b,
+                    args.seq_len,
+                    mode,
+                    args.steps,
+                    args.warmup,
+                    args.num_layers,
+                    device,
+                    args.moe_impl,
+                    None if args.legacy_cache else False,
+                )
             except torch.OutOfMemoryError:
                 r = {"batch": b, "compile": mode, "error": "out of memory"}
                 torch.cuda.empty_cache()

@@ -129,8 +129,9 @@ def kimi_config_dict(shape: TargetShape, special: dict[str, int]) -> dict[str, A
     return {
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": "kimi_k25",
-        "text_config": text_config_dict(shape, bos_id=special["[BOS]"], eos_id=special["[EOS]"],
-                                        pad_id=special["[PAD]"]),
+        "text_config": text_config_dict(
+            shape, bos_id=special["[BOS]"], eos_id=special["[EOS]"], pad_id=special["[PAD]"]
+        ),
         "vision_config": vision_config_dict(shape),
         "projection_hidden_size": shape.vision_hidden,
         "projection_layer_norm_eps": 1e-5,

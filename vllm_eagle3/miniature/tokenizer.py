@@ -79,8 +79,12 @@ def save_tokenizer(tok, out_dir: Path, model_max_length: int = 4096) -> None:
     tok.save(str(out_dir / "tokenizer.json"))
     added = {
         str(tok.token_to_id(t)): {
-            "content": t, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": True,
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
         }
         for t in SPECIAL_TOKENS
     }
@@ -105,8 +109,9 @@ def load_tokenizer(model_dir: Path):
 
     path = Path(model_dir) / "tokenizer.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found; "
-                                f"train one with python -m vllm_eagle3.miniature.tokenizer --out {model_dir}")
+        raise FileNotFoundError(
+            f"{path} not found; train one with python -m vllm_eagle3.miniature.tokenizer --out {model_dir}"
+        )
     return Tokenizer.from_file(str(path))
 
 
@@ -122,8 +127,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json + tokenizer_config.json")
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--max-chars", type=int, default=5_000_000, help="characters of training text to learn merges from")
-    ap.add_argument("--roots", nargs="*", type=Path, default=None,
-                    help="source folders (default: stdlib + site-packages)")
+    ap.add_argument(
+        "--roots", nargs="*", type=Path, default=None, help="source folders (default: stdlib + site-packages)"
+    )
     ap.add_argument("--heldout-fraction", type=float, default=0.02)
     args = ap.parse_args(argv)
     train, _ = data.split_files(data.source_files(args.roots or data.default_roots()), args.heldout_fraction)

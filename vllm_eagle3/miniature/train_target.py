@@ -69,8 +69,9 @@ def _heldout(model, windows, device, batch, amp):
             logits = model(input_ids=ids, use_cache=False).logits.float()
         tgt = ids[:, 1:]
         lg = logits[:, :-1]
-        tot_loss += float(torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1),
-                                                            reduction="sum"))
+        tot_loss += float(
+            torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), reduction="sum")
+        )
         tot_correct += int((lg.argmax(-1) == tgt).sum())
         tot_n += tgt.numel()
     loss = tot_loss / tot_n
@@ -94,24 +95,30 @@ def build_tokenizer(args, train_files):
     if args.tokenizer_from:
         tok = tokenizer.load_tokenizer(args.tokenizer_from)
         if tok.get_vocab_size() != args.vocab_size:
-            raise SystemExit(f"--tokenizer-from {args.tokenizer_from} has {tok.get_vocab_size()} tokens, --vocab-size "
-                             f"{args.vocab_size}: pass the matching --vocab-size")
+            raise SystemExit(
+                f"--tokenizer-from {args.tokenizer_from} has {tok.get_vocab_size()} tokens, --vocab-size "
+                f"{args.vocab_size}: pass the matching --vocab-size"
+            )
         return tok
     return tokenizer.train_tokenizer(data.read_texts(train_files, args.tokenizer_chars), args.vocab_size)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Train the miniature Kimi K2.5 target on Python sources "
-                                             "and save it in the Kimi layout.")
+    ap = argparse.ArgumentParser(
+        description="Train the miniature Kimi K2.5 target on Python sources and save it in the Kimi layout."
+    )
     ap.add_argument("--out", type=Path, required=True, help="output folder (becomes models/kimi-k25-mini)")
-    ap.add_argument("--roots", nargs="*", type=Path, default=None,
-                    help="source folders (default: stdlib + site-packages)")
+    ap.add_argument(
+        "--roots", nargs="*", type=Path, default=None, help="source folders (default: stdlib + site-packages)"
+    )
     ap.add_argument("--heldout-fraction", type=float, default=0.02)
-    ap.add_argument("--stdlib-chars", type=int, default=100_000_000,
-                    help="standard-library characters to read (all: 1e8)")
+    ap.add_argument(
+        "--stdlib-chars", type=int, default=100_000_000, help="standard-library characters to read (all: 1e8)"
+    )
     ap.add_argument("--max-chars", type=int, default=150_000_000, help="third-party (site-packages) characters to read")
-    ap.add_argument("--stdlib-weight", type=float, default=0.35,
-                    help="share of batch rows drawn from the stdlib stream")
+    ap.add_argument(
+        "--stdlib-weight", type=float, default=0.35, help="share of batch rows drawn from the stdlib stream"
+    )
     ap.add_argument("--data-cache", type=Path, default=None, help="keep the tokenized training mix here (reused)")
     ap.add_argument("--tokenizer-chars", type=int, default=5_000_000, help="characters to learn BPE merges from")
     ap.add_argument("--tokenizer-from", type=Path, default=None, help="reuse this model folder's tokenizer (same ids)")
@@ -127,19 +134,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--residual-init", choices=["scaled", "plain"], default="scaled")
     ap.add_argument("--moe-impl", choices=["dense", "loop"], default="dense", help="dense: target.use_dense_experts")
-    ap.add_argument("--compile", choices=COMPILE_MODES, default="none",
-                    help="layers: torch.compile each decoder layer (step.py; the fast GPU setting)")
-    ap.add_argument("--init-from", type=Path, default=None,
-                    help="start from this Kimi-layout model folder's weights (same shape), fresh optimizer")
-    ap.add_argument("--time-budget-s", type=float, default=0.0,
-                    help="stop after this many seconds of training (0: use --max-steps)")
-    ap.add_argument("--max-steps", type=int, default=0,
-                    help="stop after this many steps of this run (0: time budget only)")
-    ap.add_argument("--total-budget-s", type=float, default=0.0,
-                    help="whole-process limit (a timed GPU call): the training budget shrinks by the data preparation "
-                         "time and 40 s for the final evaluation and export (0: no limit)")
-    ap.add_argument("--save-ckpt", type=Path, default=None,
-                    help="model+optimizer checkpoint, written when the decay starts")
+    ap.add_argument(
+        "--compile",
+        choices=COMPILE_MODES,
+        default="none",
+        help="layers: torch.compile each decoder layer (step.py; the fast GPU setting)",
+    )
+    ap.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start from this Kimi-layout model folder's weights (same shape), fresh optimizer",
+    )
+    ap.add_argument(
+        "--time-budget-s", type=float, default=0.0, help="stop after this many seconds of training (0: use --max-steps)"
+    )
+    ap.add_argument(
+        "--max-steps", type=int, default=0, help="stop after this many steps of this run (0: time budget only)"
+    )
+    ap.add_argument(
+        "--total-budget-s",
+        type=float,
+        default=0.0,
+        help="whole-process limit (a timed GPU call): the training budget shrinks by the data preparation "
+        "time and 40 s for the final evaluation and export (0: no limit)",
+    )
+    ap.add_argument(
+        "--save-ckpt", type=Path, default=None, help="model+optimizer checkpoint, written when the decay starts"
+    )
     ap.add_argument("--resume", type=Path, default=None, help="continue from a --save-ckpt checkpoint")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-windows", type=int, default=256, help="held-out windows of --seq-len tokens per evaluation")
@@ -161,18 +183,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_tokenizer(tok, args.out)
     sp = tokenizer.special_ids(tok)
-    mix, mix_stats = data.cached_training_mix(args.data_cache, tok, train_files, sp[tokenizer.EOS], args.stdlib_chars,
-                                              args.max_chars, args.stdlib_weight)
+    mix, mix_stats = data.cached_training_mix(
+        args.data_cache, tok, train_files, sp[tokenizer.EOS], args.stdlib_chars, args.max_chars, args.stdlib_weight
+    )
     mix = mix.to(device)
     held_stream = data.encode_texts(tok, data.read_texts(held_files, 2_000_000), sp[tokenizer.EOS])
     held = data.fixed_windows(held_stream, args.seq_len, args.eval_windows)
-    print(f"[data] {len(train_files)} train files, {len(held_files)} held-out; {mix_stats}; stdlib weight "
-          f"{args.stdlib_weight}; held-out tokens {held_stream.numel():,}; prep {time.time() - t_start:.0f}s",
-          flush=True)
+    print(
+        f"[data] {len(train_files)} train files, {len(held_files)} held-out; {mix_stats}; stdlib weight "
+        f"{args.stdlib_weight}; held-out tokens {held_stream.numel():,}; prep {time.time() - t_start:.0f}s",
+        flush=True,
+    )
 
     shape = replace(TargetShape(), num_layers=args.num_layers, vocab_size=tok.get_vocab_size())
-    model = new_text_model(text_config_dict(shape, bos_id=sp["[BOS]"], eos_id=sp["[EOS]"], pad_id=sp["[PAD]"]),
-                           args.seed)
+    model = new_text_model(
+        text_config_dict(shape, bos_id=sp["[BOS]"], eos_id=sp["[EOS]"], pad_id=sp["[PAD]"]), args.seed
+    )
     if args.residual_init == "scaled":
         scale_residual_init(model, shape.num_layers, model.config.initializer_range)
     if args.init_from:
@@ -185,8 +211,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"[model] {n_params / 1e6:.2f} M parameters, {shape.num_layers} layers; compile {args.compile}", flush=True)
     opt = new_optimizer(model, args.lr, args.weight_decay, device)
     gen = torch.Generator().manual_seed(args.seed)
-    log: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "params": n_params, "data": mix_stats,
-                 "train": [], "eval": [], "runs": []}
+    log: dict = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "params": n_params,
+        "data": mix_stats,
+        "train": [],
+        "eval": [],
+        "runs": [],
+    }
     step, tokens_seen, time_before = 0, 0, 0.0
     if args.resume:
         ck = torch.load(args.resume, map_location=device, weights_only=False)
@@ -201,17 +233,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.total_budget_s > 0 and args.time_budget_s > 0:
         left = args.total_budget_s - (time.time() - t_start) - 40.0
         if left < args.time_budget_s:
-            print(f"[budget] --total-budget-s {args.total_budget_s:.0f}: training for {left:.0f}s instead of "
-                  f"{args.time_budget_s:.0f}s", flush=True)
+            print(
+                f"[budget] --total-budget-s {args.total_budget_s:.0f}: training for {left:.0f}s instead of "
+                f"{args.time_budget_s:.0f}s",
+                flush=True,
+            )
             args.time_budget_s = max(1.0, left)
 
     def save_ckpt() -> None:
-        run = {"from_step": first_step, "to_step": step, "time_s": time.time() - t0, "schedule": args.schedule,
-               "lr": args.lr, "decay_fraction": args.decay_fraction, "resumed": str(args.resume or ""),
-               "note": "checkpointed before this run's decay"}
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), "step": step,
-                    "tokens": tokens_seen, "time_s": time_before + time.time() - t0,
-                    "log": {**log, "runs": [*log["runs"], run]}}, args.save_ckpt)
+        run = {
+            "from_step": first_step,
+            "to_step": step,
+            "time_s": time.time() - t0,
+            "schedule": args.schedule,
+            "lr": args.lr,
+            "decay_fraction": args.decay_fraction,
+            "resumed": str(args.resume or ""),
+            "note": "checkpointed before this run's decay",
+        }
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "opt": opt.state_dict(),
+                "gen": gen.get_state(),
+                "step": step,
+                "tokens": tokens_seen,
+                "time_s": time_before + time.time() - t0,
+                "log": {**log, "runs": [*log["runs"], run]},
+            },
+            args.save_ckpt,
+        )
         print(f"[ckpt] {args.save_ckpt} at step {step}", flush=True)
 
     t0 = time.time()
@@ -230,22 +281,41 @@ def main(argv: Sequence[str] | None = None) -> None:
         if step % 10 == 0 or step == first_step + 1:
             lv = float(loss)
             elapsed = time.time() - t0
-            log["train"].append({"step": step, "loss": lv, "tokens": tokens_seen, "time_s": time_before + elapsed,
-                                 "lr": opt.param_groups[0]["lr"]})
+            log["train"].append(
+                {
+                    "step": step,
+                    "loss": lv,
+                    "tokens": tokens_seen,
+                    "time_s": time_before + elapsed,
+                    "lr": opt.param_groups[0]["lr"],
+                }
+            )
             if step % 50 == 0 or step == first_step + 1:
                 done = run_progress(step - first_step, elapsed, args.max_steps, args.time_budget_s)
-                print(f"[train] step {step} ({progress_text(done, elapsed)}) loss {lv:.3f} "
-                      f"lr {opt.param_groups[0]['lr']:.2e} tok/s {tokens_seen / max(1e-9, time_before + elapsed):,.0f}",
-                      flush=True)
+                print(
+                    f"[train] step {step} ({progress_text(done, elapsed)}) loss {lv:.3f} "
+                    f"lr {opt.param_groups[0]['lr']:.2e} tok/s {tokens_seen / max(1e-9, time_before + elapsed):,.0f}",
+                    flush=True,
+                )
         if step % args.eval_every == 0:
             m = heldout_metrics(model, held, device, 32, amp)
             log["eval"].append({"step": step, "tokens": tokens_seen, "time_s": time_before + time.time() - t0, **m})
-            print(f"[eval] step {step} held-out loss {m['loss']:.3f} ppl {m['ppl']:.1f} top1 {m['top1']:.3f}",
-                  flush=True)
+            print(
+                f"[eval] step {step} held-out loss {m['loss']:.3f} ppl {m['ppl']:.1f} top1 {m['top1']:.3f}", flush=True
+            )
 
     train_time = time.time() - t0
-    log["runs"].append({"from_step": first_step, "to_step": step, "time_s": train_time, "schedule": args.schedule,
-                        "lr": args.lr, "decay_fraction": args.decay_fraction, "resumed": str(args.resume or "")})
+    log["runs"].append(
+        {
+            "from_step": first_step,
+            "to_step": step,
+            "time_s": train_time,
+            "schedule": args.schedule,
+            "lr": args.lr,
+            "decay_fraction": args.decay_fraction,
+            "resumed": str(args.resume or ""),
+        }
+    )
     if args.save_ckpt and not saved_ckpt:
         save_ckpt()
     # Final numbers on the weights exactly as shipped (rounded to --save-dtype), computed in float32.
@@ -255,9 +325,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     final = heldout_metrics(model.float(), held, device, 32, amp=False)
     log["final"] = {"step": step, "tokens": tokens_seen, "train_time_s": time_before + train_time, **final}
-    print(f"[final] {step} steps, {tokens_seen:,} tokens in {time_before + train_time:.0f}s; "
-          f"held-out ({args.save_dtype} weights, fp32) loss {final['loss']:.3f} ppl {final['ppl']:.2f} "
-          f"top1 {final['top1']:.3f}", flush=True)
+    print(
+        f"[final] {step} steps, {tokens_seen:,} tokens in {time_before + train_time:.0f}s; "
+        f"held-out ({args.save_dtype} weights, fp32) loss {final['loss']:.3f} ppl {final['ppl']:.2f} "
+        f"top1 {final['top1']:.3f}",
+        flush=True,
+    )
     export.write_kimi_checkpoint(args.out, state, shape, args.out, dtype=save_dtype)
     (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"[saved] {args.out} total {time.time() - t_start:.0f}s", flush=True)

@@ -59,9 +59,14 @@ class Patch:
     def __post_init__(self) -> None:
         if not self.supported:
             raise ValueError(f"patch {self.name}: list the engine versions it was written against")
-        specs = (self.supported,) if isinstance(self.supported, SpecifierSet) else tuple(
-            s if isinstance(s, SpecifierSet) else SpecifierSet(f"=={s}*" if s.endswith(".") else f"=={s}")
-            for s in self.supported)
+        specs = (
+            (self.supported,)
+            if isinstance(self.supported, SpecifierSet)
+            else tuple(
+                s if isinstance(s, SpecifierSet) else SpecifierSet(f"=={s}*" if s.endswith(".") else f"=={s}")
+                for s in self.supported
+            )
+        )
         object.__setattr__(self, "supported", specs)
 
 

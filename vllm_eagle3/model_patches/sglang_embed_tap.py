@@ -144,8 +144,10 @@ def _apply_fn() -> str:
 
         forward = DeepseekV2Model.__dict__.get("forward")
         if forward is None or forward.__qualname__ != "DeepseekV2Model.forward":
-            raise SglangPatchError(f"DeepseekV2Model.forward is {forward!r}, not SGLang's own method "
-                                   "(another patch replaced it?). Remove the other patch or apply this one first.")
+            raise SglangPatchError(
+                f"DeepseekV2Model.forward is {forward!r}, not SGLang's own method "
+                "(another patch replaced it?). Remove the other patch or apply this one first."
+            )
         _ORIGINAL["DeepseekV2Model.forward"] = forward
         DeepseekV2Model.forward = _embed_capturing_forward
     _ORIGINAL["set_eagle3_layers_to_capture"] = current

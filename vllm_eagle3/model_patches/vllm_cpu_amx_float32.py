@@ -44,10 +44,14 @@ def choose_for(vllm_config, amx: bool) -> str | None:
     spec = vllm_config.speculative_config
     draft = getattr(spec, "draft_model_config", None) if spec is not None else None
     try:
-        choice = cpu_attention.choose(amx=amx, dtype=mc.dtype, target_is_mla=True,
-                                      draft_is_mla=bool(draft is not None and getattr(draft, "use_mla", False)),
-                                      target_backend=_name(vllm_config.attention_config.backend),
-                                      draft_backend=_name(getattr(spec, "attention_backend", None)))
+        choice = cpu_attention.choose(
+            amx=amx,
+            dtype=mc.dtype,
+            target_is_mla=True,
+            draft_is_mla=bool(draft is not None and getattr(draft, "use_mla", False)),
+            target_backend=_name(vllm_config.attention_config.backend),
+            draft_backend=_name(getattr(spec, "attention_backend", None)),
+        )
     except cpu_attention.BackendChoiceError as exc:
         raise ValueError(f"vllm-eagle3: {exc}") from None
     if choice.target is None and choice.draft is None:

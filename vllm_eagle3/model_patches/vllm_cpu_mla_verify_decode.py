@@ -60,8 +60,10 @@ def opted_out(environ=None) -> bool:
     try:
         return not envs.get(ENV, environ)
     except ValueError:
-        raise ValueError(f"{ENV}={envs.raw(ENV, environ)!r}: use 0 to verify speculative tokens on vLLM-CPU's own MLA "
-                         "prefill path, 1 or unset for its MLA decode kernel (the default)") from None
+        raise ValueError(
+            f"{ENV}={envs.raw(ENV, environ)!r}: use 0 to verify speculative tokens on vLLM-CPU's own MLA "
+            "prefill path, 1 or unset for its MLA decode kernel (the default)"
+        ) from None
 
 
 def expand_decode_rows(block_table, seq_lens, query_start_loc):
@@ -122,8 +124,11 @@ def apply_now() -> str:
     import dataclasses
 
     import torch
-    from vllm.model_executor.layers.attention.mla_attention import (MLACommonDecodeMetadata,
-                                                                    MLACommonMetadataBuilder, QueryLenSupport)
+    from vllm.model_executor.layers.attention.mla_attention import (
+        MLACommonDecodeMetadata,
+        MLACommonMetadataBuilder,
+        QueryLenSupport,
+    )
     from vllm.v1.attention.backends.mla import cpu_mla
 
     impl, backend = cpu_mla.CPUMLAImpl, cpu_mla.CPUMLABackend
@@ -143,16 +148,32 @@ def apply_now() -> str:
 
         query_len_support = QueryLenSupport.VARLEN
 
-        def _build_decode(self, block_table_tensor, seq_lens_device, max_seq_len, query_start_loc_cpu,
-                          query_start_loc_device, num_decode_tokens, max_query_len, dcp_tot_seq_lens_device):
-            bt, sl = expand_decode_rows(block_table_tensor.to(torch.int32), seq_lens_device.to(torch.int32),
-                                        query_start_loc_cpu)
+        def _build_decode(
+            self,
+            block_table_tensor,
+            seq_lens_device,
+            max_seq_len,
+            query_start_loc_cpu,
+            query_start_loc_device,
+            num_decode_tokens,
+            max_query_len,
+            dcp_tot_seq_lens_device,
+        ):
+            bt, sl = expand_decode_rows(
+                block_table_tensor.to(torch.int32), seq_lens_device.to(torch.int32), query_start_loc_cpu
+            )
             if bt.shape[0] != num_decode_tokens:
-                raise RuntimeError(f"{_MARK}: {bt.shape[0]} kernel rows for {num_decode_tokens} decode tokens; "
-                                   f"report this batch, and set {ENV}=0 to use vLLM's own path meanwhile")
-            return CPUMLARowsDecodeMetadata(block_table=block_table_tensor, seq_lens=seq_lens_device,
-                                            dcp_tot_seq_lens=dcp_tot_seq_lens_device, row_block_table=bt,
-                                            row_seq_lens=sl)
+                raise RuntimeError(
+                    f"{_MARK}: {bt.shape[0]} kernel rows for {num_decode_tokens} decode tokens; "
+                    f"report this batch, and set {ENV}=0 to use vLLM's own path meanwhile"
+                )
+            return CPUMLARowsDecodeMetadata(
+                block_table=block_table_tensor,
+                seq_lens=seq_lens_device,
+                dcp_tot_seq_lens=dcp_tot_seq_lens_device,
+                row_block_table=bt,
+                row_seq_lens=sl,
+            )
 
         def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
             metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
@@ -170,16 +191,19 @@ def apply_now() -> str:
             q = torch.cat(q, dim=-1)
         q = q.contiguous()  # [num_decode_tokens, num_heads, kv_lora_rank + rope]
         out = torch.zeros(q.shape[0], q.shape[1], self.kv_lora_rank, dtype=q.dtype, device=q.device)
-        cpu_mla.ops.mla_decode_kvcache_cpu(out, q, kv_c_and_k_pe_cache, self.scale, decode.row_block_table,
-                                           decode.row_seq_lens)
+        cpu_mla.ops.mla_decode_kvcache_cpu(
+            out, q, kv_c_and_k_pe_cache, self.scale, decode.row_block_table, decode.row_seq_lens
+        )
         CALLS["forward"] += 1
         return out, None
 
     setattr(forward_mqa, _MARK, True)
     impl.forward_mqa = forward_mqa
     backend.get_builder_cls = staticmethod(get_builder_cls)
-    return ("switch installed: unless EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0, CPU MLA declares VARLEN query lengths "
-            "and runs every request of <= 1 + k tokens on mla_decode_kvcache_cpu, one causal row per token")
+    return (
+        "switch installed: unless EAGLE3_CPU_MLA_VERIFY_AS_DECODE=0, CPU MLA declares VARLEN query lengths "
+        "and runs every request of <= 1 + k tokens on mla_decode_kvcache_cpu, one causal row per token"
+    )
 
 
 PATCH = Patch(

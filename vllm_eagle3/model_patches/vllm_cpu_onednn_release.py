@@ -45,8 +45,10 @@ def handler_pointer(handler_tensor) -> int:
     import torch
 
     if handler_tensor.dtype != torch.int64 or handler_tensor.numel() != 1 or handler_tensor.device.type != "cpu":
-        raise ValueError(f"a oneDNN handler tensor is one int64 on the CPU, got {handler_tensor.dtype} "
-                         f"{tuple(handler_tensor.shape)} on {handler_tensor.device}")
+        raise ValueError(
+            f"a oneDNN handler tensor is one int64 on the CPU, got {handler_tensor.dtype} "
+            f"{tuple(handler_tensor.shape)} on {handler_tensor.device}"
+        )
     return ctypes.c_int64.from_address(handler_tensor.data_ptr()).value
 
 
@@ -74,8 +76,10 @@ PATCH = Patch(
     name="vllm_cpu_onednn_release",
     engine="vllm",
     supported=supported_vllm_before("0.33"),
-    retire_when=("vLLM's CPUDNNLGEMMHandler.__del__ freeing its handler without Tensor.item() (vllm/_custom_ops.py; "
-                 "upstream issue to file)"),
+    retire_when=(
+        "vLLM's CPUDNNLGEMMHandler.__del__ freeing its handler without Tensor.item() (vllm/_custom_ops.py; "
+        "upstream issue to file)"
+    ),
     apply_fn=_apply,
     needed_fn=vllm_cpu_only,
 )

@@ -85,8 +85,10 @@ def _apply() -> str:
 
         wrapper = rejection_sampler.expand_kernel
         if not isinstance(wrapper, dispatcher.KernelOverride):
-            raise RuntimeError(f"{KERNEL_NAME} is registered but rejection_sampler.expand_kernel is "
-                               f"{type(wrapper).__name__}, not a KernelOverride; re-check this patch")
+            raise RuntimeError(
+                f"{KERNEL_NAME} is registered but rejection_sampler.expand_kernel is "
+                f"{type(wrapper).__name__}, not a KernelOverride; re-check this patch"
+            )
         wrapper._impl = wrapper.func = expand_kernel_impl
         what += "; registered override re-pointed"
     return what
@@ -96,8 +98,10 @@ PATCH = Patch(
     name="vllm_cpu_spec_expand",
     engine="vllm",
     supported=supported_vllm_before("0.33"),
-    retire_when=("vLLM's CPU expand_kernel fallback writing into `output` (vllm/utils/cpu_triton_utils.py "
-                 "_expand_kernel_impl; upstream issue to file)"),
+    retire_when=(
+        "vLLM's CPU expand_kernel fallback writing into `output` (vllm/utils/cpu_triton_utils.py "
+        "_expand_kernel_impl; upstream issue to file)"
+    ),
     apply_fn=_apply,
     needed_fn=vllm_cpu_only,
 )

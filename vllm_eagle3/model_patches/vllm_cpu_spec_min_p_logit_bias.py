@@ -48,10 +48,12 @@ def stock(name: str):
     from vllm.sampling_params import SamplingParams
     from vllm.v1.sample import logits_processor, rejection_sampler
 
-    here = {"build_logitsprocs": logits_processor.build_logitsprocs,
-            "apply_logits_processors": rejection_sampler.RejectionSampler.apply_logits_processors,
-            "apply_sampling_constraints": rejection_sampler.apply_sampling_constraints,
-            "_validate_spec_decode": SamplingParams._validate_spec_decode}
+    here = {
+        "build_logitsprocs": logits_processor.build_logitsprocs,
+        "apply_logits_processors": rejection_sampler.RejectionSampler.apply_logits_processors,
+        "apply_sampling_constraints": rejection_sampler.apply_sampling_constraints,
+        "_validate_spec_decode": SamplingParams._validate_spec_decode,
+    }
     return _stock.get(name) or here[name]
 
 
@@ -78,8 +80,9 @@ def bias_draft_rows(logits, sampling_metadata, num_draft_tokens: list[int]):
     reqs, toks = proc.logits_slice  # [num_entries] each
     row_req = draft_row_requests(num_draft_tokens, logits.device)  # [num_tokens]
     rows, entries = (row_req[:, None] == reqs[None, :].long()).nonzero(as_tuple=True)
-    per_row = SimpleNamespace(biases=proc.biases, logits_slice=(rows, toks[entries].long()),
-                              bias_tensor=proc.bias_tensor[entries])
+    per_row = SimpleNamespace(
+        biases=proc.biases, logits_slice=(rows, toks[entries].long()), bias_tensor=proc.bias_tensor[entries]
+    )
     return LogitBiasLogitsProcessor.apply(per_row, logits)
 
 
@@ -103,14 +106,19 @@ def _apply() -> str:
         return "already patched"
     build, apply_lp = logits_processor.build_logitsprocs, rejection_sampler.RejectionSampler.apply_logits_processors
     constraints, validate = rejection_sampler.apply_sampling_constraints, SamplingParams._validate_spec_decode
-    _stock.update(build_logitsprocs=build, apply_logits_processors=apply_lp, apply_sampling_constraints=constraints,
-                  _validate_spec_decode=validate)
+    _stock.update(
+        build_logitsprocs=build,
+        apply_logits_processors=apply_lp,
+        apply_sampling_constraints=constraints,
+        _validate_spec_decode=validate,
+    )
 
     def build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs=()):
         if not vllm_config.speculative_config or is_pooling_model or custom_logitsprocs:
             return build(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs)
         return logits_processor.LogitsProcessors(
-            ctor(vllm_config, device, is_pin_memory) for ctor in logits_processor.BUILTIN_LOGITS_PROCESSORS)
+            ctor(vllm_config, device, is_pin_memory) for ctor in logits_processor.BUILTIN_LOGITS_PROCESSORS
+        )
 
     def apply_logits_processors(self, logits, sampling_metadata, metadata):
         logits = bias_draft_rows(logits, sampling_metadata, metadata.num_draft_tokens)  # before penalties, as Sampler
@@ -127,7 +135,8 @@ def _apply() -> str:
         # vLLM's temperature alone, then min-p per row, then vLLM's top-k/top-p (temperature 1: x / 1.0 == x).
         logits = constraints(logits, cu_num_draft_tokens, replace(sampling_metadata, top_k=None, top_p=None))
         per_row = rejection_sampler.expand_batch_to_tokens(  # [num_tokens]
-            min_p.min_p[:, 0].contiguous(), cu_num_draft_tokens, logits.shape[0])
+            min_p.min_p[:, 0].contiguous(), cu_num_draft_tokens, logits.shape[0]
+        )
         logits = MinPLogitsProcessor.apply(SimpleNamespace(min_p_count=1, min_p=per_row[:, None]), logits)
         ones = torch.ones_like(sampling_metadata.temperature)
         return constraints(logits, cu_num_draft_tokens, replace(sampling_metadata, temperature=ones))
@@ -137,8 +146,12 @@ def _apply() -> str:
             return validate(self, speculative_config)
         return validate(msgspec.structs.replace(self, min_p=0.0, logit_bias=None), speculative_config)
 
-    for fn, original in ((build_logitsprocs, build), (apply_logits_processors, apply_lp),
-                         (apply_sampling_constraints, constraints), (_validate_spec_decode, validate)):
+    for fn, original in (
+        (build_logitsprocs, build),
+        (apply_logits_processors, apply_lp),
+        (apply_sampling_constraints, constraints),
+        (_validate_spec_decode, validate),
+    ):
         fn.__doc__ = original.__doc__
         setattr(fn, _MARK, True)
     logits_processor.build_logitsprocs = build_logitsprocs
@@ -150,17 +163,21 @@ def _apply() -> str:
     rejection_sampler.RejectionSampler.apply_logits_processors = apply_logits_processors
     rejection_sampler.apply_sampling_constraints = apply_sampling_constraints  # forward() looks it up at call time
     SamplingParams._validate_spec_decode = _validate_spec_decode
-    return ("min_p and logit_bias served under speculation: V1 processors built and applied to draft rows (bias "
-            "before penalties, min-p after temperature); SamplingParams refusal lifted for exactly these two (V1 and "
-            "V2, whose own sampler processes every row), kept under synthetic acceptance")
+    return (
+        "min_p and logit_bias served under speculation: V1 processors built and applied to draft rows (bias "
+        "before penalties, min-p after temperature); SamplingParams refusal lifted for exactly these two (V1 and "
+        "V2, whose own sampler processes every row), kept under synthetic acceptance"
+    )
 
 
 PATCH = Patch(
     name="vllm_cpu_spec_min_p_logit_bias",
     engine="vllm",
     supported=supported_vllm_before("0.33"),
-    retire_when=("vLLM's V1 rejection sampler applying min_p and logit_bias to draft rows (vLLM #42744, #42802, "
-                 "#38202) and dropping SamplingParams._validate_spec_decode's refusal"),
+    retire_when=(
+        "vLLM's V1 rejection sampler applying min_p and logit_bias to draft rows (vLLM #42744, #42802, "
+        "#38202) and dropping SamplingParams._validate_spec_decode's refusal"
+    ),
     apply_fn=_apply,
     needed_fn=vllm_cpu_only,
 )

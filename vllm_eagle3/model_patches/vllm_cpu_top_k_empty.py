@@ -59,8 +59,10 @@ PATCH = Patch(
     name="vllm_cpu_top_k_empty",
     engine="vllm",
     supported=supported_vllm_before("0.33"),
-    retire_when=("vLLM's apply_top_k_only accepting a batch with no rows (v1/sample/ops/topk_topp_sampler.py; "
-                 "upstream issue to file)"),
+    retire_when=(
+        "vLLM's apply_top_k_only accepting a batch with no rows (v1/sample/ops/topk_topp_sampler.py; "
+        "upstream issue to file)"
+    ),
     apply_fn=_apply,
     needed_fn=vllm_cpu_only,
 )

@@ -27,6 +27,7 @@ from __future__ import annotations
 from vllm_eagle3.compat import SUPPORTED_VLLM
 from vllm_eagle3.model_patches import Patch
 from vllm_eagle3.watch import ENDPOINT_PLUGIN as OURS  # the entry point's name in pyproject.toml
+
 _MARK = "_vllm_eagle3_endpoint_default"
 _stock = None
 
@@ -49,7 +50,9 @@ def ours_by_default() -> list:
     if others:  # vLLM's own words, for the plugins it still leaves out
         vllm.plugins.logger.warning(
             "Found endpoint plugin(s) %s but VLLM_PLUGINS is not set. Endpoint plugins add HTTP routes and must be "
-            "explicitly allowlisted via VLLM_PLUGINS to be loaded.", others)
+            "explicitly allowlisted via VLLM_PLUGINS to be loaded.",
+            others,
+        )
     loaded = []
     for ep in discovered:
         if ep.name != OURS:
@@ -59,7 +62,9 @@ def ours_by_default() -> list:
         except Exception:  # noqa: BLE001 - as vLLM does for a broken endpoint plugin: say so, serve without the route
             vllm.plugins.logger.exception(
                 "Failed to load endpoint plugin %s (vllm-eagle3's GET /v1/eagle3/wiring); the server runs without "
-                "that route: reinstall vllm-eagle3, or set EAGLE3_SKIP_PATCHES=vllm_endpoint_default", OURS)
+                "that route: reinstall vllm-eagle3, or set EAGLE3_SKIP_PATCHES=vllm_endpoint_default",
+                OURS,
+            )
     return loaded
 
 
@@ -70,8 +75,10 @@ def _apply() -> str:
     global _stock
     original = getattr(vllm.plugins, "load_endpoint_plugins", None)
     if original is None:
-        raise RuntimeError("vllm.plugins.load_endpoint_plugins is gone: check how this vLLM loads endpoint plugins "
-                           "and update or retire vllm_eagle3/model_patches/vllm_endpoint_default.py")
+        raise RuntimeError(
+            "vllm.plugins.load_endpoint_plugins is gone: check how this vLLM loads endpoint plugins "
+            "and update or retire vllm_eagle3/model_patches/vllm_endpoint_default.py"
+        )
     if getattr(original, _MARK, False):
         return "already patched"
     _stock = original
@@ -92,6 +99,6 @@ PATCH = Patch(
     engine="vllm",
     supported=SUPPORTED_VLLM,  # 0.33/0.34: same load_endpoint_plugins(supported_tasks) (make compat)
     retire_when="vLLM loading a declared read-only endpoint plugin by default (upstream issue to file: "
-                "'endpoint plugins: a default-on opt for read-only routes')",
+    "'endpoint plugins: a default-on opt for read-only routes')",
     apply_fn=_apply,
 )

@@ -56,9 +56,18 @@ def unreachable(exc: BaseException) -> bool:
 
     if isinstance(exc, aiohttp.ClientResponseError):  # the host answered (an HTTP status): vLLM's rules apply
         return False
-    return isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ServerTimeoutError, asyncio.TimeoutError,
-                            TimeoutError, ConnectionError, requests.exceptions.ConnectionError,
-                            requests.exceptions.Timeout))
+    return isinstance(
+        exc,
+        (
+            aiohttp.ClientConnectionError,
+            aiohttp.ServerTimeoutError,
+            asyncio.TimeoutError,
+            TimeoutError,
+            ConnectionError,
+            requests.exceptions.ConnectionError,
+            requests.exceptions.Timeout,
+        ),
+    )
 
 
 def _apply() -> str:
@@ -68,9 +77,11 @@ def _apply() -> str:
     global _stock
     original = getattr(connector, "_wrap_media_fetch_error", None)
     if original is None:
-        raise RuntimeError("vllm.multimodal.media.connector._wrap_media_fetch_error is gone: check whether vLLM now "
-                           "answers unreachable media URLs with a 4xx and retire vllm_eagle3/model_patches/"
-                           "vllm_media_fetch_unreachable.py")
+        raise RuntimeError(
+            "vllm.multimodal.media.connector._wrap_media_fetch_error is gone: check whether vLLM now "
+            "answers unreachable media URLs with a 4xx and retire vllm_eagle3/model_patches/"
+            "vllm_media_fetch_unreachable.py"
+        )
     if getattr(original, _MARK, False):
         return "already patched"
     _stock = original
@@ -82,7 +93,9 @@ def _apply() -> str:
             return VLLMUnprocessableEntityError(
                 f"Failed to fetch media from URL {url}: the server could not reach it ({detail}). Use a URL the "
                 "server can reach, or send the image inline as a data: URL (data:image/png;base64,...).",
-                parameter="image_url", value=url)
+                parameter="image_url",
+                value=url,
+            )
         return wrapped
 
     _wrap_media_fetch_error.__doc__ = original.__doc__
@@ -97,6 +110,6 @@ PATCH = Patch(
     engine="vllm",
     supported=SUPPORTED_VLLM,  # 0.33/0.34: same _wrap_media_fetch_error(url, exc) (make compat)
     retire_when="vLLM answering an unreachable image_url with a 4xx (upstream issue to file: 'media fetch: "
-                "unreachable image_url answered 500 after retries')",
+    "unreachable image_url answered 500 after retries')",
     apply_fn=_apply,
 )

@@ -17,10 +17,18 @@ from vllm_eagle3.model_patches import vllm_cpu_spec_min_p_logit_bias
 from vllm_eagle3.model_patches import vllm_endpoint_default
 from vllm_eagle3.model_patches import vllm_media_fetch_unreachable
 
-VLLM_PATCHES = (vllm_cpu_block_size.PATCH, vllm_cpu_rope_3d.PATCH, vllm_cpu_mla_verify_decode.PATCH,
-                vllm_cpu_spec_expand.PATCH, vllm_cpu_top_k_empty.PATCH, vllm_media_fetch_unreachable.PATCH,
-                vllm_cpu_amx_float32.PATCH, vllm_endpoint_default.PATCH, vllm_cpu_onednn_release.PATCH,
-                vllm_cpu_spec_min_p_logit_bias.PATCH)
+VLLM_PATCHES = (
+    vllm_cpu_block_size.PATCH,
+    vllm_cpu_rope_3d.PATCH,
+    vllm_cpu_mla_verify_decode.PATCH,
+    vllm_cpu_spec_expand.PATCH,
+    vllm_cpu_top_k_empty.PATCH,
+    vllm_media_fetch_unreachable.PATCH,
+    vllm_cpu_amx_float32.PATCH,
+    vllm_endpoint_default.PATCH,
+    vllm_cpu_onednn_release.PATCH,
+    vllm_cpu_spec_min_p_logit_bias.PATCH,
+)
 
 
 def vllm_patches(environ=None) -> tuple[Patch, ...]:

@@ -149,8 +149,10 @@ def attach(plan, vllm_config):
     why = unknown_worker(vllm_config)
     if why is None and _INSTALLED.get(name) is not None:
         row = RUNNERS[name]
-        why = (f"vLLM serves with Model Runner {name} here and its hook ({row.cls}.{row.method}) is missing: "
-               f"{_INSTALLED[name]}")
+        why = (
+            f"vLLM serves with Model Runner {name} here and its hook ({row.cls}.{row.method}) is missing: "
+            f"{_INSTALLED[name]}"
+        )
     if why is None:
         return plan
     plan = dataclasses.replace(plan, extra_taps=(), off_because=why)
@@ -195,8 +197,9 @@ def _capture_model(runner):
 
 
 class Checker:
-    def __init__(self, plan, scorer, engine_index: int, num_spec_tokens: int, num_layers: int,
-                 report: Path | None) -> None:
+    def __init__(
+        self, plan, scorer, engine_index: int, num_spec_tokens: int, num_layers: int, report: Path | None
+    ) -> None:
         cfg = plan.config
         self.plan, self.cfg, self.scorer = plan, cfg, scorer
         self.engine_index, self.k, self.num_layers, self.report = engine_index, num_spec_tokens, num_layers, report
@@ -222,12 +225,22 @@ class Checker:
         if plan is None or not plan.enabled or tp_rank() != 0:
             return None
         cfg = runner.vllm_config
-        scorer = Scorer(cfg.speculative_config.model, cfg.model_config.model, [c.taps for c in plan.candidates],
-                        draft_revision=getattr(cfg.speculative_config, "revision", None),
-                        target_revision=getattr(cfg.model_config, "revision", None))
+        scorer = Scorer(
+            cfg.speculative_config.model,
+            cfg.model_config.model,
+            [c.taps for c in plan.candidates],
+            draft_revision=getattr(cfg.speculative_config, "revision", None),
+            target_revision=getattr(cfg.model_config, "revision", None),
+        )
         index = cfg.parallel_config.data_parallel_rank or 0
-        checker = cls(plan, scorer, index, cfg.speculative_config.num_speculative_tokens,
-                      lm.capture_resolution.target.num_layers, report_path(index))
+        checker = cls(
+            plan,
+            scorer,
+            index,
+            cfg.speculative_config.num_speculative_tokens,
+            lm.capture_resolution.target.num_layers,
+            report_path(index),
+        )
         checker.write_report()
         return checker
 
@@ -244,8 +257,12 @@ class Checker:
 
     def stop(self, exc: Exception) -> None:
         self.off_because = f"stopped after an error: {type(exc).__name__}: {exc}"
-        logger.warning("vllm-eagle3 wiring check [engine %d]: %s (serving is not affected)", self.engine_index,
-                       self.off_because, exc_info=True)
+        logger.warning(
+            "vllm-eagle3 wiring check [engine %d]: %s (serving is not affected)",
+            self.engine_index,
+            self.off_because,
+            exc_info=True,
+        )
         self.write_report()
 
     def observe_safely(self, runner, step: StepRows | None) -> None:
@@ -304,8 +321,9 @@ class Checker:
         by_tap.update(step.check_aux)
         for span in chosen:
             rows = slice(span.first_row, span.first_row + span.valid)
-            done = self.tracker.record(span, tokens[rows].clone(),
-                                       {k: h[rows].to("cpu", copy=True) for k, h in by_tap.items()})  # served dtype
+            done = self.tracker.record(
+                span, tokens[rows].clone(), {k: h[rows].to("cpu", copy=True) for k, h in by_tap.items()}
+            )  # served dtype
             if done is not None:
                 self.score(done)
 
@@ -328,14 +346,16 @@ class Checker:
     def warning_line(self) -> str:
         v, c = self.judge.verdict, self.plan.candidates
         conf, better = c[0], c[v.flagged]
-        what = (f"keep under {V.COLLAPSE_RATIO:.0%} of" if v.kind == V.WRONG else f"lose {v.loss:.0%} of")
+        what = f"keep under {V.COLLAPSE_RATIO:.0%} of" if v.kind == V.WRONG else f"lose {v.loss:.0%} of"
         fix = "; ".join(config_lines(better.taps, self.num_layers)[:2])
-        return (f"vllm-eagle3 wiring check [engine {self.engine_index}]: {V.heading(v.kind, v.loss)}: the served "
-                f"taps {conf.label} {what} the "
-                f"draft's first-token acceptance that {better.label} gets ({better.why}): {v.p0[0]:.3f} vs "
-                f"{v.p0[v.flagged]:.3f} over {v.requests} requests ({v.anchors} positions; false-alarm bound "
-                f"{self.cfg.false_alarm:g}). To serve {better.label}: {fix}. Confirm offline with "
-                "`vllm-eagle3 doctor`; GET /v1/eagle3/wiring lists every candidate")
+        return (
+            f"vllm-eagle3 wiring check [engine {self.engine_index}]: {V.heading(v.kind, v.loss)}: the served "
+            f"taps {conf.label} {what} the "
+            f"draft's first-token acceptance that {better.label} gets ({better.why}): {v.p0[0]:.3f} vs "
+            f"{v.p0[v.flagged]:.3f} over {v.requests} requests ({v.anchors} positions; false-alarm bound "
+            f"{self.cfg.false_alarm:g}). To serve {better.label}: {fix}. Confirm offline with "
+            "`vllm-eagle3 doctor`; GET /v1/eagle3/wiring lists every candidate"
+        )
 
     def status(self) -> dict[str, Any]:
         t = self.tracker
@@ -343,16 +363,32 @@ class Checker:
         if self.off_because is not None:
             out["verdict"] = V.OFF
             out["off_because"] = self.off_because
-        out.update(engine=self.engine_index, scored_requests=self.scored, followed=t.followed,
-                   followed_now=len(t.traces), eligible_seen=t.eligible_seen, too_hot=t.too_hot, dropped=t.dropped,
-                   over_budget=t.over_budget, at_max_followed=t.at_max_followed,
-                   cost={"seconds": round(self.spent, 3), "scoring_seconds": round(self.scoring, 3),
-                         "fraction_of_engine_time": round(self.spent / max(self.engine_time, 1e-9), 5),
-                         "engine_seconds": round(self.engine_time, 3),
-                         "budget": self.cfg.budget},
-                   settings={"sample_every": self.cfg.sample_every, "max_temperature": self.cfg.max_temperature,
-                             "max_followed": self.cfg.max_followed, "min_requests": self.cfg.min_requests},
-                   extra_taps=[int(k) for k in self.plan.extra_taps], updated=time.time())
+        out.update(
+            engine=self.engine_index,
+            scored_requests=self.scored,
+            followed=t.followed,
+            followed_now=len(t.traces),
+            eligible_seen=t.eligible_seen,
+            too_hot=t.too_hot,
+            dropped=t.dropped,
+            over_budget=t.over_budget,
+            at_max_followed=t.at_max_followed,
+            cost={
+                "seconds": round(self.spent, 3),
+                "scoring_seconds": round(self.scoring, 3),
+                "fraction_of_engine_time": round(self.spent / max(self.engine_time, 1e-9), 5),
+                "engine_seconds": round(self.engine_time, 3),
+                "budget": self.cfg.budget,
+            },
+            settings={
+                "sample_every": self.cfg.sample_every,
+                "max_temperature": self.cfg.max_temperature,
+                "max_followed": self.cfg.max_followed,
+                "min_requests": self.cfg.min_requests,
+            },
+            extra_taps=[int(k) for k in self.plan.extra_taps],
+            updated=time.time(),
+        )
         return out
 
     def write_report(self) -> None:

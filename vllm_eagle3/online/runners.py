@@ -83,15 +83,22 @@ class RunnerHook:
         """None when the wrapped methods have the parameters relied on, else what differs (and the fix)."""
         fn = getattr(self.target(), self.method, None)
         outer = self.outer_target()
-        missing = [".".join(w) for w, there in (((self.module, self.cls, self.method), fn is not None),
-                                                (self.outer, outer is None or hasattr(outer, self.outer[2])))
-                   if not there]
+        missing = [
+            ".".join(w)
+            for w, there in (
+                ((self.module, self.cls, self.method), fn is not None),
+                (self.outer, outer is None or hasattr(outer, self.outer[2])),
+            )
+            if not there
+        ]
         if missing:
             return f"no {missing[0]} on this vLLM; the check needs a hook row for it in vllm_eagle3/online/runners.py"
         sig = inspect.signature(fn)
         if tuple(sig.parameters)[: len(self.params)] != self.params:
-            return (f"{self.cls}.{self.method}{sig} no longer starts with {self.params}; update its row in "
-                    "vllm_eagle3/online/runners.py")
+            return (
+                f"{self.cls}.{self.method}{sig} no longer starts with {self.params}; update its row in "
+                "vllm_eagle3/online/runners.py"
+            )
         return self.requires()
 
 
@@ -100,6 +107,7 @@ def _tolist(x) -> list:
 
 
 # ----------------------------------------------------------------------------------------------- V1
+
 
 def _v1_rows(runner, _kept, args: dict[str, Any], check_aux: Mapping[int, torch.Tensor]) -> StepRows | None:
     sched = args["scheduler_output"]
@@ -125,12 +133,21 @@ def _v1_rows(runner, _kept, args: dict[str, Any], check_aux: Mapping[int, torch.
         drafts = list(meta.num_draft_tokens) if meta is not None else [0] * len(req_ids)
         pos_buf = runner.positions if runner.positions.dim() == 1 else runner.positions[0]
         first = pos_buf[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))].tolist()
-        valid = [(counts[i] if drafts[i] > 0 else qsl[i + 1] - qsl[i]) if usable[i] else 0
-                 for i in range(len(req_ids))]
+        valid = [(counts[i] if drafts[i] > 0 else qsl[i + 1] - qsl[i]) if usable[i] else 0 for i in range(len(req_ids))]
         return valid, first
 
-    return StepRows(tuple(sched.finished_req_ids), tuple(req_ids), tuple(qsl), device_rows, tuple(prompt),
-                    tuple(temp), tuple(max_len), runner.input_ids.gpu[:n], tuple(aux), check_aux)
+    return StepRows(
+        tuple(sched.finished_req_ids),
+        tuple(req_ids),
+        tuple(qsl),
+        device_rows,
+        tuple(prompt),
+        tuple(temp),
+        tuple(max_len),
+        runner.input_ids.gpu[:n],
+        tuple(aux),
+        check_aux,
+    )
 
 
 def _empty(finished: tuple[str, ...]) -> StepRows:
@@ -139,6 +156,7 @@ def _empty(finished: tuple[str, ...]) -> StepRows:
 
 
 # ----------------------------------------------------------------------------------------------- V2
+
 
 def _v2_keep(runner) -> Any:
     return runner.execute_model_state  # sample_tokens sets it to None before it calls propose
@@ -166,8 +184,18 @@ def _v2_rows(runner, state, args: dict[str, Any], check_aux: Mapping[int, torch.
         first = _tolist(batch.positions[torch.tensor(qsl[:-1], dtype=torch.long).clamp(max=max(n - 1, 0))])
         return [counts[i] if drafts[i] > 0 else qsl[i + 1] - qsl[i] for i in range(r)], first
 
-    return StepRows(finished, tuple(batch.req_ids[:r]), tuple(qsl), device_rows, tuple(prompt),
-                    tuple(float(t) for t in temp), tuple(max_len), batch.input_ids[:n], tuple(aux), check_aux)
+    return StepRows(
+        finished,
+        tuple(batch.req_ids[:r]),
+        tuple(qsl),
+        device_rows,
+        tuple(prompt),
+        tuple(float(t) for t in temp),
+        tuple(max_len),
+        batch.input_ids[:n],
+        tuple(aux),
+        check_aux,
+    )
 
 
 def _v2_requires() -> str | None:
@@ -175,11 +203,22 @@ def _v2_requires() -> str | None:
     from vllm.v1.worker.gpu import input_batch, model_runner
 
     need = {
-        "ExecuteModelState": (model_runner.ExecuteModelState._fields,
-                              ("input_batch", "hidden_states", "aux_hidden_states", "finished_req_ids")),
-        "InputBatch": (tuple(f.name for f in dataclasses.fields(input_batch.InputBatch)),
-                       ("req_ids", "num_reqs", "idx_mapping_np", "query_start_loc_np", "num_draft_tokens_per_req",
-                        "input_ids", "positions")),
+        "ExecuteModelState": (
+            model_runner.ExecuteModelState._fields,
+            ("input_batch", "hidden_states", "aux_hidden_states", "finished_req_ids"),
+        ),
+        "InputBatch": (
+            tuple(f.name for f in dataclasses.fields(input_batch.InputBatch)),
+            (
+                "req_ids",
+                "num_reqs",
+                "idx_mapping_np",
+                "query_start_loc_np",
+                "num_draft_tokens_per_req",
+                "input_ids",
+                "positions",
+            ),
+        ),
     }
     for where, (have, want) in need.items():
         missing = [w for w in want if w not in have]
@@ -189,19 +228,49 @@ def _v2_requires() -> str | None:
 
 
 RUNNERS: dict[str, RunnerHook] = {
-    "V1": RunnerHook("V1", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "propose_draft_token_ids",
-                     ("self", "scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
-                      "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata"),
-                     rows=_v1_rows),
-    "V2": RunnerHook("V2", "vllm.v1.worker.gpu.spec_decode.eagle.speculator", "EagleSpeculator", "propose",
-                     ("self", "input_batch", "attn_metadata", "slot_mappings", "last_hidden_states",
-                      "aux_hidden_states", "num_sampled"),
-                     rows=_v2_rows, outer=("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "sample_tokens"),
-                     keep=_v2_keep, requires=_v2_requires),
+    "V1": RunnerHook(
+        "V1",
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner",
+        "propose_draft_token_ids",
+        (
+            "self",
+            "scheduler_output",
+            "sampled_token_ids",
+            "sampling_metadata",
+            "hidden_states",
+            "sample_hidden_states",
+            "aux_hidden_states",
+            "spec_decode_metadata",
+        ),
+        rows=_v1_rows,
+    ),
+    "V2": RunnerHook(
+        "V2",
+        "vllm.v1.worker.gpu.spec_decode.eagle.speculator",
+        "EagleSpeculator",
+        "propose",
+        (
+            "self",
+            "input_batch",
+            "attn_metadata",
+            "slot_mappings",
+            "last_hidden_states",
+            "aux_hidden_states",
+            "num_sampled",
+        ),
+        rows=_v2_rows,
+        outer=("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "sample_tokens"),
+        keep=_v2_keep,
+        requires=_v2_requires,
+    ),
 }
 
-KNOWN_WORKERS = ("vllm.v1.worker.gpu_worker.Worker", "vllm.v1.worker.cpu_worker.CPUWorker",
-                 "vllm.v1.worker.xpu_worker.XPUWorker")
+KNOWN_WORKERS = (
+    "vllm.v1.worker.gpu_worker.Worker",
+    "vllm.v1.worker.cpu_worker.CPUWorker",
+    "vllm.v1.worker.xpu_worker.XPUWorker",
+)
 """vLLM's in-tree workers: each builds a subclass of the V1 or the V2 runner (``auto``: vLLM picks one of them)."""
 
 
@@ -216,8 +285,10 @@ def unknown_worker(vllm_config) -> str | None:
     worker = getattr(vllm_config.parallel_config, "worker_cls", "auto")
     if worker in ("auto", *KNOWN_WORKERS):
         return None
-    return (f"the worker {worker} builds a model runner the check does not know (it wraps the V1 and V2 GPU runners "
-            "and their subclasses); add a row for it in vllm_eagle3/online/runners.py")
+    return (
+        f"the worker {worker} builds a model runner the check does not know (it wraps the V1 and V2 GPU runners "
+        "and their subclasses); add a row for it in vllm_eagle3/online/runners.py"
+    )
 
 
 def tp_rank() -> int:

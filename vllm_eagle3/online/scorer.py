@@ -38,16 +38,25 @@ GROUP_BYTES = 256 << 20
 def group_size(config, rows: int, queries: int, candidates: int) -> int:
     """Candidates per batch so that one batch's activations stay under :data:`GROUP_BYTES` (at least one)."""
     c = config
-    per = 4 * (3 * c.num_attention_heads * queries * rows  # scores, softmax, their grad-free copy
-               + rows * (c.num_aux_hidden_states * c.target_hidden_size + 6 * c.hidden_size)  # taps, fc, qkv inputs
-               + queries * (3 * c.intermediate_size + c.draft_vocab_size))  # MLP, logits
+    per = 4 * (
+        3 * c.num_attention_heads * queries * rows  # scores, softmax, their grad-free copy
+        + rows * (c.num_aux_hidden_states * c.target_hidden_size + 6 * c.hidden_size)  # taps, fc, qkv inputs
+        + queries * (3 * c.intermediate_size + c.draft_vocab_size)
+    )  # MLP, logits
     return max(1, min(candidates, GROUP_BYTES // max(per, 1)))
 
 
 class Scorer:
-    def __init__(self, draft: str | Path, target: str | Path, candidates: Sequence[Sequence[int]], *,
-                 draft_revision: str | None = None, target_revision: str | None = None,
-                 cache_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        draft: str | Path,
+        target: str | Path,
+        candidates: Sequence[Sequence[int]],
+        *,
+        draft_revision: str | None = None,
+        target_revision: str | None = None,
+        cache_dir: str | Path | None = None,
+    ) -> None:
         """``draft`` / ``target``: folders or hub ids, as vLLM's ``speculative_config.model`` / ``--model``
         (``*_revision``: vLLM's revisions; ``cache_dir``: its ``--download-dir``). Raises
         :class:`vllm_eagle3.model_files.ModelFilesNotFound` (the fix in its message) when the files are not here."""
@@ -68,15 +77,16 @@ class Scorer:
         nxt = tokens[1:].long()[None]  # row i reads token i + 1
         positions = (trace.start + torch.arange(t - 1))[None]
         embeds = head.embed_tokens(nxt)
-        labels = tokens[a0 + 2:].long()
+        labels = tokens[a0 + 2 :].long()
         g = group_size(head.config, t - 1, t - 1 - a0, len(self.candidates))
         matches = []
         for first in range(0, len(self.candidates), g):
-            group = self.candidates[first:first + g]
+            group = self.candidates[first : first + g]
             aux = torch.stack([torch.cat([taps[k][: t - 1] for k in cand], -1) for cand in group]).float()
             b = len(group)  # [b, t-1, n * H]
-            logits, _ = head.unroll(aux, next_embeds=embeds.expand(b, -1, -1), positions=positions.expand(b, -1),
-                                    query_from=a0)[0]
+            logits, _ = head.unroll(
+                aux, next_embeds=embeds.expand(b, -1, -1), positions=positions.expand(b, -1), query_from=a0
+            )[0]
             pred = head.draft_to_target[logits[:, : a1 - a0].argmax(-1)]  # the last row has no label yet
             matches.extend(int(m) for m in (pred == labels).sum(-1).tolist())
         return a1 - a0, matches

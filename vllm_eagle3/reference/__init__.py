@@ -15,6 +15,20 @@ from .attention import DraftAttention, MLAAttention, RMSNorm, apply_rope, apply_
 from .config import ARCHITECTURES, MODEL_TYPES, UNSUPPORTED_OPTIONS, WEIGHTS_FILE, DraftConfig
 from .core import DraftLayer, DraftMLP, Eagle3Draft, load_target_embedding
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "UNSUPPORTED_OPTIONS", "WEIGHTS_FILE", "DraftAttention", "DraftConfig",
-           "DraftLayer", "DraftMLP", "Eagle3Draft", "MLAAttention", "RMSNorm", "apply_rope", "apply_rope_interleaved",
-           "load_target_embedding", "rope_cos_sin"]
+__all__ = [
+    "ARCHITECTURES",
+    "MODEL_TYPES",
+    "UNSUPPORTED_OPTIONS",
+    "WEIGHTS_FILE",
+    "DraftAttention",
+    "DraftConfig",
+    "DraftLayer",
+    "DraftMLP",
+    "Eagle3Draft",
+    "MLAAttention",
+    "RMSNorm",
+    "apply_rope",
+    "apply_rope_interleaved",
+    "load_target_embedding",
+    "rope_cos_sin",
+]

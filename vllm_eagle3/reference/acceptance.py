@@ -49,8 +49,11 @@ class ChainStats:
 
     def summary(self) -> dict[str, Any]:
         pp = self.per_position()
-        return {"anchors": self.anchors, "per_position_acceptance": pp,
-                "acceptance_length": {str(k): self.acceptance_length(k) for k in range(1, len(pp) + 1)}}
+        return {
+            "anchors": self.anchors,
+            "per_position_acceptance": pp,
+            "acceptance_length": {str(k): self.acceptance_length(k) for k in range(1, len(pp) + 1)},
+        }
 
 
 def served_walk(match: torch.Tensor, k: int) -> tuple[int, int]:
@@ -80,8 +83,12 @@ def walk_summary(matches: torch.Tensor, ks: Sequence[int]) -> dict[str, Any]:
     for k in ks:
         per = [served_walk(m, k) for m in matches]
         d, a = sum(x for x, _ in per), sum(y for _, y in per)
-        out[str(k)] = {"drafts": d, "accepted": a, "acceptance_length": 1.0 + a / max(1, d),
-                       "per_sequence": [list(x) for x in per]}
+        out[str(k)] = {
+            "drafts": d,
+            "accepted": a,
+            "acceptance_length": 1.0 + a / max(1, d),
+            "per_sequence": [list(x) for x in per],
+        }
     return out
 
 
@@ -106,8 +113,10 @@ def chain_eval(target, draft: Eagle3Draft, seqs: torch.Tensor, spec, first_ancho
             agree[j - 1] += int(ok.sum())
             count[j - 1] += ok.numel()
         last = t - MAX_K  # anchors r with r + MAX_K <= t - 1
-        match = torch.stack([preds[j - 1][:, first_anchor:last] == greedy[:, first_anchor + j : last + j]
-                             for j in range(1, MAX_K + 1)], dim=-1)  # [B, anchors, K]
+        match = torch.stack(
+            [preds[j - 1][:, first_anchor:last] == greedy[:, first_anchor + j : last + j] for j in range(1, MAX_K + 1)],
+            dim=-1,
+        )  # [B, anchors, K]
         stats.add(match.reshape(-1, MAX_K))
         matches.append(match.cpu())
     return stats, [a / max(1, c) for a, c in zip(agree, count)], torch.cat(matches)

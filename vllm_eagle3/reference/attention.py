@@ -54,8 +54,9 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
 
 
-def chained_attention(q: torch.Tensor, k1: torch.Tensor, v1: torch.Tensor,
-                      diag: Sequence[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
+def chained_attention(
+    q: torch.Tensor, k1: torch.Tensor, v1: torch.Tensor, diag: Sequence[tuple[torch.Tensor, torch.Tensor]], scale: float
+) -> torch.Tensor:
     """Causal attention over step-1 keys ``k1`` plus, per query, the same-index keys of later steps.
 
     ``q``, ``k1`` [B, h, T, dk], ``v1`` [B, h, T, dv]; ``diag`` holds (k, v) of unrolled steps 2..j at the query's
@@ -80,7 +81,7 @@ class DraftAttention(nn.Module):
     def __init__(self, c: DraftConfig) -> None:
         super().__init__()
         self.c = c
-        self.scale = c.head_dim ** -0.5
+        self.scale = c.head_dim**-0.5
         self.q_proj = nn.Linear(c.attn_input_size, c.num_attention_heads * c.head_dim, bias=False)
         self.k_proj = nn.Linear(c.attn_input_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(c.attn_input_size, c.num_key_value_heads * c.head_dim, bias=False)
@@ -100,8 +101,9 @@ class DraftAttention(nn.Module):
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         return q, k, v
 
-    def attend(self, q: torch.Tensor, k1: torch.Tensor, v1: torch.Tensor,
-               diag: Sequence[tuple[torch.Tensor, torch.Tensor]]):
+    def attend(
+        self, q: torch.Tensor, k1: torch.Tensor, v1: torch.Tensor, diag: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ):
         """:func:`chained_attention`, then ``o_proj``: [B, T, H]."""
         out = chained_attention(q, k1, v1, diag, self.scale)
         b, h, t, d = out.shape
@@ -119,7 +121,7 @@ class MLAAttention(DraftAttention):
         nn.Module.__init__(self)
         self.c = c
         h, qk = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
-        self.scale = qk ** -0.5
+        self.scale = qk**-0.5
         self.q_a_proj = nn.Linear(c.attn_input_size, c.q_lora_rank, bias=False)
         self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
         self.q_b_proj = nn.Linear(c.q_lora_rank, h * qk, bias=False)
@@ -142,5 +144,3 @@ class MLAAttention(DraftAttention):
         q_pe = apply_rope_interleaved(q_pe, cos, sin)
         k_pe = apply_rope_interleaved(k_pe[:, None], cos, sin).expand(b, h, t, rope)
         return torch.cat([q_nope, q_pe], dim=-1), torch.cat([k_nope, k_pe], dim=-1), v
-
-

@@ -52,8 +52,10 @@ class DraftConfig:
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
-            raise ValueError(f"draft arch {self.arch!r} is not one of {sorted(ARCHITECTURES)} "
-                             "(llama: LlamaForCausalLMEagle3, mla: Eagle3DeepseekV2ForCausalLM)")
+            raise ValueError(
+                f"draft arch {self.arch!r} is not one of {sorted(ARCHITECTURES)} "
+                "(llama: LlamaForCausalLMEagle3, mla: Eagle3DeepseekV2ForCausalLM)"
+            )
         if self.hidden_size != self.target_hidden_size:
             raise ValueError(
                 f"draft hidden_size {self.hidden_size} != target hidden {self.target_hidden_size}: vLLM shares the "
@@ -65,9 +67,11 @@ class DraftConfig:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must lie in 1..vocab_size ({self.vocab_size})")
         if self.arch == "mla":
             if self.q_lora_rank <= 0:
-                raise ValueError(f"MLA draft q_lora_rank {self.q_lora_rank}: SGLang 0.5.23's Eagle3 MLA layer requires "
-                                 "a q_lora_rank (kimi_k25_eagle3.py 'Eagle3 MLA layer requires q_lora_rank'); "
-                                 "use e.g. 128")
+                raise ValueError(
+                    f"MLA draft q_lora_rank {self.q_lora_rank}: SGLang 0.5.23's Eagle3 MLA layer requires "
+                    "a q_lora_rank (kimi_k25_eagle3.py 'Eagle3 MLA layer requires q_lora_rank'); "
+                    "use e.g. 128"
+                )
             if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim <= 0:
                 raise ValueError(f"qk_rope_head_dim {self.qk_rope_head_dim} must be a positive even number")
 
@@ -93,24 +97,30 @@ class DraftConfig:
         if self.arch == "llama":
             cfg["head_dim"] = self.head_dim
         else:
-            cfg.update(q_lora_rank=self.q_lora_rank, kv_lora_rank=self.kv_lora_rank,
-                       qk_nope_head_dim=self.qk_nope_head_dim, qk_rope_head_dim=self.qk_rope_head_dim,
-                       v_head_dim=self.v_head_dim)
-        cfg.update({
-            "num_hidden_layers": 1,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-            "max_position_embeddings": self.max_position_embeddings,
-            "vocab_size": self.vocab_size,
-            "draft_vocab_size": self.draft_vocab_size,
-            "tie_word_embeddings": False,
-            "attention_bias": False,
-            "mlp_bias": False,
-            "eagle_aux_hidden_state_layer_ids": ids,
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
-        })
+            cfg.update(
+                q_lora_rank=self.q_lora_rank,
+                kv_lora_rank=self.kv_lora_rank,
+                qk_nope_head_dim=self.qk_nope_head_dim,
+                qk_rope_head_dim=self.qk_rope_head_dim,
+                v_head_dim=self.v_head_dim,
+            )
+        cfg.update(
+            {
+                "num_hidden_layers": 1,
+                "hidden_act": "silu",
+                "rms_norm_eps": self.rms_norm_eps,
+                "rope_theta": self.rope_theta,
+                "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+                "max_position_embeddings": self.max_position_embeddings,
+                "vocab_size": self.vocab_size,
+                "draft_vocab_size": self.draft_vocab_size,
+                "tie_word_embeddings": False,
+                "attention_bias": False,
+                "mlp_bias": False,
+                "eagle_aux_hidden_state_layer_ids": ids,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+            }
+        )
         if self.fc_norm:
             cfg["fc_norm"] = True
         if self.norm_output:
@@ -121,15 +131,20 @@ class DraftConfig:
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> "DraftConfig":
         arch_name = (cfg.get("architectures") or [ARCHITECTURES["llama"]])[0]
-        by_name = {v: k for k, v in ARCHITECTURES.items()} | {"Eagle3DeepseekV3ForCausalLM": "mla",
-                                                                "Eagle3LlamaForCausalLM": "llama"}
+        by_name = {v: k for k, v in ARCHITECTURES.items()} | {
+            "Eagle3DeepseekV3ForCausalLM": "mla",
+            "Eagle3LlamaForCausalLM": "llama",
+        }
         if arch_name not in by_name:
-            raise ValueError(f"draft architecture {arch_name!r} is not an EAGLE-3 head this code runs "
-                             f"(one of {sorted(by_name)})")
+            raise ValueError(
+                f"draft architecture {arch_name!r} is not an EAGLE-3 head this code runs (one of {sorted(by_name)})"
+            )
         on = [o for o in UNSUPPORTED_OPTIONS if cfg.get(o) or (cfg.get("eagle_config") or {}).get(o)]
         if on:
-            raise ValueError(f"draft config sets {on}: the training/evaluation code implements fc_norm and norm_output "
-                             "only; it would compute another function than the engines")
+            raise ValueError(
+                f"draft config sets {on}: the training/evaluation code implements fc_norm and norm_output "
+                "only; it would compute another function than the engines"
+            )
         eagle = cfg.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids")
         n_aux = cfg.get("num_aux_hidden_states") or (len(ids) if ids else 3)
@@ -158,5 +173,3 @@ class DraftConfig:
             norm_output=bool(cfg.get("norm_output", False)),
             **mla,
         )
-
-

@@ -49,7 +49,6 @@ Public API used by the wiring doctor::
     logits = draft(taps_concat, input_ids=next_ids)          # [T, vocab], -inf outside the draft vocab
 """
 
-
 from __future__ import annotations
 
 import json
@@ -106,8 +105,11 @@ class Eagle3Draft(nn.Module):
         c = self.config = config
         self.fc = nn.Linear(c.num_aux_hidden_states * c.target_hidden_size, c.hidden_size, bias=False)
         # EAGLE-3.1 fc_norm: one RMSNorm per tap chunk before fc (vLLM combine_hidden_states, SGLang Eagle3MLAModel).
-        self.fc_norm = nn.ModuleList([RMSNorm(c.target_hidden_size, c.rms_norm_eps)
-                                      for _ in range(c.num_aux_hidden_states)]) if c.fc_norm else None
+        self.fc_norm = (
+            nn.ModuleList([RMSNorm(c.target_hidden_size, c.rms_norm_eps) for _ in range(c.num_aux_hidden_states)])
+            if c.fc_norm
+            else None
+        )
         self.midlayer = DraftLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
@@ -115,8 +117,12 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.target_hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.draft_vocab_size == c.vocab_size
-                             else torch.zeros(c.vocab_size, dtype=torch.bool))
+        self.register_buffer(
+            "t2d",
+            torch.ones(c.vocab_size, dtype=torch.bool)
+            if c.draft_vocab_size == c.vocab_size
+            else torch.zeros(c.vocab_size, dtype=torch.bool),
+        )
 
     # ---- vocabulary ------------------------------------------------------------------------------
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
@@ -233,8 +239,13 @@ class Eagle3Draft(nn.Module):
             sd[k] = v if k in ("d2t", "t2d") else v.to(dtype)
         return {k: v.contiguous() for k, v in sd.items()}
 
-    def save(self, out_dir: Path, aux_layer_ids: Sequence[int], extra_config: dict[str, Any] | None = None,
-             dtype: torch.dtype = torch.bfloat16) -> None:
+    def save(
+        self,
+        out_dir: Path,
+        aux_layer_ids: Sequence[int],
+        extra_config: dict[str, Any] | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
         """Write ``config.json`` + ``model.safetensors`` (the folder vLLM takes as ``speculative_config.model``)."""
         from safetensors.torch import save_file
 
@@ -246,27 +257,31 @@ class Eagle3Draft(nn.Module):
         save_file(self.export_state(dtype), str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
 
     @classmethod
-    def from_dir(cls, draft_dir: Path, target_dir: Path | None = None,
-                 dtype: torch.dtype = torch.float32) -> "Eagle3Draft":
+    def from_dir(
+        cls, draft_dir: Path, target_dir: Path | None = None, dtype: torch.dtype = torch.float32
+    ) -> "Eagle3Draft":
         """Load a head; with ``target_dir`` also the target's embedding table (vLLM shares it)."""
         from safetensors.torch import load_file
 
         draft_dir = Path(draft_dir)
         cfg_path = draft_dir / "config.json"
         if not cfg_path.exists():
-            raise FileNotFoundError(f"{cfg_path} not found; expected an EAGLE-3 head folder such as "
-                                    "models/kimi-k25-mini-eagle3")
+            raise FileNotFoundError(
+                f"{cfg_path} not found; expected an EAGLE-3 head folder such as models/kimi-k25-mini-eagle3"
+            )
         draft = cls(DraftConfig.from_hf_config(json.loads(cfg_path.read_text())))
         state = load_file(str(draft_dir / WEIGHTS_FILE))
         # Published MLA heads name the layer ``layers.0.`` (both engines map it and ``midlayer.`` alike).
-        state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
+        state = {("midlayer." + k[len("layers.0.") :] if k.startswith("layers.0.") else k): v for k, v in state.items()}
         if "d2t" not in state and draft.config.draft_vocab_size != draft.config.vocab_size:
-            raise KeyError(f"{draft_dir} has a reduced draft vocab but no d2t: vLLM would map draft id i to target "
-                           "id i")
+            raise KeyError(
+                f"{draft_dir} has a reduced draft vocab but no d2t: vLLM would map draft id i to target id i"
+            )
         missing = set(draft.export_state().keys()) - set(state)
         if missing:
-            raise KeyError(f"{draft_dir}/{WEIGHTS_FILE} lacks {sorted(missing)}; is it an SGLang/SpecForge-layout "
-                           "EAGLE-3 head?")
+            raise KeyError(
+                f"{draft_dir}/{WEIGHTS_FILE} lacks {sorted(missing)}; is it an SGLang/SpecForge-layout EAGLE-3 head?"
+            )
         draft.load_state_dict({k: v for k, v in state.items()}, strict=False)
         if target_dir is not None:
             draft.embed_tokens.weight.data.copy_(load_target_embedding(Path(target_dir)))
@@ -280,13 +295,18 @@ def load_target_embedding(target_dir: Path) -> torch.Tensor:
     target_dir = Path(target_dir)
     index = target_dir / "model.safetensors.index.json"
     names = ("language_model.model.embed_tokens.weight", "model.embed_tokens.weight")
-    files = [target_dir / json.loads(index.read_text())["weight_map"][n] for n in names
-             if index.exists() and n in json.loads(index.read_text())["weight_map"]]
+    files = [
+        target_dir / json.loads(index.read_text())["weight_map"][n]
+        for n in names
+        if index.exists() and n in json.loads(index.read_text())["weight_map"]
+    ]
     files = files or sorted(target_dir.glob("*.safetensors"))
     for f in files:
         with safe_open(str(f), "pt") as fh:
             for n in names:
                 if n in fh.keys():
                     return fh.get_tensor(n).float()
-    raise FileNotFoundError(f"no embed_tokens weight in {target_dir} (none of {', '.join(names)} in "
-                            f"{len(files)} safetensors file(s)); pass the target's folder, e.g. models/kimi-k25-mini")
+    raise FileNotFoundError(
+        f"no embed_tokens weight in {target_dir} (none of {', '.join(names)} in "
+        f"{len(files)} safetensors file(s)); pass the target's folder, e.g. models/kimi-k25-mini"
+    )

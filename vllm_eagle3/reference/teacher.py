@@ -37,8 +37,15 @@ def shifted(ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def greedy_continue(model, prompts: torch.Tensor, new_tokens: int, batch: int, use_cache: bool = True,
-                    progress: str | None = None, time_budget_s: float = 0.0) -> torch.Tensor:
+def greedy_continue(
+    model,
+    prompts: torch.Tensor,
+    new_tokens: int,
+    batch: int,
+    use_cache: bool = True,
+    progress: str | None = None,
+    time_budget_s: float = 0.0,
+) -> torch.Tensor:
     """[N, P + new_tokens]: prompts followed by the target's argmax tokens (no EOS stop).
 
     ``use_cache`` decodes one token per forward over transformers' KV cache (the fast path, used for training
@@ -50,8 +57,11 @@ def greedy_continue(model, prompts: torch.Tensor, new_tokens: int, batch: int, u
     t0 = time.time()
     for i in range(0, prompts.shape[0], batch):
         if time_budget_s and time.time() - t0 > time_budget_s:
-            print(f"[{progress or 'greedy'}] time budget {time_budget_s:.0f}s reached after {i} of "
-                  f"{prompts.shape[0]} prompts", flush=True)
+            print(
+                f"[{progress or 'greedy'}] time budget {time_budget_s:.0f}s reached after {i} of "
+                f"{prompts.shape[0]} prompts",
+                flush=True,
+            )
             break
         seq = prompts[i : i + batch]
         if use_cache:
@@ -68,6 +78,9 @@ def greedy_continue(model, prompts: torch.Tensor, new_tokens: int, batch: int, u
         outs.append(seq)
         if progress:
             done = min(i + batch, prompts.shape[0])
-            print(f"[{progress}] {done}/{prompts.shape[0]} prompts continued by {new_tokens} greedy tokens "
-                  f"({time.time() - t0:.0f}s)", flush=True)
+            print(
+                f"[{progress}] {done}/{prompts.shape[0]} prompts continued by {new_tokens} greedy tokens "
+                f"({time.time() - t0:.0f}s)",
+                flush=True,
+            )
     return torch.cat(outs)

@@ -49,10 +49,12 @@ def install_draft_recorder(worker: Any) -> str:
             post_norm = output[0] if isinstance(output, tuple) else output
             with torch.no_grad():
                 logits = module.compute_logits(post_norm[:n])
-            rec.update(input_ids=kwargs["input_ids"][:n].detach().to("cpu", copy=True),
-                       positions=kwargs["positions"][:n].detach().to("cpu", copy=True),
-                       post_norm=post_norm[:n].detach().to("cpu", copy=True),
-                       logits=logits.detach().to("cpu", copy=True))
+            rec.update(
+                input_ids=kwargs["input_ids"][:n].detach().to("cpu", copy=True),
+                positions=kwargs["positions"][:n].detach().to("cpu", copy=True),
+                post_norm=post_norm[:n].detach().to("cpu", copy=True),
+                logits=logits.detach().to("cpu", copy=True),
+            )
 
         model.combine_hidden_states = combine_and_record
         model.register_forward_hook(hook, with_kwargs=True)

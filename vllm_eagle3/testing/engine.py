@@ -8,8 +8,17 @@ from typing import Any
 
 from vllm_eagle3.tools.engine import Engine, counter_totals, start_engine, stop_engine
 
-__all__ = ["Engine", "PROMPT", "counter_totals", "prompt_ids", "start_engine", "stop_engine",
-           "worker_applied_patches", "worker_attention_builders", "worker_mla_verify_calls"]
+__all__ = [
+    "Engine",
+    "PROMPT",
+    "counter_totals",
+    "prompt_ids",
+    "start_engine",
+    "stop_engine",
+    "worker_applied_patches",
+    "worker_attention_builders",
+    "worker_mla_verify_calls",
+]
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 """The prompt of every capture test; its token ids are its UTF-8 bytes (tiny byte-level tokenizer)."""
@@ -37,7 +46,8 @@ def worker_mla_verify_calls(worker: Any) -> dict[str, int]:
 def worker_attention_builders(worker: Any) -> dict[str, str]:
     """``LLM.collective_rpc`` target: attention backend name -> metadata builder class this worker's runner uses
     (e.g. ``CPU_MLA`` -> ``CPUMLAVarlenDecodeBuilder`` with the MLA verify-as-decode patch, vLLM's own otherwise)."""
-    return {g.backend.get_name(): type(g.get_metadata_builder()).__name__
-            for groups in worker.model_runner.attn_groups for g in groups}
-
-
+    return {
+        g.backend.get_name(): type(g.get_metadata_builder()).__name__
+        for groups in worker.model_runner.attn_groups
+        for g in groups
+    }

@@ -23,11 +23,27 @@ def install_verify_off_by_one(worker: Any) -> str:
     if getattr(rs.rejection_sample, _ORIGINAL, None) is None:
         original = rs.rejection_sample
 
-        def off_by_one(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                       target_logits, *args, **kwargs):
+        def off_by_one(
+            draft_token_ids,
+            num_draft_tokens,
+            max_spec_len,
+            cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            *args,
+            **kwargs,
+        ):
             shifted = torch.roll(target_logits, -1, dims=0).contiguous()  # [num_draft_tokens, vocab]: row i <- i+1
-            return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                            shifted, *args, **kwargs)
+            return original(
+                draft_token_ids,
+                num_draft_tokens,
+                max_spec_len,
+                cu_num_draft_tokens,
+                draft_probs,
+                shifted,
+                *args,
+                **kwargs,
+            )
 
         setattr(off_by_one, _ORIGINAL, original)
         rs.rejection_sample = off_by_one

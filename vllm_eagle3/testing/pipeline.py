@@ -43,8 +43,9 @@ def _steps(prompt: Sequence[int]) -> list[tuple[list[int], list[int]]]:
     return [(list(prompt), list(range(n))), ([DECODE_TOKEN], [n])]
 
 
-def _stage(rank: int, pp_size: int, init_file: str, target: str, draft: str, spec: str, prompt: list[int],
-           out: str) -> None:
+def _stage(
+    rank: int, pp_size: int, init_file: str, target: str, draft: str, spec: str, prompt: list[int], out: str
+) -> None:
     """One pipeline stage (a spawned process): build, capture, forward one prefill, pass it on or save it."""
     try:
         _run_stage(rank, pp_size, init_file, target, draft, spec, prompt, out)
@@ -53,16 +54,16 @@ def _stage(rank: int, pp_size: int, init_file: str, target: str, draft: str, spe
         raise
 
 
-def _run_stage(rank: int, pp_size: int, init_file: str, target: str, draft: str, spec: str, prompt: list[int],
-               out: str) -> None:
+def _run_stage(
+    rank: int, pp_size: int, init_file: str, target: str, draft: str, spec: str, prompt: list[int], out: str
+) -> None:
     from vllm_eagle3.resolve import ENV_SPEC
 
     os.environ[ENV_SPEC] = spec
     torch.set_num_threads(1)  # every layout computes with the same kernels' blocking: bit-comparable results
 
     from vllm.config import set_current_vllm_config
-    from vllm.distributed.parallel_state import (get_pp_group, init_distributed_environment,
-                                                 initialize_model_parallel)
+    from vllm.distributed.parallel_state import get_pp_group, init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.model_loader import get_model
@@ -70,14 +71,20 @@ def _run_stage(rank: int, pp_size: int, init_file: str, target: str, draft: str,
     from vllm.sequence import IntermediateTensors
     from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
     from vllm.v1.worker.gpu.pp_utils import PPHandler
-    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (aux_hidden_state_relay_keys,
-                                                                   set_eagle3_aux_hidden_state_layers,
-                                                                   verify_supports_aux_hidden_states_over_pp)
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+        aux_hidden_state_relay_keys,
+        set_eagle3_aux_hidden_state_layers,
+        verify_supports_aux_hidden_states_over_pp,
+    )
 
     load_general_plugins()
     _set_torch_accelerator_to_noop()  # as vLLM-CPU's runner does: torch.accelerator has no device here
     vllm_config = EngineArgs(
-        model=target, dtype="float32", enforce_eager=True, max_model_len=256, pipeline_parallel_size=pp_size,
+        model=target,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=256,
+        pipeline_parallel_size=pp_size,
         speculative_config={"method": "eagle3", "model": draft, "num_speculative_tokens": SPECULATIVE_TOKENS},
     ).create_engine_config()
     # The runner whose relay is under test. Set after the config is built: VllmConfig refuses V2 without Triton
@@ -85,8 +92,13 @@ def _run_stage(rank: int, pp_size: int, init_file: str, target: str, draft: str,
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     os.environ["VLLM_DIST_IDENT"] = Path(init_file).name  # as vLLM-CPU's worker names its shared-memory group
     with set_current_vllm_config(vllm_config):
-        init_distributed_environment(world_size=pp_size, rank=rank, distributed_init_method=f"file://{init_file}",
-                                     local_rank=rank, backend="gloo")
+        init_distributed_environment(
+            world_size=pp_size,
+            rank=rank,
+            distributed_init_method=f"file://{init_file}",
+            local_rank=rank,
+            backend="gloo",
+        )
         initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=pp_size)
         pp = get_pp_group()
         model = get_model(vllm_config=vllm_config)
@@ -99,8 +111,11 @@ def _run_stage(rank: int, pp_size: int, init_file: str, target: str, draft: str,
 
         # model_runner.py: a non-first stage's receive buffers are made once, at the largest batch, and each step
         # copies what arrived into their first rows.
-        buffers = None if pp.is_first_rank else model.make_empty_intermediate_tensors(
-            batch_size=MAX_TOKENS, dtype=torch.float32, device="cpu")
+        buffers = (
+            None
+            if pp.is_first_rank
+            else model.make_empty_intermediate_tensors(batch_size=MAX_TOKENS, dtype=torch.float32, device="cpu")
+        )
         result: dict[str, Any] = {"steps": []}
         for step_ids, step_positions in _steps(prompt):
             n = len(step_ids)
@@ -110,17 +125,25 @@ def _run_stage(rank: int, pp_size: int, init_file: str, target: str, draft: str,
                 missing = sorted(set(buffers.tensors) - set(received))
                 if missing:
                     raise RuntimeError(f"stage {rank} expected {missing} from the stage before, got {sorted(received)}")
-                intermediate = IntermediateTensors({k: v[:n].copy_(received[k][:n])
-                                                    for k, v in buffers.tensors.items()})
+                intermediate = IntermediateTensors(
+                    {k: v[:n].copy_(received[k][:n]) for k, v in buffers.tensors.items()}
+                )
             with torch.no_grad(), set_forward_context(None, vllm_config, num_tokens=n):
-                output = model(input_ids=torch.tensor(step_ids) if pp.is_first_rank else None,
-                               positions=torch.tensor(step_positions), intermediate_tensors=intermediate)
+                output = model(
+                    input_ids=torch.tensor(step_ids) if pp.is_first_rank else None,
+                    positions=torch.tensor(step_positions),
+                    intermediate_tensors=intermediate,
+                )
             if not pp.is_last_rank:
                 pp.send_tensor_dict(relay(handler, intermediate, output).tensors)
             else:
                 hidden, aux = output
-                result["steps"].append({"hidden": hidden.clone(),  # the draft's part: the check's taps follow
-                                        "aux": [t.clone() for t in spec_taps_of(model, aux)]})
+                result["steps"].append(
+                    {
+                        "hidden": hidden.clone(),  # the draft's part: the check's taps follow
+                        "aux": [t.clone() for t in spec_taps_of(model, aux)],
+                    }
+                )
         result["relay_slots"] = sorted(buffers.tensors) if buffers is not None else []
         result["v1_refusal"] = _v1_refusal(model)
         torch.save(result, out)
@@ -141,8 +164,15 @@ def _v1_refusal(model: torch.nn.Module) -> str | None:
     return None
 
 
-def run_stages(target: str | Path, draft: str | Path, spec: str | Path, prompt: Sequence[int], pp_size: int,
-               out_dir: str | Path, timeout: float = 600.0) -> list[dict[str, Any]]:
+def run_stages(
+    target: str | Path,
+    draft: str | Path,
+    spec: str | Path,
+    prompt: Sequence[int],
+    pp_size: int,
+    out_dir: str | Path,
+    timeout: float = 600.0,
+) -> list[dict[str, Any]]:
     """Run ``pp_size`` stage processes (spawned) for the prefill of ``prompt`` and one decode step; each stage's
     saved result, by rank (module docstring)."""
     out_dir = Path(out_dir)
@@ -153,9 +183,13 @@ def run_stages(target: str | Path, draft: str | Path, spec: str | Path, prompt: 
     for out in outs:  # a result or traceback left by an earlier run must not pass for this one's
         out.unlink(missing_ok=True)
         out.with_suffix(".err").unlink(missing_ok=True)
-    procs = [ctx.Process(target=_stage, args=(rank, pp_size, init_file, str(target), str(draft), str(spec),
-                                              list(prompt), str(outs[rank])))
-             for rank in range(pp_size)]
+    procs = [
+        ctx.Process(
+            target=_stage,
+            args=(rank, pp_size, init_file, str(target), str(draft), str(spec), list(prompt), str(outs[rank])),
+        )
+        for rank in range(pp_size)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -171,12 +205,15 @@ def run_stages(target: str | Path, draft: str | Path, spec: str | Path, prompt: 
     errors = []
     for rank, (p, out) in enumerate(zip(procs, outs)):
         if p.exitcode == -9 and not out.with_suffix(".err").exists():
-            errors.append(f"stage {rank} of {pp_size} stopped: it had not finished in {timeout:.0f} s or another "
-                          "stage failed")
+            errors.append(
+                f"stage {rank} of {pp_size} stopped: it had not finished in {timeout:.0f} s or another stage failed"
+            )
         elif p.exitcode != 0:
             err = out.with_suffix(".err")
-            errors.append(f"stage {rank} of {pp_size} exited {p.exitcode}:\n"
-                          + (err.read_text() if err.exists() else "(no traceback)"))
+            errors.append(
+                f"stage {rank} of {pp_size} exited {p.exitcode}:\n"
+                + (err.read_text() if err.exists() else "(no traceback)")
+            )
     if errors:
         raise RuntimeError("\n".join(errors))
     return [torch.load(out, weights_only=False) for out in outs]

@@ -41,8 +41,16 @@ class ServerKey:
 class ServerPool:
     """``get(key)`` -> a healthy server for ``key``, started on first use and kept for the session."""
 
-    def __init__(self, base_env: Mapping[str, str], cwd: Path, *, capacity: int = 3, min_free_gib: float = 6.0,
-                 start_timeout: float = 900.0, say: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        base_env: Mapping[str, str],
+        cwd: Path,
+        *,
+        capacity: int = 3,
+        min_free_gib: float = 6.0,
+        start_timeout: float = 900.0,
+        say: Callable[[str], None] = print,
+    ) -> None:
         self.base_env = dict(base_env)
         self.cwd = cwd
         self.capacity = capacity
@@ -58,10 +66,16 @@ class ServerPool:
             if not server.alive():
                 del self.alive[key]
                 code = server.proc.returncode
-                why = (" (0 with no shutdown in its log: something else in this test process killed and reaped it, "
-                       "e.g. supervise() called in-process)" if code == 0 else "")
-                raise AssertionError(f"shared server {key.name!r} died (exit code {code}{why}) while idle or in an "
-                                     f"earlier test; log {server.log_path}:\n{server.log_tail(60)}")
+                why = (
+                    " (0 with no shutdown in its log: something else in this test process killed and reaped it, "
+                    "e.g. supervise() called in-process)"
+                    if code == 0
+                    else ""
+                )
+                raise AssertionError(
+                    f"shared server {key.name!r} died (exit code {code}{why}) while idle or in an "
+                    f"earlier test; log {server.log_path}:\n{server.log_tail(60)}"
+                )
             self.alive.move_to_end(key)
             return server
         while self.alive and (len(self.alive) >= self.capacity or mem_available_gib() < self.min_free_gib):
@@ -73,8 +87,11 @@ class ServerPool:
             else:
                 env[k] = v
         server = VllmServer(list(key.argv), cwd=self.cwd, env=env)
-        again = f" (start {len(self.startup_s[key.name]) + 1}: it was stopped to make room)" \
-            if key.name in self.startup_s else ""
+        again = (
+            f" (start {len(self.startup_s[key.name]) + 1}: it was stopped to make room)"
+            if key.name in self.startup_s
+            else ""
+        )
         self.say(f"starting server {key.name!r}{again}: vllm-eagle3 serve {' '.join(key.argv)} (log {server.log_path})")
         server.start()
         try:
@@ -97,4 +114,3 @@ class ServerPool:
     def stop_all(self) -> None:
         for key in list(self.alive):
             self.stop(key)
-

@@ -72,9 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capture-spec", type=Path, required=True)
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args(argv)
-    lines, data = selftest(args.target, args.draft, args.capture_spec, 3, 8, 128,
-                           prepare=lambda llm: llm.collective_rpc(install_replay)[0],
-                           after=lambda llm: llm.collective_rpc(stage_state)[0], baseline=False)
+    lines, data = selftest(
+        args.target,
+        args.draft,
+        args.capture_spec,
+        3,
+        8,
+        128,
+        prepare=lambda llm: llm.collective_rpc(install_replay)[0],
+        after=lambda llm: llm.collective_rpc(stage_state)[0],
+        baseline=False,
+    )
     data["lines"] = [vars(line) for line in lines]
     args.json.write_text(json.dumps(data, indent=1))
     return 0

@@ -31,14 +31,26 @@ def _greedy_completions(server: Any, model_name: str, prompt: Any, max_tokens: i
     from openai import OpenAI
 
     client = OpenAI(base_url=server.openai_url, api_key="EMPTY", max_retries=0, timeout=timeout)
-    r = client.completions.create(model=model_name, prompt=prompt, max_tokens=max_tokens, temperature=0.0,
-                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    r = client.completions.create(
+        model=model_name,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     return [[int(t) for t in c.model_extra["token_ids"]] for c in sorted(r.choices, key=lambda c: c.index)]
 
 
-def greedy_token_ids(server: Any, model_name: str, prompts: Sequence[Sequence[int]], max_tokens: int,
-                     in_flight: int, timeout: float = 600.0) -> list[list[int]]:
+def greedy_token_ids(
+    server: Any,
+    model_name: str,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    in_flight: int,
+    timeout: float = 600.0,
+) -> list[list[int]]:
     """Greedy completions (token ids) of ``prompts`` (token ids), ``in_flight`` at a time, ``max_tokens`` each."""
+
     def one(prompt: Sequence[int]) -> list[int]:
         return _greedy_completions(server, model_name, [int(t) for t in prompt], max_tokens, timeout)[0]
 
@@ -46,18 +58,30 @@ def greedy_token_ids(server: Any, model_name: str, prompts: Sequence[Sequence[in
         return list(ex.map(one, prompts))
 
 
-def greedy_token_ids_together(server: Any, model_name: str, prompts: Sequence[Sequence[int]], max_tokens: int,
-                              timeout: float = 600.0) -> list[list[int]]:
+def greedy_token_ids_together(
+    server: Any, model_name: str, prompts: Sequence[Sequence[int]], max_tokens: int, timeout: float = 600.0
+) -> list[list[int]]:
     """Greedy completions of ``prompts`` sent as ONE completions request (a list of prompts): vLLM's API server submits
     them to the engine together, so they join the batch within a step or two of each other. Concurrent HTTP requests
     (:func:`greedy_token_ids`) can reach the engine far apart on a loaded box."""
     return _greedy_completions(server, model_name, [[int(t) for t in p] for p in prompts], max_tokens, timeout)
 
 
-def serve_greedy(target: Path, draft: Path, capture_spec: Path, serve_config: Path, prompts: Sequence[Sequence[int]],
-                 *, max_tokens: int, in_flight: int, cwd: Path, num_speculative_tokens: int = 3,
-                 start_timeout: float = 900.0, request_timeout: float = 600.0,
-                 progress: Callable[[str], None] = print) -> ServedGreedy:
+def serve_greedy(
+    target: Path,
+    draft: Path,
+    capture_spec: Path,
+    serve_config: Path,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_tokens: int,
+    in_flight: int,
+    cwd: Path,
+    num_speculative_tokens: int = 3,
+    start_timeout: float = 900.0,
+    request_timeout: float = 600.0,
+    progress: Callable[[str], None] = print,
+) -> ServedGreedy:
     """Start `vllm-eagle3 serve TARGET --config SERVE_CONFIG` with ``draft`` as an EAGLE-3 head
     (``num_speculative_tokens``) and ``--capture-spec``, run :func:`greedy_token_ids` on ``prompts`` (the model
     ``GET /v1/models`` names), read the spec-decode counters over those requests and the log, stop the server (also
@@ -66,8 +90,20 @@ def serve_greedy(target: Path, draft: Path, capture_spec: Path, serve_config: Pa
     from vllm_eagle3.tools.serve.process import VllmServer, served_model_name
 
     eagle3 = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": num_speculative_tokens})
-    server = VllmServer([str(target), "--config", str(serve_config), "--speculative-config", eagle3,
-                         "--additional-config", "{}", "--capture-spec", str(capture_spec)], cwd=cwd)
+    server = VllmServer(
+        [
+            str(target),
+            "--config",
+            str(serve_config),
+            "--speculative-config",
+            eagle3,
+            "--additional-config",
+            "{}",
+            "--capture-spec",
+            str(capture_spec),
+        ],
+        cwd=cwd,
+    )
     server.start()
     try:
         startup = server.wait_ready(timeout=start_timeout, progress=progress, progress_every=30)
@@ -91,12 +127,15 @@ def greedy_mismatch(got: Sequence[Sequence[int]], want: Sequence[Sequence[int]])
     if not bad:
         return None
     i = bad[0]
-    return (f"{len(bad)}/{len(got)} greedy continuations differ from the target's; first: prompt {i}: "
-            f"{list(got[i])} vs {list(want[i])}")
+    return (
+        f"{len(bad)}/{len(got)} greedy continuations differ from the target's; first: prompt {i}: "
+        f"{list(got[i])} vs {list(want[i])}"
+    )
 
 
-def reference_mismatch(server: Any, model_name: str, items: Sequence[dict], max_tokens: int,
-                       together: Sequence[int] = (1, 4)) -> str | None:
+def reference_mismatch(
+    server: Any, model_name: str, items: Sequence[dict], max_tokens: int, together: Sequence[int] = (1, 4)
+) -> str | None:
     """``items`` (a head's eval_prompts.json entries) served greedily, the first ``n`` in one request for each ``n``
     in ``together``, against their transformers float32 continuations: None when every one is identical, else
     :func:`greedy_mismatch`'s message for the first ``n`` that differs."""

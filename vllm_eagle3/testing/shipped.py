@@ -30,8 +30,13 @@ def shipped_server_argv(draft: Path | None = DRAFT, spec: Path | None = SPEC, dr
     """`vllm-eagle3 serve` argv: the shipped serve config with ``draft`` and capture ``spec`` (``draft=None``: the
     target alone). The model is positional, so it wins over the config's relative ``model:``. ``draft_backoff``: the
     plugin's per-request draft back-off with its defaults (vllm_eagle3/request_speculation.py), else off."""
-    argv = [str(TARGET), "--config", str(SERVE_CONFIG), "--speculative-config",
-            eagle3_config(draft) if draft else "None"]
+    argv = [
+        str(TARGET),
+        "--config",
+        str(SERVE_CONFIG),
+        "--speculative-config",
+        eagle3_config(draft) if draft else "None",
+    ]
     if not (draft and spec):
         return argv
     # The shipped config's own plugin mapping (its spec, live_k) is replaced: the spec by ``spec`` (serve refuses two

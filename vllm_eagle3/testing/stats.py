@@ -30,6 +30,7 @@ def chi_square(observed: Counter, expected_p: dict, n: int) -> tuple[float, int,
         bins.append((pool_o, pool_e))
     stat = sum((o - e) ** 2 / e for o, e in bins)
     df = len(bins) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                            torch.tensor(stat / 2, dtype=torch.float64)))
+    p_value = float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
     return stat, df, p_value

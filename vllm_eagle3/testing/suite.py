@@ -41,10 +41,13 @@ class Group:
 
 GROUPS = (
     # The shipped pair's pooled servers; the watch first (it judges a fresh server's whole log).
-    Group("shipped pair servers", ("tests/e2e/test_wiring_watch.py", "tests/e2e/test_serving.py",
-                                   "tests/e2e/test_sampling_options.py")),
-    Group("tiny DeepSeek-V3 + EAGLE-3 engine", ("tests/e2e/test_offline_eagle3.py",
-                                               "tests/parity/test_capture_vllm.py")),
+    Group(
+        "shipped pair servers",
+        ("tests/e2e/test_wiring_watch.py", "tests/e2e/test_serving.py", "tests/e2e/test_sampling_options.py"),
+    ),
+    Group(
+        "tiny DeepSeek-V3 + EAGLE-3 engine", ("tests/e2e/test_offline_eagle3.py", "tests/parity/test_capture_vllm.py")
+    ),
     Group("unit layer", ("tests/unit/",)),  # a folder: its modules start no engine, one worker runs them all
 )
 PER_CASE = ("tests/e2e/test_serve_lifecycle.py",)
@@ -91,8 +94,9 @@ class Durations:
         if module in self.modules:
             return float(self.modules[module]["seconds"])
         folder = module.rsplit("/", 1)[0] + "/"
-        peers = [float(v["seconds"]) for k, v in self.modules.items() if k.startswith(folder) and "/" not in
-                 k[len(folder):]]
+        peers = [
+            float(v["seconds"]) for k, v in self.modules.items() if k.startswith(folder) and "/" not in k[len(folder) :]
+        ]
         return statistics.median(peers) if peers else UNKNOWN_MODULE_S
 
     def case_seconds(self, module: str) -> float:
@@ -110,8 +114,12 @@ def order(nodeids: Iterable[str], durations: Durations) -> dict[str, tuple]:
     modules: dict[str, set[str]] = {}
     for nid in nodeids:
         modules.setdefault(group_of(nid), set()).add(module_of(nid))
-    seconds = {g: durations.case_seconds(module_of(g)) if module_of(g) in PER_CASE and g != module_of(g)
-               else sum(durations.module_seconds(m) for m in ms) for g, ms in modules.items()}
+    seconds = {
+        g: durations.case_seconds(module_of(g))
+        if module_of(g) in PER_CASE and g != module_of(g)
+        else sum(durations.module_seconds(m) for m in ms)
+        for g, ms in modules.items()
+    }
     keys = {}
     for nid in nodeids:
         g, row = group_of(nid), _group_row(module_of(nid))
@@ -136,10 +144,15 @@ class Recorder:
             rec = modules.setdefault(module_of(nid), {"seconds": 0.0, "tests": 0})
             rec["seconds"] += s
             rec["tests"] += 1
-        data = {"recorded": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                "source": "tests/conftest.py at the end of a whole-suite run", "workers": workers, "commit": commit,
-                "modules": {m: {"seconds": round(r["seconds"], 1), "tests": r["tests"]}
-                            for m, r in sorted(modules.items())}}
+        data = {
+            "recorded": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "source": "tests/conftest.py at the end of a whole-suite run",
+            "workers": workers,
+            "commit": commit,
+            "modules": {
+                m: {"seconds": round(r["seconds"], 1), "tests": r["tests"]} for m, r in sorted(modules.items())
+            },
+        }
         path.write_text(dump(data))
         return data
 

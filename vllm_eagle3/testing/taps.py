@@ -44,8 +44,17 @@ def recorded_taps(model: torch.nn.Module) -> list[list[torch.Tensor]]:
     return list(getattr(model, _ATTR, None) or [])
 
 
-def assert_is_tap(got: torch.Tensor, states, tap: int, *, rel: float | None = None, atol: float | None = None,
-                  rtol: float = 0.0, neighbour: float | None = None, where: str = "") -> float:
+def assert_is_tap(
+    got: torch.Tensor,
+    states,
+    tap: int,
+    *,
+    rel: float | None = None,
+    atol: float | None = None,
+    rtol: float = 0.0,
+    neighbour: float | None = None,
+    where: str = "",
+) -> float:
     """``got`` is transformers' ``hidden_states[tap]`` (``states[tap][0]``) and not a neighbouring layer's: the one
     check every capture test makes. Returns the relative difference ``max |got - want| / max |want|``.
 
@@ -69,13 +78,16 @@ def assert_is_tap(got: torch.Tensor, states, tap: int, *, rel: float | None = No
         assert relative <= rel, f"{where}: relative difference {relative:.3g} > {rel} vs hidden_states[{tap}]"
     else:
         assert torch.allclose(got, want, atol=atol, rtol=rtol), (
-            f"{where} vs transformers hidden_states[{tap}]: max abs diff {diff:.3g} (atol {atol}, rtol {rtol})")
+            f"{where} vs transformers hidden_states[{tap}]: max abs diff {diff:.3g} (atol {atol}, rtol {rtol})"
+        )
     floor = neighbour if neighbour is not None else 100 * (rel if rel is not None else atol)
     for other in (tap - 1, tap + 1):
         if 0 <= other < len(states):
             far = (got - states[other][0]).abs().max().item() / (scale if rel is not None else 1.0)
-            assert far > floor, (f"{where} is also within {far:.3g} of hidden_states[{other}]: the tolerance cannot "
-                                 "tell neighbouring taps apart")
+            assert far > floor, (
+                f"{where} is also within {far:.3g} of hidden_states[{other}]: the tolerance cannot "
+                "tell neighbouring taps apart"
+            )
     return relative
 
 
@@ -89,6 +101,8 @@ def prefill_taps(engine, ids: list[int]) -> list[torch.Tensor]:
     engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
     records = engine.llm.apply_model(recorded_taps)[0]
     prefill = [r for r in records if r and r[0].shape[0] == len(ids)]
-    assert prefill, (f"no forward over the {len(ids)}-token prompt recorded; got shapes "
-                     f"{[[tuple(t.shape) for t in r] for r in records]}")
+    assert prefill, (
+        f"no forward over the {len(ids)}-token prompt recorded; got shapes "
+        f"{[[tuple(t.shape) for t in r] for r in records]}"
+    )
     return prefill[0]

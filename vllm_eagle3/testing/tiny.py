@@ -76,10 +76,12 @@ def write_tokenizer(folder: str | Path, vocab_size: int = DEFAULT_TEXT["vocab_si
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIAL_TOKENS)
-                           + [f"<|extra_{i}|>" for i in range(vocab_size - 256 - len(SPECIAL_TOKENS))])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>")
+    tok.add_special_tokens(
+        list(SPECIAL_TOKENS) + [f"<|extra_{i}|>" for i in range(vocab_size - 256 - len(SPECIAL_TOKENS))]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
     fast.save_pretrained(str(folder))
 
 
@@ -150,8 +152,13 @@ def kimi_k25_config(num_layers: int = 32, **text_overrides: Any):
     from transformers import Kimi_K25Config
 
     text = {**DEFAULT_TEXT, "num_hidden_layers": num_layers, **text_overrides, "model_type": "deepseek_v3"}
-    cfg = Kimi_K25Config(text_config=text, vision_config=dict(KIMI_VISION), projection_hidden_size=64,
-                         image_token_id=MEDIA_PAD_ID, tie_word_embeddings=False)
+    cfg = Kimi_K25Config(
+        text_config=text,
+        vision_config=dict(KIMI_VISION),
+        projection_hidden_size=64,
+        image_token_id=MEDIA_PAD_ID,
+        tie_word_embeddings=False,
+    )
     cfg.architectures = ["KimiK25ForConditionalGeneration"]
     return cfg
 
@@ -162,7 +169,7 @@ def kimi_state_dict_for_vllm(state: dict) -> dict:
     for name, tensor in state.items():
         for old, new in KIMI_RENAMES:
             if name.startswith(old):
-                name = new + name[len(old):]
+                name = new + name[len(old) :]
                 break
         out[name] = tensor.contiguous()
     return out
@@ -192,11 +199,16 @@ def build_kimi_k25(folder: str | Path, num_layers: int = 32, seed: int = 0, **te
     save_file(kimi_state_dict_for_vllm(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
     # vLLM's class name (model.save_pretrained rewrote cfg.architectures to transformers' Kimi_K25...; that name
     # would send vLLM to its generic Transformers backend instead of KimiK25ForConditionalGeneration).
-    _patch_json(folder / "config.json", {"media_placeholder_token_id": MEDIA_PAD_ID, "dtype": "float32",
-                                         "architectures": ["KimiK25ForConditionalGeneration"]})
+    _patch_json(
+        folder / "config.json",
+        {
+            "media_placeholder_token_id": MEDIA_PAD_ID,
+            "dtype": "float32",
+            "architectures": ["KimiK25ForConditionalGeneration"],
+        },
+    )
     _patch_json(folder / "config.json", {**VLLM_ONLY_TEXT_KEYS, "dtype": "float32"}, under="text_config")
-    (folder / "preprocessor_config.json").write_text(json.dumps(
-        {"media_proc_cfg": KIMI_MEDIA_PROC_CFG}, indent=2))
+    (folder / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": KIMI_MEDIA_PROC_CFG}, indent=2))
     write_tokenizer(folder, cfg.text_config.vocab_size)
     return folder
 
@@ -209,9 +221,15 @@ def load_kimi_k25_hf(folder: str | Path):
     return Kimi_K25ForConditionalGeneration.from_pretrained(str(Path(folder) / "hf"), dtype=torch.float32).eval()
 
 
-def build_eagle3_draft(folder: str | Path, target: str | Path, aux_ids: Sequence[int], seed: int = 0,
-                       draft_vocab_size: int | None = None, nested_ids: bool = True,
-                       top_level_ids: bool = True) -> Path:
+def build_eagle3_draft(
+    folder: str | Path,
+    target: str | Path,
+    aux_ids: Sequence[int],
+    seed: int = 0,
+    draft_vocab_size: int | None = None,
+    nested_ids: bool = True,
+    top_level_ids: bool = True,
+) -> Path:
     """A random Llama-style EAGLE-3 draft head (``LlamaForCausalLMEagle3``) for ``target``.
 
     ``aux_ids`` are written verbatim as ``eagle_aux_hidden_state_layer_ids`` (top level and/or nested in
@@ -288,8 +306,12 @@ def build_eagle3_draft(folder: str | Path, target: str | Path, aux_ids: Sequence
     return folder
 
 
-def write_spec_yaml(path: str | Path, taps: Sequence[int | str], num_layers: int | None = None,
-                    draft_ids_convention: str | None = "vllm") -> Path:
+def write_spec_yaml(
+    path: str | Path,
+    taps: Sequence[int | str],
+    num_layers: int | None = None,
+    draft_ids_convention: str | None = "vllm",
+) -> Path:
     """A capture-spec YAML (``taps: [embed, 3, 31]``) as ``EAGLE3_SPEC`` reads it."""
     path = Path(path)
     items = ", ".join("embed" if t in (0, "embed") else str(t) for t in taps)

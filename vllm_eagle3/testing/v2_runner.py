@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 
-
 def v2_set_aux_layers(worker: Any) -> dict[str, Any]:
     """``collective_rpc`` target: V2's tap set-up on the loaded target; the ids V2 read and the taps captured."""
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
@@ -24,8 +23,11 @@ def v2_set_aux_layers(worker: Any) -> dict[str, Any]:
     spec_config = runner.vllm_config.speculative_config
     set_eagle3_aux_hidden_state_layers(model, spec_config)
     lm = getattr(model, "language_model", model)
-    return {"v2_ids": get_eagle3_aux_layers_from_config(spec_config), "capture_taps": tuple(lm.model.capture_taps),
-            "target_class": f"{type(model).__module__}.{type(model).__name__}"}
+    return {
+        "v2_ids": get_eagle3_aux_layers_from_config(spec_config),
+        "capture_taps": tuple(lm.model.capture_taps),
+        "target_class": f"{type(model).__module__}.{type(model).__name__}",
+    }
 
 
 def v2_set_aux_layers_nested_only(worker: Any) -> str:

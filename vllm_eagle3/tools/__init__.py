@@ -42,14 +42,17 @@ class BundledMissing(SystemExit):
 
 def where() -> str:
     """One line: where the bundled miniature is looked for and how to point the commands at another clone."""
-    return (f"bundled models and configs are looked for in {REPO} ({REPO_SOURCE}); run from a clone of vllm-eagle3 "
-            f"or set {HOME_ENV}=<clone>")
+    return (
+        f"bundled models and configs are looked for in {REPO} ({REPO_SOURCE}); run from a clone of vllm-eagle3 "
+        f"or set {HOME_ENV}=<clone>"
+    )
 
 
 def bundled(relative: str | Path, command: str) -> Path:
     """``REPO / relative``, or :class:`BundledMissing` naming where it looked and how to fix it."""
     path = REPO / relative
     if not path.exists():
-        raise BundledMissing(f"vllm-eagle3 {command}: error: {relative} not found: {where()} (or give your own "
-                             "paths, see --help)")
+        raise BundledMissing(
+            f"vllm-eagle3 {command}: error: {relative} not found: {where()} (or give your own paths, see --help)"
+        )
     return path

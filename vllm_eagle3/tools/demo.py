@@ -32,7 +32,7 @@ MINIATURE = ("models/kimi-k25-mini", "models/kimi-k25-mini-eagle3")
 COMPLETION_PROMPTS = (
     "def fibonacci(n):\n",
     "import os\nimport sys\n\n\ndef main(argv):\n",
-    "class Stack:\n    \"\"\"A last-in first-out stack.\"\"\"\n\n    def __init__(self):\n",
+    'class Stack:\n    """A last-in first-out stack."""\n\n    def __init__(self):\n',
 )
 CHAT_MESSAGES = ("Write a Python function that reverses a string.",)
 STREAM_MESSAGES = ("Show me how to read a JSON file in Python.",)
@@ -60,28 +60,47 @@ def complete(client, model: str, prompt: str, max_tokens: int = 64, temperature:
     t0 = time.perf_counter()
     r = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=temperature)
     dt = time.perf_counter() - t0
-    return Answer("completion", prompt, r.choices[0].text, r.usage.completion_tokens, dt,
-                  finish_reason=r.choices[0].finish_reason)
+    return Answer(
+        "completion", prompt, r.choices[0].text, r.usage.completion_tokens, dt, finish_reason=r.choices[0].finish_reason
+    )
 
 
 def chat(client, model: str, message: str, max_tokens: int = 64, temperature: float = 0.0) -> Answer:
     """``POST /v1/chat/completions`` with one user message."""
     t0 = time.perf_counter()
-    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": message}],
-                                       max_tokens=max_tokens, temperature=temperature)
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": message}], max_tokens=max_tokens, temperature=temperature
+    )
     dt = time.perf_counter() - t0
-    return Answer("chat", message, r.choices[0].message.content or "", r.usage.completion_tokens, dt,
-                  finish_reason=r.choices[0].finish_reason)
+    return Answer(
+        "chat",
+        message,
+        r.choices[0].message.content or "",
+        r.usage.completion_tokens,
+        dt,
+        finish_reason=r.choices[0].finish_reason,
+    )
 
 
-def stream_chat(client, model: str, message: str, max_tokens: int = 64, temperature: float = 0.0,
-                on_text: Callable[[str], None] | None = None) -> Answer:
+def stream_chat(
+    client,
+    model: str,
+    message: str,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    on_text: Callable[[str], None] | None = None,
+) -> Answer:
     """Streaming chat; ``on_text`` sees each content delta as it arrives. Token count from the final usage chunk."""
     t0 = time.perf_counter()
     first, parts, tokens, finish = None, [], 0, None
-    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": message}],
-                                            max_tokens=max_tokens, temperature=temperature, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": message}],
+        max_tokens=max_tokens,
+        temperature=temperature,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     for chunk in stream:
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
@@ -102,10 +121,15 @@ def _indent(text: str) -> str:
     return "\n".join("      | " + line for line in (text.splitlines() or [""]))
 
 
-def run_queries(base_url: str, model: str | None = None, completion_prompts: Sequence[str] = COMPLETION_PROMPTS,
-                chat_messages: Sequence[str] = CHAT_MESSAGES, stream_messages: Sequence[str] = STREAM_MESSAGES,
-                max_tokens: int = 64, out: Callable[[str], None] = print) -> tuple[list[Answer],
-                                                                                 SpecDecodeCounters | None]:
+def run_queries(
+    base_url: str,
+    model: str | None = None,
+    completion_prompts: Sequence[str] = COMPLETION_PROMPTS,
+    chat_messages: Sequence[str] = CHAT_MESSAGES,
+    stream_messages: Sequence[str] = STREAM_MESSAGES,
+    max_tokens: int = 64,
+    out: Callable[[str], None] = print,
+) -> tuple[list[Answer], SpecDecodeCounters | None]:
     """Send completions, chat and streaming chat requests; print answers, tokens/s and acceptance.
 
     Returns the answers and the spec-decode counters accumulated by these requests (None without speculation).
@@ -122,8 +146,10 @@ def run_queries(base_url: str, model: str | None = None, completion_prompts: Seq
 
     def report(a: Answer, show_text: bool = True) -> None:
         extra = f", first token {a.first_token_s * 1000:.0f} ms" if a.first_token_s is not None else ""
-        out(f"  [{a.kind}] {a.completion_tokens} tokens in {a.seconds:.2f} s = {a.tokens_per_s:.1f} tok/s{extra} "
-            f"(finish: {a.finish_reason})")
+        out(
+            f"  [{a.kind}] {a.completion_tokens} tokens in {a.seconds:.2f} s = {a.tokens_per_s:.1f} tok/s{extra} "
+            f"(finish: {a.finish_reason})"
+        )
         if show_text:
             out(_indent(a.text))
 
@@ -138,16 +164,23 @@ def run_queries(base_url: str, model: str | None = None, completion_prompts: Seq
     for m in stream_messages:
         out(f"- streaming chat, user: {m!r}")
         sys.stdout.write("      | ")
-        a = stream_chat(client, model, m, max_tokens,
-                        on_text=lambda d: (sys.stdout.write(d.replace("\n", "\n      | ")), sys.stdout.flush()))
+        a = stream_chat(
+            client,
+            model,
+            m,
+            max_tokens,
+            on_text=lambda d: (sys.stdout.write(d.replace("\n", "\n      | ")), sys.stdout.flush()),
+        )
         sys.stdout.write("\n")
         answers.append(a)
         report(a, show_text=False)
 
     tokens = sum(a.completion_tokens for a in answers)
     seconds = sum(a.seconds for a in answers)
-    out(f"total: {len(answers)} requests, {tokens} tokens in {seconds:.2f} s = "
-        f"{tokens / seconds if seconds else float('nan'):.1f} tok/s (batch 1)")
+    out(
+        f"total: {len(answers)} requests, {tokens} tokens in {seconds:.2f} s = "
+        f"{tokens / seconds if seconds else float('nan'):.1f} tok/s (batch 1)"
+    )
     counters = None
     if before is None:
         out("speculative decoding: off (no vllm:spec_decode_* counters in /metrics)")
@@ -158,6 +191,7 @@ def run_queries(base_url: str, model: str | None = None, completion_prompts: Seq
 
 
 # ------------------------------------------------------------------------------------------------- the demo
+
 
 def _repo_path(path: str) -> Path:
     """``path`` as given if it exists from here, else the clone's (so `make demo` works anywhere; an installed wheel
@@ -171,7 +205,7 @@ def attention_backend_line(log: str) -> str:
     vLLM's own ``Using <backend> backend.`` lines."""
     import re
 
-    chosen = [ln[ln.index("vllm-eagle3:"):] for ln in log.splitlines() if "vllm-eagle3: vLLM-CPU attention:" in ln]
+    chosen = [ln[ln.index("vllm-eagle3:") :] for ln in log.splitlines() if "vllm-eagle3: vLLM-CPU attention:" in ln]
     used = list(dict.fromkeys(re.findall(r"Using (\w+) backend\.", log)))
     if chosen:
         return f"{chosen[-1]} (vLLM: {', '.join(used) or 'no backend line'})"
@@ -198,8 +232,10 @@ def model_card_line(serve_config: Path, counters: SpecDecodeCounters | None) -> 
     offline = (walk.get(str(k)) or {}).get("acceptance_length")
     if offline is None:
         return None
-    return (f"model card (served walk, k={k}, its held-out prompts): acceptance length {offline:.3f}; served here "
-            f"on the demo's prompts: {counters.acceptance_length:.3f} over {counters.drafts:.0f} drafts")
+    return (
+        f"model card (served walk, k={k}, its held-out prompts): acceptance length {offline:.3f}; served here "
+        f"on the demo's prompts: {counters.acceptance_length:.3f} over {counters.drafts:.0f} drafts"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,8 +259,9 @@ def measure_speed(base_url: str, prompts: Sequence[str], max_tokens: int) -> Spe
     model = served_model_name(base_url)
     complete(client, model, prompts[0], 8)
     answers = [complete(client, model, p, max_tokens) for p in prompts]
-    return Speed(tuple(a.text for a in answers), sum(a.completion_tokens for a in answers),
-                 sum(a.seconds for a in answers))
+    return Speed(
+        tuple(a.text for a in answers), sum(a.completion_tokens for a in answers), sum(a.seconds for a in answers)
+    )
 
 
 def start(serve_args: list[str], port: int | None, log: str | None, timeout: float, say) -> VllmServer | None:
@@ -253,15 +290,23 @@ def _image_demo(server: VllmServer, image: str, max_tokens: int, say) -> int:
 
     if image:
         path = Path(image)  # checked by main() before the server starts
-        data, mime = path.read_bytes(), {".jpg": "image/jpeg", ".jpeg": "image/jpeg"}.get(path.suffix.lower(),
-                                                                                         "image/png")
+        data, mime = (
+            path.read_bytes(),
+            {".jpg": "image/jpeg", ".jpeg": "image/jpeg"}.get(path.suffix.lower(), "image/png"),
+        )
         say(f"image: {path} ({len(data)} bytes)")
     else:
         data, mime = make_png(168, 112), "image/png"
         say("image: a generated 168x112 PNG (gradients + checkerboard; 24 image tokens)")
     try:
-        ask_image(server.base_url, data, "Write a Python function that returns the size of this image.",
-                  max_tokens=max_tokens, mime=mime, out=lambda s: print(s, flush=True))
+        ask_image(
+            server.base_url,
+            data,
+            "Write a Python function that returns the size of this image.",
+            max_tokens=max_tokens,
+            mime=mime,
+            out=lambda s: print(s, flush=True),
+        )
     except Exception as exc:  # noqa: BLE001 - the server's 4xx answer is the message to show
         say(f"the server refused the image: {exc}")
         return 1
@@ -272,32 +317,54 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="vllm-eagle3 demo",
         description="Serve the shipped miniature Kimi K2.5 + EAGLE-3 head on 127.0.0.1 with the plugin (vLLM's own "
-                    "`vllm serve`), send completions / chat / streaming requests with the openai client, print "
-                    "answers, acceptance and per-position acceptance; then serve the same model without "
-                    "speculation and print the speed of both on the same prompts (and whether the texts match).",
-        epilog=where() + ".")
-    p.add_argument("--config", default=DEFAULT_SERVE_CONFIG,
-                   help=f"vLLM serve config YAML (default {DEFAULT_SERVE_CONFIG})")
-    p.add_argument("--capture-spec", default=DEFAULT_CAPTURE_SPEC,
-                   help=f"capture-spec YAML (default {DEFAULT_CAPTURE_SPEC}: taps [embed, 3, 31])")
+        "`vllm serve`), send completions / chat / streaming requests with the openai client, print "
+        "answers, acceptance and per-position acceptance; then serve the same model without "
+        "speculation and print the speed of both on the same prompts (and whether the texts match).",
+        epilog=where() + ".",
+    )
+    p.add_argument(
+        "--config", default=DEFAULT_SERVE_CONFIG, help=f"vLLM serve config YAML (default {DEFAULT_SERVE_CONFIG})"
+    )
+    p.add_argument(
+        "--capture-spec",
+        default=DEFAULT_CAPTURE_SPEC,
+        help=f"capture-spec YAML (default {DEFAULT_CAPTURE_SPEC}: taps [embed, 3, 31])",
+    )
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
-    p.add_argument("--speed-tokens", type=int, default=128,
-                   help="tokens per request in the with/without-speculation speed comparison (default 128)")
-    p.add_argument("--no-baseline", action="store_true",
-                   help="skip the second server without speculation (no speed comparison)")
-    p.add_argument("--compile", action="store_true",
-                   help="use torch.compile instead of eager mode (faster decoding, ~4 min cold start-up on CPU)")
+    p.add_argument(
+        "--speed-tokens",
+        type=int,
+        default=128,
+        help="tokens per request in the with/without-speculation speed comparison (default 128)",
+    )
+    p.add_argument(
+        "--no-baseline", action="store_true", help="skip the second server without speculation (no speed comparison)"
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="use torch.compile instead of eager mode (faster decoding, ~4 min cold start-up on CPU)",
+    )
     p.add_argument("--timeout", type=float, default=900, help="seconds to wait for each server (default 900)")
     p.add_argument("--log", default=None, help="server log file (default: a temporary file, path printed)")
-    p.add_argument("--image", nargs="?", const="", default=None, metavar="PATH",
-                   help="serve with images enabled (configs/serve_kimi_k25_mini_vision.yaml unless --config is "
-                        "given), send one image (PATH, or a generated 168x112 PNG) with a question, print the "
-                        "answer and the acceptance over it, and stop (no baseline server)")
+    p.add_argument(
+        "--image",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="serve with images enabled (configs/serve_kimi_k25_mini_vision.yaml unless --config is "
+        "given), send one image (PATH, or a generated 168x112 PNG) with a question, print the "
+        "answer and the acceptance over it, and stop (no baseline server)",
+    )
     args = p.parse_args(argv)
     if args.image and not Path(args.image).is_file():  # before a server start, not a minute after
-        print(f"vllm-eagle3: error: --image {args.image}: no such file (give a PNG or JPEG file, or --image alone "
-              "for a generated PNG)", file=sys.stderr)
+        print(
+            f"vllm-eagle3: error: --image {args.image}: no such file (give a PNG or JPEG file, or --image alone "
+            "for a generated PNG)",
+            file=sys.stderr,
+        )
         return 2
     if args.image is not None and args.config == DEFAULT_SERVE_CONFIG:
         from vllm_eagle3.tools.images import DEFAULT_VISION_CONFIG
@@ -311,9 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     missing = [m for m in MINIATURE if not (REPO / m / "config.json").is_file()]
     if missing and args.config == DEFAULT_SERVE_CONFIG:
-        print(f"vllm-eagle3: error: the shipped miniature is missing ({', '.join(missing)}): {where()}; a clone "
-              "builds it with `python -m vllm_eagle3.miniature.train_target` / `train_draft` "
-              "(models/kimi-k25-mini/MODEL_CARD.md)", file=sys.stderr)
+        print(
+            f"vllm-eagle3: error: the shipped miniature is missing ({', '.join(missing)}): {where()}; a clone "
+            "builds it with `python -m vllm_eagle3.miniature.train_target` / `train_draft` "
+            "(models/kimi-k25-mini/MODEL_CARD.md)",
+            file=sys.stderr,
+        )
         return 2
     base_args = ["--config", str(config)] + (["--no-enforce-eager"] if args.compile else [])
     say = lambda line: print(f"[demo] {line}", flush=True)  # noqa: E731
@@ -325,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         # The last such line comes from the worker (capture.py), i.e. the taps really set up in the engine.
         taps = [ln for ln in server.log_text().splitlines() if "vllm-eagle3: capturing taps" in ln]
         if taps:
-            say("plugin (in the engine): " + taps[-1][taps[-1].index("vllm-eagle3:"):])
+            say("plugin (in the engine): " + taps[-1][taps[-1].index("vllm-eagle3:") :])
         else:
             say("warning: no `vllm-eagle3: capturing taps` line in the server log: is the plugin installed?")
         say(attention_backend_line(server.log_text()))
@@ -349,10 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop(server, say)
     same = sum(a == b for a, b in zip(with_spec.texts, without.texts))
-    say(f"speed, {len(COMPLETION_PROMPTS)} greedy completions x {args.speed_tokens} tokens, one at a time: EAGLE-3 "
+    say(
+        f"speed, {len(COMPLETION_PROMPTS)} greedy completions x {args.speed_tokens} tokens, one at a time: EAGLE-3 "
         f"{with_spec.tokens_per_s:.1f} tok/s vs no speculation {without.tokens_per_s:.1f} tok/s = "
         f"{with_spec.tokens_per_s / without.tokens_per_s:.2f}x; identical text {same}/{len(COMPLETION_PROMPTS)} "
-        "(one run of a few requests: BENCHMARKS.md has the measured ratios with 95% intervals)")
+        "(one run of a few requests: BENCHMARKS.md has the measured ratios with 95% intervals)"
+    )
     return 0 if same == len(COMPLETION_PROMPTS) else 1
 
 

@@ -70,17 +70,24 @@ class Report:
         return [d for d in self.divergences if not d.explained]
 
     def summary(self) -> str:
-        return (f"{len(self.divergences)} of {self.prompts} prompts diverge ({self.per_1000_tokens:.2f} per 1,000 "
-                f"tokens over {self.tokens}); largest float32 top-2 gap at a divergence {self.largest_gap:.4f} "
-                f"(bound {self.bound}); {len(self.violations)} not explained by a near-tie")
+        return (
+            f"{len(self.divergences)} of {self.prompts} prompts diverge ({self.per_1000_tokens:.2f} per 1,000 "
+            f"tokens over {self.tokens}); largest float32 top-2 gap at a divergence {self.largest_gap:.4f} "
+            f"(bound {self.bound}); {len(self.violations)} not explained by a near-tie"
+        )
 
 
 LogitsFn = Callable[[Sequence[int]], torch.Tensor]
 """``logits(ids)`` -> float32 next-token logits after the token sequence ``ids``, shape ``[vocab]``."""
 
 
-def judge(prompts: Sequence[Sequence[int]], spec: Sequence[Sequence[int]], plain: Sequence[Sequence[int]],
-          logits: LogitsFn, bound: float) -> Report:
+def judge(
+    prompts: Sequence[Sequence[int]],
+    spec: Sequence[Sequence[int]],
+    plain: Sequence[Sequence[int]],
+    logits: LogitsFn,
+    bound: float,
+) -> Report:
     """Check every prompt's first divergence between speculative (``spec``) and plain greedy continuations."""
     assert len(prompts) == len(spec) == len(plain), (len(prompts), len(spec), len(plain))
     found = []

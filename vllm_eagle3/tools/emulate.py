@@ -56,8 +56,13 @@ def environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this process's environment) as the emulated command gets it."""
     env = dict(os.environ if base is None else base)
     rest = env.get("PYTHONPATH")  # Python's own variable, not one of envs.py's (the project's and vLLM-CPU's)
-    env.update(PYTHONPATH=os.pathsep.join([str(SITE), *([rest] if rest else [])]), ATEN_CPU_CAPABILITY="avx2",
-               ONEDNN_MAX_CPU_ISA="AVX2", EAGLE3_EMULATED_ISA="avx2", **CACHES)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(SITE), *([rest] if rest else [])]),
+        ATEN_CPU_CAPABILITY="avx2",
+        ONEDNN_MAX_CPU_ISA="AVX2",
+        EAGLE3_EMULATED_ISA="avx2",
+        **CACHES,
+    )
     return env
 
 
@@ -65,18 +70,27 @@ def v2_environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this process's environment) as a command under ``emulate v2`` gets it."""
     env = dict(os.environ if base is None else base)
     rest = env.get("PYTHONPATH")
-    env.update(PYTHONPATH=os.pathsep.join([str(V2_SITE), *([rest] if rest else [])]), VLLM_USE_V2_MODEL_RUNNER="1",
-               TRITON_INTERPRET="1")
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(V2_SITE), *([rest] if rest else [])]),
+        VLLM_USE_V2_MODEL_RUNNER="1",
+        TRITON_INTERPRET="1",
+    )
     return env
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
-        prog="vllm-eagle3 emulate", description=__doc__.split("\n\n")[0].replace("``", "`"),
+        prog="vllm-eagle3 emulate",
+        description=__doc__.split("\n\n")[0].replace("``", "`"),
         epilog="examples: vllm-eagle3 emulate avx2 -- vllm-eagle3 demo   (speeds measured this way are this machine's "
-               "cores running AVX2 code, not an AVX2-only machine's); vllm-eagle3 emulate v2 -- vllm-eagle3 selftest")
-    p.add_argument("isa", choices=MODES, metavar="{avx2,v2}",
-                   help="avx2: the widest vector instructions the command may use; v2: vLLM's Model Runner V2")
+        "cores running AVX2 code, not an AVX2-only machine's); vllm-eagle3 emulate v2 -- vllm-eagle3 selftest",
+    )
+    p.add_argument(
+        "isa",
+        choices=MODES,
+        metavar="{avx2,v2}",
+        help="avx2: the widest vector instructions the command may use; v2: vLLM's Model Runner V2",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments (after --)")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -86,16 +100,26 @@ def main(argv: list[str]) -> int:
         print(f"vllm-eagle3 emulate: {command[0]!r}: command not found", file=sys.stderr)
         return 127
     if args.isa == "v2":
-        print("vllm-eagle3 emulate v2: vLLM's Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1), its Triton kernels in "
-              "Triton's interpreter (TRITON_INTERPRET=1); eager, TP = PP = 1", file=sys.stderr, flush=True)
+        print(
+            "vllm-eagle3 emulate v2: vLLM's Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1), its Triton kernels in "
+            "Triton's interpreter (TRITON_INTERPRET=1); eager, TP = PP = 1",
+            file=sys.stderr,
+            flush=True,
+        )
         os.execvpe(command[0], command, v2_environ())
     flags = cpu_attention.hardware_flags()
     if "avx2" not in flags:
-        print("vllm-eagle3 emulate: this CPU has no AVX2 (vLLM-CPU's x86 kernels need it at least); nothing to "
-              "emulate", file=sys.stderr)
+        print(
+            "vllm-eagle3 emulate: this CPU has no AVX2 (vLLM-CPU's x86 kernels need it at least); nothing to emulate",
+            file=sys.stderr,
+        )
         return 2
     hidden = sorted(f for f in flags if f.startswith(cpu_attention.EMULATION_HIDES))
-    print(f"vllm-eagle3 emulate avx2: vLLM-CPU's _C_AVX2 kernels, ATen and oneDNN at AVX2; hidden from torch and the "
-          f"plugin: {', '.join(hidden) or 'nothing (this CPU has AVX2 only already)'}", file=sys.stderr, flush=True)
+    print(
+        f"vllm-eagle3 emulate avx2: vLLM-CPU's _C_AVX2 kernels, ATen and oneDNN at AVX2; hidden from torch and the "
+        f"plugin: {', '.join(hidden) or 'nothing (this CPU has AVX2 only already)'}",
+        file=sys.stderr,
+        flush=True,
+    )
     os.execvpe(command[0], command, environ())
     return 0  # pragma: no cover (exec does not return)

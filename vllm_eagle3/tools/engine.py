@@ -57,6 +57,7 @@ def _fds_to(path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def environment(overrides: dict[str, str | None]) -> Iterator[None]:
     """This process's environment with ``overrides`` applied (None: removed), restored afterwards."""
+
     def apply(values: dict[str, str | None]) -> None:
         for k, v in values.items():
             if v is None:
@@ -73,8 +74,13 @@ def environment(overrides: dict[str, str | None]) -> Iterator[None]:
         apply(old)
 
 
-def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | None] | None = None,
-                 num_speculative_tokens: int = 3, **kwargs: Any) -> Engine:
+def start_engine(
+    model: Path,
+    draft: Path | None = None,
+    env: dict[str, str | None] | None = None,
+    num_speculative_tokens: int = 3,
+    **kwargs: Any,
+) -> Engine:
     """A real offline ``vllm.LLM`` (float32, eager, no prefix caching) with its processes' output in a file.
 
     ``env`` is applied while the engine starts (its processes keep it) and restored afterwards; the
@@ -86,13 +92,17 @@ def start_engine(model: Path, draft: Path | None = None, env: dict[str, str | No
 
     env = {envs.SPEC: None, envs.CONVENTION: None, **(env or {})}
     log_path = Path(tempfile.mkstemp(prefix="vllm_engine_", suffix=".log")[1])
-    args: dict[str, Any] = dict(model=str(model), dtype="float32", enforce_eager=True, max_model_len=256,
-                                enable_prefix_caching=False, seed=0)
+    args: dict[str, Any] = dict(
+        model=str(model), dtype="float32", enforce_eager=True, max_model_len=256, enable_prefix_caching=False, seed=0
+    )
     if "kimi" in Path(model).name:
         args["limit_mm_per_prompt"] = {"vision_chunk": 0}  # text-only runs
     if draft is not None:
-        args["speculative_config"] = {"method": "eagle3", "model": str(draft),
-                                      "num_speculative_tokens": num_speculative_tokens}
+        args["speculative_config"] = {
+            "method": "eagle3",
+            "model": str(draft),
+            "num_speculative_tokens": num_speculative_tokens,
+        }
     args.update(kwargs)
     t0 = time.monotonic()
     with environment(env), _fds_to(log_path):

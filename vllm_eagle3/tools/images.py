@@ -48,8 +48,14 @@ def make_png(width: int, height: int, seed: int = 0) -> bytes:
     from PIL import Image
 
     y, x = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
-    rgb = np.stack([(x * 255) // max(width - 1, 1), (y * 255) // max(height - 1, 1),
-                    (((x + seed) // 7 + y // 7) % 2) * (255 - 16 * (seed % 8))], -1).astype(np.uint8)
+    rgb = np.stack(
+        [
+            (x * 255) // max(width - 1, 1),
+            (y * 255) // max(height - 1, 1),
+            (((x + seed) // 7 + y // 7) % 2) * (255 - 16 * (seed % 8)),
+        ],
+        -1,
+    ).astype(np.uint8)
     buf = io.BytesIO()
     Image.fromarray(rgb, "RGB").save(buf, "PNG")
     return buf.getvalue()
@@ -87,48 +93,103 @@ def image_prompts(sizes: Sequence[tuple[int, int]] = IMAGE_SIZES, seed: int = 0)
     out: list[dict[str, Any]] = []
     for i, (w, h) in enumerate(sizes):
         text = INSTRUCTIONS[i % len(INSTRUCTIONS)]
-        msgs = [{"role": "user", "content": [image_part(data_url(make_png(w, h, seed + i))),
-                                             {"type": "text", "text": text}]}]
-        out.append({"name": f"image {w}x{h}", "messages": msgs,
-                    "text_messages": [{"role": "user", "content": text}], "image_tokens": image_tokens(w, h)})
+        msgs = [
+            {
+                "role": "user",
+                "content": [image_part(data_url(make_png(w, h, seed + i))), {"type": "text", "text": text}],
+            }
+        ]
+        out.append(
+            {
+                "name": f"image {w}x{h}",
+                "messages": msgs,
+                "text_messages": [{"role": "user", "content": text}],
+                "image_tokens": image_tokens(w, h),
+            }
+        )
     a, b = (84, 56), (56, 112)
-    two = [{"role": "user", "content": [
-        {"type": "text", "text": "Compare the first image"}, image_part(data_url(make_png(*a, seed + 50))),
-        {"type": "text", "text": "with the second image"}, image_part(data_url(make_png(*b, seed + 51))),
-        {"type": "text", "text": "and write a Python function that returns which one is wider."}]}]
-    out.append({"name": f"two images {a[0]}x{a[1]} + {b[0]}x{b[1]}", "messages": two,
-                "text_messages": [{"role": "user", "content": "Compare the first image with the second image and "
-                                   "write a Python function that returns which one is wider."}],
-                "image_tokens": image_tokens(*a) + image_tokens(*b)})
+    two = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Compare the first image"},
+                image_part(data_url(make_png(*a, seed + 50))),
+                {"type": "text", "text": "with the second image"},
+                image_part(data_url(make_png(*b, seed + 51))),
+                {"type": "text", "text": "and write a Python function that returns which one is wider."},
+            ],
+        }
+    ]
+    out.append(
+        {
+            "name": f"two images {a[0]}x{a[1]} + {b[0]}x{b[1]}",
+            "messages": two,
+            "text_messages": [
+                {
+                    "role": "user",
+                    "content": "Compare the first image with the second image and "
+                    "write a Python function that returns which one is wider.",
+                }
+            ],
+            "image_tokens": image_tokens(*a) + image_tokens(*b),
+        }
+    )
     c = (112, 84)
     turns = [
-        {"role": "user", "content": [image_part(data_url(make_png(*c, seed + 60))),
-                                     {"type": "text", "text": "What is in this image?"}]},
+        {
+            "role": "user",
+            "content": [
+                image_part(data_url(make_png(*c, seed + 60))),
+                {"type": "text", "text": "What is in this image?"},
+            ],
+        },
         {"role": "assistant", "content": "A gradient with a checkerboard pattern."},
         {"role": "user", "content": "Write a Python function that draws it with numpy."},
     ]
     text_turns = [{"role": "user", "content": "What is in this image?"}, turns[1], turns[2]]
-    out.append({"name": f"image {c[0]}x{c[1]} + multi-turn text", "messages": turns, "text_messages": text_turns,
-                "image_tokens": image_tokens(*c)})
+    out.append(
+        {
+            "name": f"image {c[0]}x{c[1]} + multi-turn text",
+            "messages": turns,
+            "text_messages": text_turns,
+            "image_tokens": image_tokens(*c),
+        }
+    )
     return out
 
 
 def chat_tokens(client, model: str, messages: list, max_tokens: int, ignore_eos: bool = True) -> dict[str, Any]:
     """One greedy chat completion; the prompt and completion token ids (vLLM's ``return_token_ids``), text, seconds."""
     t0 = time.perf_counter()
-    r = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0.0,
-                                       extra_body={"return_token_ids": True, "ignore_eos": ignore_eos})
+    r = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_body={"return_token_ids": True, "ignore_eos": ignore_eos},
+    )
     seconds = time.perf_counter() - t0
     extra = r.model_extra or {}
     choice = r.choices[0]
-    return {"prompt_token_ids": list(extra.get("prompt_token_ids") or []),
-            "token_ids": list((choice.model_extra or {}).get("token_ids") or []),
-            "text": choice.message.content or "", "completion_tokens": r.usage.completion_tokens,
-            "prompt_tokens": r.usage.prompt_tokens, "seconds": seconds}
+    return {
+        "prompt_token_ids": list(extra.get("prompt_token_ids") or []),
+        "token_ids": list((choice.model_extra or {}).get("token_ids") or []),
+        "text": choice.message.content or "",
+        "completion_tokens": r.usage.completion_tokens,
+        "prompt_tokens": r.usage.prompt_tokens,
+        "seconds": seconds,
+    }
 
 
-def ask_image(base_url: str, image: bytes | str, question: str, max_tokens: int = 64, model: str | None = None,
-              mime: str = "image/png", out=print) -> dict[str, Any]:
+def ask_image(
+    base_url: str,
+    image: bytes | str,
+    question: str,
+    max_tokens: int = 64,
+    model: str | None = None,
+    mime: str = "image/png",
+    out=print,
+) -> dict[str, Any]:
     """Send one image (PNG bytes, or a URL / data URL string) and a question as one chat message; print the answer,
     the prompt's image tokens, tokens/s and, when the server speculates, the acceptance over this request (vLLM's
     ``/metrics`` counters before and after). Returns the :func:`chat_tokens` result plus ``counters``."""
@@ -149,14 +210,19 @@ def ask_image(base_url: str, image: bytes | str, question: str, max_tokens: int 
     counters = None if before is None else SpecDecodeCounters.fetch(base_url) - before
     out(f"- chat with an image, user: {question!r}")
     out("      | " + r["text"].replace("\n", "\n      | "))
-    out(f"  {r['prompt_tokens']} prompt tokens, {r['completion_tokens']} tokens in {r['seconds']:.2f} s = "
-        f"{r['completion_tokens'] / r['seconds']:.1f} tok/s")
-    out("speculative decoding: " + ("off (no vllm:spec_decode_* counters in /metrics)" if counters is None
-                                    else counters.summary()))
+    out(
+        f"  {r['prompt_tokens']} prompt tokens, {r['completion_tokens']} tokens in {r['seconds']:.2f} s = "
+        f"{r['completion_tokens'] / r['seconds']:.1f} tok/s"
+    )
+    out(
+        "speculative decoding: "
+        + ("off (no vllm:spec_decode_* counters in /metrics)" if counters is None else counters.summary())
+    )
     return {**r, "counters": counters}
 
 
 # ------------------------------------------------------------------------------------------------- the benchmark
+
 
 def _run_group(base_url: str, model: str, conversations: Sequence[list], max_tokens: int) -> dict[str, Any]:
     """Each conversation once, greedy, concurrency 1 (after one short warm-up request, not counted): token ids,
@@ -173,12 +239,20 @@ def _run_group(base_url: str, model: str, conversations: Sequence[list], max_tok
         before = None
     out = [chat_tokens(client, model, m, max_tokens) for m in conversations]
     tokens, seconds = sum(o["completion_tokens"] for o in out), sum(o["seconds"] for o in out)
-    row: dict[str, Any] = {"requests": len(out), "tokens": tokens, "seconds": round(seconds, 3),
-                           "tokens_per_s": round(tokens / seconds, 3), "token_ids": [o["token_ids"] for o in out]}
+    row: dict[str, Any] = {
+        "requests": len(out),
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 3),
+        "token_ids": [o["token_ids"] for o in out],
+    }
     if before is not None:
         c = SpecDecodeCounters.fetch(base_url) - before
-        row.update(acceptance_length=round(c.acceptance_length, 4), drafts=int(c.drafts),
-                   per_position=[round(x, 4) for x in c.per_position])
+        row.update(
+            acceptance_length=round(c.acceptance_length, 4),
+            drafts=int(c.drafts),
+            per_position=[round(x, 4) for x in c.per_position],
+        )
     return row
 
 
@@ -191,30 +265,45 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m vllm_eagle3.tools.images",
         description="Image-prompt acceptance and speed with vs without EAGLE-3 on the served miniature: serve "
-                    "--config (EAGLE-3 on), send the image prompts of vllm_eagle3.tools.images.image_prompts "
-                    "(5 sizes / aspect ratios, two images in one prompt, image + multi-turn text) and the same "
-                    "conversations without images, greedy, one at a time; then the same config with "
-                    "--speculative-config None and the same requests. Writes acceptance length, per-position "
-                    "acceptance, tokens/s of both servers, their ratio and whether the greedy token ids match, "
-                    "with the machine, its load average and the commit, to --out.")
-    p.add_argument("--config", default=DEFAULT_VISION_CONFIG, help="vLLM serve YAML with images enabled "
-                   "(default %(default)s)")
+        "--config (EAGLE-3 on), send the image prompts of vllm_eagle3.tools.images.image_prompts "
+        "(5 sizes / aspect ratios, two images in one prompt, image + multi-turn text) and the same "
+        "conversations without images, greedy, one at a time; then the same config with "
+        "--speculative-config None and the same requests. Writes acceptance length, per-position "
+        "acceptance, tokens/s of both servers, their ratio and whether the greedy token ids match, "
+        "with the machine, its load average and the commit, to --out.",
+    )
+    p.add_argument(
+        "--config", default=DEFAULT_VISION_CONFIG, help="vLLM serve YAML with images enabled (default %(default)s)"
+    )
     p.add_argument("--capture-spec", default="configs/kimi_k25_eagle3.yaml", help="default %(default)s")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default %(default)s)")
-    p.add_argument("--repeats", type=int, default=2,
-                   help="times each prompt set is sent per server (default %(default)s; more = tighter numbers)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="times each prompt set is sent per server (default %(default)s; more = tighter numbers)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench/images.json"), help="results JSON (default %(default)s)")
     p.add_argument("--timeout", type=float, default=900, help="seconds to wait for each server (default 900)")
     args = p.parse_args(argv)
 
     say = lambda line: print(f"[image-bench] {line}", flush=True)  # noqa: E731
     prompts = image_prompts()
-    groups = {"image": [q["messages"] for q in prompts] * args.repeats,
-              "text": [q["text_messages"] for q in prompts] * args.repeats}
-    meta = {"date": now_utc(), "machine": machine_info(), "load_before": loadavg(),
-            "cpu_bind": envs.VLLM_CPU_OMP_THREADS_BIND, "config": args.config,
-            "capture_spec": args.capture_spec, "max_tokens": args.max_tokens, "repeats": args.repeats,
-            "prompts": [{"name": q["name"], "image_tokens": q["image_tokens"]} for q in prompts]}
+    groups = {
+        "image": [q["messages"] for q in prompts] * args.repeats,
+        "text": [q["text_messages"] for q in prompts] * args.repeats,
+    }
+    meta = {
+        "date": now_utc(),
+        "machine": machine_info(),
+        "load_before": loadavg(),
+        "cpu_bind": envs.VLLM_CPU_OMP_THREADS_BIND,
+        "config": args.config,
+        "capture_spec": args.capture_spec,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "prompts": [{"name": q["name"], "image_tokens": q["image_tokens"]} for q in prompts],
+    }
     results: dict[str, dict[str, Any]] = {}
     for name, extra in (("eagle3", ["--capture-spec", args.capture_spec]), ("none", ["--speculative-config", "None"])):
         server = VllmServer(["--config", args.config, *extra], cwd=REPO)
@@ -230,22 +319,30 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
                 results[name][group] = _run_group(server.base_url, model, conversations, args.max_tokens)
                 row = results[name][group]
                 row["load_before"], row["load_after"] = load, loadavg()  # a shared box: what else was running
-                say(f"{name}, {group} prompts: {row['tokens_per_s']:.2f} tok/s"
-                    + (f", acceptance length {row['acceptance_length']:.3f}" if "acceptance_length" in row else ""))
+                say(
+                    f"{name}, {group} prompts: {row['tokens_per_s']:.2f} tok/s"
+                    + (f", acceptance length {row['acceptance_length']:.3f}" if "acceptance_length" in row else "")
+                )
         finally:
             server.stop()
     summary = {}
     for group in groups:
         a, b = results["eagle3"][group], results["none"][group]
-        summary[group] = {"acceptance_length": a["acceptance_length"], "per_position": a["per_position"],
-                          "drafts": a["drafts"], "tokens_per_s_eagle3": a["tokens_per_s"],
-                          "tokens_per_s_none": b["tokens_per_s"],
-                          "speedup": round(a["tokens_per_s"] / b["tokens_per_s"], 3),
-                          "greedy_identical": sum(x == y for x, y in zip(a["token_ids"], b["token_ids"])),
-                          "requests": a["requests"]}
-        say(f"{group} prompts: acceptance length {a['acceptance_length']:.3f}, {a['tokens_per_s']:.2f} vs "
+        summary[group] = {
+            "acceptance_length": a["acceptance_length"],
+            "per_position": a["per_position"],
+            "drafts": a["drafts"],
+            "tokens_per_s_eagle3": a["tokens_per_s"],
+            "tokens_per_s_none": b["tokens_per_s"],
+            "speedup": round(a["tokens_per_s"] / b["tokens_per_s"], 3),
+            "greedy_identical": sum(x == y for x, y in zip(a["token_ids"], b["token_ids"])),
+            "requests": a["requests"],
+        }
+        say(
+            f"{group} prompts: acceptance length {a['acceptance_length']:.3f}, {a['tokens_per_s']:.2f} vs "
             f"{b['tokens_per_s']:.2f} tok/s = {summary[group]['speedup']:.2f}x; greedy identical "
-            f"{summary[group]['greedy_identical']}/{a['requests']}")
+            f"{summary[group]['greedy_identical']}/{a['requests']}"
+        )
     meta["load_after"] = loadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "summary": summary, "servers": results}, indent=1) + "\n")

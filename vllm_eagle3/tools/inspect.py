@@ -36,8 +36,14 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from vllm_eagle3.conventions import (CONVENTIONS, engine_default_ids, engine_order, get_convention, ids_to_taps,
-                                     taps_to_ids)
+from vllm_eagle3.conventions import (
+    CONVENTIONS,
+    engine_default_ids,
+    engine_order,
+    get_convention,
+    ids_to_taps,
+    taps_to_ids,
+)
 from vllm_eagle3.engines import ENGINES, NESTED, TOP, Engine, version_flags
 from vllm_eagle3.checkpoint import IDS_KEY, DraftInfo, TargetInfo, draft_option_warnings, draft_readings
 from vllm_eagle3.resolve import Resolution, ids_for_engines, resolve_capture
@@ -45,8 +51,8 @@ from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, taps_label
 from vllm_eagle3.tools.sglang_args import Finding, parse_sglang_args, sglang_findings
 
 
-
 # ----------------------------------------------------------------------------------------------- draft checks
+
 
 def _weights(draft: DraftInfo, stem: str) -> dict[str, list[int]]:
     """Shapes of the draft weights named ``stem*`` (with or without a ``model.`` prefix)."""
@@ -70,41 +76,84 @@ def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
     top, nest = draft.top_ids, draft.nested_ids
     defaults = list(engine_default_ids(L))
     if top is None and nest is None:
-        out.append(Finding("no-ids", (
-            f"the draft config has no {IDS_KEY}: vLLM and SGLang silently capture their default taps {defaults} "
-            "(whatever the draft was trained on). Write the ids the draft was trained on "
-            "(`vllm-eagle3 doctor` measures them, `vllm-eagle3 convert` writes both lists)")))
+        out.append(
+            Finding(
+                "no-ids",
+                (
+                    f"the draft config has no {IDS_KEY}: vLLM and SGLang silently capture their default taps "
+                    f"{defaults} "
+                    "(whatever the draft was trained on). Write the ids the draft was trained on "
+                    "(`vllm-eagle3 doctor` measures them, `vllm-eagle3 convert` writes both lists)"
+                ),
+            )
+        )
     elif top is None and _blind_to(NESTED):
-        out.append(Finding("nested-only", (
-            f"ids only in eagle_config.{IDS_KEY} = {list(nest)}: {_they(_blind_to(NESTED), 'read')} only the "
-            f"top-level list: the default taps {defaults} are captured silently. Copy the list to the top level "
-            "(`vllm-eagle3 convert --from C --to C` writes both)")))
+        out.append(
+            Finding(
+                "nested-only",
+                (
+                    f"ids only in eagle_config.{IDS_KEY} = {list(nest)}: {_they(_blind_to(NESTED), 'read')} only the "
+                    f"top-level list: the default taps {defaults} are captured silently. Copy the list to the top "
+                    "level "
+                    "(`vllm-eagle3 convert --from C --to C` writes both)"
+                ),
+            )
+        )
     elif nest is None and _blind_to(TOP):
-        out.append(Finding("top-only", (
-            f"ids only at the top level ({list(top)}): {_they(_blind_to(TOP), 'read')} only eagle_config.{IDS_KEY}: "
-            f"the default taps {defaults} are captured silently (SGLang: models/deepseek_v2.py "
-            "set_eagle3_layers_to_capture). Copy the list into eagle_config in that engine's convention "
-            "(`vllm-eagle3 convert`)")))
+        out.append(
+            Finding(
+                "top-only",
+                (
+                    f"ids only at the top level ({list(top)}): {_they(_blind_to(TOP), 'read')} only "
+                    f"eagle_config.{IDS_KEY}: "
+                    f"the default taps {defaults} are captured silently (SGLang: models/deepseek_v2.py "
+                    "set_eagle3_layers_to_capture). Copy the list into eagle_config in that engine's convention "
+                    "(`vllm-eagle3 convert`)"
+                ),
+            )
+        )
     elif tuple(top) != tuple(nest):
-        out.append(Finding("lists-differ", (
-            f"two different id lists: top-level {list(top)} (vLLM) and eagle_config {list(nest)} (SGLang); the "
-            "engines capture different taps. Keep one wiring, written in each engine's convention")))
+        out.append(
+            Finding(
+                "lists-differ",
+                (
+                    f"two different id lists: top-level {list(top)} (vLLM) and eagle_config {list(nest)} (SGLang); the "
+                    "engines capture different taps. Keep one wiring, written in each engine's convention"
+                ),
+            )
+        )
     # Vocabulary mapping.
     lm = (_weights(draft, "lm_head.weight") or {}).values()
     lm_rows = next(iter(lm))[0] if lm else None
     draft_vocab = cfg.get("draft_vocab_size")
     if draft.shapes:
-        reduced = (draft_vocab is not None and draft_vocab != target.vocab_size) or \
-                  (lm_rows is not None and lm_rows != target.vocab_size)
+        reduced = (draft_vocab is not None and draft_vocab != target.vocab_size) or (
+            lm_rows is not None and lm_rows != target.vocab_size
+        )
         if reduced and not draft.has("d2t"):
-            out.append(Finding("d2t-missing", (
-                f"the draft predicts a reduced vocabulary ({draft_vocab or lm_rows} of {target.vocab_size} tokens) but "
-                "has no d2t tensor: vLLM maps draft token i to target token i (wrong tokens, near-zero acceptance, no "
-                "error). Export d2t with the draft")))
+            out.append(
+                Finding(
+                    "d2t-missing",
+                    (
+                        f"the draft predicts a reduced vocabulary ({draft_vocab or lm_rows} of {target.vocab_size} "
+                        "tokens) but "
+                        "has no d2t tensor: vLLM maps draft token i to target token i (wrong tokens, near-zero "
+                        "acceptance, no "
+                        "error). Export d2t with the draft"
+                    ),
+                )
+            )
         if draft_vocab is None and lm_rows is not None and lm_rows != target.vocab_size:
-            out.append(Finding("draft-vocab", (
-                f"lm_head has {lm_rows} rows but the config has no draft_vocab_size: vLLM then assumes the full "
-                f"{target.vocab_size} and fails to load lm_head. Add \"draft_vocab_size\": {lm_rows}")))
+            out.append(
+                Finding(
+                    "draft-vocab",
+                    (
+                        f"lm_head has {lm_rows} rows but the config has no draft_vocab_size: vLLM then assumes the "
+                        "full "
+                        f'{target.vocab_size} and fails to load lm_head. Add "draft_vocab_size": {lm_rows}'
+                    ),
+                )
+            )
 
     # Norms around fc: config flags as vLLM's draft class reads them (checkpoint.draft_readings) vs the weights.
     vllm = draft_readings(cfg)[0]
@@ -113,46 +162,103 @@ def draft_findings(target: TargetInfo, draft: DraftInfo) -> list[Finding]:
         input_norm = _weights(draft, "input_norm.")
         fc_norms = _weights(draft, "fc_norm.")
         if nbf and not input_norm:
-            out.append(Finding("norm-before-fc", (
-                "config says norm_before_fc but the weights have no input_norm.weight: vLLM then normalises the "
-                "concatenated taps with an all-ones weight the draft never saw. Export input_norm with the draft or "
-                "set norm_before_fc false if it was trained without it")))
+            out.append(
+                Finding(
+                    "norm-before-fc",
+                    (
+                        "config says norm_before_fc but the weights have no input_norm.weight: vLLM then "
+                        "normalises the "
+                        "concatenated taps with an all-ones weight the draft never saw. Export input_norm with the "
+                        "draft or "
+                        "set norm_before_fc false if it was trained without it"
+                    ),
+                )
+            )
         if input_norm and not nbf:
-            out.append(Finding("norm-before-fc", (
-                "the weights hold input_norm.weight but norm_before_fc is not set: vLLM silently drops the norm and "
-                "feeds fc un-normalised taps. Set \"norm_before_fc\": true (in eagle_config or at top level)")))
+            out.append(
+                Finding(
+                    "norm-before-fc",
+                    (
+                        "the weights hold input_norm.weight but norm_before_fc is not set: vLLM silently drops the "
+                        "norm and "
+                        'feeds fc un-normalised taps. Set "norm_before_fc": true (in eagle_config or at top level)'
+                    ),
+                )
+            )
         if fcn and not fc_norms:
-            out.append(Finding("fc-norm", (
-                "config says fc_norm but the weights have no fc_norm.{i}.weight: vLLM uses all-ones per-tap norms the "
-                "draft never saw. Export them or set fc_norm false")))
+            out.append(
+                Finding(
+                    "fc-norm",
+                    (
+                        "config says fc_norm but the weights have no fc_norm.{i}.weight: vLLM uses all-ones "
+                        "per-tap norms the "
+                        "draft never saw. Export them or set fc_norm false"
+                    ),
+                )
+            )
         if fc_norms and not fcn:
-            out.append(Finding("fc-norm", (
-                f"the weights hold {len(fc_norms)} fc_norm tensors but fc_norm is not set in the config: vLLM has no "
-                "module for them and refuses to load (or ignores them). Set \"fc_norm\": true")))
+            out.append(
+                Finding(
+                    "fc-norm",
+                    (
+                        f"the weights hold {len(fc_norms)} fc_norm tensors but fc_norm is not set in the config: "
+                        "vLLM has no "
+                        'module for them and refuses to load (or ignores them). Set "fc_norm": true'
+                    ),
+                )
+            )
     # EAGLE-3.1 options and fan-in as each engine reads them (names the engine and version where they differ).
     out += [Finding(code, message) for code, message in draft_option_warnings(cfg)]
 
     # Fan-in: what vLLM sizes fc for vs the weights vs the ids.
     if isinstance(nested, Mapping) and nested.get("use_aux_hidden_state") is False:
-        out.append(Finding("aux-off", (
-            "eagle_config.use_aux_hidden_state is false: vLLM and SGLang then feed the draft the last hidden state "
-            "and no taps (fc is skipped). Set it true for an EAGLE-3 head")))
+        out.append(
+            Finding(
+                "aux-off",
+                (
+                    "eagle_config.use_aux_hidden_state is false: vLLM and SGLang then feed the draft the last "
+                    "hidden state "
+                    "and no taps (fc is skipped). Set it true for an EAGLE-3 head"
+                ),
+            )
+        )
     fc_in = draft.fc_in_features
     ids = top if top is not None else nest
     if fc_in is not None and fc_in % H != 0:
-        out.append(Finding("fan-in", (
-            f"the draft's fc takes {fc_in} inputs, not a multiple of the target hidden size {H}: this draft is for "
-            "another target")))
+        out.append(
+            Finding(
+                "fan-in",
+                (
+                    f"the draft's fc takes {fc_in} inputs, not a multiple of the target hidden size {H}: this draft "
+                    "is for "
+                    "another target"
+                ),
+            )
+        )
     elif fc_in is not None:
         trained = fc_in // H
         if ids is not None and len(ids) != trained:
-            out.append(Finding("fan-in", (
-                f"the draft's fc takes {fc_in} = {trained} x {H} inputs but its ids {list(ids)} name {len(ids)} taps; "
-                f"list the {trained} taps it was trained on")))
+            out.append(
+                Finding(
+                    "fan-in",
+                    (
+                        f"the draft's fc takes {fc_in} = {trained} x {H} inputs but its ids {list(ids)} name "
+                        f"{len(ids)} taps; "
+                        f"list the {trained} taps it was trained on"
+                    ),
+                )
+            )
         if vllm.num_taps != trained:
-            out.append(Finding("num-aux", (
-                f"{vllm.engine} sizes fc for {vllm.num_taps} taps (from {vllm.num_taps_from}) but fc.weight has "
-                f"{trained} x {H} inputs: loading fails. Set \"num_aux_hidden_states\": {trained}")))
+            out.append(
+                Finding(
+                    "num-aux",
+                    (
+                        f"{vllm.engine} sizes fc for {vllm.num_taps} taps (from {vllm.num_taps_from}) but fc.weight "
+                        "has "
+                        f'{trained} x {H} inputs: loading fails. Set "num_aux_hidden_states": {trained}'
+                    ),
+                )
+            )
     elif draft.shapes:
         out.append(Finding("fan-in", f"the draft has no fc.weight: is {draft.path} an EAGLE-3 head?"))
     return out
@@ -207,15 +313,20 @@ def engine_writes(spec: CaptureSpec, num_layers: int) -> dict[str, str]:
             out[engine.label] = f"cannot: {exc}"
             continue
         order = engine_order(spec.taps, engine.name)
-        note = "" if order == spec.taps or engine.write.keeps_spec_order else \
-            f"; it concatenates {CaptureSpec(order).label()}, not the draft's order"
-        out[engine.label] = (f"{list(ids)} ({engine.name} ids, in {engine.write.where}; num_aux_hidden_states = "
-                             f"{spec.num_taps}){note}")
+        note = (
+            ""
+            if order == spec.taps or engine.write.keeps_spec_order
+            else f"; it concatenates {CaptureSpec(order).label()}, not the draft's order"
+        )
+        out[engine.label] = (
+            f"{list(ids)} ({engine.name} ids, in {engine.write.where}; num_aux_hidden_states = {spec.num_taps}){note}"
+        )
     return out
 
 
-def spec_findings(target: TargetInfo, spec: CaptureSpec, reads: Mapping[str, Any],
-                  sglang_version: str = "0.5.13+") -> list[Finding]:
+def spec_findings(
+    target: TargetInfo, spec: CaptureSpec, reads: Mapping[str, Any], sglang_version: str = "0.5.13+"
+) -> list[Finding]:
     """The spec vs what vLLM (both runners) and ONE SGLang version capture from the config as written."""
     out = []
     skip = {r.label for flag, e in sglang_versions().items() if flag != sglang_version for r in e.list_readings}
@@ -225,23 +336,43 @@ def spec_findings(target: TargetInfo, spec: CaptureSpec, reads: Mapping[str, Any
         if isinstance(taps, str):
             out.append(Finding("engine-reads", f"{engine} {taps}"))
         elif sorted(taps) != sorted(spec.taps):
-            out.append(Finding("engine-reads", (
-                f"{engine} would capture taps {taps_label(taps)}, not the spec's {spec.label()}: the draft "
-                "gets the wrong hidden states and acceptance collapses without any error. Rewrite the "
-                "ids for that engine (`vllm-eagle3 convert`)")))
+            out.append(
+                Finding(
+                    "engine-reads",
+                    (
+                        f"{engine} would capture taps {taps_label(taps)}, not the spec's {spec.label()}: the draft "
+                        "gets the wrong hidden states and acceptance collapses without any error. Rewrite the "
+                        "ids for that engine (`vllm-eagle3 convert`)"
+                    ),
+                )
+            )
     if list(spec.taps) != sorted(spec.taps):
-        out.append(Finding("order", (
-            f"the spec {spec.label()} is not ascending: vLLM and SGLang concatenate in ascending tap order "
-            f"{CaptureSpec(engine_order(spec.taps, 'vllm')).label()}; only the vllm-eagle3 capture keeps the draft's "
-            "order")))
+        out.append(
+            Finding(
+                "order",
+                (
+                    f"the spec {spec.label()} is not ascending: vLLM and SGLang concatenate in ascending tap order "
+                    f"{CaptureSpec(engine_order(spec.taps, 'vllm')).label()}; only the vllm-eagle3 capture keeps "
+                    "the draft's "
+                    "order"
+                ),
+            )
+        )
     if spec.has_embed and target.plugin_captures:
-        out.append(Finding("embed-crash", (
-            f"tap embed on {target.architecture}: stock vLLM 0.32/0.33 crashes at the first forward "
-            "('Tensor + None', deepseek_v2.py); serve with the vllm-eagle3 plugin, which captures the embedding")))
+        out.append(
+            Finding(
+                "embed-crash",
+                (
+                    f"tap embed on {target.architecture}: stock vLLM 0.32/0.33 crashes at the first forward "
+                    "('Tensor + None', deepseek_v2.py); serve with the vllm-eagle3 plugin, which captures the embedding"
+                ),
+            )
+        )
     return out
 
 
 # ----------------------------------------------------------------------------------------------- the report
+
 
 @dataclasses.dataclass
 class Report:
@@ -258,9 +389,15 @@ class Report:
         return [f.code for f in self.findings]
 
 
-def inspect_pair(target: str | Path, draft: str | Path, spec_path: str | Path | None = None,
-                 convention: str | None = None, sglang_args: str | None = None,
-                 sglang_version: str | None = None, weights: bool = True) -> Report:
+def inspect_pair(
+    target: str | Path,
+    draft: str | Path,
+    spec_path: str | Path | None = None,
+    convention: str | None = None,
+    sglang_args: str | None = None,
+    sglang_version: str | None = None,
+    weights: bool = True,
+) -> Report:
     """Collect everything: the resolution (or its error) and every warning. Never raises CaptureSpecError.
 
     ``sglang_version`` ("0.5.13+" or "legacy") picks the SGLang reading checked against the spec; by default
@@ -329,8 +466,10 @@ def _fallback_spec(rep: Report, spec_path, convention) -> CaptureSpec | None:
             return load_spec_file(spec_path).spec
         ids = rep.draft.top_ids if rep.draft.top_ids is not None else rep.draft.nested_ids
         if convention is not None and ids is not None:
-            return CaptureSpec(ids_to_taps(ids, convention, rep.target.num_layers),
-                               source=f"draft ids {list(ids)} read as {get_convention(convention).name}")
+            return CaptureSpec(
+                ids_to_taps(ids, convention, rep.target.num_layers),
+                source=f"draft ids {list(ids)} read as {get_convention(convention).name}",
+            )
     except CaptureSpecError:
         return None
     return None
@@ -348,17 +487,25 @@ def render(rep: Report) -> str:
     if rep.draft:
         d = rep.draft
         fc = d.fc_in_features
-        lines.append(f"draft:  {d.path}: top-level ids {list(d.top_ids) if d.top_ids is not None else None}, "
-                     f"eagle_config ids {list(d.nested_ids) if d.nested_ids is not None else None}, " +
-                     (f"fc fan-in {fc}, "
-                     f"d2t {'yes' if d.has('d2t') else 'no'}" if d.shapes else
-                     "config only (weights not read: fc fan-in, d2t and norm tensors unchecked)"))
-        lines.append(f"        {(d.config.get('architectures') or ['?'])[0]}, model_type {d.config.get('model_type')}, "
-                     f"vocab {d.config.get('vocab_size')}, draft vocab {d.config.get('draft_vocab_size')}")
-        for r in (draft_readings(d.config) if not any(e.startswith("draft:") for e in rep.errors) else ()):
+        lines.append(
+            f"draft:  {d.path}: top-level ids {list(d.top_ids) if d.top_ids is not None else None}, "
+            f"eagle_config ids {list(d.nested_ids) if d.nested_ids is not None else None}, "
+            + (
+                f"fc fan-in {fc}, d2t {'yes' if d.has('d2t') else 'no'}"
+                if d.shapes
+                else "config only (weights not read: fc fan-in, d2t and norm tensors unchecked)"
+            )
+        )
+        lines.append(
+            f"        {(d.config.get('architectures') or ['?'])[0]}, model_type {d.config.get('model_type')}, "
+            f"vocab {d.config.get('vocab_size')}, draft vocab {d.config.get('draft_vocab_size')}"
+        )
+        for r in draft_readings(d.config) if not any(e.startswith("draft:") for e in rep.errors) else ():
             on = [k for k, v in r.options.items() if v]
-            lines.append(f"        {r.engine} reads: fc for {r.num_taps} taps (from {r.num_taps_from}); options "
-                         f"{', '.join(on) if on else 'none'}")
+            lines.append(
+                f"        {r.engine} reads: fc for {r.num_taps} taps (from {r.num_taps_from}); options "
+                f"{', '.join(on) if on else 'none'}"
+            )
     if rep.resolution:
         lines.append("resolved: " + rep.resolution.log_line())
     if rep.spec is not None and rep.target is not None:
@@ -396,30 +543,49 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vllm-eagle3 inspect",
         description="Resolved capture spec of a target + EAGLE-3 draft, the ids in every engine convention, what "
-                    "each engine would capture, and warnings for every known trap (static: config files and "
-                    "safetensors headers only). Exit status: 1 on errors; with --strict also on warnings.")
+        "each engine would capture, and warnings for every known trap (static: config files and "
+        "safetensors headers only). Exit status: 1 on errors; with --strict also on warnings.",
+    )
     p.add_argument("--target", required=True, help="target model folder (config.json)")
     p.add_argument("--draft", required=True, help="EAGLE-3 draft folder (config.json + safetensors)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--capture-spec", default=None, help="capture-spec YAML (taps: [embed, 3, 31])")
-    g.add_argument("--convention", default=None,
-                   help=f"convention of the draft config's ids ({', '.join(CONVENTIONS)})")
-    p.add_argument("--sglang-args", default=None,
-                   help="an SGLang launch command line (string, or @FILE) whose speculative flags are checked")
-    p.add_argument("--sglang-version", choices=tuple(sglang_versions()), default=None,
-                   help="which SGLang reading of the nested ids to check (default: legacy if the ids are declared "
-                        "sglang-legacy, else 0.5.13+)")
-    p.add_argument("--config-only", action="store_true",
-                   help="read the draft's config.json alone (a published head without its weights); the fan-in, d2t "
-                        "and norm-tensor checks that need the safetensors headers are skipped, and the report says so")
+    g.add_argument(
+        "--convention", default=None, help=f"convention of the draft config's ids ({', '.join(CONVENTIONS)})"
+    )
+    p.add_argument(
+        "--sglang-args",
+        default=None,
+        help="an SGLang launch command line (string, or @FILE) whose speculative flags are checked",
+    )
+    p.add_argument(
+        "--sglang-version",
+        choices=tuple(sglang_versions()),
+        default=None,
+        help="which SGLang reading of the nested ids to check (default: legacy if the ids are declared "
+        "sglang-legacy, else 0.5.13+)",
+    )
+    p.add_argument(
+        "--config-only",
+        action="store_true",
+        help="read the draft's config.json alone (a published head without its weights); the fan-in, d2t "
+        "and norm-tensor checks that need the safetensors headers are skipped, and the report says so",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rep = inspect_pair(args.target, args.draft, args.capture_spec, args.convention, args.sglang_args,
-                       args.sglang_version, weights=not args.config_only)
+    rep = inspect_pair(
+        args.target,
+        args.draft,
+        args.capture_spec,
+        args.convention,
+        args.sglang_args,
+        args.sglang_version,
+        weights=not args.config_only,
+    )
     print(render(rep))
     if rep.errors or (args.strict and rep.findings):
         return 1

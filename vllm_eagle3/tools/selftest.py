@@ -51,6 +51,7 @@ class Line:
 
 # ----------------------------------------------------------------------------------------------- in the worker
 
+
 def _runner_info(worker: Any) -> dict[str, Any]:
     """``collective_rpc`` target: the runner vLLM built, and whether it is Model Runner V2's."""
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2
@@ -99,8 +100,13 @@ def _draft_input_report(worker: Any, num_taps: int) -> dict[str, Any]:
     ``num_taps`` entries of the step's aux list concatenated, exactly, slot 0 the embedding the target consumed."""
     recs = getattr(worker.model_runner.get_model(), _RECORDS)
     steps, draft = recs["target"], recs["draft"]
-    out: dict[str, Any] = {"target_steps": len(steps), "draft_calls": len(draft), "exact": 0, "problems": [],
-                           "rows": [aux[0].shape[0] for _, aux in steps]}  # tokens per step: the batch shrinks
+    out: dict[str, Any] = {
+        "target_steps": len(steps),
+        "draft_calls": len(draft),
+        "exact": 0,
+        "problems": [],
+        "rows": [aux[0].shape[0] for _, aux in steps],
+    }  # tokens per step: the batch shrinks
     for i, ((embed, aux), fed) in enumerate(zip(steps, draft)):
         n = min(fed.shape[0], aux[0].shape[0], embed.shape[0])
         want = torch.cat([t[:n] for t in aux[:num_taps]], -1)  # [n, num_taps * hidden]
@@ -126,6 +132,7 @@ def _prefill_taps(worker: Any, num_rows: int, num_taps: int) -> list[torch.Tenso
 
 # ----------------------------------------------------------------------------------------------- the checks
 
+
 def tap_line(got: list[torch.Tensor] | None, reference: torch.Tensor, taps: tuple[int, ...]) -> Line:
     """``got``: the engine's taps for one prompt (spec order, each [T, H]); ``reference`` [L + 1, T, H]."""
     from vllm_eagle3.spec import EMBED, taps_label
@@ -138,11 +145,19 @@ def tap_line(got: list[torch.Tensor] | None, reference: torch.Tensor, taps: tupl
         rel = (g - reference[k]).abs().max().item() / scale
         near = min((g - reference[j]).abs().max().item() / scale for j in (k - 1, k + 1) if 0 <= j < len(reference))
         if (k == EMBED and not torch.equal(g, reference[k])) or rel > TAP_RTOL or near <= 10 * TAP_RTOL:
-            return Line("taps", False, f"tap {k}: {rel:.2g} from transformers' hidden_states[{k}] (bound "
-                                       f"{TAP_RTOL:g}), {near:.2g} from a neighbouring layer")
+            return Line(
+                "taps",
+                False,
+                f"tap {k}: {rel:.2g} from transformers' hidden_states[{k}] (bound "
+                f"{TAP_RTOL:g}), {near:.2g} from a neighbouring layer",
+            )
         worst = max(worst, rel)
-    return Line("taps", True, f"{taps_label(taps)} = transformers' hidden_states (embed exact, layers within "
-                              f"{worst:.1g} <= {TAP_RTOL:g} relative)")
+    return Line(
+        "taps",
+        True,
+        f"{taps_label(taps)} = transformers' hidden_states (embed exact, layers within "
+        f"{worst:.1g} <= {TAP_RTOL:g} relative)",
+    )
 
 
 def card_walk(draft: Path, k: int, n: int) -> float | None:
@@ -162,8 +177,9 @@ def per_position(llm) -> list[float]:
     return []
 
 
-def health_lines(check_dir: Path, spec: Path, draft: Path, k: int, drafts: float,
-                 accepted_per_pos: list[float]) -> list[Line]:
+def health_lines(
+    check_dir: Path, spec: Path, draft: Path, k: int, drafts: float, accepted_per_pos: list[float]
+) -> list[Line]:
     """The online check's report, and the acceptance watch's verdict on the served counters (the settings and the
     model card expectation a server's watch would use: :mod:`vllm_eagle3.watch`)."""
     from vllm_eagle3 import verdicts as V
@@ -173,9 +189,12 @@ def health_lines(check_dir: Path, spec: Path, draft: Path, k: int, drafts: float
 
     report = read_report_file(check_dir / "engine0.json") or {}
     verdict, scored = report.get("verdict", "missing"), report.get("scored_requests", 0)
-    why = report.get("off_because") or (f"the served taps lose {report.get('loss', 0):.0%}" if verdict in V.ALARMS
-                                        else f"{scored} requests scored, configured wiring position-0 "
-                                             f"{(report.get('configured') or {}).get('position0', 0):.3f}")
+    why = report.get("off_because") or (
+        f"the served taps lose {report.get('loss', 0):.0%}"
+        if verdict in V.ALARMS
+        else f"{scored} requests scored, configured wiring position-0 "
+        f"{(report.get('configured') or {}).get('position0', 0):.3f}"
+    )
     cost = report.get("cost") or {}
     if cost:  # every request followed here (sample_every 1): the check's dearest setting
         why += f"; cost {cost['seconds']:.2f} s, {cost['fraction_of_engine_time']:.1%} of engine time"
@@ -185,14 +204,31 @@ def health_lines(check_dir: Path, spec: Path, draft: Path, k: int, drafts: float
         return [*lines, Line("watch", False, "off in the capture spec")]
     watch = WiringWatch(cfg, expectation_for(draft, k, cfg), {}, k, "vllm-eagle3 doctor")
     seen = watch.observe(int(drafts), [int(a) for a in accepted_per_pos])
-    return [*lines, Line("watch", seen not in V.ALARMS, f"{seen} over {drafts:.0f} drafts (position-0 "
-                                                        f"{accepted_per_pos[0] / max(drafts, 1):.3f})")]
+    return [
+        *lines,
+        Line(
+            "watch",
+            seen not in V.ALARMS,
+            f"{seen} over {drafts:.0f} drafts (position-0 {accepted_per_pos[0] / max(drafts, 1):.3f})",
+        ),
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- main
 
-def selftest(target: Path, draft: Path, spec: Path, k: int, num_prompts: int, max_tokens: int,
-             say=print, prepare=None, after=None, baseline: bool = True) -> tuple[list[Line], dict[str, Any]]:
+
+def selftest(
+    target: Path,
+    draft: Path,
+    spec: Path,
+    k: int,
+    num_prompts: int,
+    max_tokens: int,
+    say=print,
+    prepare=None,
+    after=None,
+    baseline: bool = True,
+) -> tuple[list[Line], dict[str, Any]]:
     """The lines and every number behind them. ``prepare(llm)`` / ``after(llm)``: run on the speculative engine once
     it is up / after its requests (tests change how its runner steps, and look at it afterwards). Without
     ``baseline`` no engine without speculation is started: greedy output is compared with the model card's recorded
@@ -211,8 +247,12 @@ def selftest(target: Path, draft: Path, spec: Path, k: int, num_prompts: int, ma
     check = "check: {sample_every: 1, min_requests: 8, max_followed: 8, budget: 0.5}"
     own_spec.write_text(f"{spec.read_text()}\n{check}\n")
     (work / "check").mkdir()
-    env = {envs.CHECK_DIR: str(work / "check"), "HF_HUB_OFFLINE": "1",
-           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine_memory_env(target, draft, say)}
+    env = {
+        envs.CHECK_DIR: str(work / "check"),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        **engine_memory_env(target, draft, say),
+    }
 
     say(f"starting vLLM with {draft.name} (k = {k}, float32) ...")
     with environment(env):  # the engine's processes and this one (the tensors the recorders send back)
@@ -234,14 +274,25 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
     import yaml
 
     plugin = {"vllm_eagle3": {"capture_spec": yaml.safe_load(own_spec.read_text()), "draft_backoff": False}}
-    engine = start_engine(target, draft, env=env, num_speculative_tokens=k, max_model_len=max(256, length),
-                          additional_config=plugin,
-                          disable_log_stats=False)
+    engine = start_engine(
+        target,
+        draft,
+        env=env,
+        num_speculative_tokens=k,
+        max_model_len=max(256, length),
+        additional_config=plugin,
+        disable_log_stats=False,
+    )
     try:
         info = engine.llm.collective_rpc(_runner_info)[0]
         data["runner"] = info
-        lines.append(Line("runner", True, f"{'V2' if info['v2'] else 'V1'} ({info['class']}), engine ready in "
-                                          f"{engine.startup_s:.0f} s"))
+        lines.append(
+            Line(
+                "runner",
+                True,
+                f"{'V2' if info['v2'] else 'V1'} ({info['class']}), engine ready in {engine.startup_s:.0f} s",
+            )
+        )
         if prepare is not None:
             data["prepared"] = prepare(engine.llm)
         engine.llm.collective_rpc(_install_recorders)
@@ -254,9 +305,15 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
         report = engine.llm.collective_rpc(_draft_input_report, args=(len(taps),))[0]
         data["draft_input"] = report
         ok = report["exact"] == report["target_steps"] == report["draft_calls"] > 0
-        lines.append(Line("draft input", ok, f"cat(spec taps) exactly on {report['exact']} of "
-                                             f"{report['target_steps']} target steps ({report['draft_calls']} draft "
-                                             f"calls) {'; '.join(report['problems'])}".strip()))
+        lines.append(
+            Line(
+                "draft input",
+                ok,
+                f"cat(spec taps) exactly on {report['exact']} of "
+                f"{report['target_steps']} target steps ({report['draft_calls']} draft "
+                f"calls) {'; '.join(report['problems'])}".strip(),
+            )
+        )
         totals = counter_totals(engine.llm)
         drafts = totals.get("vllm:spec_decode_num_drafts", 0)
         accepted = totals.get("vllm:spec_decode_num_accepted_tokens", 0)
@@ -264,15 +321,21 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
         data.update(drafts=drafts, accepted=accepted, accepted_per_pos=per_pos)
         length_served = 1 + accepted / max(drafts, 1)
         walk = card_walk(draft, k, len(prompts))
-        lines.append(Line("acceptance", walk is not None and abs(length_served - walk) <= ACCEPTANCE_TOL,
-                          f"length {length_served:.3f} over {drafts:.0f} drafts, per position "
-                          f"{[round(a / max(drafts, 1), 3) for a in per_pos]}; model card served walk "
-                          f"{'unknown' if walk is None else f'{walk:.3f}'} (bound {ACCEPTANCE_TOL})"))
+        lines.append(
+            Line(
+                "acceptance",
+                walk is not None and abs(length_served - walk) <= ACCEPTANCE_TOL,
+                f"length {length_served:.3f} over {drafts:.0f} drafts, per position "
+                f"{[round(a / max(drafts, 1), 3) for a in per_pos]}; model card served walk "
+                f"{'unknown' if walk is None else f'{walk:.3f}'} (bound {ACCEPTANCE_TOL})",
+            )
+        )
         lines += health_lines(work / "check", own_spec, draft, k, drafts, per_pos)
         data["check"] = read_report_file(work / "check" / "engine0.json")
         engine.llm.collective_rpc(_install_recorders)
-        engine.llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=1, temperature=0.0),
-                            use_tqdm=False)
+        engine.llm.generate(
+            [{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False
+        )
         got = engine.llm.collective_rpc(_prefill_taps, args=(len(prompts[0]), len(taps)))[0]
     finally:
         stop_engine(engine)
@@ -292,42 +355,71 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
             stop_engine(plain)
         plain_tokens, than = [list(o.outputs[0].token_ids) for o in outs], "with and without speculation"
     same = sum(a == b for a, b in zip(spec_tokens, plain_tokens))
-    lines.insert(3, Line("greedy", same == len(prompts), f"{same} of {len(prompts)} prompts x {max_tokens} tokens "
-                                                         f"identical {than}"))
+    lines.insert(
+        3,
+        Line(
+            "greedy", same == len(prompts), f"{same} of {len(prompts)} prompts x {max_tokens} tokens identical {than}"
+        ),
+    )
     data.update(speculative_tokens=spec_tokens, plain_tokens=plain_tokens)
     return lines, data
 
 
 def main(argv: list[str] | None = None) -> int:
     target0, draft0 = bundled("models/kimi-k25-mini", "selftest"), bundled("models/kimi-k25-mini-eagle3", "selftest")
-    p = argparse.ArgumentParser(prog="vllm-eagle3 selftest", description=__doc__.split("\n\n")[0].replace("``", "`"),
-                                epilog="on vLLM-CPU, `vllm-eagle3 emulate v2 -- vllm-eagle3 selftest` runs it on "
-                                       "Model Runner V2 (GPU vLLM's runner)")
+    p = argparse.ArgumentParser(
+        prog="vllm-eagle3 selftest",
+        description=__doc__.split("\n\n")[0].replace("``", "`"),
+        epilog="on vLLM-CPU, `vllm-eagle3 emulate v2 -- vllm-eagle3 selftest` runs it on "
+        "Model Runner V2 (GPU vLLM's runner)",
+    )
     p.add_argument("--target", type=Path, default=target0, help=f"target folder (default {target0})")
-    p.add_argument("--draft", type=Path, default=draft0, help=f"EAGLE-3 head with eval.json and eval_prompts.json "
-                                                              f"(default {draft0}; the MLA head: "
-                                                              "models/kimi-k25-mini-eagle3-mla)")
-    p.add_argument("--capture-spec", type=Path, default=bundled("configs/kimi_k25_eagle3.yaml", "selftest"),
-                   help="the capture spec the draft was trained on (default: the bundled one)")
+    p.add_argument(
+        "--draft",
+        type=Path,
+        default=draft0,
+        help=f"EAGLE-3 head with eval.json and eval_prompts.json "
+        f"(default {draft0}; the MLA head: "
+        "models/kimi-k25-mini-eagle3-mla)",
+    )
+    p.add_argument(
+        "--capture-spec",
+        type=Path,
+        default=bundled("configs/kimi_k25_eagle3.yaml", "selftest"),
+        help="the capture spec the draft was trained on (default: the bundled one)",
+    )
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     p.add_argument("--prompts", type=int, default=8, help="the model card's first N held-out prompts (default 8)")
     p.add_argument("--max-tokens", type=int, default=128, help="greedy tokens per prompt (default 128, as the card)")
-    p.add_argument("--no-baseline", action="store_true",
-                   help="start no engine without speculation: compare greedy output with the model card's recorded "
-                        "float32 continuation instead (faster; float32 only)")
+    p.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="start no engine without speculation: compare greedy output with the model card's recorded "
+        "float32 continuation instead (faster; float32 only)",
+    )
     p.add_argument("--json", type=Path, help="also write every number (and the tokens) here")
     args = p.parse_args(argv)
     t0 = time.monotonic()
     say = lambda line: print(f"[selftest] {line}", flush=True)  # noqa: E731
     try:
-        lines, data = selftest(args.target, args.draft, args.capture_spec, args.num_speculative_tokens, args.prompts,
-                               args.max_tokens, say, baseline=not args.no_baseline)
+        lines, data = selftest(
+            args.target,
+            args.draft,
+            args.capture_spec,
+            args.num_speculative_tokens,
+            args.prompts,
+            args.max_tokens,
+            say,
+            baseline=not args.no_baseline,
+        )
     except Exception as exc:  # noqa: BLE001 - the operator gets one line and a non-zero exit, the log has the rest
         cause = getattr(exc, "engine_log", "")
         from vllm_eagle3.tools.serve.process import root_cause
 
-        print(f"vllm-eagle3 selftest: FAILED before it finished: {root_cause(cause) or f'{type(exc).__name__}: {exc}'}",
-              file=sys.stderr)
+        print(
+            f"vllm-eagle3 selftest: FAILED before it finished: {root_cause(cause) or f'{type(exc).__name__}: {exc}'}",
+            file=sys.stderr,
+        )
         return 1
     width = max(len(line.name) for line in lines)
     print(f"\nvllm-eagle3 selftest ({args.target.name} + {args.draft.name}, {time.monotonic() - t0:.0f} s)")

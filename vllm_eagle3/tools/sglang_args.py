@@ -28,8 +28,12 @@ class Finding:
 # ----------------------------------------------------------------------------------------------- SGLang flags
 
 SGLANG_FLAGS = {
-    "speculative_algorithm": str, "speculative_draft_model_path": str, "speculative_num_steps": int,
-    "speculative_eagle_topk": int, "speculative_num_draft_tokens": int, "enable_two_batch_overlap": bool,
+    "speculative_algorithm": str,
+    "speculative_draft_model_path": str,
+    "speculative_num_steps": int,
+    "speculative_eagle_topk": int,
+    "speculative_num_draft_tokens": int,
+    "enable_two_batch_overlap": bool,
     "model_path": str,
 }
 
@@ -42,8 +46,9 @@ def parse_sglang_args(text: str) -> dict[str, Any]:
     value, as argparse does.
     """
     path = Path(text[1:]) if text.startswith("@") else Path(text)
-    if text.startswith("@") or (len(text) < 4096 and "\n" not in text and not text.lstrip().startswith("-")
-                                and path.is_file()):
+    if text.startswith("@") or (
+        len(text) < 4096 and "\n" not in text and not text.lstrip().startswith("-") and path.is_file()
+    ):
         if not path.is_file():
             raise CaptureSpecError(f"SGLang args file {path} does not exist")
         text = path.read_text()
@@ -83,31 +88,66 @@ def sglang_findings(args: Mapping[str, Any], draft_path: Path | None = None) -> 
     ``srt/arg_groups/speculative_hook.py`` ``_handle_eagle_family``; older releases had the same in server_args)."""
     out: list[Finding] = []
     algo = args.get("speculative_algorithm")
-    steps, topk, ndraft = (args.get(k) for k in ("speculative_num_steps", "speculative_eagle_topk",
-                                                 "speculative_num_draft_tokens"))
+    steps, topk, ndraft = (
+        args.get(k) for k in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+    )
     if algo is not None and algo.upper() != "EAGLE3":
-        out.append(Finding("algorithm", (
-            f"--speculative-algorithm {algo}: SGLang captures aux hidden states only for EAGLE3; an EAGLE-3 head "
-            "served this way gets the last hidden state instead of its taps. Use --speculative-algorithm EAGLE3")))
+        out.append(
+            Finding(
+                "algorithm",
+                (
+                    f"--speculative-algorithm {algo}: SGLang captures aux hidden states only for EAGLE3; an EAGLE-3 "
+                    "head "
+                    "served this way gets the last hidden state instead of its taps. Use --speculative-algorithm EAGLE3"
+                ),
+            )
+        )
     if steps is None and (topk is not None or ndraft is not None):
-        given = ", ".join(f"--{k.replace('_', '-')} {args[k]}" for k in ("speculative_eagle_topk",
-                          "speculative_num_draft_tokens") if args.get(k) is not None)
-        out.append(Finding("spec-assert", (
-            f"{given} without --speculative-num-steps: SGLang picks all three itself only when none is given and "
-            "asserts otherwise; give --speculative-num-steps too")))
+        given = ", ".join(
+            f"--{k.replace('_', '-')} {args[k]}"
+            for k in ("speculative_eagle_topk", "speculative_num_draft_tokens")
+            if args.get(k) is not None
+        )
+        out.append(
+            Finding(
+                "spec-assert",
+                (
+                    f"{given} without --speculative-num-steps: SGLang picks all three itself only when none is "
+                    "given and "
+                    "asserts otherwise; give --speculative-num-steps too"
+                ),
+            )
+        )
     if steps is not None and ndraft is not None and ndraft != steps + 1 and topk in (None, 1):
-        cond = ("--speculative-eagle-topk 1" if topk == 1 else
-                "--speculative-eagle-topk 1 (if it resolves to 1: it is not given)")
-        out.append(Finding("spec-override", (
-            f"--speculative-num-draft-tokens {ndraft} is silently replaced by --speculative-num-steps + 1 = "
-            f"{steps + 1} under {cond}: a chain drafts num_steps tokens and verifies num_steps + 1 (the incident's "
-            f"'--speculative-num-steps 1' capped 16 draft tokens at 2). To draft {ndraft - 1} tokens in a chain "
-            f"set --speculative-num-steps {ndraft - 1}; "
-            f"to verify a tree of {ndraft} set --speculative-eagle-topk > 1")))
+        cond = (
+            "--speculative-eagle-topk 1"
+            if topk == 1
+            else "--speculative-eagle-topk 1 (if it resolves to 1: it is not given)"
+        )
+        out.append(
+            Finding(
+                "spec-override",
+                (
+                    f"--speculative-num-draft-tokens {ndraft} is silently replaced by --speculative-num-steps + 1 = "
+                    f"{steps + 1} under {cond}: a chain drafts num_steps tokens and verifies num_steps + 1 (the "
+                    "incident's "
+                    f"'--speculative-num-steps 1' capped 16 draft tokens at 2). To draft {ndraft - 1} tokens in a "
+                    "chain "
+                    f"set --speculative-num-steps {ndraft - 1}; "
+                    f"to verify a tree of {ndraft} set --speculative-eagle-topk > 1"
+                ),
+            )
+        )
     if args.get("enable_two_batch_overlap"):
-        out.append(Finding("tbo", (
-            "--enable-two-batch-overlap: SGLang's two-batch overlap silently misses aux ids >= "
-            "first_k_dense_replace on the DeepSeek path; check the acceptance with and without it")))
+        out.append(
+            Finding(
+                "tbo",
+                (
+                    "--enable-two-batch-overlap: SGLang's two-batch overlap silently misses aux ids >= "
+                    "first_k_dense_replace on the DeepSeek path; check the acceptance with and without it"
+                ),
+            )
+        )
     dm = args.get("speculative_draft_model_path")
     if dm is not None and draft_path is not None:
         try:
@@ -115,7 +155,14 @@ def sglang_findings(args: Mapping[str, Any], draft_path: Path | None = None) -> 
         except OSError:
             same = False
         if not same:
-            out.append(Finding("draft-path", (
-                f"--speculative-draft-model-path {dm} is not the draft inspected here ({draft_path}); the checks "
-                "above are about the latter")))
+            out.append(
+                Finding(
+                    "draft-path",
+                    (
+                        f"--speculative-draft-model-path {dm} is not the draft inspected here ({draft_path}); the "
+                        "checks "
+                        "above are about the latter"
+                    ),
+                )
+            )
     return out

@@ -66,9 +66,13 @@ def tree_rss_by_process(root: int) -> dict[str, float]:
             continue  # a zombie
         ppid = int(fields["PPid"][0])
         helper = b"multiprocessing" in cmdline  # e.g. the resource tracker, a python child that is no server
-        role = ("supervisor" if pid == root
-                else "API server" if ppid == root and name.startswith("python") and not helper
-                else ROLES.get(name, name))
+        role = (
+            "supervisor"
+            if pid == root
+            else "API server"
+            if ppid == root and name.startswith("python") and not helper
+            else ROLES.get(name, name)
+        )
         out[f"{pid} {role}"] = round(int(fields["VmRSS"][0]) / 1024, 1)
     return out
 
@@ -97,8 +101,11 @@ def plot_rss(result: dict, path: Path) -> bool:
     ax.axhline(result["max_growth_mb"], color="r", ls=":", lw=1, label="limit (whole tree)")
     ax.set_xlabel("minutes of traffic")
     ax.set_ylabel("resident memory change (MiB)")
-    ax.set_title(f"vllm-eagle3 soak {result['date_utc']} UTC: tree growth after warm-up "
-                 f"{result['rss_growth_mb']:.0f} MiB (limit {result['max_growth_mb']:.0f})", fontsize=9)
+    ax.set_title(
+        f"vllm-eagle3 soak {result['date_utc']} UTC: tree growth after warm-up "
+        f"{result['rss_growth_mb']:.0f} MiB (limit {result['max_growth_mb']:.0f})",
+        fontsize=9,
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -110,7 +117,7 @@ def long_prompt(rng: random.Random) -> str:
     """~600 tokens of Python (the server's max-model-len is 1024)."""
     src = Path(json.__file__).read_text()
     start = rng.randrange(0, len(src) - 2500)
-    return src[start:start + 2000]
+    return src[start : start + 2000]
 
 
 def draw_request(rng: random.Random) -> tuple[str, dict[str, Any], str]:
@@ -119,8 +126,12 @@ def draw_request(rng: random.Random) -> tuple[str, dict[str, Any], str]:
     body: dict[str, Any] = {"max_tokens": rng.choice([1, 8, 32, 64, 128])}
     kind = rng.choice(["greedy", "sampled", "sampled", "logprobs", "n2", "penalties", "stop", "bias", "stream"])
     if kind != "greedy":
-        body.update(temperature=rng.choice([0.3, 0.7, 1.0, 1.5]), top_p=rng.choice([1.0, 0.9, 0.5]),
-                    top_k=rng.choice([-1, 1, 5, 50]), seed=rng.randrange(10**6))
+        body.update(
+            temperature=rng.choice([0.3, 0.7, 1.0, 1.5]),
+            top_p=rng.choice([1.0, 0.9, 0.5]),
+            top_k=rng.choice([-1, 1, 5, 50]),
+            seed=rng.randrange(10**6),
+        )
         if rng.random() < 0.1:
             body["min_p"] = 0.05  # served under speculation (model_patches/vllm_cpu_spec_min_p_logit_bias.py)
     else:
@@ -198,11 +209,14 @@ def describe_transport_error(label: str, exc: BaseException, ctx: dict, idle_s: 
     """One line for ``first_errors``: the exception, its cause, and the connection it happened on."""
     cause = exc.__cause__ or exc.__context__
     conn = {True: "reused keep-alive connection", False: "new connection"}.get(ctx.get("reused"), "no connection")
-    idle = (f", idle {idle_s:.1f} s since this client's previous answer"
-            if ctx.get("reused") and idle_s is not None else "")
-    return (f"transport {label}: {type(exc).__name__}: {exc}"
-            + (f" (cause {type(cause).__name__}: {cause})" if cause else "")
-            + f"; {conn}{idle}; failed {took_s:.1f} s after sending")
+    idle = (
+        f", idle {idle_s:.1f} s since this client's previous answer" if ctx.get("reused") and idle_s is not None else ""
+    )
+    return (
+        f"transport {label}: {type(exc).__name__}: {exc}"
+        + (f" (cause {type(cause).__name__}: {cause})" if cause else "")
+        + f"; {conn}{idle}; failed {took_s:.1f} s after sending"
+    )
 
 
 def stale_keepalive(exc: BaseException, ctx: dict, answered: bool) -> bool:
@@ -214,8 +228,11 @@ def stale_keepalive(exc: BaseException, ctx: dict, answered: bool) -> bool:
     body`` (``bench/soak_keepalive_repro.json``; ``tests/unit/test_soak_memory.py`` reproduces it)."""
     import aiohttp
 
-    return (ctx.get("reused") is True and not answered
-            and isinstance(exc, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)))
+    return (
+        ctx.get("reused") is True
+        and not answered
+        and isinstance(exc, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError))
+    )
 
 
 async def client_loop(base: str, model: str, deadline: float, seed: int, tally: Tally) -> None:
@@ -271,8 +288,10 @@ def greedy_reference(base: str, model: str) -> list[str]:
     from openai import OpenAI
 
     client = OpenAI(base_url=base + "/v1", api_key="EMPTY")
-    return [client.completions.create(model=model, prompt=p, max_tokens=48, temperature=0.0).choices[0].text
-            for p in REFERENCE_PROMPTS]
+    return [
+        client.completions.create(model=model, prompt=p, max_tokens=48, temperature=0.0).choices[0].text
+        for p in REFERENCE_PROMPTS
+    ]
 
 
 def late_growth(memory: list[tuple[float, float]]) -> float:
@@ -300,15 +319,24 @@ def serve_args(draft: str | None) -> list[str]:
     return [*args, "--speculative-config", spec] if draft else args
 
 
-def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: float, say=print,
-         max_late_growth_mb: float = 20.0, draft: str | None = None) -> dict:
+def soak(
+    duration_s: float,
+    concurrency: int,
+    warmup_s: float,
+    max_growth_mb: float,
+    say=print,
+    max_late_growth_mb: float = 20.0,
+    draft: str | None = None,
+) -> dict:
     from vllm_eagle3.tools.machine import loadavg, machine_info
     from vllm_eagle3.tools.serve.process import http_get
 
     load_before, machine = loadavg(), machine_info()  # the code that runs: HEAD (and dirty?) when the soak starts
     server = VllmServer(serve_args(draft), cwd=REPO, kv_cache_gib=None).start()
-    say(f"[soak] starting the shipped pair (EAGLE-3 {draft or 'head of the serve config'}, eager) on "
-        f"{server.base_url}; log {server.log_path}")
+    say(
+        f"[soak] starting the shipped pair (EAGLE-3 {draft or 'head of the serve config'}, eager) on "
+        f"{server.base_url}; log {server.log_path}"
+    )
     try:
         server.wait_ready(timeout=900, progress=say)
         base, model = server.base_url, served_model_name(server.base_url)
@@ -332,8 +360,10 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
                     memory.append((round(elapsed, 1), round(sum(per_process.values()), 1)))
                     by_process.append(per_process)
                 if int(elapsed) % 60 < 5:
-                    say(f"[soak] {elapsed:5.0f} s: {tally.requests} requests {tally.by_status}, "
-                        f"{tally.transport_errors} transport errors, rss {sum(per_process.values()):.0f} MiB")
+                    say(
+                        f"[soak] {elapsed:5.0f} s: {tally.requests} requests {tally.by_status}, "
+                        f"{tally.transport_errors} transport errors, rss {sum(per_process.values()):.0f} MiB"
+                    )
             await asyncio.gather(*clients)
 
         asyncio.run(run())
@@ -351,31 +381,52 @@ def soak(duration_s: float, concurrency: int, warmup_s: float, max_growth_mb: fl
     late = late_growth(memory)
     names = sorted({k for _, sample in series for k in sample}, key=lambda k: int(k.split()[0]))
     verdict = {
-        "no_5xx": five_xx == 0, "no_transport_errors": tally.transport_errors == 0,
+        "no_5xx": five_xx == 0,
+        "no_transport_errors": tally.transport_errors == 0,
         "only_expected_4xx": not tally.unexpected_4xx,
-        "memory_bounded": bool(growth <= max_growth_mb), "memory_levels_off": bool(late <= max_late_growth_mb),
+        "memory_bounded": bool(growth <= max_growth_mb),
+        "memory_levels_off": bool(late <= max_late_growth_mb),
         "greedy_unchanged": reference == after_ref,
-        "healthy_at_end": healthy, "speculation_ran": counters.drafts > 0, "no_wiring_alarm": not alarms,
+        "healthy_at_end": healthy,
+        "speculation_ran": counters.drafts > 0,
+        "no_wiring_alarm": not alarms,
     }
     return {
         "what": "vllm-eagle3 soak: mixed traffic against one speculative server (shipped pair, eager, k=3)",
         "draft": str(draft) if draft else "the serve config's (models/kimi-k25-mini-eagle3)",
-        "wiring_alarms": alarms, "wiring_check": check,
+        "wiring_alarms": alarms,
+        "wiring_check": check,
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "commit": machine["commit"],
-        "dirty": machine["dirty"], "load_before": load_before, "duration_s": duration_s,
-        "warmup_s": warmup_s, "concurrency": concurrency, "requests": tally.requests, "by_status": tally.by_status,
-        "transport_errors": tally.transport_errors, "early_disconnects": tally.disconnects,
-        "stale_keepalive_retries": len(tally.stale_retries), "stale_keepalive_first": tally.stale_retries[:10],
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "commit": machine["commit"],
+        "dirty": machine["dirty"],
+        "load_before": load_before,
+        "duration_s": duration_s,
+        "warmup_s": warmup_s,
+        "concurrency": concurrency,
+        "requests": tally.requests,
+        "by_status": tally.by_status,
+        "transport_errors": tally.transport_errors,
+        "early_disconnects": tally.disconnects,
+        "stale_keepalive_retries": len(tally.stale_retries),
+        "stale_keepalive_first": tally.stale_retries[:10],
         "refusals_4xx": tally.refusals,
-        "completion_tokens": tally.tokens, "first_errors": tally.first_errors,
-        "rss_mb_first_last": [memory[0][1], memory[-1][1]] if memory else None, "rss_growth_mb": growth,
+        "completion_tokens": tally.tokens,
+        "first_errors": tally.first_errors,
+        "rss_mb_first_last": [memory[0][1], memory[-1][1]] if memory else None,
+        "rss_growth_mb": growth,
         "rss_mb_by_process_first_last": [by_process[0], by_process[-1]] if by_process else None,
-        "rss_mb_series": {"t": [t for t, _ in series],
-                          "processes": {k: [sample.get(k) for _, sample in series] for k in names}},
-        "max_growth_mb": max_growth_mb, "rss_late_growth_mb": late, "max_late_growth_mb": max_late_growth_mb,
-        "acceptance_length": counters.acceptance_length, "drafts": counters.drafts,
-        "verdict": verdict, "passed": all(verdict.values()),
+        "rss_mb_series": {
+            "t": [t for t, _ in series],
+            "processes": {k: [sample.get(k) for _, sample in series] for k in names},
+        },
+        "max_growth_mb": max_growth_mb,
+        "rss_late_growth_mb": late,
+        "max_late_growth_mb": max_late_growth_mb,
+        "acceptance_length": counters.acceptance_length,
+        "drafts": counters.drafts,
+        "verdict": verdict,
+        "passed": all(verdict.values()),
     }
 
 
@@ -384,22 +435,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=600, help="seconds of traffic after warm-up (default 600)")
     p.add_argument("--warmup", type=float, default=60, help="seconds of traffic before memory is sampled (60)")
     p.add_argument("--concurrency", type=int, default=8, help="concurrent clients (default 8)")
-    p.add_argument("--max-growth-mb", type=float, default=200,
-                   help="allowed growth of the server's resident memory after warm-up, MiB (default 200)")
-    p.add_argument("--max-late-growth-mb", type=float, default=20,
-                   help="allowed growth over the second half of the sampled period, MiB (default 20): the memory "
-                        "must level off, not just stay under --max-growth-mb for this long")
-    p.add_argument("--draft", default=None, metavar="DIR",
-                   help="serve this EAGLE-3 head (k=3) instead of the serve config's, e.g. "
-                        "models/kimi-k25-mini-eagle3-mla (same capture spec, configs/kimi_k25_eagle3.yaml)")
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, metavar="DIR",
-                   help=f"write soak.json and its plot soak_rss.png here (default {DEFAULT_OUT_DIR})")
+    p.add_argument(
+        "--max-growth-mb",
+        type=float,
+        default=200,
+        help="allowed growth of the server's resident memory after warm-up, MiB (default 200)",
+    )
+    p.add_argument(
+        "--max-late-growth-mb",
+        type=float,
+        default=20,
+        help="allowed growth over the second half of the sampled period, MiB (default 20): the memory "
+        "must level off, not just stay under --max-growth-mb for this long",
+    )
+    p.add_argument(
+        "--draft",
+        default=None,
+        metavar="DIR",
+        help="serve this EAGLE-3 head (k=3) instead of the serve config's, e.g. "
+        "models/kimi-k25-mini-eagle3-mla (same capture spec, configs/kimi_k25_eagle3.yaml)",
+    )
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        metavar="DIR",
+        help=f"write soak.json and its plot soak_rss.png here (default {DEFAULT_OUT_DIR})",
+    )
     p.add_argument("--out", type=Path, metavar="FILE", help="the result file instead (its plot beside: <name>_rss.png)")
-    p.add_argument("--publish", action="store_true", help=f"also write the result as the repository's {PUBLISHED} and "
-                   f"{SOAK_RSS_PNG}, and its BENCHMARKS.md again (the soak the repository shows)")
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help=f"also write the result as the repository's {PUBLISHED} and "
+        f"{SOAK_RSS_PNG}, and its BENCHMARKS.md again (the soak the repository shows)",
+    )
     args = p.parse_args(argv)
-    result = soak(args.duration, args.concurrency, args.warmup, args.max_growth_mb,
-                  max_late_growth_mb=args.max_late_growth_mb, draft=args.draft)
+    result = soak(
+        args.duration,
+        args.concurrency,
+        args.warmup,
+        args.max_growth_mb,
+        max_late_growth_mb=args.max_late_growth_mb,
+        draft=args.draft,
+    )
     out = args.out or args.out_dir / "soak.json"
     places = [(out, out.with_name(out.stem + "_rss.png"))] + [(REPO / PUBLISHED, REPO / SOAK_RSS_PNG)] * args.publish
     for path, png in places:  # this run's folder, then the repository's copy when asked
@@ -407,9 +485,25 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(result, indent=1) + "\n")
         drawn = plot_rss(result, png)
         print(f"[soak] result written to {path}" + (f"; memory per process plotted in {png}" if drawn else ""))
-    print(json.dumps({k: result[k] for k in ("requests", "by_status", "transport_errors", "stale_keepalive_retries",
-                                             "rss_growth_mb", "rss_late_growth_mb", "wiring_alarms", "verdict",
-                                             "passed")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "requests",
+                    "by_status",
+                    "transport_errors",
+                    "stale_keepalive_retries",
+                    "rss_growth_mb",
+                    "rss_late_growth_mb",
+                    "wiring_alarms",
+                    "verdict",
+                    "passed",
+                )
+            },
+            indent=1,
+        )
+    )
     if args.publish:
         from vllm_eagle3.tools.bench.cli import repo_page
 

@@ -33,14 +33,23 @@ def parse(log: str) -> dict:
         if "passed" in m.group(1) or "failed" in m.group(1):
             summary = m
     if not (installs and total and summary):
-        missing = [n for n, v in (("installs line", installs), ("total line", total), ("pytest summary", summary))
-                   if not v]
+        missing = [
+            n for n, v in (("installs line", installs), ("total line", total), ("pytest summary", summary)) if not v
+        ]
         raise ValueError(f"not a whole `make test` output: no {', '.join(missing)}")
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary.group(1))}
-    slowest = [{"seconds": float(s), "phase": ph, "test": t} for s, ph, t in
-               (m.groups() for m in map(_DURATION.match, log.splitlines()) if m)]
-    return {"installs_s": int(installs.group(1)), "total_s": int(total.group(1)), "exit_code": int(total.group(2)),
-            "pytest_s": round(float(summary.group(2))), "counts": counts, "slowest": slowest}
+    slowest = [
+        {"seconds": float(s), "phase": ph, "test": t}
+        for s, ph, t in (m.groups() for m in map(_DURATION.match, log.splitlines()) if m)
+    ]
+    return {
+        "installs_s": int(installs.group(1)),
+        "total_s": int(total.group(1)),
+        "exit_code": int(total.group(2)),
+        "pytest_s": round(float(summary.group(2))),
+        "counts": counts,
+        "slowest": slowest,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         machine.update(commit=args.commit, dirty="no")
     data = {"date": now_utc(), "fresh_clone": args.fresh_clone, "machine": machine, **data}
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {args.out}: {data['total_s']} s in all ({data['installs_s']} s installs, {data['pytest_s']} s "
-          f"pytest), {data['counts']}")
+    print(
+        f"wrote {args.out}: {data['total_s']} s in all ({data['installs_s']} s installs, {data['pytest_s']} s "
+        f"pytest), {data['counts']}"
+    )
     return 0
 
 

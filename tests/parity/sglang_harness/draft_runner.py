@@ -68,15 +68,22 @@ PLACEHOLDER_ID = 0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--draft", required=True, help="EAGLE-3 draft checkpoint folder (LlamaForCausalLMEagle3)")
-    p.add_argument("--target", required=True,
-                   help="target checkpoint folder whose input embedding the draft shares (DeepseekV3 or KimiK25)")
-    p.add_argument("--inputs", required=True,
-                   help="torch file {input_ids [T] long (the ids the draft reads, already shifted by one), "
-                        "positions [T] long (must be 0..T-1: SGLang derives them from the batch), "
-                        "aux [T, K*H] float32 (the target's concatenated taps, before the draft's fc)}")
+    p.add_argument(
+        "--target",
+        required=True,
+        help="target checkpoint folder whose input embedding the draft shares (DeepseekV3 or KimiK25)",
+    )
+    p.add_argument(
+        "--inputs",
+        required=True,
+        help="torch file {input_ids [T] long (the ids the draft reads, already shifted by one), "
+        "positions [T] long (must be 0..T-1: SGLang derives them from the batch), "
+        "aux [T, K*H] float32 (the target's concatenated taps, before the draft's fc)}",
+    )
     p.add_argument("--load-format", default="auto", help="SGLang load format ('auto': the real weights)")
     p.add_argument("--out", required=True, help="where to torch.save the logits and metadata")
     return p.parse_args(argv)
@@ -214,17 +221,22 @@ def main(argv=None) -> int:
     target_worker = TpModelWorker(server_args=server_args, gpu_id=0, nccl_port=port_args.nccl_port)
     spec_algorithm = SpeculativeAlgorithm.from_string("EAGLE3")
     spec_worker_cls = spec_algorithm.create_worker(server_args)
-    spec_worker = spec_worker_cls(server_args=draft_server_args, gpu_id=0, nccl_port=port_args.nccl_port,
-                                  target_worker=target_worker)
+    spec_worker = spec_worker_cls(
+        server_args=draft_server_args, gpu_id=0, nccl_port=port_args.nccl_port, target_worker=target_worker
+    )
     draft_worker = spec_worker._draft_worker  # EagleDraftWorker
     # Scheduler.init_memory_pools: the target allocates, the draft shares its req->token pool and allocator.
     target_worker.model_runner.account_preloaded_weights(
-        target_worker.preloaded_weights_bytes + spec_worker.preloaded_weights_bytes)
+        target_worker.preloaded_weights_bytes + spec_worker.preloaded_weights_bytes
+    )
     target_worker.alloc_memory_pool(draft_parallel_layout=spec_worker.draft_parallel_layout)
     pool, allocator = target_worker.get_memory_pool()
     with _kv_pool_warmup_self_copy() as warmup_calls:
-        spec_worker.alloc_memory_pool(memory_pool_config=target_worker.model_runner.memory_pool_config,
-                                      req_to_token_pool=pool, token_to_kv_pool_allocator=allocator)
+        spec_worker.alloc_memory_pool(
+            memory_pool_config=target_worker.model_runner.memory_pool_config,
+            req_to_token_pool=pool,
+            token_to_kv_pool_allocator=allocator,
+        )
     # Scheduler.init_all_attention_backends / init_all_cuda_graphs (disable_cuda_graph: no graphs are captured), with
     # EagleDraftWorker's contexts. Of EagleDraftWorker.init_attention_backends only the draft runner's own backend
     # (torch_native, as for the target) is built: its second half, init_attention_backend, makes the multi-step
@@ -255,8 +267,10 @@ def main(argv=None) -> int:
         "input_ids": input_ids.clone(),
         "hot_token_id": None if hot is None else hot.detach().cpu().long().clone(),
         "d2t": None if hot is None else (hot.detach().cpu().long() - torch.arange(hot.shape[0])),
-        "embed_shared_with_target": (decoder.embed_tokens.weight.data_ptr()
-                                     == target_worker.model_runner.model.get_embed_and_head()[0].data_ptr()),
+        "embed_shared_with_target": (
+            decoder.embed_tokens.weight.data_ptr()
+            == target_worker.model_runner.model.get_embed_and_head()[0].data_ptr()
+        ),
         "kv_pool_warmup_self_copies": warmup_calls,
         "error": None,
     }
@@ -289,16 +303,27 @@ def main(argv=None) -> int:
 
     # The target prefill batch the draft extend follows: ids [placeholder, s_0 .. s_{T-2}], next token s_{T-1}.
     batch_ids = array("q", [PLACEHOLDER_ID] + input_ids[:-1].tolist())
-    req = Req(rid=0, origin_input_text="", origin_input_ids=batch_ids,
-              sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+    req = Req(
+        rid=0,
+        origin_input_text="",
+        origin_input_ids=batch_ids,
+        sampling_params=SamplingParams(temperature=0, max_new_tokens=1),
+    )
     req.full_untruncated_fill_ids = req.origin_input_ids
     req.logprob_start_len = -1
     req.extend_end = len(req.origin_input_ids)
-    tree_cache = TreeCacheNamespace(page_size=get_schedule().page_size, device=draft_runner.device,
-                                    token_to_kv_pool_allocator=allocator)
-    batch = ScheduleBatch.init_new(reqs=[req], req_to_token_pool=pool, token_to_kv_pool_allocator=allocator,
-                                   tree_cache=tree_cache, model_config=target_worker.model_runner.model_config,
-                                   enable_overlap=False, spec_algorithm=spec_algorithm)
+    tree_cache = TreeCacheNamespace(
+        page_size=get_schedule().page_size, device=draft_runner.device, token_to_kv_pool_allocator=allocator
+    )
+    batch = ScheduleBatch.init_new(
+        reqs=[req],
+        req_to_token_pool=pool,
+        token_to_kv_pool_allocator=allocator,
+        tree_cache=tree_cache,
+        model_config=target_worker.model_runner.model_config,
+        enable_overlap=False,
+        spec_algorithm=spec_algorithm,
+    )
     batch.prepare_for_extend()
     if batch.input_ids is None and getattr(batch, "prefill_input_ids_cpu", None) is not None:
         batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device)
@@ -331,21 +356,26 @@ def main(argv=None) -> int:
         result["lm_head_shape"] = list(head.shape)
         # Row by row: the [1, H] @ [H, V] product SGLang's LogitsProcessor computes for the pruned last row, so the
         # last row is bit-identical to SGLang's own (one [T, H] matmul differs from it by float32 rounding, ~3e-6).
-        result["logits"] = torch.cat([hidden[i:i + 1] @ head.T for i in range(hidden.shape[0])])
+        result["logits"] = torch.cat([hidden[i : i + 1] @ head.T for i in range(hidden.shape[0])])
     if draft_input is not None:
         result["topk_p"] = draft_input.topk_p.detach().cpu().clone()
         result["topk_index"] = draft_input.topk_index.detach().cpu().clone()
     if result["error"] is None:
         if result["draft_input_ids"] is None or not torch.equal(result["draft_input_ids"].long(), input_ids):
-            result["error"] = (f"the draft read ids {result['draft_input_ids']}, not the given {input_ids} "
-                               "(SGLang's prefill rotation changed?)")
+            result["error"] = (
+                f"the draft read ids {result['draft_input_ids']}, not the given {input_ids} "
+                "(SGLang's prefill rotation changed?)"
+            )
         elif not torch.equal(result["draft_positions"].long(), positions):
             result["error"] = f"the draft read positions {result['draft_positions']}, not 0..{t - 1}"
         elif result["logits"] is None or result["logits"].shape[0] != t:
             result["error"] = f"hook saw no [T={t}] post-norm hidden state"
 
-    summary = {k: (list(v.shape) if isinstance(v, torch.Tensor) else v) for k, v in result.items()
-               if k not in ("draft_config", "traceback", "config_overrides")}
+    summary = {
+        k: (list(v.shape) if isinstance(v, torch.Tensor) else v)
+        for k, v in result.items()
+        if k not in ("draft_config", "traceback", "config_overrides")
+    }
     last = result["last_token_logits_sglang"]
     if result["logits"] is not None and last is not None:
         summary["last_position_max_abs_diff"] = (result["logits"][-1:] - last).abs().max().item()

@@ -48,13 +48,13 @@ def sglang_names(state: dict) -> dict:
                 continue
             for old, new in _LAYER_RENAMES.items():
                 if rest.startswith(old):
-                    rest = new + rest[len(old):]
+                    rest = new + rest[len(old) :]
                     break
             out[f"vision_tower.encoder.blocks.{idx}.{rest}"] = tensor
             continue
         for old, new in _PREFIX_RENAMES:
             if name.startswith(old):
-                name = new + name[len(old):]
+                name = new + name[len(old) :]
                 break
         out[name] = tensor
     for (idx, kind), parts in qkv.items():

@@ -34,10 +34,15 @@ def yarn_identity_copy(draft: Path, out: Path) -> Path:
     cfg = json.loads((draft / "config.json").read_text())
     params = cfg.get("rope_parameters") or {}
     if params.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
-        raise SystemExit(f"{draft}: rope {params or cfg.get('rope_scaling')} is not plain RoPE; this harness only "
-                         "rewrites plain RoPE into its YaRN factor-1 equivalent")
-    yarn = dict(runner.YARN_IDENTITY, rope_theta=params.get("rope_theta", cfg.get("rope_theta", 10000.0)),
-                original_max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)))
+        raise SystemExit(
+            f"{draft}: rope {params or cfg.get('rope_scaling')} is not plain RoPE; this harness only "
+            "rewrites plain RoPE into its YaRN factor-1 equivalent"
+        )
+    yarn = dict(
+        runner.YARN_IDENTITY,
+        rope_theta=params.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+        original_max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+    )
     cfg["rope_parameters"] = yarn
     cfg["rope_scaling"] = yarn
     out.mkdir(parents=True, exist_ok=True)

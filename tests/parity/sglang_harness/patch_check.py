@@ -47,8 +47,10 @@ def main(argv=None) -> int:
         out["guard_error"] = str(exc)
     finally:
         sglang.__version__ = real_version
-    out["patched_after_refusal"] = (DeepseekV2ForCausalLM.set_eagle3_layers_to_capture is not original
-                                    or DeepseekV2Model.forward is not original_forward)
+    out["patched_after_refusal"] = (
+        DeepseekV2ForCausalLM.set_eagle3_layers_to_capture is not original
+        or DeepseekV2Model.forward is not original_forward
+    )
 
     first = patch.apply()
     replaced = DeepseekV2ForCausalLM.set_eagle3_layers_to_capture

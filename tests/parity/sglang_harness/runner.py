@@ -48,8 +48,15 @@ REPO = HERE.parents[2]
 #: (inv_freq_interpolation == inv_freq_extrapolation) and mscale(1.0) == 1, so the attention scale is unchanged.
 #: The runner adds it only to a config that has no scaling; the parity test against transformers (which runs
 #: the checkpoint WITHOUT it) is what proves the override changes nothing.
-YARN_IDENTITY = {"rope_type": "yarn", "type": "yarn", "factor": 1.0, "beta_fast": 32, "beta_slow": 1,
-                 "mscale": 1.0, "mscale_all_dim": 1.0}
+YARN_IDENTITY = {
+    "rope_type": "yarn",
+    "type": "yarn",
+    "factor": 1.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
 
 
 #: Keys SGLang's DeepseekV2 reads that transformers 5's ``DeepseekV3Config`` no longer writes, with the value
@@ -64,8 +71,12 @@ NESTED_TEXT_DEFAULTS = {"architectures": ["DeepseekV3ForCausalLM"]}
 #: SGLang's Kimi K2.5 vision code reads the original checkpoint's names (``vt_hidden_size``,
 #: ``init_pos_emb_*``, ``text_hidden_size``); transformers' ``Kimi_K25VisionConfig`` writes other names for the
 #: same numbers. SGLang name -> transformers name.
-VISION_ALIASES = {"vt_hidden_size": "hidden_size", "init_pos_emb_height": "pos_emb_height",
-                  "init_pos_emb_width": "pos_emb_width", "init_pos_emb_time": "pos_emb_time"}
+VISION_ALIASES = {
+    "vt_hidden_size": "hidden_size",
+    "init_pos_emb_height": "pos_emb_height",
+    "init_pos_emb_width": "pos_emb_width",
+    "init_pos_emb_time": "pos_emb_time",
+}
 
 #: SGLang sizes its KV pool from the memory left after loading weights, as a fraction of what was free before
 #: (on CPU: system memory, which other processes on a shared machine change during the load). A large fraction
@@ -74,22 +85,38 @@ MEM_FRACTION = 0.5
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", required=True, help="checkpoint folder (DeepseekV3ForCausalLM or KimiK25)")
-    p.add_argument("--case", action="append", required=True, metavar="NAME=DRAFT_DIR[:legacy]",
-                   help="one capture case: SGLang reads DRAFT_DIR's eagle_config.eagle_aux_hidden_state_layer_ids; "
-                        "':legacy' applies vllm_eagle3/model_patches/sglang_embed_tap.py first "
-                        "(process-wide, so every later case must be ':legacy' too). "
-                        "Repeatable; the FIRST case's draft is the one ModelRunner itself is started with.")
+    p.add_argument(
+        "--case",
+        action="append",
+        required=True,
+        metavar="NAME=DRAFT_DIR[:legacy]",
+        help="one capture case: SGLang reads DRAFT_DIR's eagle_config.eagle_aux_hidden_state_layer_ids; "
+        "':legacy' applies vllm_eagle3/model_patches/sglang_embed_tap.py first "
+        "(process-wide, so every later case must be ':legacy' too). "
+        "Repeatable; the FIRST case's draft is the one ModelRunner itself is started with.",
+    )
     p.add_argument("--input-ids", required=True, help="comma-separated token ids of the prefill")
-    p.add_argument("--mm", default=None, metavar="FILE.pt",
-                   help="(Kimi) one image for the prefill: torch file {pixel_values, grid_thws, image_token_id}; "
-                        "--input-ids must hold image_token_id once per merged image token, contiguously")
-    p.add_argument("--load-format", default="auto",
-                   help="SGLang load format; 'auto' (real weights, what the parity tests use) or 'dummy' (debugging)")
-    p.add_argument("--dump-params", action="store_true",
-                   help="print the SGLang model's parameter names and shapes after loading, then exit")
+    p.add_argument(
+        "--mm",
+        default=None,
+        metavar="FILE.pt",
+        help="(Kimi) one image for the prefill: torch file {pixel_values, grid_thws, image_token_id}; "
+        "--input-ids must hold image_token_id once per merged image token, contiguously",
+    )
+    p.add_argument(
+        "--load-format",
+        default="auto",
+        help="SGLang load format; 'auto' (real weights, what the parity tests use) or 'dummy' (debugging)",
+    )
+    p.add_argument(
+        "--dump-params",
+        action="store_true",
+        help="print the SGLang model's parameter names and shapes after loading, then exit",
+    )
     p.add_argument("--out", required=True, help="where to torch.save the captured taps and metadata")
     return p.parse_args(argv)
 
@@ -129,8 +156,10 @@ def _config_overrides(target: Path) -> dict:
 def _rope_override(text: dict) -> dict:
     scaling = text.get("rope_scaling") or {}
     params = text.get("rope_parameters") or {}
-    if scaling.get("rope_type", scaling.get("type")) in ("yarn", "deepseek_yarn") or \
-            params.get("rope_type") in ("yarn", "deepseek_yarn"):
+    if scaling.get("rope_type", scaling.get("type")) in ("yarn", "deepseek_yarn") or params.get("rope_type") in (
+        "yarn",
+        "deepseek_yarn",
+    ):
         return {}
     yarn = dict(YARN_IDENTITY, original_max_position_embeddings=int(text.get("max_position_embeddings", 4096)))
     if "rope_parameters" in text:
@@ -153,9 +182,12 @@ def _image_inputs(model, ids, mm_spec: dict):
     positions = [i for i, t in enumerate(ids) if t == token]
     if not positions or positions != list(range(positions[0], positions[-1] + 1)):
         raise SystemExit(f"--mm: the input ids must hold image token {token} contiguously, got positions {positions}")
-    item = MultimodalDataItem(modality=Modality.IMAGE, feature=mm_spec["pixel_values"],
-                              offsets=[(positions[0], positions[-1])],
-                              model_specific_data={"grid_thws": mm_spec["grid_thws"]})
+    item = MultimodalDataItem(
+        modality=Modality.IMAGE,
+        feature=mm_spec["pixel_values"],
+        offsets=[(positions[0], positions[-1])],
+        model_specific_data={"grid_thws": mm_spec["grid_thws"]},
+    )
     item.set_pad_value()
     mm_inputs = MultimodalInputs(mm_items=[item], im_token_id=token)
     return model.pad_input_ids(ids, mm_inputs), mm_inputs
@@ -207,13 +239,15 @@ def init_sglang_process(server_args):
 
     _set_envs_and_config(server_args)
     port_args = PortArgs.init_new(server_args)
-    publish(server_args, role="scheduler",
-            ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), gpu_id=0))
+    publish(
+        server_args,
+        role="scheduler",
+        ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), gpu_id=0),
+    )
     _init_process_global_configs()
 
     model_config = ModelConfig.from_server_args(server_args)
-    bootstrap.init_parallel_runtime(server_args=server_args, device=get_device().device,
-                                    dist_port=port_args.nccl_port)
+    bootstrap.init_parallel_runtime(server_args=server_args, device=get_device().device, dist_port=port_args.nccl_port)
     bootstrap.init_layer_runtime(model_config=model_config)
     return port_args, model_config
 
@@ -234,17 +268,31 @@ def build_runner(server_args, legacy: bool):
 
         _set_envs_and_config(server_args)
         port_args = PortArgs.init_new(server_args)
-        return ModelRunner(model_config=ModelConfig.from_server_args(server_args),
-                           mem_fraction_static=MEM_FRACTION, gpu_id=0, tp_rank=0, tp_size=1, moe_ep_rank=0,
-                           moe_ep_size=1, pp_rank=0, pp_size=1, nccl_port=port_args.nccl_port,
-                           server_args=server_args)
+        return ModelRunner(
+            model_config=ModelConfig.from_server_args(server_args),
+            mem_fraction_static=MEM_FRACTION,
+            gpu_id=0,
+            tp_rank=0,
+            tp_size=1,
+            moe_ep_rank=0,
+            moe_ep_size=1,
+            pp_rank=0,
+            pp_size=1,
+            nccl_port=port_args.nccl_port,
+            server_args=server_args,
+        )
     from sglang.srt.arg_groups.overrides import declare_resolution
 
     declare_resolution(server_args, "vllm_eagle3.parity", cuda_graph_config={})
     server_args.resolve_once()
     port_args, model_config = init_sglang_process(server_args)
-    runner = ModelRunner(model_config=model_config, mem_fraction_static=MEM_FRACTION, gpu_id=0,
-                         nccl_port=port_args.nccl_port, server_args=server_args)
+    runner = ModelRunner(
+        model_config=model_config,
+        mem_fraction_static=MEM_FRACTION,
+        gpu_id=0,
+        nccl_port=port_args.nccl_port,
+        server_args=server_args,
+    )
     runner.alloc_memory_pool()
     # -> configure_aux_hidden_state_capture -> model.set_eagle3_layers_to_capture(ids of the first case's draft)
     runner.init_attention_backends()
@@ -269,8 +317,13 @@ def set_capture(model, ids, legacy: bool) -> None:
     )
 
     configure_aux_hidden_state_capture(
-        model=model, eagle_use_aux_hidden_state=True, eagle_aux_hidden_state_layer_ids=ids,
-        dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None, is_dspark=False)
+        model=model,
+        eagle_use_aux_hidden_state=True,
+        eagle_aux_hidden_state_layer_ids=ids,
+        dflash_use_aux_hidden_state=False,
+        dflash_target_layer_ids=None,
+        is_dspark=False,
+    )
 
 
 def prefill_batch(runner, rid: int, ids_array, mm_inputs, legacy: bool):
@@ -300,12 +353,18 @@ def prefill_batch(runner, rid: int, ids_array, mm_inputs, legacy: bool):
         req.logprob_start_len = -1
         req.extend_end = len(req.origin_input_ids)
         page_size = get_schedule().page_size
-    tree_cache = TreeCacheNamespace(page_size=page_size, device=runner.device,
-                                    token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator)
-    batch = ScheduleBatch.init_new(reqs=[req], req_to_token_pool=runner.req_to_token_pool,
-                                   token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
-                                   tree_cache=tree_cache, model_config=runner.model_config,
-                                   enable_overlap=False, spec_algorithm=SpeculativeAlgorithm.NONE)
+    tree_cache = TreeCacheNamespace(
+        page_size=page_size, device=runner.device, token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator
+    )
+    batch = ScheduleBatch.init_new(
+        reqs=[req],
+        req_to_token_pool=runner.req_to_token_pool,
+        token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+        tree_cache=tree_cache,
+        model_config=runner.model_config,
+        enable_overlap=False,
+        spec_algorithm=SpeculativeAlgorithm.NONE,
+    )
     batch.prepare_for_extend()
     if legacy:
         return ForwardBatch.init_new(batch.get_model_worker_batch(), runner)
@@ -320,8 +379,10 @@ def main(argv=None) -> int:
     cases = [_parse_case(c) for c in args.case]
     for (name, _, legacy), (later, _, later_legacy) in zip(cases, cases[1:]):
         if legacy and not later_legacy:
-            raise SystemExit(f"--case {later}: unpatched cases must come before legacy ones (after {name}); "
-                             "the SGLang patch is process-wide and has no revert")
+            raise SystemExit(
+                f"--case {later}: unpatched cases must come before legacy ones (after {name}); "
+                "the SGLang patch is process-wide and has no revert"
+            )
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(HERE))
@@ -424,7 +485,8 @@ def main(argv=None) -> int:
         if index == 0:
             ids = runner_capture_ids(runner, legacy_sglang)
             case["ids_source"] = "ModelRunner(speculative_draft_model_path=draft) -> " + (
-                "__init__ -> init_aux_hidden_state_capture" if legacy_sglang else "init_attention_backends")
+                "__init__ -> init_aux_hidden_state_capture" if legacy_sglang else "init_attention_backends"
+            )
         else:
             if legacy:
                 sglang_embed_tap.apply()
@@ -432,13 +494,15 @@ def main(argv=None) -> int:
             draft_cfg = ModelConfig.from_server_args(server_args, model_path=str(draft), is_draft_model=True)
             ids = draft_cfg.hf_config.eagle_config["eagle_aux_hidden_state_layer_ids"]
             case["ids_source"] = "draft ModelConfig eagle_config -> " + (
-                "set_eagle3_layers_to_capture" if legacy_sglang else "configure_aux_hidden_state_capture")
+                "set_eagle3_layers_to_capture" if legacy_sglang else "configure_aux_hidden_state_capture"
+            )
             try:
                 set_capture(model, ids, legacy_sglang)
             except Exception as exc:
                 case["error"] = f"{type(exc).__name__}: {exc}"
-        case["legacy_patch"] = (dict(sglang_embed_tap.APPLIED.get(sglang_embed_tap.PATCH_NAME) or {}) or None) \
-            if legacy else None
+        case["legacy_patch"] = (
+            (dict(sglang_embed_tap.APPLIED.get(sglang_embed_tap.PATCH_NAME) or {}) or None) if legacy else None
+        )
         case["draft_ids"] = list(ids or [])
         case["layers_to_capture"] = list(decoder.layers_to_capture)
 
@@ -460,8 +524,10 @@ def main(argv=None) -> int:
         case["aux"] = seen.get("aux")
         case["embed"] = seen.get("embed")
         result["cases"][name] = case
-        print(json.dumps({"case": name, **{k: v for k, v in case.items()
-                                           if k not in ("aux", "embed", "traceback")}}), flush=True)
+        print(
+            json.dumps({"case": name, **{k: v for k, v in case.items() if k not in ("aux", "embed", "traceback")}}),
+            flush=True,
+        )
 
     torch.save(result, args.out)
     return 0

@@ -11,8 +11,14 @@ environment.
 
 from vllm_eagle3.tools.import_hook import patch_after_import
 
-HIDDEN = ("_is_avx512_supported", "_is_avx512_vnni_supported", "_is_avx512_bf16_supported", "_is_avx512_fp16_supported",
-          "_is_amx_tile_supported", "_is_amx_fp16_supported")
+HIDDEN = (
+    "_is_avx512_supported",
+    "_is_avx512_vnni_supported",
+    "_is_avx512_bf16_supported",
+    "_is_avx512_fp16_supported",
+    "_is_amx_tile_supported",
+    "_is_amx_fp16_supported",
+)
 
 
 def _no() -> bool:

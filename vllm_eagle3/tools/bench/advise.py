@@ -23,8 +23,11 @@ def points(raws: Sequence[Mapping[str, Any]]) -> dict[int, dict[int, float]]:
     out: dict[int, dict[int, float]] = {}
     for raw in raws:
         v = Variant.from_dict(raw["variant"])
-        for c in ({x["concurrency"] for x in raw.get("cells", []) if x["kind"] == "throughput"}
-                  if v.chooses_k and not raw.get("error") else ()):
+        for c in (
+            {x["concurrency"] for x in raw.get("cells", []) if x["kind"] == "throughput"}
+            if v.chooses_k and not raw.get("error")
+            else ()
+        ):
             if math.isfinite(t := wall_tok_s(cells(raw, "throughput", c))):
                 out.setdefault(c, {})[v.k] = t
     return out
@@ -95,9 +98,13 @@ def config_lines(table: Schedule, draft: str = "models/kimi-k25-mini-eagle3", so
     """The ``speculative-config:`` block of a serve YAML carrying ``table``."""
     k = max(1, max(kk for _, _, kk in table))
     rows = ", ".join(f"[{a}, {b}, {kk}]" for a, b, kk in table)
-    lines = ["speculative-config:", "  method: eagle3", f"  model: {draft}",
-             f"  num_speculative_tokens: {k}                 # the most any batch size drafts",
-             f"  num_speculative_tokens_per_batch_size: [{rows}]   # [first batch size, last, k]"]
+    lines = [
+        "speculative-config:",
+        "  method: eagle3",
+        f"  model: {draft}",
+        f"  num_speculative_tokens: {k}                 # the most any batch size drafts",
+        f"  num_speculative_tokens_per_batch_size: [{rows}]   # [first batch size, last, k]",
+    ]
     if source:
         lines.insert(0, f"# k per batch size measured by {source}")
     return "\n".join(lines) + "\n"

@@ -11,8 +11,21 @@ from typing import Any, Callable, Mapping, Sequence
 
 from vllm_eagle3.tools.bench.client import RequestRecord
 from vllm_eagle3.tools.bench.plan import AB_PAIRS, MLA_DEFAULT, NATIVE, SGLANG_DEFAULT_WIRING, Variant, k_at
-from vllm_eagle3.tools.bench.stats import (NAN, NONE, Estimate, bootstrap, cost_ratio, finite, ideal_speedup, mean,
-                                           mean_ci, median, paired_ratio, ratio_of_sums, stratified_ratio)
+from vllm_eagle3.tools.bench.stats import (
+    NAN,
+    NONE,
+    Estimate,
+    bootstrap,
+    cost_ratio,
+    finite,
+    ideal_speedup,
+    mean,
+    mean_ci,
+    median,
+    paired_ratio,
+    ratio_of_sums,
+    stratified_ratio,
+)
 from vllm_eagle3.tools.bench.timers import StepSplit
 
 
@@ -21,8 +34,10 @@ class Results:
 
     def __init__(self, data: Mapping[str, Any]) -> None:
         if data.get("schema") != 2:
-            raise ValueError(f"results file schema {data.get('schema')!r} is not 2: it was written by an older "
-                             "`vllm-eagle3 bench`; re-run the benchmark (make bench) to get one this code reads")
+            raise ValueError(
+                f"results file schema {data.get('schema')!r} is not 2: it was written by an older "
+                "`vllm-eagle3 bench`; re-run the benchmark (make bench) to get one this code reads"
+            )
         self.variants = [(Variant.from_dict(v["variant"]), v) for v in data["variants"]]
 
     def find(self, **want) -> list[tuple[Variant, dict]]:
@@ -70,7 +85,7 @@ def wall_tok_s(cs: Sequence[Mapping]) -> float:
     if not cs:
         return NAN
     toks = sum(r.tokens for r in requests(cs))
-    secs = (sum(r.latency_s for r in requests(cs)) if cs[0]["concurrency"] == 1 else sum(x["wall_s"] for x in cs))
+    secs = sum(r.latency_s for r in requests(cs)) if cs[0]["concurrency"] == 1 else sum(x["wall_s"] for x in cs)
     return toks / secs if secs else NAN
 
 
@@ -98,8 +113,9 @@ def acceptance(raw: Mapping, seed: str) -> dict[str, Any]:
     acceptance; else pooled over every cell's counters, without an interval."""
     per_req = [r.counters for r in requests(cells(raw, "throughput", 1)) if r.counters and r.counters[0] > 0]
     if per_req:
-        tau = bootstrap([(x[2], x[0]) for x in per_req], lambda r: 1 + ratio_of_sums(r), seed,
-                        method="bootstrap over requests")
+        tau = bootstrap(
+            [(x[2], x[0]) for x in per_req], lambda r: 1 + ratio_of_sums(r), seed, method="bootstrap over requests"
+        )
         pool = per_req
     else:
         pool = [x["counters"] for x in raw.get("cells", []) if x.get("counters") and x["counters"][0] > 0]
@@ -116,15 +132,32 @@ def split_summary(raw: Mapping, c: int, seed: str) -> dict[str, Any] | None:
     sp = StepSplit.from_dict(cs[0]["split"])
     if not sp.steps:
         return {"steps": 0}
-    fwd, drf, stp = (mean_ci(sp.forward_ms, seed + "/fwd"), mean_ci(sp.draft_ms, seed + "/draft"),
-                     mean_ci(sp.step_ms, seed + "/step"))
+    fwd, drf, stp = (
+        mean_ci(sp.forward_ms, seed + "/fwd"),
+        mean_ci(sp.draft_ms, seed + "/draft"),
+        mean_ci(sp.step_ms, seed + "/step"),
+    )
     rest = stp.value - fwd.value - drf.value if finite(stp.value) else NAN
-    return {"steps": sp.steps, "forward_ms": fwd.as_dict(), "draft_ms": drf.as_dict(), "step_ms": stp.as_dict(),
-            "rest_ms": max(rest, 0.0) if finite(rest) else NAN, "draft_timed": cs[0].get("draft_timed", False)}
+    return {
+        "steps": sp.steps,
+        "forward_ms": fwd.as_dict(),
+        "draft_ms": drf.as_dict(),
+        "step_ms": stp.as_dict(),
+        "rest_ms": max(rest, 0.0) if finite(rest) else NAN,
+        "draft_timed": cs[0].get("draft_timed", False),
+    }
 
 
-def step_models(v: Variant, sp: Mapping | None, base_sp: Mapping | None, tau: float, raw: Mapping,
-                base_raw: Mapping, c: int, seed: str) -> dict[str, Any]:
+def step_models(
+    v: Variant,
+    sp: Mapping | None,
+    base_sp: Mapping | None,
+    tau: float,
+    raw: Mapping,
+    base_raw: Mapping,
+    c: int,
+    seed: str,
+) -> dict[str, Any]:
     """c, v, ideal tau/(1+kc), verify-aware tau/(v+kc) and the break-even acceptance length (with its interval:
     the two servers' steps resampled independently)."""
     if not (sp and base_sp and sp.get("steps") and base_sp.get("steps")):
@@ -135,11 +168,16 @@ def step_models(v: Variant, sp: Mapping | None, base_sp: Mapping | None, tau: fl
     spk = StepSplit.from_dict(cells(raw, "split", c)[0]["split"])
     sp0 = StepSplit.from_dict(cells(base_raw, "split", c)[0]["split"])
     be = stratified_ratio([spk.step_ms], [sp0.step_ms], seed + "/break-even")
-    return {"c": cc, "v": vf, "ideal": ideal_speedup(tau, v.k, cc) if finite(cc) and finite(tau) else NAN,
-            "model_verify": ideal_speedup(tau, v.k, cc, vf) if finite(cc) and finite(vf) and finite(tau) else NAN,
-            # the acceptance length below which speculation loses: mean step with spec / without
-            "break_even": Estimate(be.value, be.lo, be.hi, be.n,
-                                   "ratio of mean decode-step times, bootstrap over steps").as_dict()}
+    return {
+        "c": cc,
+        "v": vf,
+        "ideal": ideal_speedup(tau, v.k, cc) if finite(cc) and finite(tau) else NAN,
+        "model_verify": ideal_speedup(tau, v.k, cc, vf) if finite(cc) and finite(vf) and finite(tau) else NAN,
+        # the acceptance length below which speculation loses: mean step with spec / without
+        "break_even": Estimate(
+            be.value, be.lo, be.hi, be.n, "ratio of mean decode-step times, bootstrap over steps"
+        ).as_dict(),
+    }
 
 
 def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,10 +195,13 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
             bthr, bspl = (cells(base, kind, c) if base is not None else [] for kind in ("throughput", "split"))
             if thr:
                 reqs = requests(thr)
-                row.update(tok_s=throughput(thr, f"{key}/{c}/tok_s").as_dict(),
-                           latency_ms=median([r.latency_s * 1e3 for r in reqs]),
-                           ms_per_token=median([r.latency_s * 1e3 / r.tokens for r in reqs if r.tokens]),
-                           tokens=sum(r.tokens for r in reqs), prompts=len({r.prompt for r in reqs}))
+                row.update(
+                    tok_s=throughput(thr, f"{key}/{c}/tok_s").as_dict(),
+                    latency_ms=median([r.latency_s * 1e3 for r in reqs]),
+                    ms_per_token=median([r.latency_s * 1e3 / r.tokens for r in reqs if r.tokens]),
+                    tokens=sum(r.tokens for r in reqs),
+                    prompts=len({r.prompt for r in reqs}),
+                )
             if sp := split_summary(raw, c, f"{key}/{c}/split"):
                 row["split"] = sp
             if unt and spl:
@@ -176,17 +217,27 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
                 row.update(step_models(v, sp, bsp, tau, raw, base, c, f"{key}/{c}"))
             if row:
                 rows[str(c)] = row
-        entry = {"key": key, "label": v.label, "variant": v.as_dict(), "ready_s": raw.get("ready_s"),
-                 "error": raw.get("error"), "skipped": raw.get("skipped"), "capture_line": raw.get("capture_line", ""),
-                 "check_line": raw.get("check_line", ""),
-                 # the verify-as-decode patch's CALLS["verify"] (timers.bench_mla_calls); zero: vLLM's own path
-                 "mla_verify_on_decode_kernel": bool((raw.get("mla_calls") or {}).get("verify")),
-                 "acceptance": acc, "by_concurrency": rows}
+        entry = {
+            "key": key,
+            "label": v.label,
+            "variant": v.as_dict(),
+            "ready_s": raw.get("ready_s"),
+            "error": raw.get("error"),
+            "skipped": raw.get("skipped"),
+            "capture_line": raw.get("capture_line", ""),
+            "check_line": raw.get("check_line", ""),
+            # the verify-as-decode patch's CALLS["verify"] (timers.bench_mla_calls); zero: vLLM's own path
+            "mla_verify_on_decode_kernel": bool((raw.get("mla_calls") or {}).get("verify")),
+            "acceptance": acc,
+            "by_concurrency": rows,
+        }
         if st := cells(raw, "stream", 1):
             sreq = requests(st)
-            entry["stream"] = {"ttft_ms": median([r.ttft_s * 1e3 for r in sreq]),
-                               "itl_ms": median([r.itl_s * 1e3 for r in sreq]),
-                               "cost": speedup(st, cells(raw, "throughput", 1), f"{key}/stream").as_dict()}
+            entry["stream"] = {
+                "ttft_ms": median([r.ttft_s * 1e3 for r in sreq]),
+                "itl_ms": median([r.itl_s * 1e3 for r in sreq]),
+                "cost": speedup(st, cells(raw, "throughput", 1), f"{key}/stream").as_dict(),
+            }
         out["variants"].append(entry)
     out["capture_ab"] = capture_ab(res, concs)
     out["check_cost"] = check_cost(res, concs)
@@ -211,8 +262,9 @@ def capture_ab(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
     return out
 
 
-def _ab_row(a: Sequence[tuple[Variant, dict]], b: Sequence[tuple[Variant, dict]], c: int,
-            seed: str) -> dict[str, Any] | None:
+def _ab_row(
+    a: Sequence[tuple[Variant, dict]], b: Sequence[tuple[Variant, dict]], c: int, seed: str
+) -> dict[str, Any] | None:
     def fw(raws):
         got, per_draft, accepted, drafts = [], [], 0.0, 0.0
         for _, raw in raws:
@@ -228,11 +280,19 @@ def _ab_row(a: Sequence[tuple[Variant, dict]], b: Sequence[tuple[Variant, dict]]
     (e, e_norm, tau_a), (n, n_norm, tau_b) = fw(a), fw(b)
     if not e or not n:
         return None
-    row = {"servers": [len(e), len(n)], "plugin_forward_ms": [mean(g) for g in e],
-           "native_forward_ms": [mean(g) for g in n], "tau": [tau_a, tau_b], **_compare(e, n, seed)}
+    row = {
+        "servers": [len(e), len(n)],
+        "plugin_forward_ms": [mean(g) for g in e],
+        "native_forward_ms": [mean(g) for g in n],
+        "tau": [tau_a, tau_b],
+        **_compare(e, n, seed),
+    }
     if all(e_norm) and all(n_norm):
-        row["normalized"] = {"plugin": [mean(g) for g in e_norm], "native": [mean(g) for g in n_norm],
-                             **_compare(e_norm, n_norm, f"{seed}/per-draft")}
+        row["normalized"] = {
+            "plugin": [mean(g) for g in e_norm],
+            "native": [mean(g) for g in n_norm],
+            **_compare(e_norm, n_norm, f"{seed}/per-draft"),
+        }
     return row
 
 
@@ -241,8 +301,11 @@ def _compare(a: Sequence, b: Sequence, seed: str, ratio_of: Callable = stratifie
     two servers of one side, a verdict."""
     ratio = ratio_of(a, b, seed)
     same = [ratio_of(g[:1], g[1:2], f"{seed}/same/{i}") for i, g in enumerate((a, b)) if len(g) > 1]
-    return {"ratio": ratio.as_dict(), "same_config_ratios": [s.as_dict() for s in same],
-            "verdict": _verdict(ratio, same)}
+    return {
+        "ratio": ratio.as_dict(),
+        "same_config_ratios": [s.as_dict() for s in same],
+        "verdict": _verdict(ratio, same),
+    }
 
 
 def _verdict(ratio: Estimate, same: Sequence[Estimate]) -> str:
@@ -253,8 +316,10 @@ def _verdict(ratio: Estimate, same: Sequence[Estimate]) -> str:
     if not ratio.excludes(1.0):
         return "within noise: the interval includes 1"
     if finite(noise) and gap <= noise:
-        return ("within server-to-server noise: the interval excludes 1, but two servers of the same configuration "
-                "differ by as much or more")
+        return (
+            "within server-to-server noise: the interval excludes 1, but two servers of the same configuration "
+            "differ by as much or more"
+        )
     if finite(noise):
         return "a real difference: outside the interval and larger than between two identical servers"
     return "outside the interval (one server per side: server-to-server noise not measured)"
@@ -267,13 +332,23 @@ def check_cost(res: Results, concs: Sequence[int]) -> list[dict[str, Any]]:
     out = []
     for off_v, _ in res.find(check=False, replica=1):
         same = dict(k=off_v.k, capture=off_v.capture, compiled=off_v.compiled, mla_verify=off_v.mla_verify)
-        sides = [(c, by_server(res.find(check=True, **same), c), by_server(res.find(check=False, **same), c))
-                 for c in concs]
-        out += [{"config": off_v.config_key.replace("+check-off", ""), "k": off_v.k, "mode": off_v.mode,
-                 "concurrency": c, "servers": [len(on), len(off)],
-                 "on_tok_s": [wall_tok_s(cs) for cs in on], "off_tok_s": [wall_tok_s(cs) for cs in off],
-                 **_compare(on, off, f"check/{off_v.config_key}/{c}", lambda x, y, s: speedup(pooled(x), pooled(y), s))}
-                for c, on, off in sides if on and off]
+        sides = [
+            (c, by_server(res.find(check=True, **same), c), by_server(res.find(check=False, **same), c)) for c in concs
+        ]
+        out += [
+            {
+                "config": off_v.config_key.replace("+check-off", ""),
+                "k": off_v.k,
+                "mode": off_v.mode,
+                "concurrency": c,
+                "servers": [len(on), len(off)],
+                "on_tok_s": [wall_tok_s(cs) for cs in on],
+                "off_tok_s": [wall_tok_s(cs) for cs in off],
+                **_compare(on, off, f"check/{off_v.config_key}/{c}", lambda x, y, s: speedup(pooled(x), pooled(y), s)),
+            }
+            for c, on, off in sides
+            if on and off
+        ]
     return out
 
 
@@ -305,33 +380,44 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             cand = [(wall_tok_s(cells(sraw, "throughput", c)), sv, sraw) for sv, sraw in at_c if sv.k]
             cand = [x for x in cand if finite(x[0])]
             seed = f"adaptive/{v.key}/{c}"
-            row: dict[str, Any] = {"mode": v.mode, "concurrency": c, "k": k_at(v.schedule, c) if v.schedule else None,
-                                   "nospec_tok_s": wall_tok_s(bcs), "tok_s": wall_tok_s(mine),
-                                   "speedup": speedup(mine, bcs, seed).as_dict(),
-                                   "side_by_side": bool(v.stretch) and base is not first,
-                                   "chosen_side_by_side": bool(first_v and first_v.stretch),
-                                   "stretch": v.stretch, "turns": mine_by[0][0].get("chunks"),
-                                   "servers": [len(mine_by), 0], "same_config": {},
-                                   "same_text": same_text(summary, twins, c)}
+            row: dict[str, Any] = {
+                "mode": v.mode,
+                "concurrency": c,
+                "k": k_at(v.schedule, c) if v.schedule else None,
+                "nospec_tok_s": wall_tok_s(bcs),
+                "tok_s": wall_tok_s(mine),
+                "speedup": speedup(mine, bcs, seed).as_dict(),
+                "side_by_side": bool(v.stretch) and base is not first,
+                "chosen_side_by_side": bool(first_v and first_v.stretch),
+                "stretch": v.stretch,
+                "turns": mine_by[0][0].get("chunks"),
+                "servers": [len(mine_by), 0],
+                "same_config": {},
+                "same_text": same_text(summary, twins, c),
+            }
             if len(mine_by) > 1:
                 row["same_config"]["adaptive"] = speedup(mine_by[0], mine_by[1], seed + "/same").as_dict()
             k3 = [x for x in cand if x[1].k == 3]
             if k3 and first is not None:
-                row["k3_speedup"] = speedup(cells(k3[0][2], "throughput", c), cells(first, "throughput", c),
-                                            seed + "/k3").as_dict()
+                row["k3_speedup"] = speedup(
+                    cells(k3[0][2], "throughput", c), cells(first, "throughput", c), seed + "/k3"
+                ).as_dict()
             if cand:
                 _, bv, braw = max(cand, key=lambda x: (x[0], -x[1].k))
                 row["best_static_k"] = bv.k
-                paired_by = by_server([x for x in res.find(compiled=v.compiled, stretch=v.stretch, k=bv.k)
-                                       if x[0].side_static], c)
+                paired_by = by_server(
+                    [x for x in res.find(compiled=v.compiled, stretch=v.stretch, k=bv.k) if x[0].side_static], c
+                )
                 bcells = pooled(paired_by) or cells(braw, "throughput", c)
                 row["best_static_side_by_side"] = bool(paired_by)
                 row["servers"][1] = len(paired_by) or 1
                 if len(paired_by) > 1:
-                    row["same_config"]["best_static"] = speedup(paired_by[0], paired_by[1],
-                                                                seed + "/best-same").as_dict()
-                row["best_static_speedup"] = speedup(bcells, bcs if paired_by else cells(first or base, "throughput",
-                                                                                         c), seed + "/best").as_dict()
+                    row["same_config"]["best_static"] = speedup(
+                        paired_by[0], paired_by[1], seed + "/best-same"
+                    ).as_dict()
+                row["best_static_speedup"] = speedup(
+                    bcells, bcs if paired_by else cells(first or base, "throughput", c), seed + "/best"
+                ).as_dict()
                 row["vs_best_static"] = speedup(mine, bcells, seed + "/vs-best").as_dict()
                 row["measured_k"] = sorted(x[1].k for x in cand)
                 row["static_same_text"] = {str(x[1].k): same_text(summary, [x[1:]], c) for x in cand}
@@ -367,10 +453,19 @@ def shipped(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             sp = speedup(mine, bcs, f"shipped/{v.key}/{c}").as_dict()
             same = same_text(summary, twins, c)
             counts = [r.counters for r in requests(mine) if r.counters and r.counters[0] > 0]
-            out.append({"concurrency": c, "mode": v.mode, "servers": len(by_server(twins, c)), "speedup": sp,
-                        "nospec_tok_s": wall_tok_s(bcs), "tok_s": wall_tok_s(mine), "same_text": same,
-                        "tau": 1 + sum(x[2] for x in counts) / sum(x[0] for x in counts) if counts else NAN,
-                        "misses": verdict(c, sp, same)})
+            out.append(
+                {
+                    "concurrency": c,
+                    "mode": v.mode,
+                    "servers": len(by_server(twins, c)),
+                    "speedup": sp,
+                    "nospec_tok_s": wall_tok_s(bcs),
+                    "tok_s": wall_tok_s(mine),
+                    "same_text": same,
+                    "tau": 1 + sum(x[2] for x in counts) / sum(x[0] for x in counts) if counts else NAN,
+                    "misses": verdict(c, sp, same),
+                }
+            )
     return sorted(out, key=lambda r: (r["mode"], r["concurrency"]))
 
 
@@ -382,24 +477,44 @@ def advice(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     for mode in ("eager", "compiled"):
         vs = [v for v in pool if v["variant"]["compiled"] == (mode == "compiled")]
         for c in summary["concurrencies"]:
-            cand = [(t, v) for v in vs  # those with a throughput cell at c
-                    if finite(t := v["by_concurrency"].get(str(c), {}).get("tok_s", {}).get("value"))]
+            cand = [
+                (t, v)
+                for v in vs  # those with a throughput cell at c
+                if finite(t := v["by_concurrency"].get(str(c), {}).get("tok_s", {}).get("value"))
+            ]
             if not cand or not any(v["variant"]["k"] == 0 for _, v in cand):
                 if cand and any(v["variant"]["k"] == 0 for v in vs):  # its server failed: no advice, say why
                     out.append({"mode": mode, "concurrency": c, "best_k": None, "missing_base": True})
                 continue
             best_t, best = max(cand, key=lambda tv: tv[0])
             row = best["by_concurrency"][str(c)]
-            out.append({"mode": mode, "concurrency": c, "best_k": best["variant"]["k"], "best_tok_s": best_t,
-                        "measured_k": sorted(v["variant"]["k"] for _, v in cand),
-                        "tau": (best["acceptance"] or {}).get("tau"),
-                        "break_even": row.get("break_even"), "ideal": row.get("ideal", NAN),
-                        "model_verify": row.get("model_verify", NAN), "speedup": row.get("speedup")})
+            out.append(
+                {
+                    "mode": mode,
+                    "concurrency": c,
+                    "best_k": best["variant"]["k"],
+                    "best_tok_s": best_t,
+                    "measured_k": sorted(v["variant"]["k"] for _, v in cand),
+                    "tau": (best["acceptance"] or {}).get("tau"),
+                    "break_even": row.get("break_even"),
+                    "ideal": row.get("ideal", NAN),
+                    "model_verify": row.get("model_verify", NAN),
+                    "speedup": row.get("speedup"),
+                }
+            )
     for v in summary["variants"]:  # the SGLang default wiring, measured against its break-even
         if v["variant"]["capture"] == NATIVE and v["variant"]["replica"] == 1:
             for c, row in v["by_concurrency"].items():
-                out.append({"mode": SGLANG_DEFAULT_WIRING, "concurrency": int(c), "best_k": None, "key": v["key"],
-                            "tau": (v["acceptance"] or {}).get("tau"), "break_even": row.get("break_even"),
-                            "speedup": row.get("speedup") or row.get("speedup_timed"),
-                            "speedup_source": "throughput" if row.get("speedup") else "timed"})
+                out.append(
+                    {
+                        "mode": SGLANG_DEFAULT_WIRING,
+                        "concurrency": int(c),
+                        "best_k": None,
+                        "key": v["key"],
+                        "tau": (v["acceptance"] or {}).get("tau"),
+                        "break_even": row.get("break_even"),
+                        "speedup": row.get("speedup") or row.get("speedup_timed"),
+                        "speedup_source": "throughput" if row.get("speedup") else "timed",
+                    }
+                )
     return out

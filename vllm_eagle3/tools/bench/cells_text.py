@@ -28,8 +28,9 @@ def same_config(ests: Sequence[Mapping], digits: int = 3) -> str:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                     + ["| " + " | ".join(r) + " |" for r in rows])
+    return "\n".join(
+        ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+    )
 
 
 def _v(summary: Mapping, **want) -> list[dict]:
@@ -53,18 +54,31 @@ def pyplot(what: str):
     return plt
 
 
-_CAPTURE_WORDS = {"embed": "plugin capture", "native": "native capture of 3/31/59",
-                  "layers": "2nd head, plugin capture", "native-layers": "2nd head, native capture"}
+_CAPTURE_WORDS = {
+    "embed": "plugin capture",
+    "native": "native capture of 3/31/59",
+    "layers": "2nd head, plugin capture",
+    "native-layers": "2nd head, native capture",
+}
 
 
 def legend(x: Mapping) -> str:
     """A variant (``Variant.as_dict``) in a few words: ``EAGLE-3, plugin capture, k=3, compiled``."""
-    s = ("no speculation" if not x["k"] else f"EAGLE-3, k per batch size (up to {x['k']})" if x.get("adaptive")
-         else f"EAGLE-3, {_CAPTURE_WORDS[x['capture']]}, k={x['k']}")
+    s = (
+        "no speculation"
+        if not x["k"]
+        else f"EAGLE-3, k per batch size (up to {x['k']})"
+        if x.get("adaptive")
+        else f"EAGLE-3, {_CAPTURE_WORDS[x['capture']]}, k={x['k']}"
+    )
     s += {"off": ", MLA verify opted out", "on": ", MLA verify forced"}.get(x["mla_verify"], "")
     s += ("" if x.get("check", True) else ", check off") + (", compiled" if x["compiled"] else "")
-    s += {1: " (choosing k, light load)", 2: " (choosing k, loaded)", 3: " (judged, light load)",
-          4: " (judged, loaded)"}.get(x.get("stretch", 0), "")
+    s += {
+        1: " (choosing k, light load)",
+        2: " (choosing k, loaded)",
+        3: " (judged, light load)",
+        4: " (judged, loaded)",
+    }.get(x.get("stretch", 0), "")
     return s + (f", server #{x['replica']}" if x["replica"] > 1 else "")
 
 

@@ -21,11 +21,19 @@ from vllm_eagle3.tools.bench import advise, plan as plans, report, report_adapti
 DEFAULT_SERVE_CONFIG = "configs/serve_kimi_k25_mini.yaml"
 DEFAULT_CAPTURE_SPEC = "configs/kimi_k25_eagle3.yaml"
 DEFAULT_PROMPTS = "models/kimi-k25-mini-eagle3/eval_prompts.json"
-DOCS = {"md": "BENCHMARKS.md", "png": "docs/bench.png", "json": "bench/results.json", "soak": "bench/soak.json",
-        "adaptive": "bench/adaptive/results.json", "adaptive_bf16": "bench/adaptive-bf16/results.json"}
+DOCS = {
+    "md": "BENCHMARKS.md",
+    "png": "docs/bench.png",
+    "json": "bench/results.json",
+    "soak": "bench/soak.json",
+    "adaptive": "bench/adaptive/results.json",
+    "adaptive_bf16": "bench/adaptive-bf16/results.json",
+}
 ADAPTIVE = ("adaptive", "adaptive_bf16")  # the adaptive-k runs the repository's page shows: CPU_MLA f32, AMX_MLA bf16
-PUBLISHED = {"default": "the repository's BENCHMARKS.md, bench/results.json and docs/bench.png",
-             "shipped": "bench/shipped-<host kind>/ (and the repository's BENCHMARKS.md lists it)"}
+PUBLISHED = {
+    "default": "the repository's BENCHMARKS.md, bench/results.json and docs/bench.png",
+    "shipped": "bench/shipped-<host kind>/ (and the repository's BENCHMARKS.md lists it)",
+}
 """The plans the repository keeps a run of, and where ``--publish`` puts it (:func:`published`)."""
 
 
@@ -38,57 +46,98 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vllm-eagle3 bench",
         description="EAGLE-3 vs no speculation on vLLM's OpenAI server (the shipped miniature), with 95% intervals: "
-                    "concurrency 1/4/16, eager and compiled, the MLA opt-out, plugin vs native capture, the SGLang "
-                    "default wiring (taps 3/31/59), the draft/verify split, advice. Default plan ~1 h on a quiet "
-                    "2-core box (--dry-run prints the estimate); run it alone on the machine (make bench).")
-    p.add_argument("--plan", choices=sorted(plans.PLANS), default="default",
-                   help="smoke: every code path, numbers meaningless; default: the headline cells (~1 h); check: "
-                        "the online wiring check's cost (~30 min); adaptive: k per batch size vs static k (~80 min); "
-                        "shipped: the shipped default (live_k) vs no speculation, issue 41's bar (~30 min; --publish: "
-                        "bench/shipped-<host kind>); --dry-run lists each")
+        "concurrency 1/4/16, eager and compiled, the MLA opt-out, plugin vs native capture, the SGLang "
+        "default wiring (taps 3/31/59), the draft/verify split, advice. Default plan ~1 h on a quiet "
+        "2-core box (--dry-run prints the estimate); run it alone on the machine (make bench).",
+    )
+    p.add_argument(
+        "--plan",
+        choices=sorted(plans.PLANS),
+        default="default",
+        help="smoke: every code path, numbers meaningless; default: the headline cells (~1 h); check: "
+        "the online wiring check's cost (~30 min); adaptive: k per batch size vs static k (~80 min); "
+        "shipped: the shipped default (live_k) vs no speculation, issue 41's bar (~30 min; --publish: "
+        "bench/shipped-<host kind>); --dry-run lists each",
+    )
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
     g = p.add_argument_group("grow or shrink the plan")
-    g.add_argument("--k", type=int, help="speculative tokens of the headline variants (default 3); --plan adaptive: "
-                                         "the largest k tried (5)")
+    g.add_argument(
+        "--k",
+        type=int,
+        help="speculative tokens of the headline variants (default 3); --plan adaptive: the largest k tried (5)",
+    )
     g.add_argument("--concurrency", type=int, nargs="+", help="default 1 4 16")
     g.add_argument("--prompts-per-cell", type=int, help="different prompts per throughput cell (16)")
     g.add_argument("--max-tokens", type=int, help="output tokens per request (128)")
-    g.add_argument("--waves", type=int,
-                   help="a throughput cell at concurrency C sends max(prompts-per-cell, waves x C) requests, C in "
-                        "flight (4: steady load; 1: one wave, timed by its slowest request)")
-    g.add_argument("--compiled", action=argparse.BooleanOptionalAction,
-                   help="add (--compiled) or skip (--no-compiled, saves ~9 min) the compiled (torch.compile) "
-                        "variants; default: the plan's (default: yes)")
+    g.add_argument(
+        "--waves",
+        type=int,
+        help="a throughput cell at concurrency C sends max(prompts-per-cell, waves x C) requests, C in "
+        "flight (4: steady load; 1: one wave, timed by its slowest request)",
+    )
+    g.add_argument(
+        "--compiled",
+        action=argparse.BooleanOptionalAction,
+        help="add (--compiled) or skip (--no-compiled, saves ~9 min) the compiled (torch.compile) "
+        "variants; default: the plan's (default: yes)",
+    )
     g.add_argument("--no-opt-out", action="store_true", help="skip the MLA verify-as-decode opt-out variant")
-    g.add_argument("--no-capture-ab", action="store_true",
-                   help="skip the plugin-vs-native capture servers (and with them the SGLang default wiring)")
-    g.add_argument("--only", nargs="+", metavar="KEY",
-                   help="run only these variants of the plan (keys as --dry-run lists them, e.g. nospec+compiled)")
+    g.add_argument(
+        "--no-capture-ab",
+        action="store_true",
+        help="skip the plugin-vs-native capture servers (and with them the SGLang default wiring)",
+    )
+    g.add_argument(
+        "--only",
+        nargs="+",
+        metavar="KEY",
+        help="run only these variants of the plan (keys as --dry-run lists them, e.g. nospec+compiled)",
+    )
     g = p.add_argument_group("inputs and outputs")
     g.add_argument("--config", default=DEFAULT_SERVE_CONFIG, help=f"base serve YAML ({DEFAULT_SERVE_CONFIG})")
     g.add_argument("--capture-spec", default=DEFAULT_CAPTURE_SPEC, help=f"({DEFAULT_CAPTURE_SPEC})")
-    g.add_argument("--prompts",
-                   help=f"prompt token ids (default {DEFAULT_PROMPTS}; --plan adaptive: "
-                        f"{plans.PLAN_PROMPTS['adaptive']}, prompts no shipped model trained on)")
-    g.add_argument("--out-dir",
-                   help="write results.json, BENCHMARKS.md and bench.png here (default "
-                        f"{default_out_dir('<plan>')}; never the repository unless named here)")
-    g.add_argument("--publish", action="store_true",
-                   help="also write the run (or --from-json's results) where the repository keeps it: "
-                        + "; ".join(f"--plan {k}: {v}" for k, v in PUBLISHED.items()))
-    g.add_argument("--start-timeout", type=float, metavar="S",
-                   help="seconds a server may take to start (default 400 eager, 1200 compiled)")
+    g.add_argument(
+        "--prompts",
+        help=f"prompt token ids (default {DEFAULT_PROMPTS}; --plan adaptive: "
+        f"{plans.PLAN_PROMPTS['adaptive']}, prompts no shipped model trained on)",
+    )
+    g.add_argument(
+        "--out-dir",
+        help="write results.json, BENCHMARKS.md and bench.png here (default "
+        f"{default_out_dir('<plan>')}; never the repository unless named here)",
+    )
+    g.add_argument(
+        "--publish",
+        action="store_true",
+        help="also write the run (or --from-json's results) where the repository keeps it: "
+        + "; ".join(f"--plan {k}: {v}" for k, v in PUBLISHED.items()),
+    )
+    g.add_argument(
+        "--start-timeout",
+        type=float,
+        metavar="S",
+        help="seconds a server may take to start (default 400 eager, 1200 compiled)",
+    )
     g.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
-    g.add_argument("--from-json", metavar="RESULTS",
-                   help="run nothing: write BENCHMARKS.md and the plot again from a results file (into --out-dir; "
-                        "with --publish and no --out-dir, only where the repository keeps it)")
-    g.add_argument("--repo-page", action="store_true",
-                   help=f"run nothing: write the repository's {DOCS['md']} again from its committed results, the last "
-                        "soak and the adaptive-k runs (the plot left as it is; `vllm-eagle3 soak --publish` does this)")
-    g.add_argument("--advise", action="store_true",
-                   help="with --from-json: print the k-per-batch-size table its static-k servers give, as the "
-                        "speculative-config lines of a serve YAML, and write nothing")
+    g.add_argument(
+        "--from-json",
+        metavar="RESULTS",
+        help="run nothing: write BENCHMARKS.md and the plot again from a results file (into --out-dir; "
+        "with --publish and no --out-dir, only where the repository keeps it)",
+    )
+    g.add_argument(
+        "--repo-page",
+        action="store_true",
+        help=f"run nothing: write the repository's {DOCS['md']} again from its committed results, the last "
+        "soak and the adaptive-k runs (the plot left as it is; `vllm-eagle3 soak --publish` does this)",
+    )
+    g.add_argument(
+        "--advise",
+        action="store_true",
+        help="with --from-json: print the k-per-batch-size table its static-k servers give, as the "
+        "speculative-config lines of a serve YAML, and write nothing",
+    )
     return p
 
 
@@ -96,8 +145,11 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
     """The named plan with the command line's changes (k, concurrencies, sizes, variants left out or kept)."""
     kw = dict(plans.PLAN_ARGS[args.plan])
     headline = args.plan not in plans.BUILDERS
-    refused = {"--k": args.k is not None and args.plan == "shipped", "--no-opt-out": args.no_opt_out,
-               "--no-capture-ab": args.no_capture_ab}  # these change variants that only the headline plans have
+    refused = {
+        "--k": args.k is not None and args.plan == "shipped",
+        "--no-opt-out": args.no_opt_out,
+        "--no-capture-ab": args.no_capture_ab,
+    }  # these change variants that only the headline plans have
     if not headline and any(refused.values()):
         raise ValueError(f"{', '.join(flag for flag, on in refused.items() if on)}: not part of --plan {args.plan}")
     if args.k is not None:  # the adaptive plan tries every k from 1 to this one
@@ -109,9 +161,14 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
         for key in ("sglang_default_throughput", "opt_out_throughput") if headline else ():
             kept = tuple(c for c in kw.get(key, (16,)) if c in cs)  # keep those that remain, else the highest
             kw[key] = kept or (cs[-1],)
-    given = {"compiled": args.compiled, "opt_out": False if args.no_opt_out else None,
-             "capture_ab": False if args.no_capture_ab else None, "prompts": args.prompts_per_cell,
-             "max_tokens": args.max_tokens, "waves": args.waves}
+    given = {
+        "compiled": args.compiled,
+        "opt_out": False if args.no_opt_out else None,
+        "capture_ab": False if args.no_capture_ab else None,
+        "prompts": args.prompts_per_cell,
+        "max_tokens": args.max_tokens,
+        "waves": args.waves,
+    }
     kw.update({k: v for k, v in given.items() if v is not None})
     plan = plans.build(args.plan, **kw)
     if args.only:
@@ -123,18 +180,26 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
 
 
 def describe(plan: plans.Plan) -> str:
-    lines = [f"plan {plan.name}: {len(plan.variants)} servers; max({plan.prompts}, {plan.waves} x C) prompts x "
-             f"{plan.max_tokens} tokens per throughput cell at concurrency C"]
+    lines = [
+        f"plan {plan.name}: {len(plan.variants)} servers; max({plan.prompts}, {plan.waves} x C) prompts x "
+        f"{plan.max_tokens} tokens per throughput cell at concurrency C"
+    ]
     for v in plan.variants:
         cells = ", ".join(f"{c.kind} c={c.concurrency}" for c in v.cells)
-        when = (" (at most: where the table or the best static k is this k)" if v.side_static else
-                " (only if the light stretch's table allows this k)" if v.stretch == plans.CHOOSE_LOADED and v.k
-                else "")
+        when = (
+            " (at most: where the table or the best static k is this k)"
+            if v.side_static
+            else " (only if the light stretch's table allows this k)"
+            if v.stretch == plans.CHOOSE_LOADED and v.k
+            else ""
+        )
         when += f" [side-by-side stretch {v.stretch}]" if v.stretch else ""
         lines.append(f"  {v.key:<24} {cells}{when}")
     warm, cold = (sum(plans.estimate_items(plan, w).values()) / 60 for w in (True, False))
-    lines.append(f"estimated duration on a quiet 2-core box: ~{warm:.0f} min"  # the same without a compiled server
-                 + (f" with vLLM's compile cache warm (.cache/vllm), ~{cold:.0f} min cold" if warm != cold else ""))
+    lines.append(
+        f"estimated duration on a quiet 2-core box: ~{warm:.0f} min"  # the same without a compiled server
+        + (f" with vLLM's compile cache warm (.cache/vllm), ~{cold:.0f} min cold" if warm != cold else "")
+    )
     return "\n".join(lines)
 
 
@@ -153,8 +218,10 @@ def published(data: dict) -> tuple[Path, Path, Path]:
     if name == "shipped":
         d = REPO / "bench" / f"shipped-{report_adaptive.host_kind(data['meta']['machine'])[1]}"
         return d / "results.json", d / "BENCHMARKS.md", d / "bench.png"
-    raise ValueError(f"--publish: the repository keeps no --plan {name} run ({', '.join(PUBLISHED)} only); write it "
-                     "where you want with --out-dir")
+    raise ValueError(
+        f"--publish: the repository keeps no --plan {name} run ({', '.join(PUBLISHED)} only); write it "
+        "where you want with --out-dir"
+    )
 
 
 def publish(results: Path) -> None:
@@ -194,8 +261,12 @@ def page(data: dict | None, md: Path, png_rel: str | None) -> str:
     """The text of ``md``: the repository's BENCHMARKS.md also shows the last soak and the adaptive-k runs."""
     if md.resolve() != (REPO / DOCS["md"]).resolve():
         return report.render(data, png_rel, soak=report_soak.NO_SOAK)
-    return report.render(data, png_rel, soak=report_soak.soak_block(report.load_json(REPO / DOCS["soak"])),
-                         adaptive_runs=repo_adaptive_runs())
+    return report.render(
+        data,
+        png_rel,
+        soak=report_soak.soak_block(report.load_json(REPO / DOCS["soak"])),
+        adaptive_runs=repo_adaptive_runs(),
+    )
 
 
 def repo_adaptive_runs() -> list[dict]:
@@ -209,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.advise and not args.from_json:
         parser().error("--advise reads a results file: give --from-json RESULTS")
     if args.advise:
-        print(advise.config_lines(advise.from_results(report.load(Path(args.from_json))), source=args.from_json),
-              end="")
+        print(
+            advise.config_lines(advise.from_results(report.load(Path(args.from_json))), source=args.from_json), end=""
+        )
         return 0
     if args.repo_page:  # from the committed results and soak files; the plot is left as it is
         repo_page()
@@ -228,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
             publish(source)
         return 0
     if args.publish and args.plan not in PUBLISHED:
-        parser().error(f"--publish: the repository keeps no --plan {args.plan} run ({', '.join(PUBLISHED)} only); "
-                       "write it where you want with --out-dir")
+        parser().error(
+            f"--publish: the repository keeps no --plan {args.plan} run ({', '.join(PUBLISHED)} only); "
+            "write it where you want with --out-dir"
+        )
     try:
         plan = build_plan(args)
     except ValueError as exc:
@@ -238,26 +312,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if args.dry_run else execute(plan, args, argv, results, md, png)
 
 
-def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, results: Path, md: Path,
-            png: Path) -> int:
+def execute(
+    plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, results: Path, md: Path, png: Path
+) -> int:
     import yaml
 
     from vllm_eagle3.resolve import TargetInfo
     from vllm_eagle3.tools.bench import run
 
-    base_cfg = {str(k).lstrip("-").replace("_", "-"): v
-                for k, v in (yaml.safe_load(run.repo_path(args.config).read_text()) or {}).items()}
+    base_cfg = {
+        str(k).lstrip("-").replace("_", "-"): v
+        for k, v in (yaml.safe_load(run.repo_path(args.config).read_text()) or {}).items()
+    }
     num_layers = TargetInfo.load(run.repo_path(str(base_cfg["model"]))).num_layers
     draft = run.repo_path(str((base_cfg.get("speculative-config") or {}).get("model", "models/kimi-k25-mini-eagle3")))
     plan = dataclasses.replace(plan, variants=tuple(run.as_shipped(v, base_cfg) for v in plan.variants))
     args.prompts = args.prompts or plans.PLAN_PROMPTS.get(plan.name, DEFAULT_PROMPTS)
     prompts = run.load_prompts(run.repo_path(args.prompts))
     cells = [c for v in plan.variants for c in v.cells]
-    need = max([plan.prompts, plan.stream_prompts] + [plan.split_requests(c.concurrency) for c in cells]
-               + [plan.throughput_requests(c.concurrency) for c in cells if c.kind == "throughput"])
+    need = max(
+        [plan.prompts, plan.stream_prompts]
+        + [plan.split_requests(c.concurrency) for c in cells]
+        + [plan.throughput_requests(c.concurrency) for c in cells if c.kind == "throughput"]
+    )
     if len(prompts) < need:
-        raise SystemExit(f"vllm-eagle3 bench: {args.prompts} has {len(prompts)} prompts, the plan needs {need}; "
-                         "lower --prompts-per-cell / --waves or the concurrency, or give a longer prompt file")
+        raise SystemExit(
+            f"vllm-eagle3 bench: {args.prompts} has {len(prompts)} prompts, the plan needs {need}; "
+            "lower --prompts-per-cell / --waves or the concurrency, or give a longer prompt file"
+        )
     work = Path(tempfile.mkdtemp(prefix="vllm-eagle3-bench-"))
     log_dir = Path(args.log_dir) if args.log_dir else work
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -280,27 +362,42 @@ def execute(plan: plans.Plan, args: argparse.Namespace, argv: list[str] | None, 
             if v.adaptive:
                 say(f"{v.key}: {v.label}")
             if not v.cells:
-                say(f"{v.key}: not run: " + (f"the table measured so far drafts fewer than {v.k} tokens at the highest "
-                                             "concurrency, and k never rises with the batch"
-                                             if v.stretch == plans.CHOOSE_LOADED
-                                             else f"k={v.k} is neither the table's nor the best anywhere"))
+                say(
+                    f"{v.key}: not run: "
+                    + (
+                        f"the table measured so far drafts fewer than {v.k} tokens at the highest "
+                        "concurrency, and k never rises with the batch"
+                        if v.stretch == plans.CHOOSE_LOADED
+                        else f"k={v.k} is neither the table's nor the best anywhere"
+                    )
+                )
         if side := [v for v in group if v.cells]:
             if side[0].stretch:
                 say(f"side by side (stretch {side[0].stretch}): {', '.join(v.key for v in side)}")
-            raws += run.run_stretch(side, plan, base_cfg, wirings, prompts, work, log_dir, say, args.start_timeout,
-                                    progress)
+            raws += run.run_stretch(
+                side, plan, base_cfg, wirings, prompts, work, log_dir, say, args.start_timeout, progress
+            )
         for v in group:
             progress.drop(v)
     command = "vllm-eagle3 bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    meta = {"date": machine.now_utc(), "command": command.strip(), "duration_min": (time.monotonic() - t0) / 60,
-            "load_before": load_before, "load_after": machine.loadavg(), "machine": machine.machine_info(),
-            "serve_config": args.config, **machine.attention(base_cfg.get("dtype"))}
+    meta = {
+        "date": machine.now_utc(),
+        "command": command.strip(),
+        "duration_min": (time.monotonic() - t0) / 60,
+        "load_before": load_before,
+        "load_after": machine.loadavg(),
+        "machine": machine.machine_info(),
+        "serve_config": args.config,
+        **machine.attention(base_cfg.get("dtype")),
+    }
     run.write_results(results, meta, plan, raws)
     print(f"[bench] raw results: {results}; server logs: {log_dir}")
     write_docs(report.load(results), md, png)
     if args.publish:
         publish(results)
     elif plan.name in PUBLISHED:
-        print(f"[bench] the repository's copy is unchanged; `vllm-eagle3 bench --from-json {results} --publish` "
-              f"writes this run there ({PUBLISHED[plan.name]})")
+        print(
+            f"[bench] the repository's copy is unchanged; `vllm-eagle3 bench --from-json {results} --publish` "
+            f"writes this run there ({PUBLISHED[plan.name]})"
+        )
     return 1 if any(r["error"] for r in raws) else 0

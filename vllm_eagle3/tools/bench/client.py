@@ -46,8 +46,12 @@ def spec_counters(response: Any) -> tuple | None:
     if not (sd := ((getattr(response, "model_extra", None) or {}).get("metrics") or {}).get("speculative_decoding")):
         return None
     hist = sd["acceptance_histogram"]
-    return (sd["num_spec_steps"], sd["num_draft_tokens"], sd["num_accepted_draft_tokens"],
-            tuple(float(sum(hist[i + 1:])) for i in range(len(hist) - 1)))
+    return (
+        sd["num_spec_steps"],
+        sd["num_draft_tokens"],
+        sd["num_accepted_draft_tokens"],
+        tuple(float(sum(hist[i + 1 :])) for i in range(len(hist) - 1)),
+    )
 
 
 def summed(records: Sequence[RequestRecord]) -> list | None:
@@ -59,12 +63,23 @@ def summed(records: Sequence[RequestRecord]) -> list | None:
 async def _one(client, model: str, idx: int, prompt: Sequence[int], max_tokens: int, stream: bool) -> RequestRecord:
     t0 = time.perf_counter()
     streamed = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
-    resp = await client.completions.create(model=model, prompt=list(prompt), max_tokens=max_tokens, temperature=0.0,
-                                           extra_body={"ignore_eos": True}, **streamed)
+    resp = await client.completions.create(
+        model=model,
+        prompt=list(prompt),
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+        **streamed,
+    )
     if not stream:
         dt = time.perf_counter() - t0
-        return RequestRecord(idx, int(resp.usage.completion_tokens) if resp.usage else 0, dt,
-                             resp.choices[0].text if resp.choices else "", counters=spec_counters(resp))
+        return RequestRecord(
+            idx,
+            int(resp.usage.completion_tokens) if resp.usage else 0,
+            dt,
+            resp.choices[0].text if resp.choices else "",
+            counters=spec_counters(resp),
+        )
     first = last = NAN
     parts, tokens, counters = [], 0, None
     async for chunk in resp:
@@ -79,8 +94,14 @@ async def _one(client, model: str, idx: int, prompt: Sequence[int], max_tokens: 
     return RequestRecord(idx, tokens, last, "".join(parts), first, counters)
 
 
-async def _cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence[int]]], concurrency: int,
-                max_tokens: int, stream: bool) -> tuple[float, list[RequestRecord]]:
+async def _cell(
+    base_url: str,
+    model: str,
+    prompts: Sequence[tuple[int, Sequence[int]]],
+    concurrency: int,
+    max_tokens: int,
+    stream: bool,
+) -> tuple[float, list[RequestRecord]]:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY", max_retries=0, timeout=1800)
@@ -98,8 +119,14 @@ async def _cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence
     return time.perf_counter() - t0, out
 
 
-def cell(base_url: str, model: str, prompts: Sequence[tuple[int, Sequence[int]]], concurrency: int, max_tokens: int,
-         stream: bool = False) -> tuple[float, list[RequestRecord]]:
+def cell(
+    base_url: str,
+    model: str,
+    prompts: Sequence[tuple[int, Sequence[int]]],
+    concurrency: int,
+    max_tokens: int,
+    stream: bool = False,
+) -> tuple[float, list[RequestRecord]]:
     """Wall seconds (first send to last response) and one record per request (see module doc); ``stream``: each
     request's time to first token and inter-token latency too (run at concurrency 1)."""
     return asyncio.run(_cell(base_url, model, prompts, concurrency, max_tokens, stream))
@@ -109,8 +136,12 @@ def worker_rpc(base_url: str, method: str) -> list[Any]:
     """Call a :class:`~.timers.StepTimers` method in every worker (``POST /collective_rpc``); one result per worker."""
     import urllib.request
 
-    req = urllib.request.Request(base_url.rstrip("/") + "/collective_rpc", data=json.dumps({"method": method}).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base_url.rstrip("/") + "/collective_rpc",
+        data=json.dumps({"method": method}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=120.0) as resp:  # noqa: S310 - loopback URL we built
         text = resp.read().decode()
     return (json.loads(text) if text else {}).get("results", [])

@@ -39,7 +39,7 @@ def _lines(text: str) -> list[str]:
 
 def runs_of(text: str, n: int = RUN) -> set[tuple[str, ...]]:
     ls = _lines(text)
-    return {tuple(ls[i:i + n]) for i in range(len(ls) - n + 1)}
+    return {tuple(ls[i : i + n]) for i in range(len(ls) - n + 1)}
 
 
 def windows(tok, text: str, prompt_tokens: int, per_file: int) -> list[tuple[int, list[int]]]:
@@ -59,7 +59,7 @@ def windows(tok, text: str, prompt_tokens: int, per_file: int) -> list[tuple[int
             break
         if char < next_char:
             continue
-        ids = tok.encode(text[char:char + 40 * prompt_tokens]).ids
+        ids = tok.encode(text[char : char + 40 * prompt_tokens]).ids
         if len(ids) < prompt_tokens:
             continue
         ids = ids[:prompt_tokens]
@@ -90,13 +90,14 @@ def corpus_hits(prompts: Iterable[str], roots: Sequence[Path], progress: bool = 
             continue
         for j, ln in enumerate(ls):
             if ln in firsts:
-                for i in wanted.get(tuple(ls[j:j + RUN]), ()):
+                for i in wanted.get(tuple(ls[j : j + RUN]), ()):
                     hit[i] = True
     return hit, len(files)
 
 
-def build(after: str, n: int, prompt_tokens: int, per_file: int, roots: Sequence[Path] | None = None,
-          progress: bool = True) -> dict:
+def build(
+    after: str, n: int, prompt_tokens: int, per_file: int, roots: Sequence[Path] | None = None, progress: bool = True
+) -> dict:
     from vllm_eagle3.miniature.data import default_roots
     from vllm_eagle3.miniature.tokenizer import load_tokenizer
 
@@ -117,31 +118,50 @@ def build(after: str, n: int, prompt_tokens: int, per_file: int, roots: Sequence
         by_file.setdefault(c["source"].rsplit(":", 1)[0], []).append(c)
     items = [c for row in itertools.zip_longest(*by_file.values()) for c in row if c][:n]
     if len(items) < n:
-        raise SystemExit(f"only {len(items)} held-out prompts of {prompt_tokens} tokens (asked for {n}); "
-                         f"raise --per-file or lower --prompts")
+        raise SystemExit(
+            f"only {len(items)} held-out prompts of {prompt_tokens} tokens (asked for {n}); "
+            f"raise --per-file or lower --prompts"
+        )
     return {
-        "note": (f"{len(items)} prompts of {prompt_tokens} tokens from this repository's Python files added after "
-                 f"commit {after} (the last commit that changed a shipped model), at commit {head}; none has {RUN} "
-                 f"consecutive non-blank lines found together in the {n_files} *.py files under the trainer's default "
-                 f"roots. Written by python -m vllm_eagle3.tools.bench.heldout."),
-        "checks": {"after": after, "commit": head, "source_files": len(files), "candidates": len(cands),
-                   "dropped_seen_in_corpus": sum(hits), "corpus_roots": [str(r) for r in roots],
-                   "corpus_files": n_files, "run_lines": RUN, "prompt_tokens": prompt_tokens},
+        "note": (
+            f"{len(items)} prompts of {prompt_tokens} tokens from this repository's Python files added after "
+            f"commit {after} (the last commit that changed a shipped model), at commit {head}; none has {RUN} "
+            f"consecutive non-blank lines found together in the {n_files} *.py files under the trainer's default "
+            f"roots. Written by python -m vllm_eagle3.tools.bench.heldout."
+        ),
+        "checks": {
+            "after": after,
+            "commit": head,
+            "source_files": len(files),
+            "candidates": len(cands),
+            "dropped_seen_in_corpus": sum(hits),
+            "corpus_roots": [str(r) for r in roots],
+            "corpus_files": n_files,
+            "run_lines": RUN,
+            "prompt_tokens": prompt_tokens,
+        },
         "items": items,
     }
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vllm_eagle3.tools.bench.heldout",
-                                description="Write benchmark prompts no shipped model trained on: windows of this "
-                                            "repository's Python files added after the last model commit, each "
-                                            "checked against the trainer's corpus roots.")
+    p = argparse.ArgumentParser(
+        prog="python -m vllm_eagle3.tools.bench.heldout",
+        description="Write benchmark prompts no shipped model trained on: windows of this "
+        "repository's Python files added after the last model commit, each "
+        "checked against the trainer's corpus roots.",
+    )
     p.add_argument("--after", default=DEFAULT_AFTER, help=f"the last commit that changed a model ({DEFAULT_AFTER})")
     p.add_argument("--prompts", type=int, default=256, help="how many (a c=64 cell of 2 waves uses 128)")
     p.add_argument("--prompt-tokens", type=int, default=64, help="tokens per prompt (64, as the eval prompts)")
     p.add_argument("--per-file", type=int, default=12, help="at most this many windows per file")
-    p.add_argument("--roots", nargs="*", type=Path, default=None,
-                   help="corpus roots to check against (default: this interpreter's stdlib and site-packages)")
+    p.add_argument(
+        "--roots",
+        nargs="*",
+        type=Path,
+        default=None,
+        help="corpus roots to check against (default: this interpreter's stdlib and site-packages)",
+    )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"({DEFAULT_OUT})")
     return p
 
@@ -154,8 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
     c = data["checks"]
-    print(f"{out}: {len(data['items'])} prompts from {c['source_files']} files ({c['candidates']} windows, "
-          f"{c['dropped_seen_in_corpus']} dropped: seen in {c['corpus_files']} corpus files)")
+    print(
+        f"{out}: {len(data['items'])} prompts from {c['source_files']} files ({c['candidates']} windows, "
+        f"{c['dropped_seen_in_corpus']} dropped: seen in {c['corpus_files']} corpus files)"
+    )
     return 0
 
 

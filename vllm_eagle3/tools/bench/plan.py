@@ -26,12 +26,17 @@ JUDGING = (JUDGE, JUDGE_LOADED)
 LIGHT_MAX = 16
 JUDGE_REPLICAS = 2
 CELL_KINDS = ("throughput", "untimed", "split", "stream")
-_CAPTURE_LABELS = {EMBED_TAP: "the capture spec's taps (--capture-spec, plugin capture)",
-                   NATIVE: "taps 3/31/59 by vLLM's native capture (the incident wiring)",
-                   LAYER_TAPS: "second head, its taps 3/31/59 by the plugin's capture spec",
-                   NATIVE_LAYERS: "second head, its taps 3/31/59 by vLLM's native capture"}
-_MLA_LABELS = {MLA_DEFAULT: "", MLA_OFF: ", MLA verify-as-decode opted out (vLLM's own verify path)",
-               MLA_ON: ", MLA verify-as-decode forced on"}
+_CAPTURE_LABELS = {
+    EMBED_TAP: "the capture spec's taps (--capture-spec, plugin capture)",
+    NATIVE: "taps 3/31/59 by vLLM's native capture (the incident wiring)",
+    LAYER_TAPS: "second head, its taps 3/31/59 by the plugin's capture spec",
+    NATIVE_LAYERS: "second head, its taps 3/31/59 by vLLM's native capture",
+}
+_MLA_LABELS = {
+    MLA_DEFAULT: "",
+    MLA_OFF: ", MLA verify-as-decode opted out (vLLM's own verify path)",
+    MLA_ON: ", MLA verify-as-decode forced on",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,43 +74,70 @@ class Variant:
     live: bool = False
 
     def __post_init__(self) -> None:
-        if (self.capture not in CAPTURES or self.mla_verify not in (MLA_DEFAULT, MLA_OFF, MLA_ON) or self.replica < 1
-                or self.stretch not in STRETCHES or (self.k == 0) != (self.capture == NO_SPEC)):
-            raise ValueError(f"capture must be one of {CAPTURES} (k=0 means no speculation: {NO_SPEC!r}), mla_verify "
-                             f"default, off or on, replica >= 1, stretch must be one of {STRETCHES}; got {self}")
+        if (
+            self.capture not in CAPTURES
+            or self.mla_verify not in (MLA_DEFAULT, MLA_OFF, MLA_ON)
+            or self.replica < 1
+            or self.stretch not in STRETCHES
+            or (self.k == 0) != (self.capture == NO_SPEC)
+        ):
+            raise ValueError(
+                f"capture must be one of {CAPTURES} (k=0 means no speculation: {NO_SPEC!r}), mla_verify "
+                f"default, off or on, replica >= 1, stretch must be one of {STRETCHES}; got {self}"
+            )
         if (self.adaptive or self.live) and (self.k == 0 or self.capture != EMBED_TAP or not self.adaptive):
-            raise ValueError(f"adaptive variants (live: adaptive ones) speculate with the capture spec's taps: "
-                             f"k >= 1 and capture={EMBED_TAP!r} (got k={self.k}, capture={self.capture!r})")
+            raise ValueError(
+                f"adaptive variants (live: adaptive ones) speculate with the capture spec's taps: "
+                f"k >= 1 and capture={EMBED_TAP!r} (got k={self.k}, capture={self.capture!r})"
+            )
         if self.schedule and (not self.adaptive or max(e[2] for e in self.schedule) > self.k):
-            raise ValueError(f"a schedule belongs to an adaptive variant and drafts at most its k={self.k}: "
-                             f"{self.schedule}")
+            raise ValueError(
+                f"a schedule belongs to an adaptive variant and drafts at most its k={self.k}: {self.schedule}"
+            )
         if self.stretch and any(c.kind not in ("throughput", "split") for c in self.cells):
             raise ValueError(f"side-by-side servers run throughput and split cells only (got {self.cells})")
         if not self.check and (self.k == 0 or self.capture in NATIVE_CAPTURES):
-            raise ValueError(f"check=False needs a server with the plugin's capture: the online wiring check runs "
-                             f"there only (got k={self.k}, capture={self.capture!r})")
+            raise ValueError(
+                f"check=False needs a server with the plugin's capture: the online wiring check runs "
+                f"there only (got k={self.k}, capture={self.capture!r})"
+            )
 
     @property
     def config_key(self) -> str:
         """Same for two replicas of one configuration."""
-        base = ("nospec" if self.k == 0 else f"{self.capture}-live" if self.live
-                else f"{self.capture}-adaptive" if self.adaptive
-                else f"{self.capture}-k{self.k}")
+        base = (
+            "nospec"
+            if self.k == 0
+            else f"{self.capture}-live"
+            if self.live
+            else f"{self.capture}-adaptive"
+            if self.adaptive
+            else f"{self.capture}-k{self.k}"
+        )
         mla = "" if self.mla_verify == MLA_DEFAULT else f"+mla-{self.mla_verify}"
         return base + mla + ("" if self.check else "+check-off") + ("+compiled" if self.compiled else "")
 
     @property
     def key(self) -> str:
         """Unique in a plan: the configuration, its replica number, its side-by-side stretch (``nospec@3``)."""
-        return (self.config_key + (f"#{self.replica}" if self.replica > 1 else "")
-                + (f"@{self.stretch}" if self.stretch else ""))
+        return (
+            self.config_key
+            + (f"#{self.replica}" if self.replica > 1 else "")
+            + (f"@{self.stretch}" if self.stretch else "")
+        )
 
     @property
     def chooses_k(self) -> bool:
         """A server whose throughput may choose k (the advice, the adaptive table): no speculation or the capture
         spec's taps at a fixed k, as shipped (check on, default MLA path), first replica."""
-        return (self.capture in (NO_SPEC, EMBED_TAP) and self.mla_verify == MLA_DEFAULT and self.check
-                and self.replica == 1 and not self.adaptive and self.stretch not in JUDGING)
+        return (
+            self.capture in (NO_SPEC, EMBED_TAP)
+            and self.mla_verify == MLA_DEFAULT
+            and self.check
+            and self.replica == 1
+            and not self.adaptive
+            and self.stretch not in JUDGING
+        )
 
     @property
     def side_static(self) -> bool:
@@ -123,14 +155,18 @@ class Variant:
         elif self.live:
             s = f"EAGLE-3 as shipped: k per batch size measured live, starting from {schedule_text(self.schedule)}"
         elif self.adaptive:
-            s = (f"EAGLE-3, k per batch size {schedule_text(self.schedule)}" if self.schedule else
-                 f"EAGLE-3, k per batch size (up to {self.k}) from this run's static-k servers")
+            s = (
+                f"EAGLE-3, k per batch size {schedule_text(self.schedule)}"
+                if self.schedule
+                else f"EAGLE-3, k per batch size (up to {self.k}) from this run's static-k servers"
+            )
         else:
             s = f"EAGLE-3 k={self.k}, {_CAPTURE_LABELS[self.capture]}"
         s += _MLA_LABELS[self.mla_verify] + ("" if self.check else ", online wiring check off") + f", {self.mode}"
         s += f" (server #{self.replica})" if self.replica > 1 else ""
-        return s + (f", run in turns with the other servers of side-by-side stretch {self.stretch}"
-                    if self.stretch else "")
+        return s + (
+            f", run in turns with the other servers of side-by-side stretch {self.stretch}" if self.stretch else ""
+        )
 
     def cell_list(self, kind: str) -> list[int]:
         return [c.concurrency for c in self.cells if c.kind == kind]
@@ -143,8 +179,13 @@ class Variant:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Variant":
-        return cls(**{**d, "cells": tuple(Cell(k, c) for k, c in d["cells"]),
-                      "schedule": tuple(tuple(int(x) for x in e) for e in d.get("schedule", ()))})
+        return cls(
+            **{
+                **d,
+                "cells": tuple(Cell(k, c) for k, c in d["cells"]),
+                "schedule": tuple(tuple(int(x) for x in e) for e in d.get("schedule", ())),
+            }
+        )
 
 
 def k_at(schedule, batch: int) -> int:
@@ -154,8 +195,10 @@ def k_at(schedule, batch: int) -> int:
 
 def schedule_text(schedule) -> str:
     """``1-2: k=3, 3-8: k=2, 9+: k=0`` (the last range open-ended)."""
-    return ", ".join(f"{f'{a}+' if i == len(schedule) - 1 else a if a == b else f'{a}-{b}'}: k={k}"
-                     for i, (a, b, k) in enumerate(schedule))
+    return ", ".join(
+        f"{f'{a}+' if i == len(schedule) - 1 else a if a == b else f'{a}-{b}'}: k={k}"
+        for i, (a, b, k) in enumerate(schedule)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,15 +213,19 @@ class Plan:
 
     def __post_init__(self) -> None:
         if self.prompts < 2 or self.max_tokens < 2 or self.waves < 1:
-            raise ValueError(f"a plan needs prompts >= 2 (an interval needs two), max_tokens >= 2 and waves >= 1; got "
-                             f"prompts={self.prompts}, max_tokens={self.max_tokens}, waves={self.waves}")
+            raise ValueError(
+                f"a plan needs prompts >= 2 (an interval needs two), max_tokens >= 2 and waves >= 1; got "
+                f"prompts={self.prompts}, max_tokens={self.max_tokens}, waves={self.waves}"
+            )
         keys = [v.key for v in self.variants]
         if len(set(keys)) != len(keys):
             raise ValueError(f"two variants with the same key in the plan: {keys}; give the second replica=2")
 
     def as_dict(self) -> dict:
-        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "variants"},
-                "variants": [v.as_dict() for v in self.variants]}
+        return {
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "variants"},
+            "variants": [v.as_dict() for v in self.variants],
+        }
 
     def throughput_requests(self, concurrency: int) -> int:
         """Requests (= different prompts) of a throughput cell at ``concurrency``: ``prompts``, and at least
@@ -199,9 +246,18 @@ def _cells(kind: str, concs) -> tuple[Cell, ...]:
     return tuple(Cell(kind, c) for c in concs)
 
 
-def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3, compiled: bool = True,
-                  opt_out: bool = True, capture_ab: bool = True, sglang_default_throughput=(), opt_out_throughput=(),
-                  **sizes) -> Plan:
+def headline_plan(
+    name: str = "default",
+    *,
+    concurrencies=(1, 4, 16),
+    k: int = 3,
+    compiled: bool = True,
+    opt_out: bool = True,
+    capture_ab: bool = True,
+    sglang_default_throughput=(),
+    opt_out_throughput=(),
+    **sizes,
+) -> Plan:
     """The default run: k vs no speculation at each concurrency (eager, and compiled unless ``compiled=False``),
     the MLA opt-out, the SGLang default wiring (the shipped head fed 3/31/59 by vLLM's native capture) and the
     same-taps capture A/B (the second head on its taps 3/31/59: plugin vs native capture, two servers each,
@@ -211,32 +267,56 @@ def headline_plan(name: str = "default", *, concurrencies=(1, 4, 16), k: int = 3
     head = _cells("throughput", cs) + (Cell("untimed", cs[0]),) + _cells("split", cs) + (Cell("stream", 1),)
     vs = [Variant(0, NO_SPEC, cells=head), Variant(k, EMBED_TAP, cells=head)]
     if capture_ab:
-        vs.append(Variant(k, NATIVE, cells=_cells("throughput", [c for c in sglang_default_throughput if c in cs])
-                          + _cells("split", cs)))
+        vs.append(
+            Variant(
+                k,
+                NATIVE,
+                cells=_cells("throughput", [c for c in sglang_default_throughput if c in cs]) + _cells("split", cs),
+            )
+        )
     if opt_out:
-        vs.append(Variant(k, EMBED_TAP, MLA_OFF, cells=_cells("throughput", [c for c in opt_out_throughput if c in cs])
-                          + _cells("split", cs)))
+        vs.append(
+            Variant(
+                k,
+                EMBED_TAP,
+                MLA_OFF,
+                cells=_cells("throughput", [c for c in opt_out_throughput if c in cs]) + _cells("split", cs),
+            )
+        )
     if capture_ab:
-        vs += [Variant(k, cap, replica=r, cells=_cells("split", cs))
-               for r in (1, 2) for cap in (LAYER_TAPS, NATIVE_LAYERS)]
+        vs += [
+            Variant(k, cap, replica=r, cells=_cells("split", cs)) for r in (1, 2) for cap in (LAYER_TAPS, NATIVE_LAYERS)
+        ]
     if compiled:
         vs += [Variant(0, NO_SPEC, compiled=True, cells=full), Variant(k, EMBED_TAP, compiled=True, cells=full)]
     return Plan(name, tuple(vs), **sizes)
 
 
-def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, compiled: bool = False,
-               **sizes) -> Plan:
+def check_plan(name: str = "check", *, concurrencies=(1, 4, 16), k: int = 3, compiled: bool = False, **sizes) -> Plan:
     """What the online wiring check costs: the shipped configuration with the check on and off, throughput cells
     only (the cost a client sees), two servers of each: on this shared VM a server process's own speed moves
     throughput as much as the check's 2 % budget, so the ratio is set against two identical servers'. Started on,
     off, off, on: a drift of the machine falls on both sides alike (on, off, on, off would put it on one side)."""
     cells = _cells("throughput", concurrencies)
-    return Plan(name, tuple(Variant(k, EMBED_TAP, compiled=compiled, replica=r, check=on, cells=cells)
-                            for r, on in ((1, True), (1, False), (2, False), (2, True))), **sizes)
+    return Plan(
+        name,
+        tuple(
+            Variant(k, EMBED_TAP, compiled=compiled, replica=r, check=on, cells=cells)
+            for r, on in ((1, True), (1, False), (2, False), (2, True))
+        ),
+        **sizes,
+    )
 
 
-def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), ks=(1, 2, 3, 4, 5),
-                  compiled: bool = False, live: bool = False, **sizes) -> Plan:
+def adaptive_plan(
+    name: str = "adaptive",
+    *,
+    concurrencies=(1, 4, 16, 32, 64),
+    ks=(1, 2, 3, 4, 5),
+    compiled: bool = False,
+    live: bool = False,
+    **sizes,
+) -> Plan:
     """Speculation that adapts to load, in four side-by-side stretches (``run.run_stretch``; what each runs, and
     why side by side: docs/adaptive-k.md). Split by load for memory: each server's KV cache fits its busiest cell.
     ``live`` (plan ``shipped``): the judging stretches only, the shipped default (``Variant.live``) vs no spec."""
@@ -246,27 +326,52 @@ def adaptive_plan(name: str = "adaptive", *, concurrencies=(1, 4, 16, 32, 64), k
     for stretch, concs in ((CHOOSE_LIGHT, light), (CHOOSE_LOADED, loaded)) if not live else ():
         if concs:  # throughput cells (run in turns) + timed cells (the worker timers: break-even tau per k)
             timed = _cells("throughput", concs) + _cells("split", concs)
-            vs += [Variant(k, EMBED_TAP if k else NO_SPEC, compiled=compiled, cells=timed, stretch=stretch)
-                   for k in (0, *ks)]
+            vs += [
+                Variant(k, EMBED_TAP if k else NO_SPEC, compiled=compiled, cells=timed, stretch=stretch)
+                for k in (0, *ks)
+            ]
     for stretch, concs, replicas in ((JUDGE, light, JUDGE_REPLICAS), (JUDGE_LOADED, loaded, 1)):
         if not concs:
             continue
         cells = _cells("throughput", concs)  # started in this order: a server that would not fit is a replica
         vs.append(Variant(0, NO_SPEC, compiled=compiled, cells=cells, stretch=stretch))
         for r in range(1, replicas + 1):
-            vs.append(Variant(max(ks), EMBED_TAP, compiled=compiled, cells=cells, adaptive=True, replica=r,
-                              stretch=stretch, live=live))
-            vs += [Variant(k, EMBED_TAP, compiled=compiled, cells=cells, replica=r, stretch=stretch)
-                   for k in (ks if not live else ())]
+            vs.append(
+                Variant(
+                    max(ks),
+                    EMBED_TAP,
+                    compiled=compiled,
+                    cells=cells,
+                    adaptive=True,
+                    replica=r,
+                    stretch=stretch,
+                    live=live,
+                )
+            )
+            vs += [
+                Variant(k, EMBED_TAP, compiled=compiled, cells=cells, replica=r, stretch=stretch)
+                for k in (ks if not live else ())
+            ]
     return Plan(name, tuple(vs), **sizes)
 
 
 PLAN_ARGS = {  # smoke: every code path in a few minutes, numbers meaningless; the others: their builder's defaults
     # (check, adaptive: eager, what make demo serves; compiling adds ~9 min per server) and Plan's cell sizes, which
     # an interval needs (adaptive: c=64 x 2 waves)
-    "smoke": dict(concurrencies=(1, 2), compiled=False, sglang_default_throughput=(2,), opt_out_throughput=(1,),
-                  prompts=4, max_tokens=16, split_tokens=12, stream_prompts=2),
-    "default": {}, "check": {}, "adaptive": dict(waves=2), "shipped": dict(waves=2, live=True),
+    "smoke": dict(
+        concurrencies=(1, 2),
+        compiled=False,
+        sglang_default_throughput=(2,),
+        opt_out_throughput=(1,),
+        prompts=4,
+        max_tokens=16,
+        split_tokens=12,
+        stream_prompts=2,
+    ),
+    "default": {},
+    "check": {},
+    "adaptive": dict(waves=2),
+    "shipped": dict(waves=2, live=True),
 }
 BUILDERS = {"check": check_plan, "adaptive": adaptive_plan, "shipped": adaptive_plan}  # not built by headline_plan
 # plans not run on the shipped head's eval_prompts.json
@@ -299,15 +404,22 @@ def estimate_items(plan: Plan, compile_cache_warm: bool = False) -> dict[tuple, 
     sides = {s: [v for v in plan.variants if v.side_static and v.stretch == s] for s in JUDGING}
     loaded = sum(1 for v in plan.variants if v.stretch == CHOOSE_LOADED and v.k)
     for v in plan.variants:
-        share = (max(x.replica for x in sides[v.stretch]) / len(sides[v.stretch]) if v.side_static
-                 else min(1.0, 3.0 / loaded) if v.stretch == CHOOSE_LOADED and v.k else 1.0)
-        out[(v.key,)] = (START_S["eager" if not v.compiled else "compiled-warm" if compile_cache_warm
-                                 else "compiled-cold"] + 10.0) * min(1.0, share * 2)  # + warm-up
-        speed = ((1.0 if v.k == 0 else 0.5 if v.capture == NATIVE else 1.0 if v.mla_verify == MLA_OFF else 1.6)
-                 * (2.0 if v.compiled else 1.0))  # x plain decode's tok/s at the cell's concurrency
+        share = (
+            max(x.replica for x in sides[v.stretch]) / len(sides[v.stretch])
+            if v.side_static
+            else min(1.0, 3.0 / loaded)
+            if v.stretch == CHOOSE_LOADED and v.k
+            else 1.0
+        )
+        out[(v.key,)] = (
+            START_S["eager" if not v.compiled else "compiled-warm" if compile_cache_warm else "compiled-cold"] + 10.0
+        ) * min(1.0, share * 2)  # + warm-up
+        speed = (1.0 if v.k == 0 else 0.5 if v.capture == NATIVE else 1.0 if v.mla_verify == MLA_OFF else 1.6) * (
+            2.0 if v.compiled else 1.0
+        )  # x plain decode's tok/s at the cell's concurrency
         for x in v.cells:  # streamed: ~20 % slower
             n, tokens = plan.cell_size(x.kind, x.concurrency)
-            tok_s = (_PLAIN_TOK_S.get(x.concurrency) or 15.0 * x.concurrency ** 0.6) * speed
+            tok_s = (_PLAIN_TOK_S.get(x.concurrency) or 15.0 * x.concurrency**0.6) * speed
             out[(v.key, x.kind, x.concurrency)] = share * n * tokens * (1.2 if x.kind == "stream" else 1.0) / tok_s
     return out
 

@@ -23,8 +23,11 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
     if not (rows := summary.get("adaptive")):
         return ""
     ad = next(v for v in summary["variants"] if v["variant"].get("adaptive"))
-    k3 = {c: r for v in _v(summary, capture="embed", k=3, replica=1, mla_verify="default", check=True, adaptive=False)
-          for c, r in v["by_concurrency"].items()}
+    k3 = {
+        c: r
+        for v in _v(summary, capture="embed", k=3, replica=1, mla_verify="default", check=True, adaptive=False)
+        for c, r in v["by_concurrency"].items()
+    }
 
     def same(x) -> str:
         return f"{x[0]}/{x[1]}" if x else "n/a"
@@ -39,53 +42,101 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
     for o in rows:
         c = str(o["concurrency"])
         kr = k3.get(c, {})
-        table_rows.append([
-            c, f(o["nospec_tok_s"], 1), e(o.get("k3_speedup")),
-            f"k={o.get('best_static_k', 'n/a')}: {e(o.get('best_static_speedup'))}",
-            f"k={o['k']}: **{e(o['speedup'])}**",
-            e(o.get("vs_best_static")) + servers(o)
-            + ("" if o.get("best_static_side_by_side", True) else " (not side by side)"),
-            " ; ".join(e(o.get("same_config", {}).get(x)) if x in o.get("same_config", {}) else "one server"
-                       for x in ("adaptive", "best_static")),
-            "yes" if o["never_slower"] else "**no**", "yes" if o["within_best"] else "**no**",
-            e(kr.get("break_even")), f(kr.get("model_verify")), f(kr.get("ideal")),
-            same(o.get("same_text")) + " (static: " + (", ".join(f"k={k} {same(x)}" for k, x in sorted(
-                (o.get("static_same_text") or {}).items())) or "n/a") + ")",
-            e(o.get("nospec_drift"), 3)])
+        table_rows.append(
+            [
+                c,
+                f(o["nospec_tok_s"], 1),
+                e(o.get("k3_speedup")),
+                f"k={o.get('best_static_k', 'n/a')}: {e(o.get('best_static_speedup'))}",
+                f"k={o['k']}: **{e(o['speedup'])}**",
+                e(o.get("vs_best_static"))
+                + servers(o)
+                + ("" if o.get("best_static_side_by_side", True) else " (not side by side)"),
+                " ; ".join(
+                    e(o.get("same_config", {}).get(x)) if x in o.get("same_config", {}) else "one server"
+                    for x in ("adaptive", "best_static")
+                ),
+                "yes" if o["never_slower"] else "**no**",
+                "yes" if o["within_best"] else "**no**",
+                e(kr.get("break_even")),
+                f(kr.get("model_verify")),
+                f(kr.get("ideal")),
+                same(o.get("same_text"))
+                + " (static: "
+                + (", ".join(f"k={k} {same(x)}" for k, x in sorted((o.get("static_same_text") or {}).items())) or "n/a")
+                + ")",
+                e(o.get("nospec_drift"), 3),
+            ]
+        )
     tau: dict[int, Any] = {}  # the light stretch's (per-request intervals at concurrency 1) where a k has both
     for v in _v(summary, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False):
         tau.setdefault(v["variant"]["k"], (v.get("acceptance") or {}).get("tau"))
     replicas = max((o.get("servers") or [1])[0] for o in rows)
     turns1 = next((o.get("turns") for o in rows if o["concurrency"] == 1), None) or 4
-    if not (any(o.get("side_by_side") for o in rows) and any(o.get("chosen_side_by_side") for o in rows)  # planned
-            and any(v["variant"]["replica"] > 1 for v in summary["variants"] if v["variant"]["adaptive"])):
-        raise ValueError("an adaptive results file from before the judging stretches had replicas (servers run one "
-                         "at a time, or one server per configuration): render it with the commit that wrote it "
-                         "(its meta.machine.commit)")
-    return "\n\n".join([x for x in [
-        "### Speculation that adapts to load: k per batch size" + (f" ({backend})" if backend else ""),
-        run,
-        " ".join(TEMPLATE.read_text().split("-->", 1)[1].split()).replace("{{label}}", ad["label"])
-        .replace("{{turns1}}", str(turns1)).replace("{{replicas}}", str(replicas)),
-        table(["conc.", "no spec tok/s", "k=3", "best static k", "adaptive", "adaptive / best",
-               "identical servers #1 / #2", ">= 1.0x (lower end)", "within 10 % of best", "break-even tau (k=3)",
-               "tau/(v+kc) (k=3)", "tau/(1+kc) (k=3)", "greedy same", "no spec #2 / #1"], table_rows),
-        "Acceptance length per static k (concurrency-1 requests): "
-        + ", ".join(f"k={k} {e(t)}" for k, t in sorted(tau.items())) + "."] if x])
+    if not (
+        any(o.get("side_by_side") for o in rows)
+        and any(o.get("chosen_side_by_side") for o in rows)  # planned
+        and any(v["variant"]["replica"] > 1 for v in summary["variants"] if v["variant"]["adaptive"])
+    ):
+        raise ValueError(
+            "an adaptive results file from before the judging stretches had replicas (servers run one "
+            "at a time, or one server per configuration): render it with the commit that wrote it "
+            "(its meta.machine.commit)"
+        )
+    return "\n\n".join(
+        [
+            x
+            for x in [
+                "### Speculation that adapts to load: k per batch size" + (f" ({backend})" if backend else ""),
+                run,
+                " ".join(TEMPLATE.read_text().split("-->", 1)[1].split())
+                .replace("{{label}}", ad["label"])
+                .replace("{{turns1}}", str(turns1))
+                .replace("{{replicas}}", str(replicas)),
+                table(
+                    [
+                        "conc.",
+                        "no spec tok/s",
+                        "k=3",
+                        "best static k",
+                        "adaptive",
+                        "adaptive / best",
+                        "identical servers #1 / #2",
+                        ">= 1.0x (lower end)",
+                        "within 10 % of best",
+                        "break-even tau (k=3)",
+                        "tau/(v+kc) (k=3)",
+                        "tau/(1+kc) (k=3)",
+                        "greedy same",
+                        "no spec #2 / #1",
+                    ],
+                    table_rows,
+                ),
+                "Acceptance length per static k (concurrency-1 requests): "
+                + ", ".join(f"k={k} {e(t)}" for k, t in sorted(tau.items()))
+                + ".",
+            ]
+            if x
+        ]
+    )
 
 
 SHIPPED_GLOB = "bench/shipped-*/results.json"
-BAR_TEXT = ("Issue 41's bar: the shipped default (`configs/serve_kimi_k25_mini.yaml` as it is: its k, its table, "
-            "`live_k`) at >= 1.00x no speculation (95 % lower end >= 0.97x) at every concurrency, >= 2.0x at "
-            "concurrency 1, greedy output identical; side by side in turns on `bench/heldout_prompts.json`.")
+BAR_TEXT = (
+    "Issue 41's bar: the shipped default (`configs/serve_kimi_k25_mini.yaml` as it is: its k, its table, "
+    "`live_k`) at >= 1.00x no speculation (95 % lower end >= 0.97x) at every concurrency, >= 2.0x at "
+    "concurrency 1, greedy output identical; side by side in turns on `bench/heldout_prompts.json`."
+)
 
 
 def host_kind(m: Mapping) -> tuple[str, str]:
     """A results file's machine as a host kind (CPU model + its widest vector ISA) and its slug:
     ``("AMD EPYC, AVX-512", "amd-epyc-avx512")``."""
     flags = str(m.get("flags", "")).split()
-    isa = next((isa for flag, isa in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags),
-               "no AVX2") + (" emulated" if m.get("emulated") else "")  # vllm-eagle3 emulate: not a host kind
+    isa = next(
+        (isa for flag, isa in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags),
+        "no AVX2",
+    ) + (" emulated" if m.get("emulated") else "")  # vllm-eagle3 emulate: not a host kind
     words = re.findall(r"[a-z0-9]+", re.sub(r"\((R|TM)\)", "", str(m.get("cpu", "cpu"))).lower())[:2]
     return f"{m.get('cpu', '?')}, {isa}", "-".join(words + re.findall(r"[a-z0-9]+", isa.lower().replace("-", "")))
 
@@ -99,31 +150,67 @@ def shipped_block(summary: Mapping, run: str, machine: Mapping) -> str:
     """A ``--plan shipped`` run's own section: per concurrency against the bar; empty for other runs."""
     if not (rows := summary.get("shipped")):
         return ""
-    return "\n\n".join([
-        f"## The shipped default against no speculation ({host_kind(machine)[0]})", run,
-        BAR_TEXT + " Speculating: " + next(v["label"] for v in summary["variants"] if v["variant"]["live"]) + ".",
-        table(["conc.", "servers", "no spec tok/s", "shipped tok/s", "shipped / no spec", "greedy same",
-               "acceptance length", "bar"],
-              [[str(o["concurrency"]), str(o["servers"]), f(o["nospec_tok_s"], 1), f(o["tok_s"], 1),
-                f"**{e(o['speedup'])}**", "%d/%d" % tuple(o["same_text"]) if o["same_text"] else "n/a", f(o["tau"]),
-                "yes" if not o["misses"] else "**no**: " + ", ".join(o["misses"])] for o in rows]),
-        "Verdict: " + _verdict(rows) + "."])
+    return "\n\n".join(
+        [
+            f"## The shipped default against no speculation ({host_kind(machine)[0]})",
+            run,
+            BAR_TEXT + " Speculating: " + next(v["label"] for v in summary["variants"] if v["variant"]["live"]) + ".",
+            table(
+                [
+                    "conc.",
+                    "servers",
+                    "no spec tok/s",
+                    "shipped tok/s",
+                    "shipped / no spec",
+                    "greedy same",
+                    "acceptance length",
+                    "bar",
+                ],
+                [
+                    [
+                        str(o["concurrency"]),
+                        str(o["servers"]),
+                        f(o["nospec_tok_s"], 1),
+                        f(o["tok_s"], 1),
+                        f"**{e(o['speedup'])}**",
+                        "%d/%d" % tuple(o["same_text"]) if o["same_text"] else "n/a",
+                        f(o["tau"]),
+                        "yes" if not o["misses"] else "**no**: " + ", ".join(o["misses"]),
+                    ]
+                    for o in rows
+                ],
+            ),
+            "Verdict: " + _verdict(rows) + ".",
+        ]
+    )
 
 
 def shipped_repo_block(runs: Sequence[Mapping]) -> str:
     """The repository page's section: one row per ``bench/shipped-*/results.json``."""
     head = "## The shipped default on each host kind"
-    how = ("`vllm-eagle3 bench --plan shipped` (alone on the machine; `--dry-run` prints its estimate) writes "
-           "`bench/shipped-<host kind>/` for the machine it runs on (AVX2 emulated: `vllm-eagle3 emulate avx2`).")
+    how = (
+        "`vllm-eagle3 bench --plan shipped` (alone on the machine; `--dry-run` prints its estimate) writes "
+        "`bench/shipped-<host kind>/` for the machine it runs on (AVX2 emulated: `vllm-eagle3 emulate avx2`)."
+    )
     if not runs:
         return "\n\n".join([head, BAR_TEXT, "_No run on any host kind yet: " + how + "_"])
     rows = [(d, summarize(d)["shipped"]) for d in runs]
     cs = sorted({o["concurrency"] for _, r in rows for o in r})
-    return "\n\n".join([head, BAR_TEXT + " " + how, table(
-        ["host kind", "date", "commit"] + [f"c={c}" for c in cs] + ["verdict"],
-        [[host_kind(d["meta"]["machine"])[0], d["meta"]["date"], d["meta"]["machine"]["commit"]]
-         + [e(next((o["speedup"] for o in r if o["concurrency"] == c), None)) for c in cs] + [_verdict(r)]
-         for d, r in rows])])
+    return "\n\n".join(
+        [
+            head,
+            BAR_TEXT + " " + how,
+            table(
+                ["host kind", "date", "commit"] + [f"c={c}" for c in cs] + ["verdict"],
+                [
+                    [host_kind(d["meta"]["machine"])[0], d["meta"]["date"], d["meta"]["machine"]["commit"]]
+                    + [e(next((o["speedup"] for o in r if o["concurrency"] == c), None)) for c in cs]
+                    + [_verdict(r)]
+                    for d, r in rows
+                ],
+            ),
+        ]
+    )
 
 
 def plot_tok_s(data: Mapping, path: Path) -> bool:
@@ -135,14 +222,19 @@ def plot_tok_s(data: Mapping, path: Path) -> bool:
         return False
     series: dict[str, dict[int, tuple[float, float]]] = {}  # name -> concurrency -> (tok/s, over no speculation)
     for v in (v for v in s["variants"] if Variant.from_dict(v["variant"]).chooses_k):
-        base = {c: r["tok_s"]["value"] for b in _v(s, k=0, stretch=v["variant"]["stretch"])
-                for c, r in b["by_concurrency"].items() if "tok_s" in r}
+        base = {
+            c: r["tok_s"]["value"]
+            for b in _v(s, k=0, stretch=v["variant"]["stretch"])
+            for c, r in b["by_concurrency"].items()
+            if "tok_s" in r
+        }
         for c, r in ((c, r) for c, r in v["by_concurrency"].items() if "tok_s" in r):
             name = f"k={v['variant']['k']}" if v["variant"]["k"] else "no speculation"
             series.setdefault(name, {})[int(c)] = (r["tok_s"]["value"], r["tok_s"]["value"] / base[c])
     table = ", ".join(f"{o['concurrency']}: {o['k']}" for o in s["adaptive"])
-    series[f"adaptive: k per batch size (k at c: {table})"] = {o["concurrency"]: (o["tok_s"], o["speedup"]["value"])
-                                                              for o in s["adaptive"]}
+    series[f"adaptive: k per batch size (k at c: {table})"] = {
+        o["concurrency"]: (o["tok_s"], o["speedup"]["value"]) for o in s["adaptive"]
+    }
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     for i, (name, pts) in enumerate(sorted(series.items(), key=lambda kv: (kv[0][0] != "n", kv[0]))):
         cs = sorted(pts)
@@ -156,10 +248,10 @@ def plot_tok_s(data: Mapping, path: Path) -> bool:
         ax.grid(alpha=0.3)
     ax2.axhline(1.0, color="grey", lw=0.8)
     ax2.legend(fontsize=7)
-    fig.suptitle(f"EAGLE-3 k per batch size vs static k ({backend_label(data['meta'])}), {data['meta']['date']}",
-                 fontsize=9)
+    fig.suptitle(
+        f"EAGLE-3 k per batch size vs static k ({backend_label(data['meta'])}), {data['meta']['date']}", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
-

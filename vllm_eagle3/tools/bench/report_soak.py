@@ -18,28 +18,60 @@ def soak_block(soak: Mapping | None) -> str:
     if not soak:
         return NO_SOAK
     statuses = ", ".join(f"{n} x {s}" for s, n in sorted(soak["by_status"].items()))
-    refusals = "; ".join(f"{n} x \"{r}\"" for r, n in sorted(soak["refusals_4xx"].items(), key=lambda x: -x[1]))
+    refusals = "; ".join(f'{n} x "{r}"' for r, n in sorted(soak["refusals_4xx"].items(), key=lambda x: -x[1]))
     rss = soak.get("rss_mb_first_last") or ["n/a", "n/a"]
     checks = ", ".join(f"{k.replace('_', ' ')} {'yes' if ok else '**NO**'}" for k, ok in soak["verdict"].items())
-    lines = [f"**Soak of {soak['date_utc']} UTC**: `vllm-eagle3 soak`, {soak['concurrency']} concurrent clients for "
+    lines = [
+        f"**Soak of {soak['date_utc']} UTC**: `vllm-eagle3 soak`, {soak['concurrency']} concurrent clients for "
         f"{soak['duration_s']:.0f} s after {soak['warmup_s']:.0f} s of warm-up; machine {soak['machine']}"
         + (f", load average {soak['load_before']} before" if soak.get("load_before") else "")
         + (f"; commit {soak['commit']}" if soak.get("commit") else "")
-        + (" with uncommitted changes" if soak.get("dirty") == "yes" else "") + ".", "",
-        table(["requests", "answers", "transport errors", "streams cut by the client", "completion tokens",
-               "resident memory after warm-up, first -> last (MiB)", "growth (limit)", "acceptance length",
-               "verdict"],
-              [[str(soak["requests"]), statuses, str(soak["transport_errors"]), str(soak["early_disconnects"]),
-                str(soak["completion_tokens"]), f"{f(rss[0], 0)} -> {f(rss[1], 0)}",
-                f"{f(soak['rss_growth_mb'], 0)} MiB ({f(soak['max_growth_mb'], 0)})", f(soak["acceptance_length"]),
-                "**passed**" if soak["passed"] else "**FAILED**"]]), "", f"Checks: {checks}."]
+        + (" with uncommitted changes" if soak.get("dirty") == "yes" else "")
+        + ".",
+        "",
+        table(
+            [
+                "requests",
+                "answers",
+                "transport errors",
+                "streams cut by the client",
+                "completion tokens",
+                "resident memory after warm-up, first -> last (MiB)",
+                "growth (limit)",
+                "acceptance length",
+                "verdict",
+            ],
+            [
+                [
+                    str(soak["requests"]),
+                    statuses,
+                    str(soak["transport_errors"]),
+                    str(soak["early_disconnects"]),
+                    str(soak["completion_tokens"]),
+                    f"{f(rss[0], 0)} -> {f(rss[1], 0)}",
+                    f"{f(soak['rss_growth_mb'], 0)} MiB ({f(soak['max_growth_mb'], 0)})",
+                    f(soak["acceptance_length"]),
+                    "**passed**" if soak["passed"] else "**FAILED**",
+                ]
+            ],
+        ),
+        "",
+        f"Checks: {checks}.",
+    ]
     grew = soak.get("rss_mb_by_process_first_last")
     if grew:
         first, last = grew
-        lines += ["", "Resident memory per process, first -> last sample after warm-up (MiB): " + ", ".join(
-            f"{k.split(' ', 1)[-1]} {f(first.get(k), 0)} -> {f(last.get(k), 0)}"
-            for k in sorted(set(first) | set(last), key=lambda k: int(k.split()[0]) if k.split()[0].isdigit() else 0))
-            + "."]
+        lines += [
+            "",
+            "Resident memory per process, first -> last sample after warm-up (MiB): "
+            + ", ".join(
+                f"{k.split(' ', 1)[-1]} {f(first.get(k), 0)} -> {f(last.get(k), 0)}"
+                for k in sorted(
+                    set(first) | set(last), key=lambda k: int(k.split()[0]) if k.split()[0].isdigit() else 0
+                )
+            )
+            + ".",
+        ]
     if soak.get("rss_mb_series") and (REPO / SOAK_RSS_PNG).exists():
         lines += ["", f"![resident memory per process during the soak]({SOAK_RSS_PNG})"]
     if refusals:

@@ -13,8 +13,18 @@ from typing import Any, Callable, Mapping, Sequence
 from vllm_eagle3 import envs
 from vllm_eagle3.tools import REPO, bundled
 from vllm_eagle3.tools.bench import client
-from vllm_eagle3.tools.bench.plan import (EMBED_TAP, LAYER_TAPS, MLA_OFF, MLA_ON, NATIVE, NATIVE_CAPTURES,
-                                          NATIVE_LAYERS, NO_SPEC, Plan, Variant)
+from vllm_eagle3.tools.bench.plan import (
+    EMBED_TAP,
+    LAYER_TAPS,
+    MLA_OFF,
+    MLA_ON,
+    NATIVE,
+    NATIVE_CAPTURES,
+    NATIVE_LAYERS,
+    NO_SPEC,
+    Plan,
+    Variant,
+)
 from vllm_eagle3.tools.bench.timers import step_split
 from vllm_eagle3.tools.serve.process import ServerStartError, VllmServer, served_model_name
 
@@ -80,8 +90,10 @@ def as_shipped(v: Variant, base: Mapping[str, Any]) -> Variant:
         return v
     spec = base.get("speculative-config") or {}
     if not live_k(base) or not spec.get("num_speculative_tokens"):
-        raise SystemExit("vllm-eagle3 bench: the shipped default is speculation with live_k on (the serve config's "
-                         "additional-config: vllm_eagle3: live_k); --config has no speculation or no live_k")
+        raise SystemExit(
+            "vllm-eagle3 bench: the shipped default is speculation with live_k on (the serve config's "
+            "additional-config: vllm_eagle3: live_k); --config has no speculation or no live_k"
+        )
     k = int(spec["num_speculative_tokens"])
     table = spec.get("num_speculative_tokens_per_batch_size") or [[1, 4096, k]]
     return dataclasses.replace(v, k=k, schedule=tuple(tuple(int(x) for x in e) for e in table))
@@ -103,8 +115,12 @@ def serve_yaml(base: Mapping[str, Any], variant: Variant, draft: Path, out: Path
     if variant.k == 0:
         cfg.pop("speculative-config", None)
     else:
-        cfg["speculative-config"] = {**(base.get("speculative-config") or {}), "method": "eagle3",
-                                     "model": str(draft.resolve()), "num_speculative_tokens": variant.k}
+        cfg["speculative-config"] = {
+            **(base.get("speculative-config") or {}),
+            "method": "eagle3",
+            "model": str(draft.resolve()),
+            "num_speculative_tokens": variant.k,
+        }
         cfg["per-request-spec-decode-metrics"] = "summary"  # each response carries its request's counters
         cfg["speculative-config"].pop("num_speculative_tokens_per_batch_size", None)  # static k unless adaptive
         if variant.schedule:
@@ -138,7 +154,8 @@ def server_env(variant: Variant) -> dict[str, str]:
     if variant.mla_verify in (MLA_OFF, MLA_ON):
         env[MLA_ENV] = "0" if variant.mla_verify == MLA_OFF else "1"
     if variant.capture in NATIVE_CAPTURES and any(  # installed: the native variants run stock vLLM model classes
-            ep.name == STOCK_PLUGIN for ep in importlib.metadata.entry_points(group="vllm.general_plugins")):
+        ep.name == STOCK_PLUGIN for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
+    ):
         env["VLLM_PLUGINS"] = STOCK_PLUGIN  # vLLM's own model classes + only the CPU patches
     return env
 
@@ -150,20 +167,33 @@ def wirings(draft: Path, capture_spec: Path, plan: Plan, work: Path, num_layers:
     used = {v.capture for v in plan.variants}
     out = {NO_SPEC: Wiring(draft), EMBED_TAP: Wiring(draft, ("--capture-spec", str(capture_spec)))}
     if NATIVE in used:
-        out[NATIVE] = Wiring(make_native_draft(draft, work / "native-draft", native_taps(num_layers), num_layers),
-                             ("--convention", "vllm"))
+        out[NATIVE] = Wiring(
+            make_native_draft(draft, work / "native-draft", native_taps(num_layers), num_layers),
+            ("--convention", "vllm"),
+        )
     if used & {LAYER_TAPS, NATIVE_LAYERS}:
         second, spec = repo_path(SECOND_HEAD), repo_path(SECOND_SPEC)
         out[LAYER_TAPS] = Wiring(second, ("--capture-spec", str(spec)))
-        out[NATIVE_LAYERS] = Wiring(make_native_draft(second, work / "native-second", load_spec_yaml(spec).taps,
-                                                      num_layers), ("--convention", "vllm"))
+        out[NATIVE_LAYERS] = Wiring(
+            make_native_draft(second, work / "native-second", load_spec_yaml(spec).taps, num_layers),
+            ("--convention", "vllm"),
+        )
     return out
 
 
 def _record(v: Variant) -> dict[str, Any]:
     """A server's raw record, before anything is measured."""
-    return {"key": v.key, "variant": v.as_dict(), "label": v.label, "ready_s": None, "error": None,
-            "capture_line": "", "check_line": "", "mla_calls": {}, "cells": []}
+    return {
+        "key": v.key,
+        "variant": v.as_dict(),
+        "label": v.label,
+        "ready_s": None,
+        "error": None,
+        "capture_line": "",
+        "check_line": "",
+        "mla_calls": {},
+        "cells": [],
+    }
 
 
 KV_TOKENS_PER_GIB = 7584  # vLLM's "CPU KV cache size" at 1 GiB, miniature target + draft in float32
@@ -175,8 +205,13 @@ def kv_cache_gib(variant: Variant, plan: Plan, prompt_tokens: int, dtype: str = 
     """GiB of KV cache that hold every request of the variant's busiest cell at once (prompt + output + a step's
     drafts + a block): a cell at concurrency C runs C requests per step instead of queueing the rest."""
     per_gib = KV_TOKENS_PER_GIB * 4 // KV_BYTES.get(str(dtype), 4)
-    need = max((c.concurrency * (prompt_tokens + plan.cell_size(c.kind, c.concurrency)[1] + variant.k + 1
-                                 + BLOCK_TOKENS) for c in variant.cells), default=0)
+    need = max(
+        (
+            c.concurrency * (prompt_tokens + plan.cell_size(c.kind, c.concurrency)[1] + variant.k + 1 + BLOCK_TOKENS)
+            for c in variant.cells
+        ),
+        default=0,
+    )
     return max(1, -(-need // per_gib))
 
 
@@ -186,12 +221,25 @@ def memory_short(kv_gib: int, meminfo: str | None = None) -> str:
     from vllm_eagle3.tools.serve.vllm_cpu import RUNTIME_GIB, mem_available_gib
 
     avail, need = mem_available_gib(meminfo), kv_gib + RUNTIME_GIB + 1.0
-    return "" if avail >= need else (f"{avail:.1f} GiB of memory available, a server with {kv_gib} GiB of KV cache "
-                                     f"needs ~{need:.0f} GiB next to the servers already running")
+    return (
+        ""
+        if avail >= need
+        else (
+            f"{avail:.1f} GiB of memory available, a server with {kv_gib} GiB of KV cache "
+            f"needs ~{need:.0f} GiB next to the servers already running"
+        )
+    )
 
 
-def _start(variant: Variant, base_cfg: Mapping[str, Any], wiring: Wiring, work: Path, log_dir: Path,
-           say: Callable[[str], None], kv_gib: int = 1) -> tuple[VllmServer, dict[str, str], Path]:
+def _start(
+    variant: Variant,
+    base_cfg: Mapping[str, Any],
+    wiring: Wiring,
+    work: Path,
+    log_dir: Path,
+    say: Callable[[str], None],
+    kv_gib: int = 1,
+) -> tuple[VllmServer, dict[str, str], Path]:
     """Write the variant's serve YAML and start its server (not waited for) with ``kv_gib`` of KV cache."""
     yml = serve_yaml(base_cfg, variant, wiring.draft, work / f"serve-{variant.key.replace('#', '-')}.yaml")
     env, log = server_env(variant), log_dir / f"server-{variant.key.replace('#', '-')}.log"
@@ -201,13 +249,23 @@ def _start(variant: Variant, base_cfg: Mapping[str, Any], wiring: Wiring, work: 
     return server, env, log
 
 
-def _ready(variant: Variant, server: VllmServer, res: dict[str, Any], say: Callable[[str], None],
-           start_timeout: float | None, prompts: Sequence[Sequence[int]], log: Path) -> bool:
+def _ready(
+    variant: Variant,
+    server: VllmServer,
+    res: dict[str, Any],
+    say: Callable[[str], None],
+    start_timeout: float | None,
+    prompts: Sequence[Sequence[int]],
+    log: Path,
+) -> bool:
     """Wait for the server, then warm it up (not recorded); False (and ``res["error"]``) if it did not start or the
     warm-up failed."""
     try:
-        res["ready_s"] = server.wait_ready(timeout=start_timeout or START_TIMEOUT_S[variant.mode],
-                                           progress=lambda s: say(f"{variant.key}:{s}"), progress_every=30)
+        res["ready_s"] = server.wait_ready(
+            timeout=start_timeout or START_TIMEOUT_S[variant.mode],
+            progress=lambda s: say(f"{variant.key}:{s}"),
+            progress_every=30,
+        )
         say(f"{variant.key}: ready after {res['ready_s']:.0f} s")
         top = max(c.concurrency for c in variant.cells)
         client.cell(server.base_url, served_model_name(server.base_url), list(enumerate(prompts[:top])), top, 16)
@@ -226,9 +284,19 @@ def _failed(v: Variant, res: dict[str, Any], exc: Exception, log: Path, say: Cal
     say(f"{v.key}: failed: {res['error']} (server log {log})")
 
 
-def _run_cells(v: Variant, cells: Sequence, server: VllmServer, model: str, env: Mapping[str, str], log: Path,
-               plan: Plan, prompts: Sequence[Sequence[int]], res: dict[str, Any], say: Callable[[str], None],
-               progress: Callable[[Variant, str, int], str]) -> None:
+def _run_cells(
+    v: Variant,
+    cells: Sequence,
+    server: VllmServer,
+    model: str,
+    env: Mapping[str, str],
+    log: Path,
+    plan: Plan,
+    prompts: Sequence[Sequence[int]],
+    res: dict[str, Any],
+    say: Callable[[str], None],
+    progress: Callable[[Variant, str, int], str],
+) -> None:
     """``cells`` of ``v`` one after the other on its server, into ``res``; then what the server says of its MLA
     verify path, its capture and its online check (read before stopping)."""
     for cell in cells:
@@ -236,19 +304,21 @@ def _run_cells(v: Variant, cells: Sequence, server: VllmServer, model: str, env:
         rec = _run_cell(server.base_url, model, v, cell.kind, cell.concurrency, plan, prompts)
         res["cells"].append(rec)
         toks = sum(r["tokens"] for r in rec["requests"])
-        say(f"{v.key}: {cell.kind} c={cell.concurrency}: {len(rec['requests'])} requests, {toks} tokens in "
-            f"{time.monotonic() - t:.1f} s; {progress(v, cell.kind, cell.concurrency)}")
+        say(
+            f"{v.key}: {cell.kind} c={cell.concurrency}: {len(rec['requests'])} requests, {toks} tokens in "
+            f"{time.monotonic() - t:.1f} s; {progress(v, cell.kind, cell.concurrency)}"
+        )
     calls = client.worker_rpc(server.base_url, "bench_mla_calls")
     res["mla_calls"] = calls[0] if calls else {}
     if v.capture != NO_SPEC:
         needle = STOCK_LINE if envs.get("VLLM_PLUGINS", env) == STOCK_PLUGIN else PLUGIN_LINE
         lines = server.log_text().splitlines()
         taps = [ln for ln in lines if needle in ln]
-        res["capture_line"] = taps[-1][taps[-1].index(needle):] if taps else ""
+        res["capture_line"] = taps[-1][taps[-1].index(needle) :] if taps else ""
         if not taps:
             say(f"{v.key}: warning: no `{needle}` line in {log}")
         checks = [ln for ln in lines if CHECK_LINE in ln]
-        res["check_line"] = checks[0][checks[0].index(CHECK_LINE):] if checks else ""
+        res["check_line"] = checks[0][checks[0].index(CHECK_LINE) :] if checks else ""
 
 
 def chunks(n: int, concurrency: int) -> list[range]:
@@ -268,10 +338,18 @@ def turn_order(count: int, chunk: int) -> list[int]:
     return order if chunk % 2 == 0 else order[::-1]
 
 
-def run_stretch(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str, Any],
-                wirings: Mapping[str, Wiring], prompts: Sequence[Sequence[int]], work: Path, log_dir: Path,
-                say: Callable[[str], None], start_timeout: float | None = None,
-                progress: Callable[[Variant, str, int], str] = lambda *_: "") -> list[dict[str, Any]]:
+def run_stretch(
+    variants: Sequence[Variant],
+    plan: Plan,
+    base_cfg: Mapping[str, Any],
+    wirings: Mapping[str, Wiring],
+    prompts: Sequence[Sequence[int]],
+    work: Path,
+    log_dir: Path,
+    say: Callable[[str], None],
+    start_timeout: float | None = None,
+    progress: Callable[[Variant, str, int], str] = lambda *_: "",
+) -> list[dict[str, Any]]:
     """The servers of one stretch, each started and warmed up, all kept alive; the raw record of everything each
     measured. Stretch 0 (one server alone): its cells in order. Side by side: per concurrency, each of :func:`chunks`
     on every server with the cell, in :func:`turn_order`, merged into one cell per server; then each server's other
@@ -301,23 +379,47 @@ def run_stretch(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str, 
                 for v, res, server, _, log in (at[j] for j in turn_order(len(at), i)):
                     try:
                         if not res["error"]:
-                            got[v.key].append(client.cell(server.base_url, models[v.key],
-                                                          [(p, prompts[p]) for p in part], c, plan.max_tokens))
+                            got[v.key].append(
+                                client.cell(
+                                    server.base_url, models[v.key], [(p, prompts[p]) for p in part], c, plan.max_tokens
+                                )
+                            )
                     except Exception as exc:  # noqa: BLE001 - one broken server must not lose the others' cells
                         _failed(v, res, exc, log, say)
             for v, res, *_ in (x for x in at if not x[1]["error"]):
                 reqs = [r for _, rs in got[v.key] for r in rs]
-                res["cells"].append({"kind": "throughput", "concurrency": c, "split": None,
-                                     "wall_s": sum(w for w, _ in got[v.key]), "requests": [r.as_dict() for r in reqs],
-                                     "counters": client.summed(reqs), "chunks": len(got[v.key])})
+                res["cells"].append(
+                    {
+                        "kind": "throughput",
+                        "concurrency": c,
+                        "split": None,
+                        "wall_s": sum(w for w, _ in got[v.key]),
+                        "requests": [r.as_dict() for r in reqs],
+                        "counters": client.summed(reqs),
+                        "chunks": len(got[v.key]),
+                    }
+                )
             said = [progress(x[0], "throughput", c) for x in at][-1:]
-            say(f"side by side c={c}: {len(at)} servers x {n} requests in {len(parts)} turns, "
-                f"{time.monotonic() - t:.1f} s; " + "".join(said))
+            say(
+                f"side by side c={c}: {len(at)} servers x {n} requests in {len(parts)} turns, "
+                f"{time.monotonic() - t:.1f} s; " + "".join(said)
+            )
         for v, res, server, env, log in live:
             try:
                 if not res["error"]:
-                    _run_cells(v, [c for c in v.cells if not turns or c.kind != "throughput"], server, models[v.key],
-                               env, log, plan, prompts, res, say, progress)
+                    _run_cells(
+                        v,
+                        [c for c in v.cells if not turns or c.kind != "throughput"],
+                        server,
+                        models[v.key],
+                        env,
+                        log,
+                        plan,
+                        prompts,
+                        res,
+                        say,
+                        progress,
+                    )
             except Exception as exc:  # noqa: BLE001
                 _failed(v, res, exc, log, say)
     finally:
@@ -327,8 +429,9 @@ def run_stretch(variants: Sequence[Variant], plan: Plan, base_cfg: Mapping[str, 
     return recs
 
 
-def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: Plan,
-              prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
+def _run_cell(
+    url: str, model: str, variant: Variant, kind: str, c: int, plan: Plan, prompts: Sequence[Sequence[int]]
+) -> dict[str, Any]:
     """One cell on the server at ``url``: split and untimed send the same requests, with / without the worker timers."""
     rec: dict[str, Any] = {"kind": kind, "concurrency": c, "counters": None, "split": None}
     n, tokens = plan.cell_size(kind, c)
@@ -338,8 +441,9 @@ def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: P
     wall, reqs = client.cell(url, model, list(enumerate(prompts[:n])), c, tokens, kind == "stream")
     if kind == "split":
         records = client.worker_rpc(url, "bench_timers_stop")
-        rec["split"] = (step_split(records[0], c * (variant.k + 1)).as_dict()
-                        if records and isinstance(records[0], list) else None)
+        rec["split"] = (
+            step_split(records[0], c * (variant.k + 1)).as_dict() if records and isinstance(records[0], list) else None
+        )
     rec["counters"] = client.summed(reqs)
     rec["wall_s"] = wall
     rec["requests"] = [r.as_dict() for r in reqs]
@@ -348,5 +452,11 @@ def _run_cell(url: str, model: str, variant: Variant, kind: str, c: int, plan: P
 
 def write_results(path: Path, meta: Mapping[str, Any], plan: Plan, variants: Sequence[Mapping[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema": SCHEMA, "meta": dict(meta), "plan": plan.as_dict(),
-                                "variants": list(variants)}, indent=1, default=str) + "\n")
+    path.write_text(
+        json.dumps(
+            {"schema": SCHEMA, "meta": dict(meta), "plan": plan.as_dict(), "variants": list(variants)},
+            indent=1,
+            default=str,
+        )
+        + "\n"
+    )

@@ -70,8 +70,9 @@ def interval(value: float, replicates: np.ndarray, n: int, method: str) -> Estim
     return Estimate(value, float(lo), float(hi), n, method)
 
 
-def bootstrap(items: Sequence, statistic: Callable[[np.ndarray], np.ndarray], seed: str, *,
-              method: str = "bootstrap") -> Estimate:
+def bootstrap(
+    items: Sequence, statistic: Callable[[np.ndarray], np.ndarray], seed: str, *, method: str = "bootstrap"
+) -> Estimate:
     """``statistic(items)`` with a percentile-bootstrap 95 % interval. ``items`` ``[n]`` or ``[n, m]`` (rows resampled
     together); ``statistic`` reduces the item axis of all resamples at once. Fewer than 2 items: no interval."""
     x = np.asarray(items, dtype=float)
@@ -88,8 +89,13 @@ def ratio_of_sums(rows: np.ndarray) -> np.ndarray:
     return t[..., 0] / t[..., 1]
 
 
-def paired_ratio(with_: dict[int, tuple[float, float]], without: dict[int, tuple[float, float]], seed: str,
-                 *, method: str = "paired bootstrap over prompts") -> Estimate:
+def paired_ratio(
+    with_: dict[int, tuple[float, float]],
+    without: dict[int, tuple[float, float]],
+    seed: str,
+    *,
+    method: str = "paired bootstrap over prompts",
+) -> Estimate:
     """Throughput ratio ``with_`` / ``without`` (prompt -> (tokens, seconds), rounds summed), over the prompts in
     both; each resample draws prompts, keeping a prompt's two measurements together."""
     keys = sorted(set(with_) & set(without))
@@ -102,8 +108,13 @@ def mean_ci(xs: Sequence[float], seed: str, method: str = "bootstrap over steps"
     return bootstrap([x for x in xs if finite(x)], lambda r: r.mean(axis=-1), seed, method=method)
 
 
-def stratified_ratio(num: Sequence[Sequence[float]], den: Sequence[Sequence[float]], seed: str, *,
-                     method: str = "bootstrap over steps within each server") -> Estimate:
+def stratified_ratio(
+    num: Sequence[Sequence[float]],
+    den: Sequence[Sequence[float]],
+    seed: str,
+    *,
+    method: str = "bootstrap over steps within each server",
+) -> Estimate:
     """(mean of ``num``'s group means) / (the same of ``den``), each group's items (e.g. one server's decode steps)
     resampled independently: the interval covers step-to-step variation, not server-to-server (compare two servers
     of one configuration for that)."""
@@ -132,6 +143,7 @@ def median(xs: Sequence[float]) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ step models
+
 
 def ideal_speedup(tau: float, k: int, c: float, verify_factor: float = 1.0) -> float:
     """Speedup over plain decoding if only the draft and the verify cost time: a step emits ``tau`` tokens for

@@ -103,6 +103,7 @@ def step_split(records: Sequence[Sequence[Any]], decode_tokens: int) -> StepSpli
         elif kind == "D" and steps:
             steps[-1][2] += float(dt)
     decode = [i for i, st in enumerate(steps) if st[3] == decode_tokens]
-    gaps = tuple((steps[i + 1][0] - steps[i][0]) * 1e3 for i in decode
-                 if i + 1 < len(steps) and steps[i + 1][3] == decode_tokens)
+    gaps = tuple(
+        (steps[i + 1][0] - steps[i][0]) * 1e3 for i in decode if i + 1 < len(steps) and steps[i + 1][3] == decode_tokens
+    )
     return StepSplit(tuple(steps[i][1] * 1e3 for i in decode), tuple(steps[i][2] * 1e3 for i in decode), gaps)

@@ -25,9 +25,38 @@ the target run, chains), ``stats.py`` (paired bootstrap, verdicts), ``engine.py`
 """
 
 from .cli import main, render
-from .diagnose import (CHAINED, DEFAULT_K, MAX_TOKENS, PROMPT_LEN, WINDOW, Diagnosis, Measured, configured_wirings,
-                       diagnose, engine_taps, measure_hf, measure_vllm, text_tokens)
+from .diagnose import (
+    CHAINED,
+    DEFAULT_K,
+    MAX_TOKENS,
+    PROMPT_LEN,
+    WINDOW,
+    Diagnosis,
+    Measured,
+    configured_wirings,
+    diagnose,
+    engine_taps,
+    measure_hf,
+    measure_vllm,
+    text_tokens,
+)
 from .measure import encode
 
-__all__ = ["CHAINED", "DEFAULT_K", "MAX_TOKENS", "PROMPT_LEN", "WINDOW", "Diagnosis", "Measured", "configured_wirings",
-           "diagnose", "encode", "engine_taps", "main", "measure_hf", "measure_vllm", "render", "text_tokens"]
+__all__ = [
+    "CHAINED",
+    "DEFAULT_K",
+    "MAX_TOKENS",
+    "PROMPT_LEN",
+    "WINDOW",
+    "Diagnosis",
+    "Measured",
+    "configured_wirings",
+    "diagnose",
+    "encode",
+    "engine_taps",
+    "main",
+    "measure_hf",
+    "measure_vllm",
+    "render",
+    "text_tokens",
+]

@@ -16,10 +16,17 @@ from vllm_eagle3 import envs
 from vllm_eagle3.checkpoint import DraftInfo, TargetInfo
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, load_spec_file
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError, parse_tap, taps_label
-from vllm_eagle3.tools.doctor.measure import (chain_matches, default_text, encode, first_draft_acceptance,
-                                              load_draft, load_target, sample_and_run)
+from vllm_eagle3.tools.doctor.measure import (
+    chain_matches,
+    default_text,
+    encode,
+    first_draft_acceptance,
+    load_draft,
+    load_target,
+    sample_and_run,
+)
 from vllm_eagle3.wirings import Candidate, candidate_wirings
-from vllm_eagle3.tools.doctor.stats import (TOLERANCE, Reading, WiringChains, exit_code, judge, worst)
+from vllm_eagle3.tools.doctor.stats import TOLERANCE, Reading, WiringChains, exit_code, judge, worst
 
 MAX_TOKENS = 2048
 """Default text: 2,048 tokens = 16 sequences x 128, ~1,970 chain anchors. On the shipped pair (4,096 tokens) the
@@ -60,20 +67,44 @@ class Diagnosis:
 
     def to_json(self) -> dict:
         def chain(c: WiringChains) -> dict:
-            return {"taps": list(c.taps), "label": c.label, "why": c.why, "p0": c.p0,
-                    "acceptance_length": c.acceptance_length, "served_walk": c.served_walk_length}
+            return {
+                "taps": list(c.taps),
+                "label": c.label,
+                "why": c.why,
+                "p0": c.p0,
+                "acceptance_length": c.acceptance_length,
+                "served_walk": c.served_walk_length,
+            }
 
         return {
-            "verdict": self.kind, "exit_code": exit_code(self.kind), "k": self.k, "tokens": self.tokens,
-            "anchors": self.anchors, "text": self.how, "configured_from": self.configured_from,
-            "tolerance": TOLERANCE, "num_layers": self.num_layers, "timings_s": self.timings,
-            "engine": self.engine, "engine_detail": self.engine_detail, "not_captured": self.not_captured,
-            "verdicts": {name: {"kind": v.kind, "taps": list(v.configured.taps), "best": list(v.best.taps),
-                                "loss": dataclasses.asdict(v.loss), "p0_diff": dataclasses.asdict(v.p0_diff),
-                                "gain_ratio": dataclasses.asdict(v.gain_ratio), "more_text": v.more_text,
-                                "equivalent": v.equivalent, "adopt": v.best_is_better,
-                                "adopt_taps": list(self.adopt.get(name, ()))}
-                         for name, v in self.verdicts.items()},
+            "verdict": self.kind,
+            "exit_code": exit_code(self.kind),
+            "k": self.k,
+            "tokens": self.tokens,
+            "anchors": self.anchors,
+            "text": self.how,
+            "configured_from": self.configured_from,
+            "tolerance": TOLERANCE,
+            "num_layers": self.num_layers,
+            "timings_s": self.timings,
+            "engine": self.engine,
+            "engine_detail": self.engine_detail,
+            "not_captured": self.not_captured,
+            "verdicts": {
+                name: {
+                    "kind": v.kind,
+                    "taps": list(v.configured.taps),
+                    "best": list(v.best.taps),
+                    "loss": dataclasses.asdict(v.loss),
+                    "p0_diff": dataclasses.asdict(v.p0_diff),
+                    "gain_ratio": dataclasses.asdict(v.gain_ratio),
+                    "more_text": v.more_text,
+                    "equivalent": v.equivalent,
+                    "adopt": v.best_is_better,
+                    "adopt_taps": list(self.adopt.get(name, ())),
+                }
+                for name, v in self.verdicts.items()
+            },
             "chained": [chain(c) for c in self.chains],
             "screened": [{"taps": list(c.taps), "label": c.label, "why": c.why, "p0": p} for c, p in self.screened],
         }
@@ -81,9 +112,15 @@ class Diagnosis:
 
 # ----------------------------------------------------------------------------------------------- configured wiring
 
-def configured_wirings(target: TargetInfo, draft: DraftInfo, capture_spec: str | None,
-                       taps: Sequence[str] | None, convention: str | None,
-                       environ: Mapping[str, str] | None = None) -> tuple[dict, str]:
+
+def configured_wirings(
+    target: TargetInfo,
+    draft: DraftInfo,
+    capture_spec: str | None,
+    taps: Sequence[str] | None,
+    convention: str | None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[dict, str]:
     """({name: taps fed to the draft}, where they came from). Every ``--capture-spec``, ``--taps`` and
     ``--convention`` given is judged; with none, the plugin's environment (``EAGLE3_SPEC`` /
     ``EAGLE3_CONVENTION``); with none of those either, every engine's reading of the draft config as written
@@ -110,20 +147,24 @@ def configured_wirings(target: TargetInfo, draft: DraftInfo, capture_spec: str |
     if conv:
         ids = draft.top_ids if draft.top_ids is not None else draft.nested_ids
         if ids is None:
-            raise CaptureSpecError("the draft config has no eagle_aux_hidden_state_layer_ids to read with "
-                                   f"--convention {conv}; pass --capture-spec or --taps")
+            raise CaptureSpecError(
+                "the draft config has no eagle_aux_hidden_state_layer_ids to read with "
+                f"--convention {conv}; pass --capture-spec or --taps"
+            )
         out[f"draft ids {list(ids)} read as {conv}"] = ids_to_taps(ids, conv, L)
     if out:
         return out, source
     reads = engine_reads(target, draft)
     out = {engine: tuple(sorted(t)) for engine, t in reads.items() if not isinstance(t, str)}
     if not out:
-        raise CaptureSpecError("no engine can read the draft config's ids; pass --capture-spec or --taps to say "
-                               "which wiring you serve")
+        raise CaptureSpecError(
+            "no engine can read the draft config's ids; pass --capture-spec or --taps to say which wiring you serve"
+        )
     return out, "each engine's reading of the draft config (no --capture-spec / --taps / --convention given)"
 
 
 # ----------------------------------------------------------------------------------------------- measurement
+
 
 @dataclasses.dataclass
 class Measured:
@@ -138,24 +179,28 @@ class Measured:
     detail: str = ""
 
 
-def text_tokens(target: str | Path, text: str | None, max_tokens: int, window: int,
-                vocab_size: int) -> tuple[list[int], str]:
+def text_tokens(
+    target: str | Path, text: str | None, max_tokens: int, window: int, vocab_size: int
+) -> tuple[list[int], str]:
     """(token ids of the text to score on, its description); the held-out default text when ``text`` is None."""
     how = "the given text"
     if text is None:
         text, how = default_text()
-    token_ids, _ = encode(Path(target), text[:max_tokens * 16], max_tokens)  # a token is < 16 characters of code
+    token_ids, _ = encode(Path(target), text[: max_tokens * 16], max_tokens)  # a token is < 16 characters of code
     if len(token_ids) < 2 * window:
-        raise CaptureSpecError(f"only {len(token_ids)} tokens of text; give at least {2 * window} "
-                               f"(--text FILE with more text, --max-tokens)")
+        raise CaptureSpecError(
+            f"only {len(token_ids)} tokens of text; give at least {2 * window} "
+            f"(--text FILE with more text, --max-tokens)"
+        )
     bad = [i for i in token_ids if not 0 <= i < vocab_size]
     if bad:
         raise CaptureSpecError(f"token id {bad[0]} is outside the target vocabulary of {vocab_size}")
     return token_ids, how
 
 
-def measure_hf(target: str | Path, token_ids: Sequence[int], how: str, mode: str = "text",
-               window: int = WINDOW) -> Measured:
+def measure_hf(
+    target: str | Path, token_ids: Sequence[int], how: str, mode: str = "text", window: int = WINDOW
+) -> Measured:
     """The target through transformers (float32, ``output_hidden_states``): every tap. Greedy mode records the taps
     while the target continues the prompts (:func:`vllm_eagle3.tools.doctor.measure.greedy_run`: one KV-cached decode of
     all prompts together, one torch thread)."""
@@ -166,14 +211,25 @@ def measure_hf(target: str | Path, token_ids: Sequence[int], how: str, mode: str
     del model
     detail = "transformers, float32"
     if mode == "greedy":
-        detail += (f"; {sample.seqs.shape[0]} prompts continued by {window - PROMPT_LEN} greedy tokens in one "
-                   f"KV-cached decode, taps recorded as it went, {time.perf_counter() - t1:.0f} s")
+        detail += (
+            f"; {sample.seqs.shape[0]} prompts continued by {window - PROMPT_LEN} greedy tokens in one "
+            f"KV-cached decode, taps recorded as it went, {time.perf_counter() - t1:.0f} s"
+        )
     return Measured(sample, run, frozenset(range(run.taps.shape[0])), "hf", time.perf_counter() - t0, detail)
 
 
-def measure_vllm(target: str | Path, capture_draft_dir: str | Path, token_ids: Sequence[int], how: str,
-                 taps: Sequence[int], configured: Sequence[int], num_layers: int, mode: str = "text",
-                 window: int = WINDOW, progress: bool = True) -> Measured:
+def measure_vllm(
+    target: str | Path,
+    capture_draft_dir: str | Path,
+    token_ids: Sequence[int],
+    how: str,
+    taps: Sequence[int],
+    configured: Sequence[int],
+    num_layers: int,
+    mode: str = "text",
+    window: int = WINDOW,
+    progress: bool = True,
+) -> Measured:
     """The target through ONE offline vLLM engine with the plugin capturing ``taps``
     (:mod:`vllm_eagle3.tools.doctor.engine`); in greedy mode the engine also writes the continuations."""
     import torch
@@ -184,19 +240,37 @@ def measure_vllm(target: str | Path, capture_draft_dir: str | Path, token_ids: S
     t0 = time.perf_counter()
     say = (lambda line: print(f"[doctor] {line}", file=sys.stderr, flush=True)) if progress else (lambda line: None)
     n = len(token_ids) // window
-    windows = torch.tensor(list(token_ids[:n * window]), dtype=torch.long).view(n, window)
+    windows = torch.tensor(list(token_ids[: n * window]), dtype=torch.long).view(n, window)
     if mode == "text":
-        cap = engine_capture(Path(target), Path(capture_draft_dir), windows, taps, configured, num_layers,
-                             progress=say)
+        cap = engine_capture(Path(target), Path(capture_draft_dir), windows, taps, configured, num_layers, progress=say)
         sample = Sample(cap.seqs, 0, f"{n} windows of {window} tokens of {how}")
     else:
-        cap = engine_capture(Path(target), Path(capture_draft_dir), None, taps, configured, num_layers,
-                             prompts=windows[:, :PROMPT_LEN], new_tokens=window - PROMPT_LEN, progress=say)
-        sample = Sample(cap.seqs, PROMPT_LEN - 1, f"{n} prompts of {PROMPT_LEN} tokens from {how}, each continued "
-                                                  f"by {window - PROMPT_LEN} greedy tokens of the target (vLLM)")
-    return Measured(sample, cap.run, frozenset(cap.taps), "vllm", time.perf_counter() - t0,
-                    f"vLLM {_vllm_version()} offline LLM, float32, eager, plugin capture of {taps_label(cap.taps)}; "
-                    f"engine start {cap.startup_s:.0f} s, {cap.run_s:.0f} s of prefills")
+        cap = engine_capture(
+            Path(target),
+            Path(capture_draft_dir),
+            None,
+            taps,
+            configured,
+            num_layers,
+            prompts=windows[:, :PROMPT_LEN],
+            new_tokens=window - PROMPT_LEN,
+            progress=say,
+        )
+        sample = Sample(
+            cap.seqs,
+            PROMPT_LEN - 1,
+            f"{n} prompts of {PROMPT_LEN} tokens from {how}, each continued "
+            f"by {window - PROMPT_LEN} greedy tokens of the target (vLLM)",
+        )
+    return Measured(
+        sample,
+        cap.run,
+        frozenset(cap.taps),
+        "vllm",
+        time.perf_counter() - t0,
+        f"vLLM {_vllm_version()} offline LLM, float32, eager, plugin capture of {taps_label(cap.taps)}; "
+        f"engine start {cap.startup_s:.0f} s, {cap.run_s:.0f} s of prefills",
+    )
 
 
 def _vllm_version() -> str:
@@ -220,41 +294,64 @@ def _configured_and_fan_in(target: Path, draft: Path, capture_spec, taps, conven
     if fc_in is None:
         raise CaptureSpecError(f"draft {draft} has no fc.weight in its safetensors; is it an EAGLE-3 head?")
     if fc_in % info.hidden_size:
-        raise CaptureSpecError(f"the draft's fc takes {fc_in} inputs, not a multiple of the target hidden size "
-                               f"{info.hidden_size}: this draft is not for this target")
+        raise CaptureSpecError(
+            f"the draft's fc takes {fc_in} inputs, not a multiple of the target hidden size "
+            f"{info.hidden_size}: this draft is not for this target"
+        )
     n = fc_in // info.hidden_size
     configured, configured_from = configured_wirings(info, d, capture_spec, taps, convention, environ)
     for name, t in configured.items():
         if len(t) != n:
-            raise CaptureSpecError(f"{name} names {len(t)} taps but the draft's fc takes {n}: this wiring cannot "
-                                   "be served with this draft")
+            raise CaptureSpecError(
+                f"{name} names {len(t)} taps but the draft's fc takes {n}: this wiring cannot be served with this draft"
+            )
     return info, d, n, configured, configured_from
 
 
-def engine_taps(target: str | Path, draft: str | Path, capture_spec: str | None = None,
-                taps: Sequence[str] | None = None, convention: str | None = None, exhaustive: bool | None = None,
-                environ: Mapping[str, str] | None = None) -> tuple[set[int], tuple[int, ...]]:
+def engine_taps(
+    target: str | Path,
+    draft: str | Path,
+    capture_spec: str | None = None,
+    taps: Sequence[str] | None = None,
+    convention: str | None = None,
+    exhaustive: bool | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[set[int], tuple[int, ...]]:
     """(every tap the engine must capture to score this draft's candidates and configured wirings, the first
     configured wiring): what :func:`measure_vllm` needs. Union it over several drafts to score them on one run."""
     from vllm_eagle3.tools.doctor.engine import candidate_taps, capturable
 
-    info, d, n, configured, _ = _configured_and_fan_in(Path(target), Path(draft), capture_spec, taps, convention,
-                                                        environ)
+    info, d, n, configured, _ = _configured_and_fan_in(
+        Path(target), Path(draft), capture_spec, taps, convention, environ
+    )
     for name, t in configured.items():
         if not capturable(t, info.num_layers):
-            raise CaptureSpecError(f"{name} uses tap {info.num_layers} (the final pre-norm state), which vLLM's "
-                                   "DeepSeek/Kimi forward never captures: use --engine hf to score it")
-    need, _ = candidate_taps(d, info.num_layers, n, {f"configured: {k}": v for k, v in configured.items()},
-                             exhaustive)
+            raise CaptureSpecError(
+                f"{name} uses tap {info.num_layers} (the final pre-norm state), which vLLM's "
+                "DeepSeek/Kimi forward never captures: use --engine hf to score it"
+            )
+    need, _ = candidate_taps(d, info.num_layers, n, {f"configured: {k}": v for k, v in configured.items()}, exhaustive)
     return need, tuple(next(iter(configured.values())))
 
 
-def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max_tokens: int = MAX_TOKENS,
-             capture_spec: str | None = None, taps: Sequence[str] | None = None, convention: str | None = None,
-             k: int = DEFAULT_K, mode: str = "text", window: int = WINDOW, chained: int = CHAINED,
-             exhaustive: bool | None = None, progress: bool = True,
-             environ: Mapping[str, str] | None = None, engine: str = "hf",
-             measured: Measured | None = None) -> Diagnosis:
+def diagnose(
+    target: str | Path,
+    draft: str | Path,
+    text: str | None = None,
+    max_tokens: int = MAX_TOKENS,
+    capture_spec: str | None = None,
+    taps: Sequence[str] | None = None,
+    convention: str | None = None,
+    k: int = DEFAULT_K,
+    mode: str = "text",
+    window: int = WINDOW,
+    chained: int = CHAINED,
+    exhaustive: bool | None = None,
+    progress: bool = True,
+    environ: Mapping[str, str] | None = None,
+    engine: str = "hf",
+    measured: Measured | None = None,
+) -> Diagnosis:
     """Run the whole measurement; raises :class:`CaptureSpecError` with the fix on bad input.
 
     ``engine`` "hf" runs the target in transformers, "vllm" in one offline vLLM engine with the plugin
@@ -267,11 +364,14 @@ def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max
     if engine not in ("hf", "vllm"):
         raise CaptureSpecError(f"--engine {engine}: choose hf (transformers) or vllm (the served engine)")
     if mode == "greedy" and window < PROMPT_LEN + MAX_K + 16:
-        raise CaptureSpecError(f"--mode greedy continues {PROMPT_LEN}-token prompts to --window tokens and drafts "
-                               f"chains of {MAX_K} on the continuation: give --window >= {PROMPT_LEN + MAX_K + 16}")
+        raise CaptureSpecError(
+            f"--mode greedy continues {PROMPT_LEN}-token prompts to --window tokens and drafts "
+            f"chains of {MAX_K} on the continuation: give --window >= {PROMPT_LEN + MAX_K + 16}"
+        )
     target, draft = Path(target), Path(draft)
-    info, d, n, configured, configured_from = _configured_and_fan_in(target, draft, capture_spec, taps, convention,
-                                                                     environ)
+    info, d, n, configured, configured_from = _configured_and_fan_in(
+        target, draft, capture_spec, taps, convention, environ
+    )
     extra = {f"configured: {name}": t for name, t in configured.items()}
     cands = candidate_wirings(d, info.num_layers, n, extra, exhaustive)
     t1 = time.perf_counter()
@@ -281,12 +381,15 @@ def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max
             measured = measure_hf(target, token_ids, how, mode, window)
         else:
             need, first = engine_taps(target, draft, capture_spec, taps, convention, exhaustive, environ)
-            measured = measure_vllm(target, draft, token_ids, how, sorted(need), first, info.num_layers, mode,
-                                    window, progress)
+            measured = measure_vllm(
+                target, draft, token_ids, how, sorted(need), first, info.num_layers, mode, window, progress
+            )
     missing = {name: t for name, t in configured.items() if not set(t) <= measured.taps}
     if missing:
-        raise CaptureSpecError(f"the target run holds taps {taps_label(sorted(measured.taps))}, not those of "
-                               f"{', '.join(missing)}: capture them too (engine_taps over every draft)")
+        raise CaptureSpecError(
+            f"the target run holds taps {taps_label(sorted(measured.taps))}, not those of "
+            f"{', '.join(missing)}: capture them too (engine_taps over every draft)"
+        )
     not_captured = [c for c in cands if not set(c.taps) <= measured.taps]
     cands = [c for c in cands if set(c.taps) <= measured.taps]
     sample, run = measured.sample, measured.run
@@ -301,30 +404,61 @@ def diagnose(target: str | Path, draft: str | Path, text: str | None = None, max
     why = {c.taps: c.why for c in cands}
     for name, t in configured.items():
         pick.setdefault(tuple(t), Candidate(tuple(t), why.get(tuple(t), name)))
-    chains = [WiringChains.from_matches(c.taps, c.label, c.why, chain_matches(head, run, sample, c.taps), k)
-              for c in pick.values()]
+    chains = [
+        WiringChains.from_matches(c.taps, c.label, c.why, chain_matches(head, run, sample, c.taps), k)
+        for c in pick.values()
+    ]
     chains.sort(key=lambda c: (-c.acceptance_length, -c.p0))
     by_taps = {c.taps: c for c in chains}
     verdicts = {name: judge(by_taps[tuple(t)], chains) for name, t in configured.items()}
     # What to adopt: the taps the draft's trainer recorded when they are as good as the best (the best by point
     # estimate among interchangeable neighbours is chance), else the best.
     recorded = d.trained_taps
-    if recorded is not None and tuple(recorded) not in by_taps and len(recorded) == n \
-            and set(recorded) <= measured.taps:
+    if (
+        recorded is not None
+        and tuple(recorded) not in by_taps
+        and len(recorded) == n
+        and set(recorded) <= measured.taps
+    ):
         by_taps[tuple(recorded)] = WiringChains.from_matches(
-            recorded, taps_label(recorded), "recorded by the draft's trainer",
-            chain_matches(head, run, sample, recorded), k)
+            recorded,
+            taps_label(recorded),
+            "recorded by the draft's trainer",
+            chain_matches(head, run, sample, recorded),
+            k,
+        )
     adopt = {}
     for name, v in verdicts.items():
-        if v.best_is_better and recorded is not None and tuple(recorded) in by_taps \
-                and judge(by_taps[tuple(recorded)], chains).kind == V.OK:
+        if (
+            v.best_is_better
+            and recorded is not None
+            and tuple(recorded) in by_taps
+            and judge(by_taps[tuple(recorded)], chains).kind == V.OK
+        ):
             adopt[name] = tuple(recorded)
         elif v.best_is_better:
             adopt[name] = v.best.taps
     t4 = time.perf_counter()
-    return Diagnosis(verdicts, adopt, chains, screened, k, info.num_layers, int(sample.seqs.numel()), sample.anchors,
-                     sample.how, configured_from,
-                     {"load": round(t1 - t0, 1), "target": round(measured.seconds, 1), "screen": round(t3 - t2, 1),
-                      "chains": round(t4 - t3, 1), "total": round(t4 - t0, 1)},
-                     engine=measured.engine, engine_detail=measured.detail,
-                     not_captured=[c.label for c in not_captured], measured=measured)
+    return Diagnosis(
+        verdicts,
+        adopt,
+        chains,
+        screened,
+        k,
+        info.num_layers,
+        int(sample.seqs.numel()),
+        sample.anchors,
+        sample.how,
+        configured_from,
+        {
+            "load": round(t1 - t0, 1),
+            "target": round(measured.seconds, 1),
+            "screen": round(t3 - t2, 1),
+            "chains": round(t4 - t3, 1),
+            "total": round(t4 - t0, 1),
+        },
+        engine=measured.engine,
+        engine_detail=measured.detail,
+        not_captured=[c.label for c in not_captured],
+        measured=measured,
+    )

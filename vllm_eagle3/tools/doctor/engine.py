@@ -46,6 +46,7 @@ _ATTR = "_vllm_eagle3_doctor_records"
 # ----------------------------------------------------------------------------------------------- in the worker
 # Module-level functions: ``LLM.apply_model`` ships them to the worker by reference.
 
+
 def install_state_recorder(model: torch.nn.Module) -> str:
     """Keep, for every target forward that returns aux states, the aux list and the engine's logits of EVERY row
     (observation only: the runner itself computes logits for the sampled rows). Idempotent; clears old records."""
@@ -57,8 +58,12 @@ def install_state_recorder(model: torch.nn.Module) -> str:
                 hidden, aux = output
                 with torch.no_grad():
                     logits = module.compute_logits(hidden)  # [num_tokens, vocab]
-                records.append({"aux": [t.detach().to("cpu", dtype=torch.float32, copy=True) for t in aux],
-                                "logits": logits.detach().to("cpu", dtype=torch.float32, copy=True)})
+                records.append(
+                    {
+                        "aux": [t.detach().to("cpu", dtype=torch.float32, copy=True) for t in aux],
+                        "logits": logits.detach().to("cpu", dtype=torch.float32, copy=True),
+                    }
+                )
 
         model.register_forward_hook(hook)
         setattr(model, _ATTR, records)
@@ -86,6 +91,7 @@ def input_embedding(model: torch.nn.Module) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- files
+
 
 def capturable(taps: Sequence[int], num_layers: int) -> bool:
     """vLLM's DeepSeek/Kimi forward captures taps 0..L-1 (tap L, the final pre-norm state, is never reached)."""
@@ -121,10 +127,11 @@ def capture_draft(draft_dir: Path, out_dir: Path, superset: Sequence[int], confi
     wide = torch.zeros(fc.shape[0], len(superset) * h, dtype=fc.dtype)
     for i, t in enumerate(configured):
         j = superset.index(t)
-        wide[:, j * h:(j + 1) * h] = fc[:, i * h:(i + 1) * h]
+        wide[:, j * h : (j + 1) * h] = fc[:, i * h : (i + 1) * h]
     state[key] = wide
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"), metadata={"format": "pt"}
+    )
     for f in draft_dir.iterdir():
         if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json" and not (out_dir / f.name).exists():
             (out_dir / f.name).symlink_to(f.resolve())
@@ -132,6 +139,7 @@ def capture_draft(draft_dir: Path, out_dir: Path, superset: Sequence[int], confi
 
 
 # ----------------------------------------------------------------------------------------------- the engine run
+
 
 def engine_memory_env(target: Path, draft: Path, progress=print) -> dict[str, str]:
     """On vLLM-CPU with no memory setting chosen, the KV cache size ``vllm-eagle3 serve`` would choose
@@ -163,9 +171,17 @@ class EngineCapture:
     log_path: Path
 
 
-def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: Sequence[int], configured: Sequence[int],
-                   num_layers: int, prompts: torch.Tensor | None = None, new_tokens: int = 0,
-                   progress=print) -> EngineCapture:
+def engine_capture(
+    target: Path,
+    draft: Path,
+    seqs: torch.Tensor | None,
+    taps: Sequence[int],
+    configured: Sequence[int],
+    num_layers: int,
+    prompts: torch.Tensor | None = None,
+    new_tokens: int = 0,
+    progress=print,
+) -> EngineCapture:
     """Start ONE offline vLLM engine with the plugin capturing ``taps`` and prefill each sequence of ``seqs`` [N, T]
     once (or, with ``prompts`` [N, P] and ``new_tokens``, first continue the prompts greedily through the engine,
     then prefill the full sequences). Returns the engine's taps [L + 1, N, T, H] (NaN where not captured) and its
@@ -179,21 +195,27 @@ def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: S
 
     taps = tuple(sorted(set(int(t) for t in taps)))
     if not capturable(taps, num_layers):
-        raise CaptureSpecError(f"the engine cannot capture {taps_label([t for t in taps if t >= num_layers])} "
-                               f"(tap {num_layers} is the final pre-norm state, never captured by vLLM's layer loop)")
+        raise CaptureSpecError(
+            f"the engine cannot capture {taps_label([t for t in taps if t >= num_layers])} "
+            f"(tap {num_layers} is the final pre-norm state, never captured by vLLM's layer loop)"
+        )
     work = Path(tempfile.mkdtemp(prefix="vllm_eagle3_doctor_"))
     vehicle = capture_draft(Path(draft), work / "capture-draft", taps, configured)
     spec = work / "capture_spec.yaml"
-    spec.write_text("description: vllm-eagle3 doctor --engine vllm, every tap the candidate wirings need\n"
-                    f"taps: {taps_label(taps)}\nnum_layers: {num_layers}\ndraft_ids_convention: vllm\n"
-                    "check: {enabled: false}  # the doctor scores every wiring itself, offline\n")
-    length = (seqs.shape[1] if seqs is not None else prompts.shape[1] + new_tokens)
+    spec.write_text(
+        "description: vllm-eagle3 doctor --engine vllm, every tap the candidate wirings need\n"
+        f"taps: {taps_label(taps)}\nnum_layers: {num_layers}\ndraft_ids_convention: vllm\n"
+        "check: {enabled: false}  # the doctor scores every wiring itself, offline\n"
+    )
+    length = seqs.shape[1] if seqs is not None else prompts.shape[1] + new_tokens
     env = {envs.SPEC: str(spec), **engine_memory_env(Path(target), vehicle, progress)}
     old = envs.raw("VLLM_ALLOW_INSECURE_SERIALIZATION")  # restored exactly afterwards
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the recorded tensors come back from the worker
     t0 = time.monotonic()
-    progress(f"starting vLLM (offline LLM, float32, eager) with the plugin capturing {taps_label(taps)} "
-             f"({len(taps)} taps; draft fc widened to match: {vehicle})")
+    progress(
+        f"starting vLLM (offline LLM, float32, eager) with the plugin capturing {taps_label(taps)} "
+        f"({len(taps)} taps; draft fc widened to match: {vehicle})"
+    )
     engine = None
     try:
         try:
@@ -202,20 +224,24 @@ def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: S
             from vllm_eagle3.tools.serve.process import root_cause
 
             cause = root_cause(getattr(exc, "engine_log", "")) or f"{type(exc).__name__}: {exc}"
-            raise CaptureSpecError(f"vLLM did not start (--engine vllm; --engine hf needs no engine): "
-                                   f"{' | '.join(cause.splitlines())}") from None
+            raise CaptureSpecError(
+                f"vLLM did not start (--engine vllm; --engine hf needs no engine): {' | '.join(cause.splitlines())}"
+            ) from None
         startup = time.monotonic() - t0
         progress(f"engine ready in {startup:.0f} s (log {engine.log_path})")
         log = engine.log()
         if f"vllm-eagle3: capturing taps {taps_label(taps)}" not in log:
-            raise CaptureSpecError(f"the engine did not log the plugin's capture line for {taps_label(taps)}; "
-                                   f"see {engine.log_path}")
+            raise CaptureSpecError(
+                f"the engine did not log the plugin's capture line for {taps_label(taps)}; see {engine.log_path}"
+            )
         t1 = time.monotonic()
         greedy = SamplingParams(max_tokens=1, temperature=0.0)
         if seqs is None:
-            outs = engine.llm.generate([{"prompt_token_ids": p.tolist()} for p in prompts],
-                                       SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True),
-                                       use_tqdm=False)
+            outs = engine.llm.generate(
+                [{"prompt_token_ids": p.tolist()} for p in prompts],
+                SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True),
+                use_tqdm=False,
+            )
             seqs = torch.tensor([p.tolist() + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs)])
             if seqs.shape[1] != length:
                 raise RuntimeError(f"the engine returned {seqs.shape[1] - prompts.shape[1]} tokens, not {new_tokens}")
@@ -226,8 +252,9 @@ def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: S
             engine.llm.generate([{"prompt_token_ids": seqs[i].tolist()}], greedy, use_tqdm=False)
             recs = [r for r in engine.llm.apply_model(take_records)[0] if r["logits"].shape[0] == t]
             if not recs:
-                raise RuntimeError(f"no {t}-row target forward recorded for sequence {i} (chunked prefill?); "
-                                   f"see {engine.log_path}")
+                raise RuntimeError(
+                    f"no {t}-row target forward recorded for sequence {i} (chunked prefill?); see {engine.log_path}"
+                )
             per_seq_taps.append(torch.stack(recs[0]["aux"]))  # [len(taps), T, H] in the spec's (ascending) order
             per_seq_logits.append(recs[0]["logits"])
         embed = engine.llm.apply_model(input_embedding)[0]
@@ -244,12 +271,18 @@ def engine_capture(target: Path, draft: Path, seqs: torch.Tensor | None, taps: S
     for j, k in enumerate(taps):
         full[k] = got[j]
     progress(f"captured {len(taps)} taps x {n} sequences x {t} tokens through vLLM in {run_s:.0f} s")
-    return EngineCapture(TargetRun(seqs, full, torch.stack(per_seq_logits), embed), seqs, taps, startup, run_s,
-                         engine.log_path)
+    return EngineCapture(
+        TargetRun(seqs, full, torch.stack(per_seq_logits), embed), seqs, taps, startup, run_s, engine.log_path
+    )
 
 
-def candidate_taps(draft: DraftInfo, num_layers: int, num_taps: int, configured: dict[str, Sequence[int]],
-                   exhaustive: bool | None = None) -> tuple[set[int], list]:
+def candidate_taps(
+    draft: DraftInfo,
+    num_layers: int,
+    num_taps: int,
+    configured: dict[str, Sequence[int]],
+    exhaustive: bool | None = None,
+) -> tuple[set[int], list]:
     """(every tap the candidate wirings and the configured ones need that the engine can capture, the candidates it
     cannot capture)."""
     from vllm_eagle3.wirings import candidate_wirings

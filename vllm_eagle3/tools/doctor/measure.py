@@ -28,6 +28,7 @@ from vllm_eagle3.wirings import Candidate
 
 # ----------------------------------------------------------------------------------------------- text side
 
+
 def default_text(max_chars: int = 400_000) -> tuple[str, str]:
     """(text, description): the held-out files of this interpreter's standard library, i.e. Python the bundled
     miniature target never trained on (its trainer held out files by a hash of their path under the source root,
@@ -77,8 +78,9 @@ class Sample:
         return self.seqs.shape[0] * (self.seqs.shape[1] - MAX_K - self.first_anchor)
 
 
-def sample_and_run(model, token_ids: Sequence[int], mode: str, window: int, prompt_len: int,
-                   how: str) -> tuple[Sample, "TargetRun"]:
+def sample_and_run(
+    model, token_ids: Sequence[int], mode: str, window: int, prompt_len: int, how: str
+) -> tuple[Sample, "TargetRun"]:
     """The positions to score and the target run on them. ``mode`` "text": windows of ``window`` tokens of the text
     itself, chains at every position, one forward over them (:func:`run_target`). ``mode`` "greedy": prompts of
     ``prompt_len`` tokens cut from the text (one per window: the same token budget), each continued by the
@@ -88,15 +90,20 @@ def sample_and_run(model, token_ids: Sequence[int], mode: str, window: int, prom
     import torch
 
     n = len(token_ids) // window
-    windows = torch.tensor(list(token_ids[:n * window]), dtype=torch.long).view(n, window)
+    windows = torch.tensor(list(token_ids[: n * window]), dtype=torch.long).view(n, window)
     if mode == "text":
         return Sample(windows, 0, f"{n} windows of {window} tokens of {how}"), run_target(model, windows)
     run = greedy_run(model, windows[:, :prompt_len], window - prompt_len)
-    return Sample(run.input_ids, prompt_len - 1, f"{n} prompts of {prompt_len} tokens from {how}, each continued by "
-                                                 f"{window - prompt_len} greedy tokens of the target"), run
+    return Sample(
+        run.input_ids,
+        prompt_len - 1,
+        f"{n} prompts of {prompt_len} tokens from {how}, each continued by "
+        f"{window - prompt_len} greedy tokens of the target",
+    ), run
 
 
 # ----------------------------------------------------------------------------------------------- target side
+
 
 def load_target(target_dir: Path):
     """The target's text model as a transformers causal LM (float32, eval). Kimi K2.5: its language model."""
@@ -113,14 +120,17 @@ def load_target(target_dir: Path):
     from transformers import AutoModelForCausalLM
 
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32,
-                                                           output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(target_dir), dtype=torch.float32, output_loading_info=True
+        )
     except (OSError, ValueError, KeyError) as exc:
         raise CaptureSpecError(f"transformers cannot load the target {target_dir}: {exc}") from None
     missing = info.get("missing_keys") or []
     if missing:
-        raise CaptureSpecError(f"target {target_dir} lacks weights {sorted(missing)[:4]}...; its scores would be "
-                               "meaningless (random weights)")
+        raise CaptureSpecError(
+            f"target {target_dir} lacks weights {sorted(missing)[:4]}...; its scores would be "
+            "meaningless (random weights)"
+        )
     return model.eval()
 
 
@@ -147,8 +157,11 @@ def _tap_reader(model) -> Iterator[Callable[[Any], Any]]:
 
     captured: dict[str, Any] = {}
     norm = getattr(model.get_decoder(), "norm", None)  # tap L is the input of the final norm
-    handle = None if norm is None else norm.register_forward_pre_hook(
-        lambda mod, args: captured.__setitem__("pre_norm", args[0]))
+    handle = (
+        None
+        if norm is None
+        else norm.register_forward_pre_hook(lambda mod, args: captured.__setitem__("pre_norm", args[0]))
+    )
 
     def taps(out) -> Any:
         hs = list(out.hidden_states)
@@ -189,7 +202,7 @@ def run_target(model, seqs, batch: int = 8) -> TargetRun:
     taps, logits = [], []
     with torch.no_grad(), _tap_reader(model) as taps_of:
         for i in range(0, seqs.shape[0], batch):
-            out = model(input_ids=seqs[i:i + batch], output_hidden_states=True)
+            out = model(input_ids=seqs[i : i + batch], output_hidden_states=True)
             taps.append(taps_of(out))  # [L + 1, b, T, H]
             logits.append(out.logits.float())
     return TargetRun(seqs, torch.cat(taps, 1), torch.cat(logits), model.get_input_embeddings().weight.detach().float())
@@ -217,13 +230,19 @@ def greedy_run(model, prompts, new_tokens: int) -> TargetRun:
             if step == new_tokens:
                 break
             seqs.append(out.logits[:, -1:].argmax(-1))
-            out = model(input_ids=seqs[-1], past_key_values=out.past_key_values, use_cache=True,
-                        output_hidden_states=True)
-    return TargetRun(torch.cat(seqs, 1), torch.cat(taps, 2), torch.cat(logits, 1),
-                     model.get_input_embeddings().weight.detach().float())
+            out = model(
+                input_ids=seqs[-1], past_key_values=out.past_key_values, use_cache=True, output_hidden_states=True
+            )
+    return TargetRun(
+        torch.cat(seqs, 1),
+        torch.cat(taps, 2),
+        torch.cat(logits, 1),
+        model.get_input_embeddings().weight.detach().float(),
+    )
 
 
 # ----------------------------------------------------------------------------------------------- draft side
+
 
 def load_draft(draft_dir: Path, draft: DraftInfo, num_taps: int, run: TargetRun):
     """The draft head as :class:`vllm_eagle3.reference.Eagle3Draft`, the plain-PyTorch copy of vLLM's
@@ -238,38 +257,49 @@ def load_draft(draft_dir: Path, draft: DraftInfo, num_taps: int, run: TargetRun)
     try:
         model = Eagle3Draft(DraftConfig.from_hf_config(cfg))
     except (KeyError, ValueError, TypeError) as exc:
-        raise CaptureSpecError(f"draft config {draft_dir}/config.json cannot describe a Llama EAGLE-3 head: "
-                               f"{type(exc).__name__}: {exc}") from None
+        raise CaptureSpecError(
+            f"draft config {draft_dir}/config.json cannot describe a Llama EAGLE-3 head: {type(exc).__name__}: {exc}"
+        ) from None
     state: dict[str, Any] = {}
     for f in sorted(Path(draft_dir).glob("*.safetensors")):
         state.update(load_file(str(f)))
     state = {k.removeprefix("model."): v for k, v in state.items()}
-    state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
+    state = {("midlayer." + k[len("layers.0.") :] if k.startswith("layers.0.") else k): v for k, v in state.items()}
     if "d2t" not in state and model.config.draft_vocab_size != model.config.vocab_size:
-        raise CaptureSpecError(f"draft {draft_dir} predicts {model.config.draft_vocab_size} of "
-                               f"{model.config.vocab_size} tokens but has no d2t: its token ids cannot be mapped")
+        raise CaptureSpecError(
+            f"draft {draft_dir} predicts {model.config.draft_vocab_size} of "
+            f"{model.config.vocab_size} tokens but has no d2t: its token ids cannot be mapped"
+        )
     expected = set(model.state_dict()) - {"embed_tokens.weight", "t2d", "d2t"}
     missing = sorted(expected - set(state))
     if missing:
-        raise CaptureSpecError(f"draft {draft_dir} lacks weights {missing[:4]}; is it a Llama-style EAGLE-3 head "
-                               "(fc, midlayer.*, norm, lm_head)?")
+        raise CaptureSpecError(
+            f"draft {draft_dir} lacks weights {missing[:4]}; is it a Llama-style EAGLE-3 head "
+            "(fc, midlayer.*, norm, lm_head)?"
+        )
     own_embed = "embed_tokens.weight" in state
     try:
-        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()
-                               if k in model.state_dict()}, strict=False)
+        model.load_state_dict(
+            {k: v.float() if v.is_floating_point() else v for k, v in state.items() if k in model.state_dict()},
+            strict=False,
+        )
     except RuntimeError as exc:
-        raise CaptureSpecError(f"draft {draft_dir} weights do not fit its config: "
-                               f"{str(exc).splitlines()[-1]}") from None
+        raise CaptureSpecError(
+            f"draft {draft_dir} weights do not fit its config: {str(exc).splitlines()[-1]}"
+        ) from None
     if not own_embed:
         if tuple(run.embed_weight.shape) != tuple(model.embed_tokens.weight.shape):
-            raise CaptureSpecError(f"the target's embedding {tuple(run.embed_weight.shape)} does not fit the draft "
-                                   f"({tuple(model.embed_tokens.weight.shape)}): is this draft for this target?")
+            raise CaptureSpecError(
+                f"the target's embedding {tuple(run.embed_weight.shape)} does not fit the draft "
+                f"({tuple(model.embed_tokens.weight.shape)}): is this draft for this target?"
+            )
         model.embed_tokens.weight.data.copy_(run.embed_weight)
     return model.float().eval()
 
 
-def first_draft_acceptance(draft, run: TargetRun, sample: Sample, candidates: Sequence[Candidate],
-                           progress: bool = True) -> dict[tuple[int, ...], float]:
+def first_draft_acceptance(
+    draft, run: TargetRun, sample: Sample, candidates: Sequence[Candidate], progress: bool = True
+) -> dict[tuple[int, ...], float]:
     """Position-0 acceptance of every candidate at the chain anchors: the cheap screen (one draft step) that picks
     which candidates get full chains. A wiring's acceptance length at k is at most 1 + k * its position-0
     acceptance, so a poor first draft bounds the chain."""
@@ -281,7 +311,7 @@ def first_draft_acceptance(draft, run: TargetRun, sample: Sample, candidates: Se
 
     t = run.input_ids.shape[1]
     a, last = sample.first_anchor, t - MAX_K
-    want = run.greedy[:, a + 1:last + 1]  # [N, A]: the target's token after each anchor's next token
+    want = run.greedy[:, a + 1 : last + 1]  # [N, A]: the target's token after each anchor's next token
     nxt = shifted(run.input_ids)
     out = {}
     with torch.no_grad():
@@ -314,5 +344,6 @@ def chain_matches(draft, run: TargetRun, sample: Sample, taps: Sequence[int]):
     from vllm_eagle3.spec import CaptureSpec
 
     n = run.input_ids.shape[0]
-    return chain_eval(_Replay(run), draft, run.input_ids, CaptureSpec(tuple(taps), source="doctor"),
-                      sample.first_anchor, batch=n)[2]
+    return chain_eval(
+        _Replay(run), draft, run.input_ids, CaptureSpec(tuple(taps), source="doctor"), sample.first_anchor, batch=n
+    )[2]

@@ -74,8 +74,15 @@ class WiringChains:
 
         run = match[..., :k].long().cumprod(-1)  # [N, A, k]: step j and all before it accepted
         walk = torch.tensor([served_walk(m, k) for m in match], dtype=torch.float64).reshape(-1, 2)
-        return cls(tuple(taps), label, why, torch.full((match.shape[0],), float(match.shape[1]), dtype=torch.float64),
-                   run[..., 0].sum(-1).double(), run.sum((-1, -2)).double(), walk)
+        return cls(
+            tuple(taps),
+            label,
+            why,
+            torch.full((match.shape[0],), float(match.shape[1]), dtype=torch.float64),
+            run[..., 0].sum(-1).double(),
+            run.sum((-1, -2)).double(),
+            walk,
+        )
 
     @property
     def p0(self) -> float:
@@ -97,8 +104,9 @@ class Interval:
     high: float
 
     def fmt(self, scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
-        return (f"{self.estimate * scale:.{digits}f}{unit} [{self.low * scale:.{digits}f}, "
-                f"{self.high * scale:.{digits}f}]")
+        return (
+            f"{self.estimate * scale:.{digits}f}{unit} [{self.low * scale:.{digits}f}, {self.high * scale:.{digits}f}]"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +147,9 @@ def _interval(point: float, reps: torch.Tensor) -> Interval:
     return Interval(point, float(q[0]), float(q[1]))
 
 
-def compare(configured: WiringChains, best: WiringChains,
-            w: torch.Tensor) -> tuple[Interval, Interval, Interval, Interval]:
+def compare(
+    configured: WiringChains, best: WiringChains, w: torch.Tensor
+) -> tuple[Interval, Interval, Interval, Interval]:
     """(relative AL loss, p0 difference, gain ratio, best's gain) with paired bootstrap intervals over ``w``."""
     anchors = w @ configured.anchors  # same anchors for both wirings
     al_c = 1 + (w @ configured.accepted) / anchors
@@ -148,21 +157,32 @@ def compare(configured: WiringChains, best: WiringChains,
     p0 = (w @ best.first - w @ configured.first) / anchors
     eps = 1e-12
     loss = _interval(1 - configured.acceptance_length / best.acceptance_length, 1 - al_c / al_b)
-    ratio = _interval((configured.acceptance_length - 1) / max(best.acceptance_length - 1, eps),
-                      (al_c - 1) / (al_b - 1).clamp(min=eps))
+    ratio = _interval(
+        (configured.acceptance_length - 1) / max(best.acceptance_length - 1, eps),
+        (al_c - 1) / (al_b - 1).clamp(min=eps),
+    )
     return loss, _interval(best.p0 - configured.p0, p0), ratio, _interval(best.acceptance_length - 1, al_b - 1)
 
 
-def judge(configured: WiringChains, candidates: Sequence[WiringChains], tolerance: float = TOLERANCE,
-          replicates: int = BOOTSTRAP) -> Reading:
+def judge(
+    configured: WiringChains,
+    candidates: Sequence[WiringChains],
+    tolerance: float = TOLERANCE,
+    replicates: int = BOOTSTRAP,
+) -> Reading:
     """The verdict on ``configured`` against the best of ``candidates`` (which may include it)."""
     pool = list(candidates) + ([configured] if all(c.taps != configured.taps for c in candidates) else [])
     best = max(pool, key=lambda c: (c.acceptance_length, c.p0))
     n = int(configured.anchors.numel())
     w = resample_weights(n, replicates)
     loss, p0, ratio, gain = compare(configured, best, w)
-    equivalent = [c.label for c in pool if c.taps != configured.taps  # neither significantly better by > tolerance
-                  and compare(configured, c, w)[0].low <= tolerance and compare(c, configured, w)[0].low <= tolerance]
+    equivalent = [
+        c.label
+        for c in pool
+        if c.taps != configured.taps  # neither significantly better by > tolerance
+        and compare(configured, c, w)[0].low <= tolerance
+        and compare(c, configured, w)[0].low <= tolerance
+    ]
     more = None
     if n < MIN_SEQUENCES:
         kind, more = V.PENDING, MIN_SEQUENCES / max(n, 1)

@@ -24,6 +24,7 @@ class ServeInputError(CaptureSpecError):
 
 # ------------------------------------------------------------------------------------------- argv handling
 
+
 def take_option(argv: list[str], names: Sequence[str]) -> tuple[str | None, list[str]]:
     """Remove ``--name VALUE`` / ``--name=VALUE`` (any of ``names``) from argv; the last one wins."""
     value, rest, i = None, [], 0
@@ -39,7 +40,7 @@ def take_option(argv: list[str], names: Sequence[str]) -> tuple[str | None, list
                 raise ServeInputError(f"{hit} needs a value")
             value, i = argv[i + 1], i + 2
         else:
-            value, i = arg[len(hit) + 1:], i + 1
+            value, i = arg[len(hit) + 1 :], i + 1
     return value, rest
 
 
@@ -86,8 +87,9 @@ def _load_serve_config(path: str) -> dict[str, Any]:
     if p.suffix not in (".yaml", ".yml"):
         raise ServeInputError(f"--config {path}: vLLM reads only .yaml/.yml serve configs")
     if not p.is_file():
-        raise ServeInputError(f"--config {path} does not exist; pass a serve YAML such as "
-                              "configs/serve_kimi_k25_mini.yaml")
+        raise ServeInputError(
+            f"--config {path} does not exist; pass a serve YAML such as configs/serve_kimi_k25_mini.yaml"
+        )
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -103,9 +105,11 @@ def _as_spec_dict(value: Any, where: str) -> dict[str, Any]:
     try:
         data = json.loads(value)
     except (TypeError, json.JSONDecodeError) as exc:
-        raise ServeInputError(f"{where} is not valid JSON ({exc}); write it like "
-                              "'{\"method\": \"eagle3\", \"model\": \"DRAFT\", "
-                              "\"num_speculative_tokens\": 3}'") from None
+        raise ServeInputError(
+            f"{where} is not valid JSON ({exc}); write it like "
+            '\'{"method": "eagle3", "model": "DRAFT", '
+            '"num_speculative_tokens": 3}\''
+        ) from None
     if not isinstance(data, dict):
         raise ServeInputError(f"{where} must be a JSON object, got {data!r}")
     return data
@@ -150,8 +154,10 @@ def additional_config(vllm_argv: Sequence[str]) -> dict[str, Any]:
     """vLLM's ``--additional-config`` as vLLM will see it: the CLI JSON REPLACES the ``--config`` YAML's mapping (the
     YAML's comes first in vLLM's argv, argparse keeps the last); empty when neither sets it."""
     if _dotted_options(vllm_argv, "additional-config"):
-        raise ServeInputError("pass --additional-config as one JSON object, not dotted --additional-config.KEY "
-                              "options: vllm-eagle3 serve reads it to validate the capture spec before vLLM starts")
+        raise ServeInputError(
+            "pass --additional-config as one JSON object, not dotted --additional-config.KEY "
+            "options: vllm-eagle3 serve reads it to validate the capture spec before vLLM starts"
+        )
     value = _find_option(vllm_argv, "additional-config")
     where = "--additional-config"
     if value is None:
@@ -165,8 +171,10 @@ def additional_config(vllm_argv: Sequence[str]) -> dict[str, Any]:
     try:
         data = json.loads(value)
     except json.JSONDecodeError as exc:
-        raise ServeInputError(f"{where} is not valid JSON ({exc}); write it like "
-                              '\'{"vllm_eagle3": {"capture_spec": {"taps": ["embed", 3, 31]}}}\'') from None
+        raise ServeInputError(
+            f"{where} is not valid JSON ({exc}); write it like "
+            '\'{"vllm_eagle3": {"capture_spec": {"taps": ["embed", 3, 31]}}}\''
+        ) from None
     if not isinstance(data, dict):
         raise ServeInputError(f"{where} must be a JSON object, got {data!r}")
     return data

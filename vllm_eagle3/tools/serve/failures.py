@@ -28,26 +28,40 @@ READY_MARK = "Application startup complete"
 
 # (pattern in vLLM's output, cause with the fix): the first pattern found (in this order) names the start-up failure.
 START_FAILURES: tuple[tuple[str, str], ...] = (
-    (r"expect weight to be bfloat16, float16, int8",
-     "the attention backend cannot load these weights (vLLM-CPU's AMX_MLA packs bf16/fp16/int8 only): serve "
-     "--dtype bfloat16, or --attention-backend CPU_MLA for float32"),
-    (r"less than desired CPU memory utilization|Available memory on node \d+ .* on startup",
-     "not enough free memory for vLLM-CPU's default memory check (92% of the NUMA node): set "
-     "VLLM_CPU_KVCACHE_SPACE=<GiB> (vllm-eagle3 serve picks one when you set neither it nor "
-     "--gpu-memory-utilization), or free memory"),
-    (r"Cannot allocate memory|MemoryError|OutOfMemoryError",
-     "out of memory while starting: a smaller VLLM_CPU_KVCACHE_SPACE / --max-model-len, or free memory"),
-    (r"Address already in use|error while attempting to bind on address",
-     "the port is in use: pass another --port, or stop the process listening on it"),
-    (r"assert not \(self\.use_iomp and self\.use_gomp\)|cannot be preloaded",
-     "an OpenMP runtime problem: LD_PRELOAD names a library that is missing or a second OpenMP runtime (vLLM-CPU "
-     "takes exactly one); unset LD_PRELOAD and let vllm-eagle3 serve preload Intel OpenMP "
-     "(pip install intel-openmp)"),
-    (r"HeaderTooLarge|SafetensorError|Error while deserializing header|incomplete metadata",
-     "a model's weights cannot be read (a truncated or corrupt .safetensors file): download it again"),
-    (r"does not appear to have a file named|Invalid repository ID or local directory|"
-     r"Can't load the configuration|not a valid JSON file|JSONDecodeError",
-     "a model folder cannot be read (missing or broken config.json / tokenizer files): check the path"),
+    (
+        r"expect weight to be bfloat16, float16, int8",
+        "the attention backend cannot load these weights (vLLM-CPU's AMX_MLA packs bf16/fp16/int8 only): serve "
+        "--dtype bfloat16, or --attention-backend CPU_MLA for float32",
+    ),
+    (
+        r"less than desired CPU memory utilization|Available memory on node \d+ .* on startup",
+        "not enough free memory for vLLM-CPU's default memory check (92% of the NUMA node): set "
+        "VLLM_CPU_KVCACHE_SPACE=<GiB> (vllm-eagle3 serve picks one when you set neither it nor "
+        "--gpu-memory-utilization), or free memory",
+    ),
+    (
+        r"Cannot allocate memory|MemoryError|OutOfMemoryError",
+        "out of memory while starting: a smaller VLLM_CPU_KVCACHE_SPACE / --max-model-len, or free memory",
+    ),
+    (
+        r"Address already in use|error while attempting to bind on address",
+        "the port is in use: pass another --port, or stop the process listening on it",
+    ),
+    (
+        r"assert not \(self\.use_iomp and self\.use_gomp\)|cannot be preloaded",
+        "an OpenMP runtime problem: LD_PRELOAD names a library that is missing or a second OpenMP runtime (vLLM-CPU "
+        "takes exactly one); unset LD_PRELOAD and let vllm-eagle3 serve preload Intel OpenMP "
+        "(pip install intel-openmp)",
+    ),
+    (
+        r"HeaderTooLarge|SafetensorError|Error while deserializing header|incomplete metadata",
+        "a model's weights cannot be read (a truncated or corrupt .safetensors file): download it again",
+    ),
+    (
+        r"does not appear to have a file named|Invalid repository ID or local directory|"
+        r"Can't load the configuration|not a valid JSON file|JSONDecodeError",
+        "a model folder cannot be read (missing or broken config.json / tokenizer files): check the path",
+    ),
 )
 
 _WORKER_DIED = re.compile(r"Worker proc (\S+) died unexpectedly \(exit code: (-?\d+|None)\)")
@@ -63,8 +77,11 @@ def _signal_name(exitcode: int) -> str:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
-        oom = " (what the kernel's OOM killer sends: check `dmesg` or the container's memory limit)" \
-            if -exitcode == signal.SIGKILL else ""
+        oom = (
+            " (what the kernel's OOM killer sends: check `dmesg` or the container's memory limit)"
+            if -exitcode == signal.SIGKILL
+            else ""
+        )
         return f"was killed by {name}{oom}"
     return f"exited with code {exitcode}"
 
@@ -96,12 +113,16 @@ def engine_death(log: str, gone: list[str] | None = None, together: list[str] | 
     if m and m.group(2) != "None":
         return f"vLLM worker {m.group(1)} {_signal_name(int(m.group(2)))}"
     if m and not gone:
-        return (f"vLLM worker {m.group(1)} died (vLLM saw no exit code: killed, e.g. by the kernel's OOM killer, or "
-                "crashed: its own output above says which)")
+        return (
+            f"vLLM worker {m.group(1)} died (vLLM saw no exit code: killed, e.g. by the kernel's OOM killer, or "
+            "crashed: its own output above says which)"
+        )
     if gone:
         also = f" (with {', '.join(together)} within 0.2 s)" if together else ""
-        return (f"vLLM process {gone[0]} ended first{also} (killed, e.g. by the kernel's OOM killer, or crashed: its "
-                "own output above says which); the engine is dead")
+        return (
+            f"vLLM process {gone[0]} ended first{also} (killed, e.g. by the kernel's OOM killer, or crashed: its "
+            "own output above says which); the engine is dead"
+        )
     if _ENGINE_DEAD.search(log):
         from vllm_eagle3.tools.serve.process import root_cause
 

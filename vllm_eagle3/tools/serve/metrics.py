@@ -49,8 +49,9 @@ class SpecDecodeCounters:
         """Parse a ``/metrics`` body. Raises ``LookupError`` when the server has no spec-decode counters."""
         samples = parse_prometheus(text)
         if METRIC_DRAFTS not in samples:
-            raise LookupError(f"{METRIC_DRAFTS} is not in /metrics: was the server started with a "
-                              "--speculative-config?")
+            raise LookupError(
+                f"{METRIC_DRAFTS} is not in /metrics: was the server started with a --speculative-config?"
+            )
 
         def total(name: str) -> float:
             return sum(v for _, v in samples.get(name, []))
@@ -73,8 +74,12 @@ class SpecDecodeCounters:
         n = max(len(self.accepted_per_pos), len(earlier.accepted_per_pos))
         a = self.accepted_per_pos + (0.0,) * (n - len(self.accepted_per_pos))
         b = earlier.accepted_per_pos + (0.0,) * (n - len(earlier.accepted_per_pos))
-        return SpecDecodeCounters(self.drafts - earlier.drafts, self.draft_tokens - earlier.draft_tokens,
-                                  self.accepted - earlier.accepted, tuple(x - y for x, y in zip(a, b)))
+        return SpecDecodeCounters(
+            self.drafts - earlier.drafts,
+            self.draft_tokens - earlier.draft_tokens,
+            self.accepted - earlier.accepted,
+            tuple(x - y for x, y in zip(a, b)),
+        )
 
     @property
     def acceptance_length(self) -> float:
@@ -93,6 +98,8 @@ class SpecDecodeCounters:
 
     def summary(self) -> str:
         pos = ", ".join(f"{p:.3f}" for p in self.per_position)
-        return (f"acceptance length {self.acceptance_length:.3f} (1 + {self.accepted:.0f} accepted / "
-                f"{self.drafts:.0f} drafts); draft-token acceptance {self.acceptance_rate:.3f}; "
-                f"per position [{pos}]")
+        return (
+            f"acceptance length {self.acceptance_length:.3f} (1 + {self.accepted:.0f} accepted / "
+            f"{self.drafts:.0f} drafts); draft-token acceptance {self.acceptance_rate:.3f}; "
+            f"per position [{pos}]"
+        )

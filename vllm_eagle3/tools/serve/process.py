@@ -52,6 +52,7 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
 
 # ------------------------------------------------------------------------------------------------- server
 
+
 def intel_openmp_library() -> str | None:
     """``libiomp5.so`` of the ``intel-openmp`` wheel in this environment, if installed.
 
@@ -104,8 +105,10 @@ def startup_phase(log_text: str) -> str:
     return best
 
 
-_ERROR_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:ERROR [\d-]+ [\d:]+ \[[^]]*\] )?"
-                         r"(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b(?::.*)?$")
+_ERROR_LINE = re.compile(
+    r"^(?:\(\w+ pid=\d+\) )?(?:ERROR [\d-]+ [\d:]+ \[[^]]*\] )?"
+    r"(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b(?::.*)?$"
+)
 _WRAPPER_ERRORS = ("Engine core initialization failed", "Engine core proc", "Application startup failed")
 
 
@@ -139,9 +142,17 @@ class VllmServer:
     down), waits, and SIGKILLs what is left of that session only.
     """
 
-    def __init__(self, serve_args: Sequence[str], *, host: str = LOOPBACK, port: int | None = None,
-                 env: Mapping[str, str] | None = None, log_path: str | Path | None = None,
-                 cwd: str | Path | None = None, kv_cache_gib: int | None = 1) -> None:
+    def __init__(
+        self,
+        serve_args: Sequence[str],
+        *,
+        host: str = LOOPBACK,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        log_path: str | Path | None = None,
+        cwd: str | Path | None = None,
+        kv_cache_gib: int | None = 1,
+    ) -> None:
         self.serve_args = list(serve_args)
         self.host = host
         self.port = port or free_port(host)
@@ -156,8 +167,9 @@ class VllmServer:
         self.env.setdefault("DO_NOT_TRACK", "1")
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self._own_log = log_path is None
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-eagle3-serve-",
-                                                                              suffix=".log")[1])
+        self.log_path = (
+            Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-eagle3-serve-", suffix=".log")[1])
+        )
         self.cwd = str(cwd) if cwd else None
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
@@ -179,8 +191,15 @@ class VllmServer:
             raise RuntimeError("server already started")
         log = open(self.log_path, "wb")
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=self.env, cwd=self.cwd, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
+        )
         log.close()
         return self
 
@@ -209,8 +228,9 @@ class VllmServer:
         cause = root_cause(text) or "(the log names no exception)"
         return f"start-up phase reached: {startup_phase(text)}\nexceptions in the log:\n{cause}"
 
-    def wait_ready(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None,
-                   progress_every: float = 10.0) -> float:
+    def wait_ready(
+        self, timeout: float = 600.0, progress: Callable[[str], None] | None = None, progress_every: float = 10.0
+    ) -> float:
         """Block until ``/health`` is 200; return the seconds since :meth:`start`.
 
         ``progress`` (if given) gets a status line every ``progress_every`` seconds: elapsed time and the start-up
@@ -222,16 +242,20 @@ class VllmServer:
         next_report = time.monotonic() + progress_every
         while True:
             if self.proc.poll() is not None:
-                raise ServerStartError(f"the server exited with code {self.proc.returncode} before it was ready; "
-                                       f"log {self.log_path}:\n{self.log_tail()}\n{self.failure_digest()}")
+                raise ServerStartError(
+                    f"the server exited with code {self.proc.returncode} before it was ready; "
+                    f"log {self.log_path}:\n{self.log_tail()}\n{self.failure_digest()}"
+                )
             if self.healthy(timeout=2.0):
                 self.ready_after_s = time.monotonic() - self.started_at
                 return self.ready_after_s
             now = time.monotonic()
             if now > deadline:
                 self.stop()
-                raise ServerStartError(f"the server was not healthy after {timeout:.0f} s; log {self.log_path}:\n"
-                                       f"{self.log_tail()}\n{self.failure_digest()}")
+                raise ServerStartError(
+                    f"the server was not healthy after {timeout:.0f} s; log {self.log_path}:\n"
+                    f"{self.log_tail()}\n{self.failure_digest()}"
+                )
             if progress and now >= next_report:
                 progress(f"  ... {now - self.started_at:5.0f} s: {startup_phase(self.log_text())}")
                 next_report = now + progress_every

@@ -206,8 +206,9 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
     log_path = Path(envs.get(LOG_ENV, env) or tempfile.mkstemp(prefix="vllm-eagle3-serve-", suffix=".log")[1])
     _say(f"vLLM's output is also kept in {log_path}")
     try:
-        child = subprocess.Popen(list(argv), env=dict(env), preexec_fn=_child_setup, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT)
+        child = subprocess.Popen(
+            list(argv), env=dict(env), preexec_fn=_child_setup, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         tee = OutputTee(child.stdout, log_path)
         deadline = None
         forwarded = 0
@@ -237,8 +238,10 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], grace_s: float = STOP
                 killed = kill_descendants()
                 tee.text()
                 tee.end_line()
-                _say(f"{signal.Signals(got[0]).name}: vLLM did not stop within {grace_s:.0f} s; killed its "
-                     f"{killed} remaining process(es)")
+                _say(
+                    f"{signal.Signals(got[0]).name}: vLLM did not stop within {grace_s:.0f} s; killed its "
+                    f"{killed} remaining process(es)"
+                )
                 return 128 + got[0]
         if not got:
             _look(seen, gone)  # the API server may end within a second of the process that died first

