@@ -15,13 +15,19 @@ wraps the scheduler), which answers from measurements of the machine that serves
   first j drafts are all accepted, counted over every verified draft (acceptance belongs to the head and the text,
   not to the batch size, so all buckets share it). A position never drafted yet is extrapolated from the last one
   measured (the head's conditional acceptance rate held).
-- **choice**: each bucket starts at the configured table's k. Every ``explore_every`` steps in a bucket it holds a
-  neighbouring k (one below, then one above, alternating) for ``hold`` steps. Each probe is a paired measurement:
-  its steps' cost against the current k's steps just before it. The neighbour takes over when, over its last
-  ``evidence`` probes (at least ``min_probes``), its tokens per second beat the current k's by ``margin`` and by two
-  standard errors. Exploration is bounded (``hold / (explore_every + hold)`` of a bucket's steps, at a neighbour of
-  the current k); pairing and the evidence rule keep a noisy machine from walking k away from the best (comparing
-  moving averages did: in a side-by-side benchmark on two busy cores it took batch 1 from k=5 to k=2).
+- **choice**: each bucket starts at the configured table's k and first *settles*: every ``settle_every`` steps it
+  holds another k for ``hold`` steps, each k of 0..max_k in turn (the least probed first, the nearest first among
+  those), until every one has ``min_probes`` probes; then the k whose tokens per second beat the current k's by
+  ``margin`` and by two standard errors, the most, takes over and the bucket settles again from there, or, when none
+  does, the bucket is settled. A table measured on another machine is often wrong by more than one k, and the cost
+  curve is flat near its best (a neighbour alone may gain under the margin while k two away gains 15 %): a sweep
+  finds it in a few hundred steps where walking one k at a time did not move at all. Settled, every
+  ``explore_every`` steps it holds a neighbouring k (one below, then one above, alternating) for ``hold`` steps; a
+  neighbour takes over by the same rule over its last ``evidence`` probes, and the bucket settles again. Each probe
+  is a paired measurement: its steps' cost against the current k's steps just before it. Exploration is bounded:
+  ``hold / (explore_every + hold)`` of a settled bucket's steps (10 % by default), and a sweep ends after
+  ``min_probes`` probes of each k; pairing and the evidence rule keep a noisy machine from walking k away from the
+  best (comparing moving averages did: in a side-by-side benchmark on two busy cores it took batch 1 from k=5 to k=2).
 - **graphs**: with CUDA graphs every k it may draft must run the same kind of step, or a probe measures graphs, not
   k. :func:`vllm_eagle3.live_k_vllm.graph_tokens_of` refuses graph modes captured per k; under PIECEWISE graphs
   (keyed by token count) a neighbour is probed only where both k run graphed, or both eager, at every batch size
@@ -58,7 +64,8 @@ class LiveKError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    explore_every: int = 32  # steps in a bucket between two probes of a neighbouring k
+    explore_every: int = 36  # steps in a settled bucket between two probes of a neighbouring k (10 % probing)
+    settle_every: int = 4  # steps between two probes while a bucket settles (a sweep of every k)
     hold: int = 4  # steps a probe holds its k; the first verifies the previous k's drafts and is not a sample
     margin: float = 0.03  # a neighbour must be this much faster (tokens/s) to take over
     min_probes: int = 3  # probes of a neighbour before it may take over
@@ -67,12 +74,17 @@ class Settings:
     memory: float = 0.995  # per-step decay of the acceptance counts (~200 steps of memory)
 
     def __post_init__(self) -> None:
-        if self.explore_every < 1 or self.hold < 2 or self.min_probes < 2 or self.evidence < self.min_probes:
+        if (
+            min(self.explore_every, self.settle_every) < 1
+            or self.hold < 2
+            or self.min_probes < 2
+            or self.evidence < self.min_probes
+        ):
             raise LiveKError(
-                f"live_k: explore_every must be >= 1, hold >= 2 (one step of a probe is never a "
+                f"live_k: explore_every and settle_every must be >= 1, hold >= 2 (one step of a probe is never a "
                 f"sample), min_probes >= 2 and evidence >= min_probes; got explore_every="
-                f"{self.explore_every}, hold={self.hold}, min_probes={self.min_probes}, "
-                f"evidence={self.evidence}"
+                f"{self.explore_every}, settle_every={self.settle_every}, hold={self.hold}, "
+                f"min_probes={self.min_probes}, evidence={self.evidence}"
             )
         if not (0 <= self.margin < 1 and 0 < self.smoothing <= 1 and 0 < self.memory <= 1):
             raise LiveKError(
@@ -121,6 +133,7 @@ class _Bucket:
     probe_k: int | None = None
     probe_left: int = 0
     next_up: bool = False  # the next probe goes above the current k (alternates)
+    settled: bool = False  # False: sweeping every k (since the start or the last change)
     window: list[float] = dataclasses.field(default_factory=list)  # the last samples at k, just before a probe
     probed: list[float] = dataclasses.field(default_factory=list)  # this probe's samples
     evidence: dict[int, list[float]] = dataclasses.field(default_factory=dict)  # k -> log(cost at k / cost now)
@@ -181,11 +194,12 @@ class LiveK:
     def _choose(self, batch: int) -> int:
         b = self._bucket(batch)
         k = b.k
-        if (b.probe_k is not None or b.steps >= self.settings.explore_every) and self.held():
+        every = self.settings.explore_every if b.settled else self.settings.settle_every
+        if (b.probe_k is not None or b.steps >= every) and self.held():
             b.probe_k, b.probe_left, b.probed = None, 0, []  # no probe while held: every step drafts the bucket's k
         elif b.probe_k is not None:
             k = b.probe_k
-        elif b.steps >= self.settings.explore_every:
+        elif b.steps >= every:
             k = self._start_probe(b, bucket_of(batch))
         sample = self.last_k == k  # else this step verifies another k's drafts
         if b.probe_k is not None:
@@ -207,14 +221,28 @@ class LiveK:
 
     def _start_probe(self, b: _Bucket, key: int) -> int:
         b.steps = 0
-        up = [k for k in (b.k + 1,) if k <= self.max_k and self._same_graphs(key, b.k, k)]
-        down = [k for k in (b.k - 1,) if k >= 0 and self._same_graphs(key, b.k, k)]
-        choice = (up + down) if b.next_up else (down + up)
-        b.next_up = not b.next_up
-        if not choice:  # every neighbour would run another kind of step than k at some batch size of the bucket
+        if not b.settled:
+            choice = self._sweep_left(b, key)
+        else:
+            up = [k for k in (b.k + 1,) if k <= self.max_k and self._same_graphs(key, b.k, k)]
+            down = [k for k in (b.k - 1,) if k >= 0 and self._same_graphs(key, b.k, k)]
+            choice = (up + down) if b.next_up else (down + up)
+            b.next_up = not b.next_up
+        if not choice:  # every other k would run another kind of step than k at some batch size of the bucket
+            b.settled = True
             return b.k
         b.probe_k, b.probe_left = choice[0], self.settings.hold
         return b.probe_k
+
+    def _candidates(self, b: _Bucket, key: int) -> list[int]:
+        """Every k a sweep probes: 0..max_k but the bucket's, each running the same kind of step as it."""
+        return [k for k in range(self.max_k + 1) if k != b.k and self._same_graphs(key, b.k, k)]
+
+    def _sweep_left(self, b: _Bucket, key: int) -> list[int]:
+        """The k a settling bucket still has to probe, the least probed first, then the nearest, then the lower."""
+        probes = {k: len(b.evidence.get(k, ())) for k in self._candidates(b, key)}
+        left = [k for k, n in probes.items() if n < self.settings.min_probes]
+        return sorted(left, key=lambda k: (probes[k], abs(k - b.k), k))
 
     def _graphed_up_to(self, key: int, k: int) -> int:
         """The largest batch size of bucket ``key`` whose decode step at ``k`` (batch * (k + 1) tokens) replays a
@@ -266,37 +294,67 @@ class LiveK:
 
     def _decide(self, batch: int, b: _Bucket, probed: int) -> None:
         """Each probe is one paired measurement: its steps against the current k's steps just before it (the
-        machine's load and the requests' lengths drift less in a dozen steps than between probes). The probed k
-        takes over when, over the last probes of it, the mean gain in tokens/s beats ``margin`` and two standard
-        errors: one lucky probe on a noisy machine is not enough."""
+        machine's load and the requests' lengths drift less in a dozen steps than between probes). A probed k takes
+        over when, over its last probes, the mean gain in tokens/s beats ``margin`` and two standard errors: one
+        lucky probe on a noisy machine is not enough. A settling bucket decides once every k has its probes, for the
+        k that gains the most; a settled one for the neighbour just probed."""
         here, b.probed = b.probed, []
         if len(here) < 1 or len(b.window) < 1:
             return
         ev = b.evidence.setdefault(probed, [])
         ev.append(math.log(sum(here) / len(here)) - math.log(sum(b.window) / len(b.window)))
         del ev[: -self.settings.evidence]
-        gain = self.gain(b, probed)
-        if len(ev) < self.settings.min_probes or gain is None:
+        if b.settled:
+            if self._wins(b, probed):
+                self._move(batch, b, probed)
             return
-        spread = math.sqrt(sum((x - sum(ev) / len(ev)) ** 2 for x in ev) / (len(ev) - 1) / len(ev))
-        if gain > math.log1p(self.settings.margin) and gain - 2 * spread > 0:
+        if self._sweep_left(b, bucket_of(batch)):
+            return
+        winners = [k for k in b.evidence if self._wins(b, k)]
+        if winners:
+            self._move(batch, b, max(winners, key=lambda k: self.gain(b, k)))
+        else:
+            b.settled = True
             lo, hi = bucket_range(bucket_of(batch))
             logger.info(
-                "vllm-eagle3 live k: batch %d-%d: k %d -> %d (%+.1f %% tokens/s over %d probes: tokens per "
-                "step %.2f vs %.2f, step cost %+.1f %%)",
+                "vllm-eagle3 live k: batch %d-%d: k %d settled (%s)",
                 lo,
                 hi,
                 b.k,
-                probed,
-                100 * math.expm1(gain),
-                len(ev),
-                self.tokens_per_step(probed),
-                self.tokens_per_step(b.k),
-                100 * math.expm1(sum(ev) / len(ev)),
+                ", ".join(f"k {k}: {100 * math.expm1(self.gain(b, k)):+.1f} %" for k in sorted(b.evidence)),
             )
-            b.k = probed
-            b.window, b.evidence = [], {}
-            self.changes += 1
+
+    def _wins(self, b: _Bucket, k: int) -> bool:
+        """Whether ``k``'s probes beat the bucket's k by ``margin`` and two standard errors. The spread of one probe
+        is pooled over every k probed in the bucket (the machine's noise, not the k's): three probes of one k can
+        agree by chance, and a sweep that tries every k would find such a k by chance too."""
+        ev, gain = b.evidence.get(k, []), self.gain(b, k)
+        if len(ev) < self.settings.min_probes or gain is None:
+            return False
+        lists = [x for x in b.evidence.values() if len(x) >= 2]
+        squares = sum((v - sum(x) / len(x)) ** 2 for x in lists for v in x)
+        spread = math.sqrt(squares / (sum(map(len, lists)) - len(lists)) / len(ev))
+        return gain > math.log1p(self.settings.margin) and gain - 2 * spread > 0
+
+    def _move(self, batch: int, b: _Bucket, k: int) -> None:
+        ev, gain = b.evidence[k], self.gain(b, k)
+        lo, hi = bucket_range(bucket_of(batch))
+        logger.info(
+            "vllm-eagle3 live k: batch %d-%d: k %d -> %d (%+.1f %% tokens/s over %d probes: tokens per "
+            "step %.2f vs %.2f, step cost %+.1f %%)",
+            lo,
+            hi,
+            b.k,
+            k,
+            100 * math.expm1(gain),
+            len(ev),
+            self.tokens_per_step(k),
+            self.tokens_per_step(b.k),
+            100 * math.expm1(sum(ev) / len(ev)),
+        )
+        b.k = k
+        b.window, b.evidence, b.settled = [], {}, False
+        self.changes += 1
 
     def gain(self, b: _Bucket, k: int) -> float | None:
         """log(tokens/s at ``k`` / tokens/s at the bucket's k) from its probes' paired costs, or None."""
@@ -354,6 +412,7 @@ class LiveK:
                 for key in sorted(self.buckets)
                 for lo, hi in [bucket_range(key)]
             },
+            "settled": [list(bucket_range(key)) for key in sorted(self.buckets) if self.buckets[key].settled],
             "steps_at_k": {str(k): n for k, n in enumerate(self.steps_at) if n},
             "changes": self.changes,
             "all_accepted": [round(self.all_accepted(j), 4) for j in range(1, self.max_k + 1)],

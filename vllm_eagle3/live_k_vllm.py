@@ -122,14 +122,17 @@ def attach(scheduler: Any) -> LiveK | None:
         else f"PIECEWISE CUDA graphs up to {graph_tokens} tokens: a probe stays on k's side of that line"
     )
     logger.info(
-        "vllm-eagle3 live k: on; k in 0..%d per batch size, starting from %s, measured on this machine "
-        "while serving (probe a neighbouring k every %d steps for %d, move when %.0f %% faster; %s); each "
-        "change is logged",
+        "vllm-eagle3 live k: on; k in 0..%d per batch size, measured on this machine while serving: each batch-size "
+        "bucket starting from %s (written in the config, not measured here) sweeps every k (%d probes each, one every "
+        "%d steps) and settles on the fastest by %.0f %%, then probes a neighbouring k every %d steps for %d; %s; "
+        "each change is logged",
         max_k,
         where,
+        settings.min_probes,
+        settings.settle_every,
+        100 * settings.margin,
         settings.explore_every,
         settings.hold,
-        100 * settings.margin,
         graphs,
     )
     return live

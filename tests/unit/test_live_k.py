@@ -41,9 +41,26 @@ def cost_loaded(b: int, verified: int, drafted: int) -> float:
     return 0.008 * (1 + 0.9 * verified) + 0.0008 * max(drafted, 1)
 
 
+def rates(cost, b: int, p: float, max_k: int) -> dict[int, float]:
+    """Tokens per second of each k at batch ``b`` (the truth the controller measures)."""
+    return {k: (1 + sum(p**j for j in range(1, k + 1))) / cost(b, k, k) for k in range(max_k + 1)}
+
+
 def best_k(cost, b: int, p: float, max_k: int) -> int:
-    gains = {k: (1 + sum(p**j for j in range(1, k + 1))) / cost(b, k, k) for k in range(max_k + 1)}
+    gains = rates(cost, b, p, max_k)
     return max(gains, key=gains.get)
+
+
+def near_best(cost, b: int, p: float, max_k: int, margin: float = Settings().margin) -> set[int]:
+    """The k within ``margin`` of the fastest: what no measurement by that margin can tell apart from it."""
+    gains = rates(cost, b, p, max_k)
+    return {k for k, r in gains.items() if r * (1 + margin) >= max(gains.values())}
+
+
+def cost_flat(b: int, verified: int, drafted: int) -> float:
+    """Batch 32 on a 2-core CPU as issue 49 measured it: a flat curve, k = 1-2 best, k = 5 under no speculation
+    (with p = 0.5: 1.25x at k = 1 and 2, 1.17x at 3, 1.08x at 4, 0.99x at 5), a neighbour of k = 5 only ~10 % better."""
+    return 0.01 * (1 + 0.1 * (verified + drafted))
 
 
 def simulate(
@@ -88,10 +105,11 @@ def test_settles_on_the_fastest_k(cost, b, start):
     clock = Clock()
     live = LiveK(5, [start] * 128, Settings(), clock)
     ks = simulate(live, clock, cost, b, 1500)
-    assert live.table() == [(*live_k.bucket_range(live_k.bucket_of(b)), want)]
+    (_, _, got), *more = live.table()
+    assert not more and got in near_best(cost, b, 0.7, 5), (live.table(), rates(cost, b, 0.7, 5))
     tail = ks[1000:]
-    assert tail.count(want) / len(tail) >= 0.85  # the rest are bounded probes of a neighbour
-    assert set(tail) <= {want - 1, want, want + 1}
+    assert tail.count(got) / len(tail) >= 0.88  # the rest are bounded probes of a neighbour
+    assert set(tail) <= {got - 1, got, got + 1}
 
 
 def test_noise_does_not_make_it_oscillate():
@@ -106,13 +124,20 @@ def test_noise_does_not_make_it_oscillate():
 
 
 def test_exploration_is_bounded():
-    """Probe steps (a k other than the bucket's) are at most hold / (explore_every + hold) of the steps, whatever
-    the load."""
-    s = Settings(explore_every=32, hold=4)
-    for cost, b in ((cost_light, 1), (cost_loaded, 64)):
+    """Once settled, probe steps (a k other than the bucket's) are at most hold / (explore_every + hold) of the steps
+    (10 % by default), whatever the load; each sweep (at the start and after each change) probes every other k
+    ``min_probes`` times and ends."""
+    s = Settings()
+    assert s.hold / (s.explore_every + s.hold) == pytest.approx(0.10)
+    for cost, b in ((cost_light, 1), (cost_loaded, 64), (cost_flat, 32)):
         clock, probes = Clock(), []
         live = LiveK(5, [2] * 128, s, clock)
+        ks = simulate(live, clock, cost, b, 600, probes=probes)
+        sweeps = (1 + live.changes) * 5 * s.min_probes * s.hold
+        assert live.report()["settled"] and 0 < len(probes) <= sweeps + 600 * s.hold / (s.explore_every + s.hold)
+        probes.clear()
         ks = simulate(live, clock, cost, b, 1800, probes=probes)
+        assert live.changes == 0 or live.report()["settled"]
         assert 0 < len(probes) <= len(ks) * s.hold / (s.explore_every + s.hold) + s.hold
 
 
@@ -124,8 +149,27 @@ def test_buckets_learn_apart():
         simulate(live, clock, cost_light, 1, 300, seed=3)
         simulate(live, clock, cost_loaded, 64, 300, seed=4)
     table = dict(((a, b), k) for a, b, k in live.table())
-    assert table[live_k.bucket_range(live_k.bucket_of(1))] == best_k(cost_light, 1, 0.7, 5)
-    assert table[live_k.bucket_range(live_k.bucket_of(64))] == best_k(cost_loaded, 64, 0.7, 5)
+    assert table[live_k.bucket_range(live_k.bucket_of(1))] in near_best(cost_light, 1, 0.7, 5)
+    assert table[live_k.bucket_range(live_k.bucket_of(64))] in near_best(cost_loaded, 64, 0.7, 5)
+    assert near_best(cost_light, 1, 0.7, 5).isdisjoint(near_best(cost_loaded, 64, 0.7, 5))
+
+
+@pytest.mark.parametrize("start", [5, 0])
+def test_a_wrong_start_converges_within_a_sweep_or_two(start):
+    """Issue 49's case: batch 32 on a flat curve, the table's k = 5 (or 0) everywhere, step times +-10 %. Walking one
+    k at a time never moved there (a neighbour of 5 gains under the margin where noise is); the sweep reaches a k
+    within the margin of the fastest in at most 400 steps (2 sweeps of 5 k x 3 probes x 4 steps, 1 in 2 steps
+    probing) and then changes at most once in 3,000 steps."""
+    assert near_best(cost_flat, 32, 0.5, 5) == {1, 2}
+    for seed in range(4):
+        clock = Clock()
+        live = LiveK(5, [start] * 64, Settings(), clock)
+        simulate(live, clock, cost_flat, 32, 400, p=0.5, noise=0.1, seed=seed)
+        assert live.table()[0][2] in {1, 2} and live.report()["settled"], (seed, live.report())
+        changes, probes = live.changes, []
+        simulate(live, clock, cost_flat, 32, 3000, p=0.5, noise=0.1, seed=100 + seed, probes=probes)
+        assert live.changes - changes <= 1 and live.table()[0][2] in {1, 2}, (seed, live.report())
+        assert len(probes) <= 0.10 * 3000 + (live.changes - changes) * 5 * 3 * 4, len(probes)
 
 
 def test_acceptance_estimate():
