@@ -48,9 +48,11 @@ import functools
 import logging
 import math
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
-from vllm_eagle3 import LOGGER
+from pydantic import Field, model_validator
+
+from vllm_eagle3 import LOGGER, settings
 
 logger = logging.getLogger(f"{LOGGER}.live_k")
 
@@ -62,35 +64,29 @@ class LiveKError(ValueError):
     """A ``live_k`` setting that cannot work; the message says what to change."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    explore_every: int = 36  # steps in a settled bucket between two probes of a neighbouring k (10 % probing)
-    settle_every: int = 4  # steps between two probes while a bucket settles (a sweep of every k)
-    hold: int = 4  # steps a probe holds its k; the first verifies the previous k's drafts and is not a sample
-    margin: float = 0.03  # a neighbour must be this much faster (tokens/s) to take over
-    min_probes: int = 3  # probes of a neighbour before it may take over
-    evidence: int = 8  # probes of a neighbour remembered (the last ones)
-    smoothing: float = 0.2  # weight of a new sample in a step-cost moving average
-    memory: float = 0.995  # per-step decay of the acceptance counts (~200 steps of memory)
+class Settings(settings.Settings):
+    """``live_k``'s mapping in the plugin's ``--additional-config`` (each key's meaning in its description)."""
 
-    def __post_init__(self) -> None:
-        if (
-            min(self.explore_every, self.settle_every) < 1
-            or self.hold < 2
-            or self.min_probes < 2
-            or self.evidence < self.min_probes
-        ):
-            raise LiveKError(
-                f"live_k: explore_every and settle_every must be >= 1, hold >= 2 (one step of a probe is never a "
-                f"sample), min_probes >= 2 and evidence >= min_probes; got explore_every="
-                f"{self.explore_every}, settle_every={self.settle_every}, hold={self.hold}, "
-                f"min_probes={self.min_probes}, evidence={self.evidence}"
+    section: ClassVar[str] = CONFIG_NAME
+    error: ClassVar[type[Exception]] = LiveKError
+
+    explore_every: int = Field(36, ge=1, description="steps in a settled bucket between two probes of a neighbouring k")
+    settle_every: int = Field(4, ge=1, description="steps between two probes while a bucket sweeps every k")
+    hold: int = Field(4, ge=2, description="steps a probe holds its k (the first verifies the previous k's drafts)")
+    margin: float = Field(0.03, ge=0, lt=1, description="how much faster (tokens/s) another k must be to take over")
+    min_probes: int = Field(3, ge=2, description="probes of a k before it may take over")
+    evidence: int = Field(8, ge=2, description="probes of a k remembered (the last ones); >= min_probes")
+    smoothing: float = Field(0.2, gt=0, le=1, description="weight of a new sample in a step-cost moving average")
+    memory: float = Field(0.995, gt=0, le=1, description="per-step decay of the acceptance counts (~200 steps)")
+
+    @model_validator(mode="after")
+    def _evidence_holds_min_probes(self) -> "Settings":
+        if self.evidence < self.min_probes:
+            raise ValueError(
+                f"live_k.evidence = {self.evidence} must be >= live_k.min_probes = {self.min_probes}: raise evidence "
+                f"or lower min_probes"
             )
-        if not (0 <= self.margin < 1 and 0 < self.smoothing <= 1 and 0 < self.memory <= 1):
-            raise LiveKError(
-                f"live_k: margin must be in [0, 1), smoothing in (0, 1], memory in (0, 1]; got "
-                f"margin={self.margin}, smoothing={self.smoothing}, memory={self.memory}"
-            )
+        return self
 
     @classmethod
     def from_config(cls, value: Any) -> "Settings | None":
@@ -99,18 +95,9 @@ class Settings:
             return None
         if value is True:
             return cls()
-        fields = {f.name: f.type for f in dataclasses.fields(cls)}
         if not isinstance(value, Mapping):
-            raise LiveKError(f"live_k must be true, false or a mapping of {sorted(fields)}, got {value!r}")
-        unknown = sorted(set(value) - set(fields))
-        if unknown:
-            raise LiveKError(f"live_k: unknown key(s) {unknown}; known keys: {sorted(fields)}")
-        try:
-            return cls(**{k: (int if fields[k] == "int" else float)(v) for k, v in value.items()})
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, LiveKError):
-                raise
-            raise LiveKError(f"live_k: {value!r}: {exc}") from None
+            raise LiveKError(f"live_k must be true, false or a mapping of {sorted(cls.model_fields)}, got {value!r}")
+        return cls.from_mapping(value)
 
 
 def bucket_of(batch: int) -> int:
@@ -416,5 +403,5 @@ class LiveK:
             "steps_at_k": {str(k): n for k, n in enumerate(self.steps_at) if n},
             "changes": self.changes,
             "all_accepted": [round(self.all_accepted(j), 4) for j in range(1, self.max_k + 1)],
-            "settings": dataclasses.asdict(self.settings),
+            "settings": self.settings.model_dump(),
         }

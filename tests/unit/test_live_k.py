@@ -215,10 +215,11 @@ def test_an_exception_inside_turns_it_off_not_the_engine(caplog):
     "value,needle",
     [
         ({"explore_evry": 3}, "unknown key(s) ['explore_evry']"),
-        ({"hold": 1}, "hold >= 2"),
-        ({"margin": 2}, "margin must be in [0, 1)"),
+        ({"hold": 1}, "live_k.hold = 1 is invalid (input should be greater than or equal to 2): int >= 2"),
+        ({"margin": 2}, "live_k.margin = 2 is invalid (input should be less than 1): number in [0, 1)"),
         ("yes", "must be true, false or a mapping"),
-        ({"hold": "x"}, "live_k: {'hold': 'x'}"),
+        ({"hold": "x"}, "live_k.hold = 'x' is invalid (input should be a valid integer)"),
+        ({"evidence": 2}, "live_k.evidence = 2 must be >= live_k.min_probes = 3: raise evidence or lower min_probes"),
     ],
 )
 def test_bad_settings_say_what_to_change(value, needle):
@@ -243,7 +244,7 @@ def test_resolve_refuses_a_bad_live_k_where_it_reads_the_plugin_config():
     from vllm_eagle3.spec import CaptureSpecError
 
     assert plugin_config({"vllm_eagle3": {"live_k": {"hold": 6}}}) == {"live_k": {"hold": 6}}
-    with pytest.raises(CaptureSpecError, match=r"'vllm_eagle3': live_k: .*hold >= 2.*got .*hold=1"):
+    with pytest.raises(CaptureSpecError, match=r"'vllm_eagle3': live_k.hold = 1 is invalid .*: int >= 2"):
         plugin_config({"vllm_eagle3": {"live_k": {"hold": 1}}})
 
 
