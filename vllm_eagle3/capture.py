@@ -14,9 +14,11 @@ trained on. The subclasses here use vLLM's own hooks instead of copying its forw
   the non-embedding taps, computes (or takes) ``inputs_embeds`` itself when ``embed`` is requested on the
   first pipeline stage, and rebuilds the aux list in the spec's order with the embedding in its place;
 - :class:`DeepseekV2ForCausalLM` / :class:`DeepseekV3ForCausalLM` resolve the spec when vLLM's runner calls
-  ``set_aux_hidden_state_layers`` (in every worker process, from ``EAGLE3_SPEC`` or
-  ``EAGLE3_CONVENTION`` plus the draft's config), refuse ids that disagree with it, and log one line
-  on every rank, naming its TP/PP rank;
+  ``set_aux_hidden_state_layers`` (in every worker process, from vLLM's ``--additional-config``
+  ``vllm_eagle3.capture_spec`` / ``convention``, else the ``EAGLE3_SPEC`` / ``EAGLE3_CONVENTION`` environment:
+  :func:`vllm_eagle3.resolve.spec_source`; plus the draft's config), refuse ids that disagree with it, plan the
+  online wiring check (:mod:`vllm_eagle3.online.plan`: its extra taps follow the spec's), and log one line on
+  every rank, naming its TP/PP rank;
 - :class:`KimiK25ForConditionalGeneration` keeps vLLM's class name (the EAGLE proposer checks it) and
   checks that its language model is the capturing class.
 
@@ -25,9 +27,8 @@ trained on. The subclasses here use vLLM's own hooks instead of copying its forw
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,11 @@ from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration 
 from vllm.sequence import IntermediateTensors
 
 from vllm_eagle3 import LOGGER
-from vllm_eagle3.checkpoint import DraftInfo
-from vllm_eagle3.resolve import Resolution, resolve_from_env, spec_source
-from vllm_eagle3.spec import EMBED, CaptureSpecError, tap_label, taps_label
-from vllm_eagle3.wiring_check import CheckConfig
-from vllm_eagle3.wirings import Candidate, online_candidates
+from vllm_eagle3.online.engine_hook import serve_check_taps
+from vllm_eagle3.online.plan import CheckPlan, plan_check
+from vllm_eagle3.online.runners import rank_label, runner_in_use, tp_rank
+from vllm_eagle3.resolve import Resolution, resolve_from_env
+from vllm_eagle3.spec import EMBED, CaptureSpecError, tap_label
 
 # Under the ``vllm`` logger tree: vLLM configures handlers only for that tree, so a logger named after this
 # module would print nothing in the worker processes.
@@ -90,8 +91,6 @@ def runner_relays_aux(vllm_config: VllmConfig) -> bool:
     """Whether the model runner of this engine relays aux hidden states between pipeline stages: Model Runner V2
     does (``v1/worker/gpu/pp_utils.py`` ``relay_aux_hidden_states``), V1 does not. The runner is vLLM's own choice,
     read once for the project (``online.runners.runner_in_use``)."""
-    from vllm_eagle3.online.runners import runner_in_use
-
     return runner_in_use(vllm_config) == "V2"
 
 
@@ -215,78 +214,6 @@ def resolve_in_worker(vllm_config: VllmConfig) -> Resolution:
     return resolve_from_env(_target_for_resolution(vllm_config), draft, config=vllm_config)
 
 
-def rank_label() -> str:
-    """This process's place in the parallel layout, e.g. ``"tp 1/2, pp 0/1"`` (``"tp 0/1, pp 0/1"`` alone)."""
-    try:
-        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
-
-        tp, pp = get_tp_group(), get_pp_group()
-        return f"tp {tp.rank_in_group}/{tp.world_size}, pp {pp.rank_in_group}/{pp.world_size}"
-    except (AssertionError, RuntimeError):  # no distributed state (e.g. built outside an engine)
-        return "tp 0/1, pp 0/1"
-
-
-def get_tp_group_rank() -> int:
-    try:
-        from vllm.distributed.parallel_state import get_tp_group
-
-        return get_tp_group().rank_in_group
-    except (AssertionError, RuntimeError):
-        return 0
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckPlan:
-    """What the online wiring check scores in this engine (:mod:`vllm_eagle3.wiring_check`), or why it is off."""
-
-    config: CheckConfig
-    candidates: tuple[Candidate, ...] = ()
-    extra_taps: tuple[int, ...] = ()  # taps of the candidates that the spec does not capture
-    off_because: str | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.off_because is None
-
-    def log_line(self) -> str:
-        if not self.enabled:
-            return f"vllm-eagle3 wiring check: off ({self.off_because})"
-        return (
-            f"vllm-eagle3 wiring check: scoring {len(self.candidates)} wirings on 1 in {self.config.sample_every} "
-            f"requests at temperature <= {self.config.max_temperature} (configured "
-            f"{self.candidates[0].label}; also {', '.join(c.label for c in self.candidates[1:])}); extra taps "
-            f"captured: {taps_label(self.extra_taps)}; budget {self.config.budget:.0%} of engine time"
-        )
-
-
-def check_config_from_env(environ: Mapping[str, str] | None = None, config: Any = None) -> CheckConfig:
-    """The ``check:`` mapping of the capture spec of :func:`vllm_eagle3.resolve.spec_source` (``config``: the
-    ``VllmConfig``), or the defaults."""
-    sf = spec_source(config, environ).spec_file
-    return getattr(sf, "check", None) or CheckConfig()
-
-
-def plan_check(resolution: Resolution, vllm_config: VllmConfig) -> CheckPlan:
-    """The candidates the check scores next to the resolved taps, and the extra taps that needs."""
-    cfg = check_config_from_env(config=vllm_config)
-    if not cfg.enabled:
-        return CheckPlan(cfg, off_because="check.enabled is false in the capture spec")
-    if vllm_config.parallel_config.pipeline_parallel_size > 1:
-        return CheckPlan(
-            cfg,
-            off_because="pipeline parallelism: the check scores on one rank holding every tap; not "
-            "supported across stages",
-        )
-    draft = vllm_config.speculative_config.model
-    cands = online_candidates(resolution.spec.taps, DraftInfo.load(draft, weights=False), resolution.target.num_layers)
-    if len(cands) < 2:
-        return CheckPlan(cfg, tuple(cands), off_because="no other wiring to compare with")
-    extra = sorted({k for c in cands for k in c.taps} - set(resolution.spec.taps))
-    from vllm_eagle3.online.engine_hook import attach  # off, saying why, where the serving runner has no hook
-
-    return attach(CheckPlan(cfg, tuple(cands), tuple(extra)), vllm_config)
-
-
 class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
     """vLLM's DeepSeek-V2 causal LM whose EAGLE-3 aux states are the capture spec's taps, in its order."""
 
@@ -312,13 +239,11 @@ class DeepseekV2ForCausalLM(_VllmDeepseekV2ForCausalLM):
             relay=runner_relays_aux(self._eagle3_vllm_config),
         )
         # The forward returns the check's taps after the spec's; the runner hook takes them off before the draft.
-        from vllm_eagle3.online.engine_hook import serve_check_taps
-
         serve_check_taps(self.model.check_taps)
         self.capture_resolution = resolution
         # Every rank logs (each holds its own copy of the spec): a rank without this line lacks the plugin.
         logger.info("%s [%s, pid %d]", resolution.log_line(), rank_label(), os.getpid())
-        if get_tp_group_rank() == 0:
+        if tp_rank() == 0:
             logger.info("%s", self.check_plan.log_line())
 
     def get_eagle3_aux_hidden_state_layers(self) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ import pytest
 
 from vllm_eagle3.tools import compat_check, compat_flags
 from vllm_eagle3.tools.compat_source import body_hash
-from vllm_eagle3.tools.compat_table import OVERRIDE, RELIED, WRAP, R
+from vllm_eagle3.tools.compat_table import OVERRIDE, RELIED, WRAP, relied
 
 pytestmark = pytest.mark.unit
 
@@ -46,12 +46,12 @@ def test_a_body_not_reviewed_in_the_table_fails():
 
 
 def test_wrapped_and_overridden_rows_are_always_hashed():
-    assert R("m", "f", why="w", use=WRAP).hashed and R("m", "f", why="w", use=OVERRIDE).hashed
-    assert not R("m", "f", why="w").hashed and R("m", "f", why="w", body={}).hashed
+    assert relied("m", "f", why="w", use=WRAP).hashed and relied("m", "f", why="w", use=OVERRIDE).hashed
+    assert not relied("m", "f", why="w").hashed and relied("m", "f", why="w", body={}).hashed
     with pytest.raises(ValueError, match="12-hex hash"):
-        R("m", "f", why="w", use=WRAP, body={"abc": "read it"})
+        relied("m", "f", why="w", use=WRAP, body={"abc": "read it"})
     with pytest.raises(ValueError, match="12-hex hash"):
-        R("m", "f", why="w", use=WRAP, body={"0123456789ab": " "})
+        relied("m", "f", why="w", use=WRAP, body={"0123456789ab": " "})
 
 
 def test_doc_commands_are_read_as_bash_runs_them():

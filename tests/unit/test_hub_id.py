@@ -137,7 +137,7 @@ def test_hf_hub_cache_variable_is_honoured(tmp_path):
 def test_engine_check_is_off_in_one_line_when_the_hub_id_is_not_cached(cache, caplog):
     """Inside the engine, a hub id that is not in the cache: the check starts as None with one WARNING, "off, it could
     not start", naming the cache and the fix; no KeyError, nothing raised into the engine."""
-    from vllm_eagle3.capture import CheckPlan
+    from vllm_eagle3.online.plan import CheckPlan
     from vllm_eagle3.online import engine_hook
     from vllm_eagle3.spec import EMBED
     from vllm_eagle3.wiring_check import CheckConfig

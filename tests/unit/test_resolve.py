@@ -276,12 +276,13 @@ def test_real_vllm_config_carries_the_spec():
 
 
 def test_worker_resolves_the_spec_from_a_real_engine_config(monkeypatch):
-    """What every worker runs (``capture.resolve_in_worker``, the check's ``check_config_from_env``) on the
+    """What every worker runs (``capture.resolve_in_worker``, the check's ``online.plan.check_config_from_env``) on the
     ``VllmConfig`` vLLM builds from ``--additional-config``, with no env var: the spec's taps, the source named in the
     taps line, and the spec's ``check:`` mapping (here: off)."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_eagle3.capture import check_config_from_env, resolve_in_worker
+    from vllm_eagle3.capture import resolve_in_worker
+    from vllm_eagle3.online.plan import check_config_from_env
 
     repo = Path(__file__).resolve().parents[2]
     for name in ("EAGLE3_SPEC", "EAGLE3_CONVENTION", "VLLM_EAGLE3_SPEC", "VLLM_EAGLE3_CONVENTION"):

@@ -37,7 +37,7 @@ CANDIDATES = (
 
 
 def _plan(**cfg):
-    from vllm_eagle3.capture import CheckPlan
+    from vllm_eagle3.online.plan import CheckPlan
 
     return CheckPlan(CheckConfig(**cfg), CANDIDATES, (59,))
 
@@ -276,9 +276,9 @@ def test_check_is_off_on_a_runner_it_does_not_know(tmp_path, monkeypatch):
 
 
 def test_the_capture_models_plan_goes_through_the_runner_check(tmp_path, monkeypatch):
-    """``capture.plan_check`` (run when vLLM asks the target for its aux states, in every worker) consults the runner
-    check: the shipped pair planned for a V2 engine whose hook is missing is off, not "scoring 11 wirings"."""
-    from vllm_eagle3.capture import plan_check
+    """``online.plan.plan_check`` (run when vLLM asks the target for its aux states, in every worker) consults the
+    runner check: the shipped pair planned for a V2 engine whose hook is missing is off, not "scoring 11 wirings"."""
+    from vllm_eagle3.online.plan import plan_check
     from vllm_eagle3.online import engine_hook
     from vllm_eagle3.online.runners import RUNNERS
     from vllm_eagle3.resolve import resolve_capture

@@ -153,7 +153,7 @@ def watch_on_wrong_wiring():
 def check_on_wrong_wiring():
     """The online check's Checker (engine side) on per-request match counts of the incident: ~10 % first-draft
     acceptance on the served taps, ~70 % on the trained ones."""
-    from vllm_eagle3.capture import CheckPlan
+    from vllm_eagle3.online.plan import CheckPlan
     from vllm_eagle3.online import engine_hook
     from vllm_eagle3.wiring_check import CheckConfig
     from vllm_eagle3.wirings import Candidate

@@ -8,8 +8,8 @@ runner, turns a call into :class:`~vllm_eagle3.online.runners.StepRows`). :func:
 per process (``vllm_eagle3.plugin.register``); :func:`attach` (called when the check is planned, once vLLM's config
 says which runner serves) turns the check off, with one WARNING and an ``off`` report, where the serving runner's hook
 is missing: a check is never on and idle. The wrapper finds the capture model's
-:class:`vllm_eagle3.capture.CheckPlan` (the candidates, set when vLLM asked the target for its aux states) and runs a
-:class:`Checker` on tensor-parallel rank 0 only (its taps are complete there, and the check runs no collective).
+:class:`~vllm_eagle3.online.plan.CheckPlan` (the candidates, set when vLLM asked the target for its aux states) and
+runs a :class:`Checker` on tensor-parallel rank 0 only (its taps are complete there, and the check runs no collective).
 
 Never fatal: an exception inside the check turns the check off with one WARNING naming it (the engine serves on);
 ``report.json`` then says ``"verdict": "off"`` and why. Cost: time spent here is measured; a new request is followed
@@ -140,8 +140,8 @@ def _wrap_outer(row: RunnerHook, outer_cls: type) -> None:
 
 
 def attach(plan, vllm_config):
-    """``plan`` (a :class:`vllm_eagle3.capture.CheckPlan`) if this engine's runner is hooked, else the plan turned off
-    with the reason, one WARNING and an ``off`` report for ``GET /v1/eagle3/wiring`` (tensor-parallel rank 0)."""
+    """``plan`` (a :class:`~vllm_eagle3.online.plan.CheckPlan`) if this engine's runner is hooked, else the plan turned
+    off with the reason, one WARNING and an ``off`` report for ``GET /v1/eagle3/wiring`` (tensor-parallel rank 0)."""
     if not plan.enabled:
         return plan
     install()  # no-op where the plugin already did it

