@@ -9,7 +9,8 @@ vLLM's own ``FastIncrementalDetokenizer`` (as the engine streams: ``skip_special
 k+1 per delta at every phase offset for k = 1..5, and seeded random steps of 1..k+1. Two of vLLM's paths:
 ``KimiK2ToolParser.extract_tool_calls_streaming`` as a tool parser, and chat serving's ``Parser.parse_delta`` from
 ``ParserManager.get_parser`` (tool parser alone, and with the ``kimi_k2`` reasoning parser, as Kimi K2.5 is served);
-each must equal the non-streaming parse and the calls written into the output.
+each must equal the non-streaming parse and the calls written into the output (and, with the reasoning parser, the
+reasoning text: a step that holds ``</think>`` and content must not lose or leak either).
 
 Tokenizer: the bundled miniature's byte-level BPE with Kimi's five tool-call markers and ``<think>``/``</think>`` added
 as special tokens (vLLM looks each marker up as one vocabulary entry). End to end serving is not tested: the miniature
@@ -63,12 +64,14 @@ SEARCH = {"q": "vllm eagle3"}
 
 @dataclass(frozen=True)
 class Case:
-    """A model output and what it holds: content text and (id, name, arguments) per call."""
+    """A model output and what it holds: content text, (id, name, arguments) per call, and the reasoning text of a
+    ``thinking`` output (read by the kimi_k2 reasoning parser)."""
 
     output: str
     content: str | None
     calls: tuple[tuple[str, str, dict], ...]
     thinking: bool = False
+    reasoning: str | None = None
 
 
 CASES = {
@@ -103,6 +106,7 @@ CASES = {
         "Checking.",
         (("functions.get_weather:0", "get_weather", WEATHER), ("functions.web_search:1", "web_search", NESTED)),
         thinking=True,
+        reasoning="The user wants weather; call the tool.",
     ),
 }
 
@@ -189,15 +193,17 @@ def detokenized(tok, ids: list[int], lengths: list[int]) -> list[tuple[str, list
 class Result:
     content: str | None
     calls: tuple[tuple[str | None, str, str], ...]  # (id, name, arguments as the client concatenates them)
+    reasoning: str | None = None
 
 
 def reassemble(deltas) -> Result:
     """Concatenate as an OpenAI client does; a call's first delta must carry its id and name, later ones neither."""
-    content, calls = "", {}
+    content, reasoning, calls = "", "", {}
     for m in deltas:
         if m is None:
             continue
         content += m.content or ""
+        reasoning += m.reasoning or ""
         for tc in m.tool_calls or []:
             first = tc.index not in calls
             assert first == bool(tc.id) == bool(tc.function and tc.function.name), f"call {tc.index}: {tc}"
@@ -205,7 +211,8 @@ def reassemble(deltas) -> Result:
             if tc.function:
                 c["name"] += tc.function.name or ""
                 c["args"] += tc.function.arguments or ""
-    return Result(content or None, tuple((c["id"], c["name"], c["args"]) for _, c in sorted(calls.items())))
+    calls_ = tuple((c["id"], c["name"], c["args"]) for _, c in sorted(calls.items()))
+    return Result(content or None, calls_, reasoning or None)
 
 
 def stream_tool_parser(tok, steps_: list[tuple[str, list[int]]]) -> Result:
@@ -248,10 +255,10 @@ def stream_serving(tok, steps_: list[tuple[str, list[int]]], thinking: bool) -> 
 
 def serving_whole(tok, output: str, ids: list[int], thinking: bool) -> Result:
     """Chat serving's non-streaming answer: Parser.parse on the whole output."""
-    _, content, calls = serving_parser(tok, thinking).parse(
+    reasoning, content, calls = serving_parser(tok, thinking).parse(
         output, request(), enable_auto_tools=True, model_output_token_ids=ids
     )
-    return Result(content, tuple((c.id, c.name, c.arguments) for c in calls or ()))
+    return Result(content, tuple((c.id, c.name, c.arguments) for c in calls or ()), reasoning)
 
 
 def tool_parser_whole(tok, output: str) -> Result:
@@ -263,10 +270,12 @@ def tool_parser_whole(tok, output: str) -> Result:
 
 
 def assert_written(result: Result, case: Case, where: str) -> None:
-    """The calls are the ones written into the output: ids, names, arguments parsed as JSON; and the content."""
+    """The calls are the ones written into the output: ids, names, arguments parsed as JSON; the content and the
+    reasoning."""
     got = [(i, n, json.loads(a)) for i, n, a in result.calls]
     assert got == list(case.calls), f"{where}: calls {result.calls}"
     assert result.content == case.content, f"{where}: content {result.content!r}"
+    assert result.reasoning == case.reasoning, f"{where}: reasoning {result.reasoning!r}"
 
 
 # ── Tests ─────────────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -331,7 +340,8 @@ def test_chunkings_bundle_markers_with_text(tokenizer):
 @pytest.mark.parametrize("k", [0, *range(1, MAX_K + 1)])
 def test_thinking_then_calls_served_with_reasoning_parser(tokenizer, k):
     """Kimi K2.5 as served (reasoning and tool parser kimi_k2): a step may hold the end of reasoning, content and the
-    section start together; the calls and content equal the non-streaming parse at every chunking (k = 0: 1 token)."""
+    section start together; the calls, content and reasoning equal the non-streaming parse at every chunking (k = 0:
+    1 token)."""
     case = CASES["thinking_then_calls"]
     ids = tokenizer.encode(case.output, add_special_tokens=False)
     assert_written(serving_whole(tokenizer, case.output, ids, True), case, "chat serving, non-streaming")
