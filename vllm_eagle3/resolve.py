@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
+
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from vllm_eagle3 import envs
 from vllm_eagle3.checkpoint import (
@@ -30,7 +32,10 @@ from vllm_eagle3.checkpoint import (
     draft_readings,
 )
 from vllm_eagle3.conventions import CONVENTIONS, engine_default_ids, get_convention, ids_to_taps, taps_to_ids
+from vllm_eagle3.settings import Settings
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
+from vllm_eagle3.watch import WatchConfig
+from vllm_eagle3.wiring_check import CheckConfig
 
 ENV_SPEC = envs.SPEC
 ENV_CONVENTION = envs.CONVENTION
@@ -39,27 +44,39 @@ ENV_CONVENTION = envs.CONVENTION
 # ----------------------------------------------------------------------------------------------- file readers
 
 
-@dataclasses.dataclass(frozen=True)
-class SpecFile:
-    """A capture-spec YAML, loaded. Unknown keys are rejected."""
+class SpecFile(Settings):
+    """A capture-spec YAML, loaded: every key it may hold, declared once; unknown keys are rejected. ``spec`` is its
+    ``taps`` as a :class:`CaptureSpec` whose ``source`` names where the mapping came from."""
 
-    spec: CaptureSpec
-    num_layers: int | None = None
-    draft_ids_convention: str | None = None
-    watch: Any = None  # vllm_eagle3.watch.WatchConfig when the YAML has a `watch:` mapping
-    check: Any = None  # vllm_eagle3.wiring_check.CheckConfig when the YAML has a `check:` mapping
+    error: ClassVar[type[Exception]] = CaptureSpecError
 
+    taps: list[Any] = Field(description="ordered list: `embed` or k = hidden state entering decoder layer k")
+    num_layers: int | None = Field(None, ge=1, description="the target's decoder layer count, checked at start-up")
+    draft_ids_convention: str | None = Field(
+        None, description=f"convention of the draft config's ids, for the cross-check: {' | '.join(CONVENTIONS)}"
+    )
+    description: Any = Field(None, description="free text")
+    watch: WatchConfig | None = Field(None, description="the runtime wiring watch (vllm_eagle3.watch.WatchConfig)")
+    check: CheckConfig | None = Field(
+        None, description="the online wiring check in the engine (vllm_eagle3.wiring_check.CheckConfig)"
+    )
+    _spec: CaptureSpec = PrivateAttr()
 
-SPEC_FILE_KEYS = {
-    "taps": "ordered list: `embed` or k = hidden state entering decoder layer k",
-    "num_layers": "optional int: the target's decoder layer count, checked at start-up",
-    "draft_ids_convention": "optional: convention of the draft config's ids, for the cross-check",
-    "description": "optional free text",
-    "watch": "optional mapping: the runtime wiring watch (vllm_eagle3.watch.WATCH_KEYS: enabled, window, min_drafts, "
-    "floor, warn_interval_s)",
-    "check": "optional mapping: the online wiring check in the engine (vllm_eagle3.wiring_check.CHECK_KEYS: enabled, "
-    "sample_every, max_temperature, max_positions, budget, false_alarm, min_requests, warn_interval_s)",
-}
+    @field_validator("draft_ids_convention")
+    @classmethod
+    def _known_convention(cls, value: str | None) -> str | None:
+        return None if value is None else get_convention(value).name
+
+    @model_validator(mode="after")
+    def _capture_spec(self, info: ValidationInfo) -> "SpecFile":
+        self._spec = CaptureSpec(taps=tuple(self.taps), source=(info.context or {}).get("source", "inline"))
+        if self.num_layers is not None:
+            self._spec.check_num_layers(self.num_layers)
+        return self
+
+    @property
+    def spec(self) -> CaptureSpec:
+        return self._spec
 
 
 def load_spec_file(path: str | Path) -> SpecFile:
@@ -84,39 +101,11 @@ def read_spec_mapping(path: str | Path) -> Any:
 
 
 def spec_file_from_mapping(data: Any, path: str) -> SpecFile:
-    """Validate the mapping a capture-spec YAML holds (:data:`SPEC_FILE_KEYS`) into a :class:`SpecFile`; ``path``
-    names where it came from in errors and in ``spec.source``."""
+    """Validate the mapping a capture-spec YAML holds into a :class:`SpecFile`; ``path`` names where it came from in
+    errors and in ``spec.source``."""
     if not isinstance(data, dict):
         raise CaptureSpecError(f"capture spec {path} must be a mapping with a `taps:` key, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(SPEC_FILE_KEYS))
-    if unknown:
-        known = ", ".join(SPEC_FILE_KEYS)
-        raise CaptureSpecError(f"capture spec {path}: unknown key(s) {unknown}; known keys: {known}")
-    if "taps" not in data:
-        raise CaptureSpecError(f"capture spec {path} has no `taps:`; add e.g. `taps: [embed, 3, 31]`")
-    taps = data["taps"]
-    if not isinstance(taps, list):
-        raise CaptureSpecError(f"capture spec {path}: `taps` must be a list such as [embed, 3, 31], got {taps!r}")
-    num_layers = data.get("num_layers")
-    if num_layers is not None and (not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1):
-        raise CaptureSpecError(f"capture spec {path}: `num_layers` must be a positive integer, got {num_layers!r}")
-    convention = data.get("draft_ids_convention")
-    if convention is not None:
-        convention = get_convention(convention).name
-    spec = CaptureSpec(taps=tuple(taps), source=path)
-    if num_layers is not None:
-        spec.check_num_layers(num_layers)
-    watch = None
-    if "watch" in data:
-        from vllm_eagle3.watch import WatchConfig
-
-        watch = WatchConfig.from_mapping(data["watch"], where=f"capture spec {path}: `watch`")
-    check = None
-    if "check" in data:
-        from vllm_eagle3.wiring_check import CheckConfig
-
-        check = CheckConfig.from_mapping(data["check"], where=f"capture spec {path}: `check`")
-    return SpecFile(spec=spec, num_layers=num_layers, draft_ids_convention=convention, watch=watch, check=check)
+    return SpecFile.from_mapping(data, f"capture spec {path}", context={"source": path})
 
 
 def load_spec_yaml(path: str | Path) -> CaptureSpec:
@@ -129,13 +118,28 @@ def load_spec_yaml(path: str | Path) -> CaptureSpec:
 CONFIG_KEY = "vllm_eagle3"
 """This plugin's key in vLLM's ``--additional-config`` mapping."""
 
-CONFIG_KEYS = {
-    "capture_spec": "a capture-spec mapping, exactly what a capture-spec YAML holds (SPEC_FILE_KEYS)",
-    "convention": "convention of the draft config's ids, when there is no capture spec",
-    "live_k": "true, false or a mapping: k per batch size measured while serving (vllm_eagle3/live_k.py)",
-    "draft_backoff": "true (default), false or a mapping: a request whose drafts keep failing stops drafting and "
-    "re-probes (vllm_eagle3/request_speculation.py)",
-}
+
+class PluginConfig(Settings):
+    """The ``vllm_eagle3`` mapping of vLLM's ``--additional-config``: the keys this plugin reads. The values are
+    validated where they are read: the capture spec by :class:`SpecFile` (its errors name the channel), live k by
+    :mod:`vllm_eagle3.live_k` (also here, so `vllm-eagle3 serve` refuses it before vLLM starts), the back-off by
+    :mod:`vllm_eagle3.request_speculation`."""
+
+    error: ClassVar[type[Exception]] = CaptureSpecError
+    list_key_help: ClassVar[bool] = True
+
+    capture_spec: Any = Field(None, description="a capture-spec mapping, exactly what a capture-spec YAML holds")
+    convention: str | None = Field(None, description="convention of the draft config's ids, when there is no spec")
+    live_k: Any = Field(
+        None, description="true, false or a mapping: k per batch size measured while serving (vllm_eagle3/live_k.py)"
+    )
+    draft_backoff: Any = Field(
+        None,
+        description="true (the default when absent), false or a mapping: a request whose drafts keep failing stops "
+        "drafting and re-probes (vllm_eagle3/request_speculation.py)",
+    )
+
+
 CONFIG_SPEC_SOURCE = "--additional-config"
 
 
@@ -163,10 +167,7 @@ def plugin_config(additional_config: Mapping[str, Any] | None) -> dict[str, Any]
             f"--additional-config {CONFIG_KEY!r} must be a mapping such as "
             f'{{"capture_spec": {{"taps": ["embed", 3, 31]}}}}, got {mine!r}'
         )
-    unknown = sorted(set(mine) - set(CONFIG_KEYS))
-    if unknown:
-        allowed = "; ".join(f"{k}: {v}" for k, v in CONFIG_KEYS.items())
-        raise CaptureSpecError(f"--additional-config {CONFIG_KEY!r}: unknown key(s) {unknown}; allowed keys: {allowed}")
+    PluginConfig.from_mapping(dict(mine), f"--additional-config {CONFIG_KEY!r}")
     if "live_k" in mine:  # checked here too, so `vllm-eagle3 serve` refuses it before vLLM starts
         from vllm_eagle3.live_k import LiveKError, Settings
 

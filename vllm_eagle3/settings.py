@@ -14,7 +14,6 @@ import types
 import typing
 from typing import Any, ClassVar
 
-import annotated_types
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 __all__ = ["Settings", "field_help", "one_line"]
@@ -64,24 +63,27 @@ def field_help(model: type[BaseModel], name: str) -> str:
     """One line for a key, from its declaration alone: kind, bounds, default, meaning.
     E.g. ``number in (0, 0.5] (default 0.02): at most this fraction of the engine's time goes to the check``."""
     field = model.model_fields[name]
-    kind = _KINDS.get(field.annotation, "")
+    kinds = [a for a in typing.get_args(field.annotation) or (field.annotation,) if a is not type(None)]
+    kind = _KINDS.get(kinds[0], "") if len(kinds) == 1 else ""
     low = high = ""
-    for m in field.metadata:
-        if isinstance(m, annotated_types.Gt):
+    for m in field.metadata:  # annotated_types' Gt/Ge/Lt/Le, as Field(gt=..., ...) records them
+        if getattr(m, "gt", None) is not None:
             low = f"({m.gt}"
-        elif isinstance(m, annotated_types.Ge):
+        elif getattr(m, "ge", None) is not None:
             low = f"[{m.ge}"
-        elif isinstance(m, annotated_types.Lt):
+        elif getattr(m, "lt", None) is not None:
             high = f"{m.lt})"
-        elif isinstance(m, annotated_types.Le):
+        elif getattr(m, "le", None) is not None:
             high = f"{m.le}]"
     if low and high:
         bounds = f"in {low}, {high}"
     else:
         bounds = (f"> {low[1:]}" if low[0] == "(" else f">= {low[1:]}") if low else ""
         bounds = bounds or ((f"< {high[:-1]}" if high[-1] == ")" else f"<= {high[:-1]}") if high else "")
-    default = "" if field.is_required() else f"(default {_show(field.get_default(call_default_factory=True))})"
-    head = " ".join(p for p in (kind, bounds, default) if p)
+    default = None if field.is_required() else field.get_default(call_default_factory=True)
+    optional = "optional" if default is None and not field.is_required() else ""
+    shown = f"(default {_show(default)})" if default is not None else ""
+    head = " ".join(p for p in (optional, kind, bounds, shown) if p)
     return f"{head}: {field.description}" if head else str(field.description)
 
 

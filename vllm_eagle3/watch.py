@@ -47,7 +47,7 @@ line of each verdict per ``warn_interval_s`` (default 600 s) across episodes.
 
 Cost: one ``observe`` per scheduler step in the API-server process, O(k) integer additions on counts vLLM computed
 anyway (measured in tests/unit/test_watch.py: microseconds against a ~100+ ms step). Configured in the capture spec
-YAML (``watch:`` mapping, :data:`WATCH_KEYS`). Not covered: a bug that spares position 0 and breaks only the draft's
+YAML (``watch:`` mapping, :class:`WatchConfig`). Not covered: a bug that spares position 0 and breaks only the draft's
 later steps (its acceptance length is reported against the expectation, but not judged).
 """
 
@@ -60,10 +60,13 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+from pydantic import Field, ValidationInfo, field_validator
 
 from vllm_eagle3 import LOGGER
 from vllm_eagle3 import verdicts as V
+from vllm_eagle3.settings import Settings
 from vllm_eagle3.spec import CaptureSpecError
 
 # Under the ``vllm`` logger tree: vLLM configures a handler only for that tree (``DEFAULT_LOGGING_CONFIG`` in
@@ -74,63 +77,32 @@ logger = logging.getLogger(f"{LOGGER}.watch")
 Z = 3.29  # one-sided 99.95% normal quantile for the Wilson score bounds
 EVAL_FILE = "eval.json"
 
-WATCH_KEYS = {
-    "enabled": "bool (default true): run the watch in the API server",
-    "window": "int >= 16 (default 512): drafts in the sliding window",
-    "min_drafts": "int >= 1, <= window (default 64): drafts before anything is judged",
-    "floor": f"number in (0, 0.5) (default {V.FLOOR}): position-0 acceptance below which the verdict is "
-    f"{V.WRONG} (below twice it {V.COSTS}) when the draft has no eval.json",
-    "warn_interval_s": "number >= 0 (default 600): at least this long between two log lines",
-}
 
+class WatchConfig(Settings):
+    """The ``watch:`` mapping of a capture spec: each key declared once, validated (:mod:`vllm_eagle3.settings`)."""
 
-@dataclasses.dataclass(frozen=True)
-class WatchConfig:
-    """The ``watch:`` mapping of a capture spec, validated (see :data:`WATCH_KEYS`)."""
+    section: ClassVar[str] = "watch"
+    error: ClassVar[type[Exception]] = CaptureSpecError
 
-    enabled: bool = True
-    window: int = 512
-    min_drafts: int = 64
-    floor: float = V.FLOOR
-    warn_interval_s: float = 600.0
+    enabled: bool = Field(True, description="run the watch in the API server")
+    window: int = Field(512, ge=16, description="drafts in the sliding window")
+    min_drafts: int = Field(64, ge=1, description="drafts before anything is judged; at most `window`")
+    floor: float = Field(
+        V.FLOOR,
+        gt=0,
+        lt=0.5,
+        description=f"position-0 acceptance below which the verdict is {V.WRONG} (below twice it {V.COSTS}) when "
+        "the draft has no eval.json",
+    )
+    warn_interval_s: float = Field(600.0, ge=0, description="at least this long between two log lines")
 
-    def __post_init__(self) -> None:
-        def bad(key: str, value: Any) -> CaptureSpecError:
-            return CaptureSpecError(f"watch.{key} = {value!r} is invalid: {WATCH_KEYS[key]}")
-
-        if not isinstance(self.enabled, bool):
-            raise bad("enabled", self.enabled)
-        for key in ("window", "min_drafts"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise bad(key, v)
-        if self.window < 16:
-            raise bad("window", self.window)
-        if not 1 <= self.min_drafts <= self.window:
-            raise bad("min_drafts", self.min_drafts)
-        for key in ("floor", "warn_interval_s"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise bad(key, v)
-        if not 0 < self.floor < 0.5:
-            raise bad("floor", self.floor)
-        if self.warn_interval_s < 0:
-            raise bad("warn_interval_s", self.warn_interval_s)
-
+    @field_validator("min_drafts")
     @classmethod
-    def from_mapping(cls, data: Any, where: str = "watch") -> "WatchConfig":
-        """``watch:`` YAML value -> config; unknown keys and bad values raise :class:`CaptureSpecError`."""
-        if data is None:
-            return cls()
-        if not isinstance(data, Mapping):
-            raise CaptureSpecError(f"{where} must be a mapping such as {{enabled: true, window: 512}}, got {data!r}")
-        unknown = sorted(set(map(str, data)) - set(WATCH_KEYS))
-        if unknown:
-            raise CaptureSpecError(f"{where}: unknown key(s) {unknown}; known keys: {', '.join(WATCH_KEYS)}")
-        try:
-            return cls(**{str(k): v for k, v in data.items()})
-        except CaptureSpecError as exc:
-            raise CaptureSpecError(f"{where}: {exc}") from None
+    def _within_window(cls, value: int, info: ValidationInfo) -> int:
+        window = info.data.get("window")
+        if window is not None and value > window:
+            raise ValueError(f"more than window = {window}")
+        return value
 
 
 # ----------------------------------------------------------------------------------------------- expectation
@@ -407,7 +379,7 @@ class WiringWatch:
                 "acceptance_length": _r(w.acceptance_length()),
             },
             "expected": {**self.expectation.as_dict(), "num_spec_tokens": self.num_spec_tokens},
-            "config": dataclasses.asdict(self.cfg),
+            "config": self.cfg.model_dump(),
             "doctor": self.doctor_command,
             "lines_logged": self.lines_logged,
             "lines_suppressed": self.lines_suppressed,

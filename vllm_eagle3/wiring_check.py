@@ -51,89 +51,49 @@ import math
 import os
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
+
+from pydantic import Field
 
 from vllm_eagle3 import envs
+from vllm_eagle3.settings import Settings
 from vllm_eagle3.spec import CaptureSpecError, taps_label
 from vllm_eagle3.verdicts import COLLAPSE_RATIO, COSTS, OK, PENDING, TOLERANCE, UNDECIDED, WRONG, Verdict
 
-CHECK_KEYS = {
-    "enabled": "bool (default true): score candidate wirings on a sample of live requests inside the engine",
-    "sample_every": "int >= 1 (default 4): track one in this many eligible requests",
-    "max_temperature": "number >= 0 (default 0.3): requests sampled hotter are not tracked",
-    "max_positions": "int >= 32 (default 2048): positions recorded per tracked request; it is scored when it ends "
-    "or reaches this many",
-    "max_followed": "int >= 1 (default 4): requests followed at the same time (memory: each holds its positions x "
-    "candidate taps x hidden size in the served dtype)",
-    "budget": "number in (0, 0.5] (default 0.02): at most this fraction of the engine's time goes to the check; "
-    "no new request is tracked while it is spent",
-    "false_alarm": "number in (0, 0.1) (default 0.001): probability that a server with a right wiring ever reports "
-    f"{COSTS} or {WRONG}",
-    "min_requests": "int >= 8 (default 12): scored requests before any verdict",
-    "warn_interval_s": "number >= 0 (default 600): at least this long between two WARNING lines",
-}
 
+class CheckConfig(Settings):
+    """The ``check:`` mapping of a capture spec: each key declared once, validated (:mod:`vllm_eagle3.settings`)."""
 
-@dataclasses.dataclass(frozen=True)
-class CheckConfig:
-    """The ``check:`` mapping of a capture spec, validated (see :data:`CHECK_KEYS`)."""
+    section: ClassVar[str] = "check"
+    error: ClassVar[type[Exception]] = CaptureSpecError
 
-    enabled: bool = True
-    sample_every: int = 4
-    max_temperature: float = 0.3
-    max_positions: int = 2048
-    max_followed: int = 4
-    budget: float = 0.02
-    false_alarm: float = 0.001
-    min_requests: int = 12
-    warn_interval_s: float = 600.0
-
-    def __post_init__(self) -> None:
-        def bad(key: str) -> CaptureSpecError:
-            return CaptureSpecError(f"check.{key} = {getattr(self, key)!r} is invalid: {CHECK_KEYS[key]}")
-
-        def number(key: str) -> float:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise bad(key)
-            return float(v)
-
-        def integer(key: str, low: int) -> None:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise bad(key)
-
-        if not isinstance(self.enabled, bool):
-            raise bad("enabled")
-        integer("sample_every", 1)
-        integer("max_positions", 32)
-        integer("max_followed", 1)
-        integer("min_requests", 8)
-        if number("max_temperature") < 0:
-            raise bad("max_temperature")
-        if not 0 < number("budget") <= 0.5:
-            raise bad("budget")
-        if not 0 < number("false_alarm") < 0.1:
-            raise bad("false_alarm")
-        if number("warn_interval_s") < 0:
-            raise bad("warn_interval_s")
-
-    @classmethod
-    def from_mapping(cls, data: Any, where: str = "check") -> "CheckConfig":
-        """``check:`` YAML value -> config; unknown keys and bad values raise :class:`CaptureSpecError`."""
-        if data is None:
-            return cls()
-        if not isinstance(data, Mapping):
-            raise CaptureSpecError(
-                f"{where} must be a mapping such as {{enabled: true, sample_every: 4}}, got {data!r}"
-            )
-        unknown = sorted(set(map(str, data)) - set(CHECK_KEYS))
-        if unknown:
-            raise CaptureSpecError(f"{where}: unknown key(s) {unknown}; known keys: {', '.join(CHECK_KEYS)}")
-        try:
-            return cls(**{str(k): v for k, v in data.items()})
-        except CaptureSpecError as exc:
-            raise CaptureSpecError(f"{where}: {exc}") from None
+    enabled: bool = Field(True, description="score candidate wirings on a sample of live requests inside the engine")
+    sample_every: int = Field(4, ge=1, description="track one in this many eligible requests")
+    max_temperature: float = Field(0.3, ge=0, description="requests sampled hotter are not tracked")
+    max_positions: int = Field(
+        2048, ge=32, description="positions recorded per tracked request; it is scored when it ends or reaches that"
+    )
+    max_followed: int = Field(
+        4,
+        ge=1,
+        description="requests followed at the same time (memory: each holds its positions x candidate taps x hidden "
+        "size in the served dtype)",
+    )
+    budget: float = Field(
+        0.02,
+        gt=0,
+        le=0.5,
+        description="at most this fraction of the engine's time goes to the check; no new request is tracked while "
+        "it is spent",
+    )
+    false_alarm: float = Field(
+        0.001,
+        gt=0,
+        lt=0.1,
+        description=f"probability that a server with a right wiring ever reports {COSTS} or {WRONG}",
+    )
+    min_requests: int = Field(12, ge=8, description="scored requests before any verdict")
+    warn_interval_s: float = Field(600.0, ge=0, description="at least this long between two WARNING lines")
 
 
 # ----------------------------------------------------------------------------------------------- statistics

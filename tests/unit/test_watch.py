@@ -256,7 +256,7 @@ def test_spec_yaml_watch_keys(tmp_path):
     )
     from vllm_eagle3.watch_vllm import watch_config_from_env
 
-    assert sf.watch == W.WatchConfig(True, 256, 32, 0.1, 60)
+    assert sf.watch == W.WatchConfig(enabled=True, window=256, min_drafts=32, floor=0.1, warn_interval_s=60)
     assert load_spec_file(spec_with(tmp_path, "")).watch is None
     p = spec_with(tmp_path, "watch: {enabled: false}\n")
     assert watch_config_from_env({"EAGLE3_SPEC": str(p)}).enabled is False
