@@ -48,6 +48,7 @@ CORE = {
     "vllm_eagle3.request_speculation_vllm",
     "vllm_eagle3.model_files",
     "vllm_eagle3.settings",
+    "vllm_eagle3.pipeline",
 }
 CORE_PACKAGES = ("vllm_eagle3.online", "vllm_eagle3.model_patches")
 """Whole packages of the runtime: every module under them is core."""

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from vllm_eagle3.resolve import check_pipeline_parallel, pipeline_runner
+from vllm_eagle3.pipeline import check_pipeline_parallel, pipeline_partition, pipeline_runner
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
 pytestmark = pytest.mark.unit
@@ -47,6 +47,20 @@ def test_pre_start_check_knows_the_runner():
         check_pipeline_parallel(SHIPPED, 61, 2)
     assert "every tap is on the last stage" in check_pipeline_parallel(CaptureSpec(taps=(31, 45, 61)), 61, 2)
     assert check_pipeline_parallel(SHIPPED, 61, 1) is None
+
+
+def test_the_split_is_vllms_own():
+    """The pre-start split is vLLM's ``get_pp_indices`` (not a copy that could drift): the even split with its
+    remainder before the last stage, a given VLLM_PP_LAYER_PARTITION honoured for this call only, a bad one refused
+    in one line naming the variable."""
+    from vllm import envs as vllm_envs
+    from vllm.distributed.utils import get_pp_indices
+
+    assert pipeline_partition(61, 2) == [31, 30] and pipeline_partition(61, 4) == [15, 15, 16, 15]
+    assert [get_pp_indices(61, r, 4) for r in range(4)] == [(0, 15), (15, 30), (30, 46), (46, 61)]
+    assert pipeline_partition(10, 3, "2,3,5") == [2, 3, 5] and "VLLM_PP_LAYER_PARTITION" not in vars(vllm_envs)
+    with pytest.raises(CaptureSpecError, match=r"VLLM_PP_LAYER_PARTITION='4,3' is refused by vLLM .*list 3"):
+        pipeline_partition(10, 3, "4,3")
 
 
 def test_v2_accepts_the_capture_model_over_pp_and_not_stock_deepseek():

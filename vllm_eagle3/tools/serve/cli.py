@@ -27,11 +27,11 @@ from typing import Any, Sequence
 
 from vllm_eagle3 import cpu_attention, envs
 from vllm_eagle3.conventions import CONVENTIONS
+from vllm_eagle3.pipeline import check_pipeline_parallel
 from vllm_eagle3.resolve import (
     CONFIG_KEY,
     ENV_CONVENTION,
     ENV_SPEC,
-    check_pipeline_parallel,
     plugin_config,
     read_spec_mapping,
     resolve_capture,
