@@ -91,7 +91,7 @@ def ids_to_taps(ids: Sequence[int], convention: str, num_layers: int) -> tuple[i
     for t in taps:
         if not 0 <= t <= num_layers:  # pragma: no cover - guarded by the id range
             raise CaptureSpecError(f"{conv.name} ids {list(ids)} give tap {t}, outside 0..{num_layers}")
-    conv.check_taps(taps, num_layers)
+    conv.validate_taps(taps, num_layers)
     return taps
 
 
@@ -113,7 +113,7 @@ def taps_to_ids(taps: Sequence[int], convention: str, num_layers: int) -> tuple[
             f"embedding ({able})"
         )
     try:
-        conv.check_taps(taps, num_layers)
+        conv.validate_taps(taps, num_layers)
     except CaptureSpecError as exc:
         problems.append(str(exc))
     if conv.served_count is not None and len(taps) != conv.served_count:

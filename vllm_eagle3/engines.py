@@ -7,25 +7,28 @@ draft class sizes ``fc`` (fan-in), how many taps it serves and what to write for
 :mod:`~vllm_eagle3.wirings` (candidate wirings, config lines), ``tools/inspect``, ``tools/convert`` and the SGLang
 parity harness, so a new entry shows up everywhere (``tests/unit/test_engine_table.py``). Standard library only.
 
-Entries read from the trainers' and engines' own source (read, not copied; file + line at the commit named):
+Entries read from the trainers' and engines' own source (read, not copied; the function that does it, at the commit
+or release named):
 
 - ``torchspec`` (lightseekorg/TorchSpec @ 6f21829): id k = OUTPUT of decoder layer k = tap k+1.
-  ``torchspec/models/target/eagle3_target_model.py`` L219-226 registers a forward hook on ``layers[idx]`` for
-  ``0 <= idx < len(layers)`` (else ValueError) and L254 concatenates in the listed order; L100-111 default
-  ``[1, L//2-1, L-4]``; L97 "Eagle3 uses 3, DFlash uses 5" (any count). ``inference/engine/vllm_engine.py``
-  L155-171 shifts +1 for vLLM ("post-layer -> pre-next-layer"), and ``tools/convert_to_hf.py`` L146-159
-  (``_fixup_export_config``) adds +1 to both id lists when exporting a ``kimi_k2`` draft for vLLM: an exported
-  lightseekorg MLA head ([2, 30, 58]) is in the ``vllm`` convention, its training config ([1, 29, 57]) in this one.
-  No id names the embedding.
-- ``sglang`` (SGLang 0.5.23, ``srt/models/deepseek_v2.py``): L3470-3473 shift a list starting with 1, else keep it;
-  L3175-3195 capture only inside the decoder-layer loop (``i in layers_to_capture`` for i in 0..L-1) into a packer
-  sized ``len(layers_to_capture)`` (any count), so tap L (the final pre-norm state) is never captured and
-  ``srt/layers/aux_hidden_states.py`` L85-89 raises "captured n-1 of n aux hidden states".
+  ``torchspec/models/target/eagle3_target_model.py`` registers a forward hook on ``layers[idx]`` for
+  ``0 <= idx < len(layers)`` (else ValueError), concatenates in the listed order, defaults to
+  ``[1, L//2-1, L-4]`` and takes any count ("Eagle3 uses 3, DFlash uses 5"). ``inference/engine/vllm_engine.py``
+  shifts +1 for vLLM ("post-layer -> pre-next-layer"), and ``tools/convert_to_hf.py`` ``_fixup_export_config``
+  adds +1 to both id lists when exporting a ``kimi_k2`` draft for vLLM: an exported lightseekorg MLA head
+  ([2, 30, 58]) is in the ``vllm`` convention, its training config ([1, 29, 57]) in this one. No id names the
+  embedding.
+- ``sglang`` (SGLang 0.5.23, ``srt/models/deepseek_v2.py``): ``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture``
+  shifts a list starting with 1, else keeps it; ``DeepseekV2Model.forward`` captures only inside the decoder-layer
+  loop (``i in layers_to_capture`` for i in 0..L-1) into a packer sized ``len(layers_to_capture)`` (any count), so
+  tap L (the final pre-norm state) is never captured and ``srt/layers/aux_hidden_states.py``
+  ``AuxHiddenStatePacker.finalize`` raises "captured n-1 of n aux hidden states".
 - ``sglang-legacy`` (SGLang 0.5.12.post1): ids of any count are captured (+1 each) and the draft's ``fc`` is sized
-  from its list, but ``srt/speculative/eagle_info.py`` L877-901 sizes the draft-extend hidden states from the TARGET's
-  config (else 3 x hidden), so only three taps are served (``served_count``; read, not run: SGLang's speculative loop
-  needs CUDA). 0.5.23 reads the draft's config there (``speculative/eagle_utils.py`` L237-276).
-- ``specforge`` (sgl-project/SpecForge @ a6b6b02): ``specforge/algorithms/model_providers.py`` L188-211
+  from its list, but ``srt/speculative/eagle_info.py`` ``EagleDraftExtendInput.hidden_size_for`` sizes the
+  draft-extend hidden states from the TARGET's config (else 3 x hidden), so only three taps are served
+  (``served_count``; read, not run: SGLang's speculative loop needs CUDA). 0.5.23 reads the draft's config there
+  (``speculative/eagle_utils.py`` ``get_draft_input_from_target_hidden_dim``).
+- ``specforge`` (sgl-project/SpecForge @ a6b6b02): ``specforge/algorithms/model_providers.py``
   ``resolve_eagle_capture_layers`` raises unless the list holds exactly three non-negative ints.
 """
 
@@ -97,7 +100,7 @@ class ListReading:
 class DraftClass:
     """How an engine's EAGLE-3 draft class reads a draft config: its ``fc`` fan-in and the EAGLE-3.1 options."""
 
-    source: str  # file and lines of the class
+    source: str  # the file and the functions of the class that read the config
     fan_in: tuple[str, ...]  # NUM_AUX / NESTED / TOP: the first present sizes fc (else 3 taps)
     options: Mapping[str, tuple[str, ...]]  # option -> the places it is read from (TOP / NESTED), first present wins
     architectures: tuple[str, ...] = ()  # the draft architectures that load this class ("mla"; "llama" takes the rest)
@@ -177,7 +180,7 @@ class Engine:
     def id_range(self, num_layers: int) -> tuple[int, int]:
         return self.min_id, num_layers + self.max_id_offset
 
-    def check_taps(self, taps: Sequence[int], num_layers: int) -> None:
+    def validate_taps(self, taps: Sequence[int], num_layers: int) -> None:
         """Refuse taps this engine cannot capture, and a count it cannot take, naming the reason."""
         top = num_layers + self.max_tap_offset
         for t in taps:
@@ -196,45 +199,50 @@ IDS_LINE = '"eagle_aux_hidden_state_layer_ids": {ids}'
 SGLANG_LINE = '"eagle_config": {{"eagle_aux_hidden_state_layer_ids": {ids}, "use_aux_hidden_state": true}}'
 
 _VLLM_LLAMA = DraftClass(
-    "llama_eagle3.py L101, L179-252",
-    (NUM_AUX, NESTED),
-    {"fc_norm": (TOP,), "norm_before_fc": (NESTED, TOP), "norm_output": (TOP,), "norm_before_residual": (TOP,)},
+    source="llama_eagle3.py LlamaDecoderLayer.__init__, LlamaModel.__init__",
+    fan_in=(NUM_AUX, NESTED),
+    options={
+        "fc_norm": (TOP,),
+        "norm_before_fc": (NESTED, TOP),
+        "norm_output": (TOP,),
+        "norm_before_residual": (TOP,),
+    },
 )
 _VLLM_MLA = DraftClass(
-    "deepseek_eagle3.py L101, L189-222",
-    (NUM_AUX, NESTED),
-    {"fc_norm": (TOP,), "norm_output": (TOP,), "norm_before_residual": (TOP,)},
-    ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"),
-    "registry.py L672-673",
+    source="deepseek_eagle3.py DeepseekV2Eagle3DecoderLayer.__init__, DeepseekV2Eagle3Model.__init__",
+    fan_in=(NUM_AUX, NESTED),
+    options={"fc_norm": (TOP,), "norm_output": (TOP,), "norm_before_residual": (TOP,)},
+    architectures=("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"),
+    architectures_ref="registry.py _SPECULATIVE_DECODING_MODELS",
 )
 _SGLANG_LLAMA = DraftClass(
-    "llama_eagle3.py L99-100, L151-207",
-    (NUM_AUX, NESTED),
-    {"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_before_fc": (NESTED, TOP), "norm_output": (TOP,)},
+    source="llama_eagle3.py LlamaDecoderLayer.forward, LlamaModel.__init__",
+    fan_in=(NUM_AUX, NESTED),
+    options={"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_before_fc": (NESTED, TOP), "norm_output": (TOP,)},
 )
 _SGLANG_MLA = DraftClass(
-    "kimi_k25_eagle3.py L48-59, L159-161, L228-255",
-    (NESTED, TOP),
-    {"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_output": (TOP,)},
-    ("Eagle3DeepseekV2ForCausalLM",),
-    "kimi_k25_eagle3.py L523 EntryClass",
+    source="kimi_k25_eagle3.py _get_eagle_aux_layer_count, Eagle3MLADecoderLayer.forward, Eagle3MLAModel.__init__",
+    fan_in=(NESTED, TOP),
+    options={"fc_norm": (TOP,), "use_aux_norm": (TOP,), "norm_output": (TOP,)},
+    architectures=("Eagle3DeepseekV2ForCausalLM",),
+    architectures_ref="kimi_k25_eagle3.py EntryClass",
 )
 
 ENGINES: dict[str, Engine] = {
-    e.name: e
-    for e in (
+    engine.name: engine
+    for engine in (
         Engine(
-            "vllm",
-            "vLLM 0.32",
-            "vLLM 0.32/0.33: id k is tap k (no transform); 0 = embedding",
-            "vllm/v1/worker/gpu_model_runner.py (ids from the draft config, handed to the model unchanged)",
-            identity,
-            identity,
-            0,
-            0,
-            EMBED,
-            "ascending",
-            (
+            name="vllm",
+            label="vLLM 0.32",
+            description="vLLM 0.32/0.33: id k is tap k (no transform); 0 = embedding",
+            code_ref="vllm/v1/worker/gpu_model_runner.py (ids from the draft config, handed to the model unchanged)",
+            to_taps=identity,
+            to_ids=identity,
+            min_id=0,
+            max_id_offset=0,
+            embed_id=EMBED,
+            concat_order="ascending",
+            list_readings=(
                 ListReading("vLLM 0.32 V2 runner (top-level list)", (TOP,)),
                 ListReading("vLLM 0.32 V1 runner (top-level, else nested)", (TOP, NESTED)),
             ),
@@ -249,124 +257,126 @@ ENGINES: dict[str, Engine] = {
             aliases=("vllm-v1", "vllm-v2"),
         ),
         Engine(
-            "speculators",
-            "speculators 0.9",
-            "speculators 0.9: vLLM's convention, range [0, L]",
-            "speculators models/eagle3 config -> vLLM transformers_utils/configs/speculators/algos.py",
-            identity,
-            identity,
-            0,
-            0,
-            EMBED,
-            "ascending",
-            (ListReading("speculators 0.9 (top-level list)", (TOP,)),),
+            name="speculators",
+            label="speculators 0.9",
+            description="speculators 0.9: vLLM's convention, range [0, L]",
+            code_ref="speculators models/eagle3 config -> vLLM transformers_utils/configs/speculators/algos.py",
+            to_taps=identity,
+            to_ids=identity,
+            min_id=0,
+            max_id_offset=0,
+            embed_id=EMBED,
+            concat_order="ascending",
+            list_readings=(ListReading("speculators 0.9 (top-level list)", (TOP,)),),
             write=Write("config.json", IDS_LINE),
         ),
         Engine(
-            "hf",
-            "Hugging Face transformers",
-            "Hugging Face output_hidden_states index: id k is tap k",
-            "transformers modeling outputs: hidden_states[0] = embeddings",
-            identity,
-            identity,
-            0,
-            0,
-            EMBED,
-            "listed",
-            (ListReading("hf (top-level list)", (TOP,)),),
+            name="hf",
+            label="Hugging Face transformers",
+            description="Hugging Face output_hidden_states index: id k is tap k",
+            code_ref="transformers modeling outputs: hidden_states[0] = embeddings",
+            to_taps=identity,
+            to_ids=identity,
+            min_id=0,
+            max_id_offset=0,
+            embed_id=EMBED,
+            concat_order="listed",
+            list_readings=(ListReading("hf (top-level list)", (TOP,)),),
             aliases=("huggingface", "transformers"),
         ),
         Engine(
-            "sglang",
-            "SGLang 0.5.23",
-            "SGLang 0.5.13..0.5.23 DeepSeek/Kimi: id k is tap k, unless the list starts with 1 (then every id is "
-            "shifted +1); 0 = embedding; -1 fails; any number of ids; tap L not capturable",
-            "sglang/srt/models/deepseek_v2.py set_eagle3_layers_to_capture L3458-3473, capture loop L3175-3195; "
-            "model_runner_components/spec_aux_hidden_state.py L185-196 reads the nested eagle_config list",
-            sglang_ids_to_taps,
-            sglang_taps_to_ids,
-            0,
-            -1,
-            EMBED,
-            "ascending",
-            (ListReading("SGLang 0.5.13+ (nested list)", (NESTED,)),),
+            name="sglang",
+            label="SGLang 0.5.23",
+            description="SGLang 0.5.13..0.5.23 DeepSeek/Kimi: id k is tap k, unless the list starts with 1 (then every "
+            "id is shifted +1); 0 = embedding; -1 fails; any number of ids; tap L not capturable",
+            code_ref="sglang/srt/models/deepseek_v2.py DeepseekV2ForCausalLM.set_eagle3_layers_to_capture (the ids), "
+            "DeepseekV2Model.forward (the capture loop); model_runner_components/spec_aux_hidden_state.py "
+            "_resolve_eagle_aux_hidden_state reads the nested eagle_config list",
+            to_taps=sglang_ids_to_taps,
+            to_ids=sglang_taps_to_ids,
+            min_id=0,
+            max_id_offset=-1,
+            embed_id=EMBED,
+            concat_order="ascending",
+            list_readings=(ListReading("SGLang 0.5.13+ (nested list)", (NESTED,)),),
             serving=True,
             draft_classes={"llama": _SGLANG_LLAMA, "mla": _SGLANG_MLA},
             write=Write("draft config.json, eagle_config", SGLANG_LINE),
             version=VersionRule("sglang", "0.5.13+", ">=0.5.13"),
             aliases=("sglang-new", "sglang>=0.5.13", "sglang>=0.5.14"),
             max_tap_offset=-1,
-            tap_reason="SGLang 0.5.23 captures only inside its decoder-layer loop (deepseek_v2.py L3175-3195: "
-            "layers 0..L-1), so the final pre-norm state never arrives and the forward raises "
-            "'captured n-1 of n aux hidden states'; drop that tap or serve with vllm-eagle3",
+            tap_reason="SGLang 0.5.23 captures only inside its decoder-layer loop (deepseek_v2.py "
+            "DeepseekV2Model.forward: layers 0..L-1), so the final pre-norm state never arrives and the forward "
+            "raises 'captured n-1 of n aux hidden states'; drop that tap or serve with vllm-eagle3",
         ),
         Engine(
-            "sglang-legacy",
-            "SGLang < 0.5.13 + embed patch",
-            "SGLang before PR #25454, i.e. <= 0.5.12.post1 (and its Llama path): id k is tap k+1 (always +1); "
-            "-1 = embedding (with vllm_eagle3/model_patches/sglang_embed_tap.py); tap L not capturable",
-            "sglang 0.5.12.post1 srt/models/deepseek_v2.py L2529-2541 set_eagle3_layers_to_capture "
-            "([val + 1 for val in layer_ids]), capture loop L2267-2282 (hidden_states + residual before layer i, "
-            "residual None before layer 0: -1 needs the patch); model_executor/model_runner.py L414-441 reads the "
-            "nested eagle_config list; parity-tested in tests/parity/test_sglang_legacy.py",
-            plus_one,
-            minus_one,
-            -1,
-            -1,
-            -1,
-            "ascending",
-            (ListReading("SGLang < 0.5.13 + embed patch (nested list)", (NESTED,)),),
+            name="sglang-legacy",
+            label="SGLang < 0.5.13 + embed patch",
+            description="SGLang before PR #25454, i.e. <= 0.5.12.post1 (and its Llama path): id k is tap k+1 (always "
+            "+1); -1 = embedding (with vllm_eagle3/model_patches/sglang_embed_tap.py); tap L not capturable",
+            code_ref="sglang 0.5.12.post1 srt/models/deepseek_v2.py DeepseekV2ForCausalLM.set_eagle3_layers_to_capture "
+            "([val + 1 for val in layer_ids]), DeepseekV2Model.forward's capture loop (hidden_states + residual "
+            "before layer i, residual None before layer 0: -1 needs the patch); model_executor/model_runner.py "
+            "ModelRunner.__init__ reads the nested eagle_config list; parity-tested in "
+            "tests/parity/test_sglang_legacy.py",
+            to_taps=plus_one,
+            to_ids=minus_one,
+            min_id=-1,
+            max_id_offset=-1,
+            embed_id=-1,
+            concat_order="ascending",
+            list_readings=(ListReading("SGLang < 0.5.13 + embed patch (nested list)", (NESTED,)),),
             serving=True,
             write=Write("draft config.json, eagle_config", SGLANG_LINE),
             version=VersionRule("sglang", "legacy", "<0.5.13"),
             aliases=("sglang-old", "legacy-sglang"),
             max_tap_offset=-1,
-            tap_reason="legacy SGLang (0.5.12.post1 deepseek_v2.py L2267-2282) captures only inside its decoder-layer "
-            "loop (layers 0..L-1), so id L-1 is silently never captured (n-1 states arrive instead of n, "
-            "no error); drop that tap or serve with vllm-eagle3",
+            tap_reason="legacy SGLang (0.5.12.post1 deepseek_v2.py DeepseekV2Model.forward) captures only inside its "
+            "decoder-layer loop (layers 0..L-1), so id L-1 is silently never captured (n-1 states arrive instead "
+            "of n, no error); drop that tap or serve with vllm-eagle3",
             served_count=3,
             served_reason="SGLang 0.5.12.post1 sizes the EAGLE-3 draft-extend hidden-state buffer from the TARGET's "
-            "config, not the draft's (srt/speculative/eagle_info.py L877-901 "
-            "EagleDraftExtendInput.hidden_size_for: num_aux_hidden_states or eagle_config ids there, "
-            "else 3), i.e. 3 x hidden for a Kimi/DeepSeek target, so a head on another tap count meets "
-            "a buffer of the wrong width in the draft-extend CUDA graph "
-            "(eagle_draft_extend_cuda_graph_runner.py L135 sizes it; L470-476 skips the copy when the "
-            "widths differ); SGLang 0.5.23 sizes it from the draft (speculative/eagle_utils.py "
-            "L237-276): write the ids for sglang (checked on 0.5.23) or serve with vllm-eagle3",
+            "config, not the draft's (srt/speculative/eagle_info.py EagleDraftExtendInput.hidden_size_for: "
+            "num_aux_hidden_states or eagle_config ids there, else 3), i.e. 3 x hidden for a Kimi/DeepSeek target, "
+            "so a head on another tap count meets a buffer of the wrong width in the draft-extend CUDA graph "
+            "(eagle_draft_extend_cuda_graph_runner.py EAGLEDraftExtendCudaGraphRunner sizes it in __init__; "
+            "replay skips the copy when the widths differ); SGLang 0.5.23 sizes it from the draft "
+            "(speculative/eagle_utils.py get_draft_input_from_target_hidden_dim): write the ids for sglang "
+            "(checked on 0.5.23) or serve with vllm-eagle3",
         ),
         Engine(
-            "specforge",
-            "SpecForge 0.2",
-            "SpecForge 0.2: id k = output of layer k = tap k+1; exactly 3 non-negative "
-            "ids; the embedding cannot be written",
-            "SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers L188-211",
-            plus_one,
-            minus_one,
-            0,
-            -1,
-            None,
-            "listed",
-            (ListReading("SpecForge 0.2 (nested list)", (NESTED,)),),
+            name="specforge",
+            label="SpecForge 0.2",
+            description="SpecForge 0.2: id k = output of layer k = tap k+1; exactly 3 non-negative ids; the embedding "
+            "cannot be written",
+            code_ref="SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers",
+            to_taps=plus_one,
+            to_ids=minus_one,
+            min_id=0,
+            max_id_offset=-1,
+            embed_id=None,
+            concat_order="listed",
+            list_readings=(ListReading("SpecForge 0.2 (nested list)", (NESTED,)),),
             write=Write("training config", "{ids}"),
             exact_count=3,
-            count_reason="SpecForge's resolve_eagle_capture_layers (specforge/algorithms/model_providers.py "
-            "L206-210) raises unless there are exactly three non-negative ids; train a head on other "
-            "than three taps with TorchSpec or speculators",
+            count_reason="SpecForge's resolve_eagle_capture_layers (specforge/algorithms/model_providers.py) raises "
+            "unless there are exactly three non-negative ids; train a head on other than three taps with TorchSpec "
+            "or speculators",
         ),
         Engine(
-            "torchspec",
-            "TorchSpec",
-            "TorchSpec (lightseekorg): id k = output of layer k = tap k+1; ids 0..L-1, any "
-            "number; the embedding cannot be written; exported kimi_k2 drafts are shifted to vLLM's convention",
-            "TorchSpec torchspec/models/target/eagle3_target_model.py L219-226 (hook on layers[idx] output), "
-            "tools/convert_to_hf.py L146-159 (+1 on kimi_k2 export for vLLM)",
-            plus_one,
-            minus_one,
-            0,
-            -1,
-            None,
-            "listed",
-            (ListReading("TorchSpec (nested list)", (NESTED,)),),
+            name="torchspec",
+            label="TorchSpec",
+            description="TorchSpec (lightseekorg): id k = output of layer k = tap k+1; ids 0..L-1, any number; the "
+            "embedding cannot be written; exported kimi_k2 drafts are shifted to vLLM's convention",
+            code_ref="TorchSpec torchspec/models/target/eagle3_target_model.py (a forward hook on layers[idx]'s "
+            "output), tools/convert_to_hf.py _fixup_export_config (+1 on kimi_k2 export for vLLM)",
+            to_taps=plus_one,
+            to_ids=minus_one,
+            min_id=0,
+            max_id_offset=-1,
+            embed_id=None,
+            concat_order="listed",
+            list_readings=(ListReading("TorchSpec (nested list)", (NESTED,)),),
         ),
     )
 }

@@ -1,15 +1,21 @@
 """vLLM entry point (``vllm.general_plugins`` -> ``vllm_eagle3.plugin:register``).
 
 Data flow position: runs in every vLLM process (API server, EngineCore, workers) before a model is built.
-It (1) checks the vLLM version (``compat.py``), (2) applies the upstream patches in ``model_patches``
-(recorded; idempotent; in the API server, before vLLM builds its app, one of them lets the wiring watch's read-only
-route load with ``VLLM_PLUGINS`` unset), (3) points vLLM's registry at the capture subclasses in ``capture.py``, which
-make the DeepSeek/Kimi target capture the spec's taps, and (4) hooks the online wiring check into vLLM's runner
-(``online/engine_hook.py``; it reads each step and changes nothing), and (5) wraps vLLM's scheduler so that
-``live_k`` in the plugin's config can choose k per batch size from this machine's step times (``live_k.py``,
-``live_k_vllm.py``),
-and (6) so that a request can turn speculation off and one whose drafts keep failing stops drafting
-(``request_speculation.py``, ``request_speculation_vllm.py``).
+:func:`register` does six things, in this order:
+
+1. checks the vLLM version (``compat.py``);
+2. applies the upstream patches of ``model_patches`` (recorded, idempotent) and logs one line naming them; in the API
+   server, before vLLM builds its app, one of them lets the wiring watch's read-only route load with ``VLLM_PLUGINS``
+   unset;
+3. points vLLM's registry at the capture subclasses in ``capture.py``, which make the DeepSeek/Kimi target capture the
+   spec's taps;
+4. hooks the online wiring check into vLLM's runner (``online/engine_hook.py``; it reads each step and changes
+   nothing) and makes the folder its verdicts go to;
+5. wraps vLLM's scheduler so that ``live_k`` in the plugin's config can choose k per batch size from this machine's
+   step times (``live_k.py``, ``live_k_vllm.py``);
+6. lets a request turn speculation off, and stops drafting for one whose drafts keep failing
+   (``request_speculation.py``, ``request_speculation_vllm.py``).
+
 Registration is lazy ("module:Class" strings): no model code is imported here. Calling :func:`register` twice is a
 no-op.
 """
@@ -24,7 +30,9 @@ _registered = False
 
 
 def register() -> None:
-    """Check the vLLM version, apply the vLLM model patches, override the DeepSeek/Kimi architectures."""
+    """The six steps of this module's docstring: check the vLLM version, apply (and log) the vLLM patches, override
+    the DeepSeek/Kimi architectures, hook the online wiring check, install live k, install per-request speculation.
+    Re-entrant: a second call returns at once."""
     global _registered
     if _registered:
         return

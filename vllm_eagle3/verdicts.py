@@ -21,7 +21,7 @@ TOLERANCE = 0.02
 check: first-draft acceptance). Tokens per target forward are proportional to acceptance length, so this bounds the
 throughput lost to the wiring at ~2 %: below what a serving benchmark resolves on this project (95 % intervals of
 +-10-20 %, BENCHMARKS.md) and below the spread between a head's own +-1-layer neighbours (0.3-2 points of
-position-0 acceptance, issue 14), which are not worth a config change."""
+position-0 acceptance on the shipped miniature's heads), which are not worth a config change."""
 
 COLLAPSE_RATIO = 0.25
 """``wrong`` when the served wiring keeps less than a quarter of what it should: of the best wiring's speculative

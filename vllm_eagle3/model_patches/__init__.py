@@ -14,8 +14,9 @@ this process; they are recorded as skipped. It exists so a test can run the engi
 patch, and show that the patch is what fixes it (tests/e2e/test_sampling_options.py). Never set it in production.
 
 Engine-specific patch modules live next to this file (``vllm_*.py``, ``sglang_*.py``); each exposes a
-module-level ``PATCH`` and is applied by that engine's plugin. Importing this module imports no engine
-(:func:`vllm_cpu_only` imports vLLM when a vLLM plugin calls it).
+module-level ``PATCH`` and is applied by that engine's plugin. The patch modules import their engine (the
+``vllm_*.py`` ones vLLM, when :mod:`~vllm_eagle3.model_patches.vllm_plugin` imports them); this ``__init__`` imports
+none, so SGLang's venv imports it too, and :func:`vllm_cpu_only` imports vLLM only when a vLLM patch asks it.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ Chunked prefill never reaches this backend: vLLM-CPU disables it for MLA (``plat
 with context would be one more row set of the same form.
 
 Measured (k=3, the shipped miniature + head, offline engines with the serve config's options — float32, eager —
-held side by side and measured in alternation, 64 greedy tokens, 2 rounds; 2 shared CPU cores with other engineers'
-engines running, so absolute tok/s are ~5x below an idle box and only the ratios mean anything), EAGLE-3 over no
+held side by side and measured in alternation, 64 greedy tokens, 2 rounds; on 2 shared CPU cores under other load,
+so only the ratios mean anything), EAGLE-3 over no
 speculation: this path 2.2-2.6x at concurrency 1 and 2.0-2.2x at concurrency 4; ``=0`` (vLLM's own path) 1.3-1.5x and
 0.85-0.94x. Greedy tokens identical across the three engines.
 
@@ -36,8 +36,8 @@ install time: a process that installed it and later forks an engine with ``=0`` 
 always computed by the path its metadata was built for. :data:`CALLS` counts what each worker did (tests read it).
 
 Retire when: vLLM's CPU MLA backend declares VARLEN (or UNIFORM plus a fallback) query lengths and verifies
-multi-token queries on its decode kernel upstream (``cpu_mla.py`` still SINGLE_ONLY in 0.33 and on main as of
-2026-12). Written against vLLM 0.32; 0.33's ``cpu_mla.py``, ``MLACommonMetadataBuilder.build/_build_decode``,
+multi-token queries on its decode kernel upstream (``cpu_mla.py`` keeps the builder's SINGLE_ONLY default in 0.33 and
+0.34). Written against vLLM 0.32; 0.33's ``cpu_mla.py``, ``MLACommonMetadataBuilder.build/_build_decode``,
 ``split_decodes_and_prefills`` and the ``forward_mqa`` call site were compared with 0.32's source (identical on
 everything this patch touches) but not run here.
 """

@@ -4,7 +4,7 @@ unset.
 Why: vLLM 0.32-0.34 load a ``vllm.endpoint_plugins`` entry point only when ``VLLM_PLUGINS`` names it
 (``vllm/plugins/__init__.py`` ``load_endpoint_plugins``: with the variable unset it returns ``[]`` and logs
 "Found endpoint plugin(s) [...] but VLLM_PLUGINS is not set" at every start). So plain ``vllm serve`` with the plugin
-installed answered 404 on the wiring watch's route (issue 40 item 3), and setting ``VLLM_PLUGINS`` to reach it turns
+installed answered 404 on the wiring watch's route, and setting ``VLLM_PLUGINS`` to reach it turns
 every other plugin group into an allowlist too. The route only reads the watch's verdict in-process
 (:class:`vllm_eagle3.watch_vllm.WiringEndpoint`): it sends nothing to the engine and changes nothing.
 

@@ -111,8 +111,10 @@ def _local_folder(name: str, what: str) -> Path:
 
 
 def speculative_method(spec_cfg: dict[str, Any]) -> str:
-    """The method vLLM 0.32 will run (``config/speculative.py`` ~1326): the ``method`` given, else guessed from the
-    draft's path (``"eagle-"`` -> eagle, ``"eagle3"`` -> eagle3), else another method (``"draft_model"``...)."""
+    """The method vLLM 0.32 will run, guessed as ``SpeculativeConfig.__post_init__`` (``config/speculative.py``)
+    guesses it, so that serve checks the capture spec exactly where vLLM will run EAGLE-3: the ``method`` given,
+    else from the draft's path (``"eagle-"`` -> eagle, ``"eagle3"`` -> eagle3), else another method
+    (``"draft_model"``...)."""
     method = str(spec_cfg.get("method") or "").lower()
     if method:
         return method
