@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3.tools.inspect import SGLANG_LEGACY, VLLM_V2
 
 pytestmark = pytest.mark.e2e
@@ -114,8 +114,8 @@ def test_doctor_finds_specforge_wiring_and_flags_vllm_reading(tmp_path, target, 
     k = kinds(dx)
     # The planted head keeps ~15 % of its gain on [embed, 1, 4] (a random target's next token is partly guessable
     # from the embedding), so this reading is WRONG or COSTS ~50 %; a trained head collapses (shipped-head test).
-    assert k[VLLM_V2] in (V.WRONG, V.COSTS), k
-    assert k[SGLANG_LEGACY] == V.OK, k
+    assert k[VLLM_V2] in (verdicts.WRONG, verdicts.COSTS), k
+    assert k[SGLANG_LEGACY] == verdicts.OK, k
     v = dx.verdicts[VLLM_V2]
     assert v.loss.low > 0.2 and v.best_is_better
     out = doctor.render(dx)
@@ -131,7 +131,7 @@ def test_doctor_finds_embedding_wiring_the_incident_shape(tmp_path, target, targ
     draft = plant_draft(tmp_path / "d", target, target_run, (0, 2, 4), [1, 3, 5], top_level=False)
     dx = diagnose(target, draft)
     assert dx.chains[0].taps == (0, 2, 4), [(c.label, c.acceptance_length) for c in dx.chains]
-    assert kinds(dx)[SGLANG_LEGACY] in (V.WRONG, V.COSTS)
+    assert kinds(dx)[SGLANG_LEGACY] in (verdicts.WRONG, verdicts.COSTS)
     out = doctor.render(dx)
     assert '"eagle_aux_hidden_state_layer_ids": [0, 2, 4]' in out  # vLLM / speculators
     assert '"eagle_aux_hidden_state_layer_ids": [-1, 1, 3]' in out  # SGLang legacy with the embed patch
@@ -140,7 +140,7 @@ def test_doctor_finds_embedding_wiring_the_incident_shape(tmp_path, target, targ
     spec = tmp_path / "spec.yaml"
     spec.write_text("taps: [embed, 2, 4]\nnum_layers: 8\ndraft_ids_convention: sglang-legacy\n")
     dx = diagnose(target, draft, capture_spec=str(spec))
-    assert kinds(dx) == {f"capture spec {spec}": V.OK} and "adopt" not in doctor.render(dx)
+    assert kinds(dx) == {f"capture spec {spec}": verdicts.OK} and "adopt" not in doctor.render(dx)
 
 
 def test_doctor_keeps_a_non_ascending_order(tmp_path, target, target_run):
@@ -151,7 +151,7 @@ def test_doctor_keeps_a_non_ascending_order(tmp_path, target, target_run):
     dx = diagnose(target, draft, taps=["5,1,2", "1,2,5"])
     assert dx.chains[0].taps == (5, 1, 2)
     k = kinds(dx)
-    assert k["--taps 5,1,2"] == V.OK and k["--taps 1,2,5"] in (V.WRONG, V.COSTS), k
+    assert k["--taps 5,1,2"] == verdicts.OK and k["--taps 1,2,5"] in (verdicts.WRONG, verdicts.COSTS), k
     assert "only the vllm-eagle3 capture spec keeps this order" in doctor.render(dx)
 
 
@@ -186,7 +186,7 @@ def test_doctor_untrained_draft_no_wiring_works(tmp_path, target, target_run):
         == 6
     )
     result = json.loads((tmp_path / "out.json").read_text())
-    assert result["verdict"] == V.NO_WIRING_WORKS and result["exit_code"] == 6
+    assert result["verdict"] == verdicts.NO_WIRING_WORKS and result["exit_code"] == 6
 
 
 @pytest.mark.parametrize(
@@ -361,7 +361,7 @@ def test_doctor_ok_on_each_shipped_head_with_its_own_spec(shipped_runs, target, 
     proc, _, result = shipped_runs(target, draft, spec)
     assert result is not None, proc.stdout + proc.stderr
     verdict = result["verdicts"][f"capture spec {spec}"]
-    assert verdict["kind"] == V.OK and not verdict["adopt"], proc.stdout
+    assert verdict["kind"] == verdicts.OK and not verdict["adopt"], proc.stdout
     assert "\nOK  capture spec" in proc.stdout, proc.stdout
 
 
@@ -379,9 +379,9 @@ def test_doctor_names_a_foreign_wiring_wrong_on_each_shipped_head(shipped_runs, 
     wrong = wrong_wiring(spec)
     proc, _, result = shipped_runs(target, draft, spec)
     verdict = result["verdicts"][f"--taps {wrong}"]
-    kinds = {V.WRONG: 4} if draft.name in STRICT_HEADS else {V.WRONG: 4, V.COSTS: 3}
+    kinds = {verdicts.WRONG: 4} if draft.name in STRICT_HEADS else {verdicts.WRONG: 4, verdicts.COSTS: 3}
     assert verdict["kind"] in kinds and proc.returncode == kinds[verdict["kind"]], proc.stdout + proc.stderr
-    if verdict["kind"] == V.WRONG:
+    if verdict["kind"] == verdicts.WRONG:
         assert "acceptance collapses" in proc.stdout
     # The better wiring offered is the head's own or one of its interchangeable neighbours (same embedding use).
     assert (0 in verdict["best"]) == own.has_embed and verdict["adopt"], proc.stdout
@@ -449,7 +449,7 @@ def test_engine_doctor_names_each_heads_wiring(through_both_engines, head, own):
     other = next(w for w in WIRINGS if w != own)
     kinds_ = kinds(dx)
     assert dx.engine == "vllm" and "plugin capture of" in dx.engine_detail, dx.engine_detail
-    assert kinds_[f"--taps {own}"] == V.OK and kinds_[f"--taps {other}"] == V.WRONG, kinds_
+    assert kinds_[f"--taps {own}"] == verdicts.OK and kinds_[f"--taps {other}"] == verdicts.WRONG, kinds_
     assert exit_code(dx.kind) == 4
     assert not dx.adopt.get(f"--taps {own}") and dx.adopt.get(f"--taps {other}"), dx.adopt
     hf = through_both_engines["hf"][head]
@@ -515,7 +515,7 @@ def test_doctor_greedy_mode_on_the_shipped_head(tmp_path):
     )
     say(f"--mode greedy: {elapsed:.0f} s wall, timings {result and result['timings_s']}\n{proc.stdout}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert result["verdict"] == V.OK and "greedy tokens of the target" in result["text"], proc.stdout
+    assert result["verdict"] == verdicts.OK and "greedy tokens of the target" in result["text"], proc.stdout
     from vllm_eagle3.reference.acceptance import MAX_K
     from vllm_eagle3.tools.doctor import PROMPT_LEN, WINDOW
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3.tools.serve.process import http_get
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ MLA = REPO / "models" / "kimi-k25-mini-eagle3-mla"
 MODEL_NAME = "kimi-k25-mini"
 REQUESTS, MAX_TOKENS, IN_FLIGHT = 64, 48, 8
 WAVE, MAX_REQUESTS = 32, 256  # when the budget passed requests over
-MARK = "vllm-eagle3 wiring check [engine 0]: "  # + COSTS x% or WRONG (V.ALARM_LINE)
+MARK = "vllm-eagle3 wiring check [engine 0]: "  # + COSTS x% or WRONG (verdicts.ALARM_LINE)
 
 
 def say(line: str) -> None:
@@ -98,7 +98,7 @@ def test_online_check_names_the_better_wiring_of_an_fc_norm_head(server_pool, ml
 
     dt, sent = complete(server, REQUESTS), REQUESTS
     report = current()
-    while report["verdict"] == V.PENDING and report["over_budget"] and sent < MAX_REQUESTS:
+    while report["verdict"] == verdicts.PENDING and report["over_budget"] and sent < MAX_REQUESTS:
         say(
             f"{sent} requests: {report['over_budget']} due for following were passed over for the budget "
             f"(cost {report['cost']}); {WAVE} more"
@@ -106,7 +106,7 @@ def test_online_check_names_the_better_wiring_of_an_fc_norm_head(server_pool, ml
         dt += complete(server, WAVE, sent)
         sent += WAVE
         report = current()
-    lines = [ln for ln in server.log_text().splitlines() if MARK in ln and V.ALARM_LINE.search(ln)]
+    lines = [ln for ln in server.log_text().splitlines() if MARK in ln and verdicts.ALARM_LINE.search(ln)]
     metrics = http_get(server.base_url + "/metrics")[1]
     say(
         f"{sent} requests in {dt:.1f} s: check {report['verdict']} after {report['requests']} scored requests; "
@@ -117,7 +117,7 @@ def test_online_check_names_the_better_wiring_of_an_fc_norm_head(server_pool, ml
     record_property("check_requests", report["requests"])
     record_property("check_requests_sent", sent)
     record_property("check_cost_fraction", report["cost"]["fraction_of_engine_time"])
-    assert report["verdict"] in (V.COSTS, V.WRONG), json.dumps(report, indent=1)[:3000]
+    assert report["verdict"] in (verdicts.COSTS, verdicts.WRONG), json.dumps(report, indent=1)[:3000]
     assert report["configured"]["taps"] == "[3, 31, 59]" and report["better"]["taps"] == "[embed, 3, 31]", report
     assert report["better"]["position0"] > 2 * report["configured"]["position0"], report
     assert report["requests"] >= 12 and report["scored_requests"] <= sent // 4
@@ -135,5 +135,8 @@ def test_online_check_names_the_better_wiring_of_an_fc_norm_head(server_pool, ml
     ):
         assert part in lines[0], (part, lines[0])
     level = [ln for ln in metrics.splitlines() if ln.startswith("vllm_eagle3_wiring_check_verdict{")]
-    assert level and float(level[0].rsplit(" ", 1)[1]) in (V.level(V.COSTS), V.level(V.WRONG)), level
+    assert level and float(level[0].rsplit(" ", 1)[1]) in (
+        verdicts.level(verdicts.COSTS),
+        verdicts.level(verdicts.WRONG),
+    ), level
     assert 'served_taps="[3, 31, 59]"' in level[0] and 'best_taps="[embed, 3, 31]"' in level[0], level

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3.testing.serving import greedy_token_ids_together
 from vllm_eagle3.testing.shipped import DRAFT, MODEL_NAME, REPO, SERVE_CONFIG
 from vllm_eagle3.tools.serve.process import free_port, http_get
@@ -102,7 +102,7 @@ def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env,
     assert UNKNOWN not in text, [x for x in text.splitlines() if UNKNOWN in x]
     assert wiring_status == 200, f"GET {WIRING} answered {wiring_status}: {wiring_body[:500]}"
     wiring = json.loads(wiring_body)
-    assert wiring["verdict"] in V.BY_WORD and wiring["active"], wiring
+    assert wiring["verdict"] in verdicts.BY_WORD and wiring["active"], wiring
     assert [e["wiring"]["taps"] for e in wiring["engines"]] == ["[embed, 3, 31]"], wiring["engines"]
     # The YAML's live_k: the scheduler's k lookup is the plugin's, and the engine reported the steps it chose k for.
     assert "vllm-eagle3 live k: on; k in 0..5" in text, text[-3000:]

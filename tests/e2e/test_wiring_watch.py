@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3.tools.serve.process import VllmServer, http_get
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ RIGHT_SPEC = REPO / "configs" / "kimi_k25_eagle3.yaml"
 MODEL_NAME = "kimi-k25-mini"
 MAX_TOKENS = 32
 IN_FLIGHT = 8
-WARNING_MARK = f"vllm-eagle3 wiring watch [engine 0]: {V.heading(V.WRONG)}: "
+WARNING_MARK = f"vllm-eagle3 wiring watch [engine 0]: {verdicts.heading(verdicts.WRONG)}: "
 EXAMPLE_ENV = "EAGLE3_WATCH_EXAMPLE"
 
 pytestmark = [pytest.mark.e2e]
@@ -195,9 +195,9 @@ def test_second_head_with_the_first_heads_wiring_is_caught(
         f"vllm-eagle3 doctor --target {TARGET} --draft {draft}",
     ):
         assert part in line, (part, line)
-    assert body["verdict"] == V.WRONG and engine["verdict"] == V.WRONG, raw
+    assert body["verdict"] == verdicts.WRONG and engine["verdict"] == verdicts.WRONG, raw
     assert engine["window"]["position0"] < engine["expected"]["wrong_below"]
-    assert metrics.get("vllm_eagle3_wiring_verdict") == V.level(V.WRONG), metrics
+    assert metrics.get("vllm_eagle3_wiring_verdict") == verdicts.level(verdicts.WRONG), metrics
     example["second_warning"] = line
     example["second"] = {
         "what": "the head trained on [3, 31, 59] with the first head's [embed, 3, 31], after 16 requests",
@@ -233,11 +233,11 @@ def test_incident_wiring_is_caught_while_serving(server_pool, shipped_keys, inci
         f"vllm-eagle3 doctor --target {TARGET} --draft {incident_files['draft']}",
     ):
         assert part in line, (part, line)
-    assert body["verdict"] == V.WRONG and engine["verdict"] == V.WRONG, raw
+    assert body["verdict"] == verdicts.WRONG and engine["verdict"] == verdicts.WRONG, raw
     assert engine["wiring"]["taps"] == "[3, 31, 59]" and engine["lines_logged"] >= 1
     assert engine["window"]["position0"] < engine["expected"]["wrong_below"]
     assert engine["expected"]["position0"] == round(served_walk_p0(DRAFT), 4), engine["expected"]
-    assert metrics.get("vllm_eagle3_wiring_verdict") == V.level(V.WRONG), metrics
+    assert metrics.get("vllm_eagle3_wiring_verdict") == verdicts.level(verdicts.WRONG), metrics
     example["warning"] = line
     example["incident"] = {"what": "incident wiring, after 16 requests", "body": json.dumps(body, indent=1)}
 
@@ -256,16 +256,21 @@ def test_right_wiring_is_left_alone(server_pool, shipped_keys, example, record_p
     say(f"64 requests in {dt:.1f} s; verdict {body['verdict']}; window {engine['window']}")
     record_property("right_window_position0", engine["window"]["position0"])
     assert "vllm-eagle3 wiring watch [engine 0]: on; taps [embed, 3, 31]" in log
-    assert not V.ALARM_LINE.search(log), [line for line in log.splitlines() if V.ALARM_LINE.search(line)]
-    assert body["verdict"] == V.OK and engine["verdict"] == V.OK, raw
+    assert not verdicts.ALARM_LINE.search(log), [line for line in log.splitlines() if verdicts.ALARM_LINE.search(line)]
+    assert body["verdict"] == verdicts.OK and engine["verdict"] == verdicts.OK, raw
     assert engine["window"]["drafts"] >= engine["config"]["min_drafts"]
     assert engine["expected"]["position0"] == round(served_walk_p0(DRAFT), 4), engine["expected"]
     assert engine["window"]["position0"] > engine["expected"]["costs_below"]
-    assert engine["lines_logged"] == 0 and metrics.get("vllm_eagle3_wiring_verdict") == V.level(V.OK), metrics
+    assert engine["lines_logged"] == 0 and metrics.get("vllm_eagle3_wiring_verdict") == verdicts.level(verdicts.OK), (
+        metrics
+    )
     # the online wiring check, on by default, followed 1 in 4 of these requests: no false alarm
     check = body["check"]["0"]
     say(f"online check: {check['verdict']} after {check['requests']} scored requests, cost {check['cost']}")
-    assert check["verdict"] in (V.OK, V.UNDECIDED, V.PENDING) and check["configured"]["taps"] == "[embed, 3, 31]", check
+    assert (
+        check["verdict"] in (verdicts.OK, verdicts.UNDECIDED, verdicts.PENDING)
+        and check["configured"]["taps"] == "[embed, 3, 31]"
+    ), check
     assert check["requests"] >= 8, check
     example["right"] = {"what": "right wiring [embed, 3, 31], after 64 requests", "body": json.dumps(body, indent=1)}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 
 pytestmark = pytest.mark.unit
 
@@ -88,7 +88,7 @@ def test_each_verdict_word_is_defined_once_in_the_verdicts_module():
     """Guards: a judge spelling a verdict itself (and the next one spelling it differently). No judge module holds
     a verdict word, in any case, nor a retired word, as a string literal: they name verdicts by the constants of
     vllm_eagle3.verdicts."""
-    words = {w.word for w in V.VOCABULARY} | RETIRED
+    words = {w.word for w in verdicts.VOCABULARY} | RETIRED
     found = [
         (str(path.relative_to(PACKAGE)), s)
         for path in JUDGES
@@ -109,16 +109,20 @@ def test_each_verdict_word_is_defined_once_in_the_verdicts_module():
 
 def test_vocabulary_is_ordered_and_each_word_says_how_it_is_logged():
     """Guards: a gauge or a combination rule reading levels in another order than the words' severity."""
-    levels = [w.level for w in V.VOCABULARY]
+    levels = [w.level for w in verdicts.VOCABULARY]
     assert levels == sorted(set(levels)), "one level per word, in the vocabulary's order"
-    assert V.level(V.OK) == 0 and V.level(V.COSTS) < V.level(V.WRONG)
-    assert all(w.meaning and w.log_level in (logging.NOTSET, logging.WARNING) for w in V.VOCABULARY)
-    assert V.ALARMS == {V.COSTS, V.WRONG, V.NO_WIRING_WORKS}
-    assert V.overall([V.UNDECIDED, V.OK, V.PENDING]) == V.OK  # a decision outranks none
-    assert V.overall([V.OK, V.COSTS]) == V.COSTS and V.overall([]) == V.OFF
-    assert V.worst([V.OK, V.UNDECIDED]) == V.UNDECIDED  # a config is ok only if every reading is
+    assert verdicts.level(verdicts.OK) == 0 and verdicts.level(verdicts.COSTS) < verdicts.level(verdicts.WRONG)
+    assert all(w.meaning and w.log_level in (logging.NOTSET, logging.WARNING) for w in verdicts.VOCABULARY)
+    assert verdicts.ALARMS == {verdicts.COSTS, verdicts.WRONG, verdicts.NO_WIRING_WORKS}
+    assert (
+        verdicts.overall([verdicts.UNDECIDED, verdicts.OK, verdicts.PENDING]) == verdicts.OK
+    )  # a decision outranks none
+    assert verdicts.overall([verdicts.OK, verdicts.COSTS]) == verdicts.COSTS and verdicts.overall([]) == verdicts.OFF
+    assert (
+        verdicts.worst([verdicts.OK, verdicts.UNDECIDED]) == verdicts.UNDECIDED
+    )  # a config is ok only if every reading is
     with pytest.raises(ValueError, match="is not a verdict word; use one of off, pending"):
-        V.entry("collapsed")
+        verdicts.entry("collapsed")
 
 
 # ----------------------------------------------------------------------------------------------- one wrong wiring
@@ -141,7 +145,7 @@ def watch_on_wrong_wiring():
     log = logging.getLogger(f"test_verdicts.watch.{random.random()}")
     log.propagate, lines = False, Lines()
     log.addHandler(lines)
-    e = W.Expectation(0.8, 3.0, "test", V.COLLAPSE_RATIO * 0.8, V.COSTS_RATIO * 0.8)
+    e = W.Expectation(0.8, 3.0, "test", verdicts.COLLAPSE_RATIO * 0.8, verdicts.COSTS_RATIO * 0.8)
     w = W.WiringWatch(W.WatchConfig(), e, {"taps": "[3, 31, 59]", "source": "test"}, 3, "doctor", log=log)
     rng = random.Random(0)
     for _ in range(64):  # 512 drafts, the first token accepted 3 % of the time
@@ -187,19 +191,23 @@ def test_one_wrong_wiring_reads_the_same_word_everywhere(monkeypatch):
     from vllm_eagle3 import watch_vllm
 
     watch, records = watch_on_wrong_wiring()
-    assert watch.verdict == V.WRONG
-    assert [r.levelno for r in records] == [V.entry(V.WRONG).log_level]
+    assert watch.verdict == verdicts.WRONG
+    assert [r.levelno for r in records] == [verdicts.entry(verdicts.WRONG).log_level]
     watch_line = records[0].getMessage()
-    assert watch_line.startswith("vllm-eagle3 wiring watch [engine 0]: WRONG: ") and V.ALARM_LINE.search(watch_line)
+    assert watch_line.startswith("vllm-eagle3 wiring watch [engine 0]: WRONG: ") and verdicts.ALARM_LINE.search(
+        watch_line
+    )
 
     checker = check_on_wrong_wiring()
-    assert checker.judge.verdict.kind == V.WRONG
+    assert checker.judge.verdict.kind == verdicts.WRONG
     check_line = checker.warning_line()
-    assert check_line.startswith("vllm-eagle3 wiring check [engine 0]: WRONG: ") and V.ALARM_LINE.search(check_line)
+    assert check_line.startswith("vllm-eagle3 wiring check [engine 0]: WRONG: ") and verdicts.ALARM_LINE.search(
+        check_line
+    )
     report = checker.status()
 
     verdict, doctor_line = doctor_on_wrong_wiring()
-    assert verdict.kind == V.WRONG and doctor_line.startswith("WRONG  --taps 3,31,59: [3, 31, 59]")
+    assert verdict.kind == verdicts.WRONG and doctor_line.startswith("WRONG  --taps 3,31,59: [3, 31, 59]")
 
     W.register_watch(watch)
     monkeypatch.setattr(watch_vllm, "read_reports", lambda: {"0": json.loads(json.dumps(report))})
@@ -208,10 +216,10 @@ def test_one_wrong_wiring_reads_the_same_word_everywhere(monkeypatch):
         gauges = {m.name: [s.value for s in m.samples] for m in watch_vllm.WiringCollector().collect()}
     finally:
         W.unregister_watch(watch)
-    assert body["verdict"] == V.WRONG and body["judges"] == {"watch": V.WRONG, "check": V.WRONG}
-    assert body["engines"][0]["verdict"] == V.WRONG and body["check"]["0"]["verdict"] == V.WRONG
+    assert body["verdict"] == verdicts.WRONG and body["judges"] == {"watch": verdicts.WRONG, "check": verdicts.WRONG}
+    assert body["engines"][0]["verdict"] == verdicts.WRONG and body["check"]["0"]["verdict"] == verdicts.WRONG
     for name in ("vllm_eagle3_wiring_verdict", "vllm_eagle3_wiring_watch_verdict", "vllm_eagle3_wiring_check_verdict"):
-        assert gauges[name] == [V.level(V.WRONG)], (name, gauges[name])
+        assert gauges[name] == [verdicts.level(verdicts.WRONG)], (name, gauges[name])
 
 
 def test_the_docs_table_is_the_vocabulary():
@@ -222,7 +230,7 @@ def test_the_docs_table_is_the_vocabulary():
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     want = [
         f"| `{w.word}` | {w.level} | {w.meaning} | {logging.getLevelName(w.log_level) if w.log_level else 'no line'} |"
-        for w in V.VOCABULARY
+        for w in verdicts.VOCABULARY
     ]
     assert rows == want, "re-render the table in docs/wiring-watch.md from vllm_eagle3/verdicts.py"
 

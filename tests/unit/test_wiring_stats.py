@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3.tools.doctor import stats as S
 
 pytestmark = pytest.mark.unit
@@ -55,7 +55,7 @@ def test_the_right_wiring_and_an_interchangeable_neighbour_are_ok_and_nothing_to
     right = matches(32, 120, 0.6, 1)
     neighbour = matches(32, 120, 0.6, 2, base=right, flip=0.08)
     v = S.judge(chains((0, 3, 31), right), [chains((0, 4, 31), neighbour), chains((0, 3, 31), right)])
-    assert v.kind == V.OK, v
+    assert v.kind == verdicts.OK, v
     assert v.loss.high <= S.TOLERANCE and not v.best_is_better
     assert S.exit_code(v.kind) == 0
 
@@ -64,7 +64,7 @@ def test_a_significantly_worse_wiring_costs_and_names_the_better_one():
     good = matches(40, 120, 0.6, 3)
     worse = matches(40, 120, 0.45, 4, base=good, flip=0.5)
     v = S.judge(chains((0, 2, 30), worse), [chains((0, 3, 31), good)])
-    assert v.kind == V.COSTS and v.loss.low > S.TOLERANCE and v.best_is_better
+    assert v.kind == verdicts.COSTS and v.loss.low > S.TOLERANCE and v.best_is_better
     assert v.best.taps == (0, 3, 31)
     assert S.exit_code(v.kind) == 3
 
@@ -74,7 +74,7 @@ def test_the_incident_wiring_is_wrong():
     good = matches(32, 120, 0.6, 5)
     incident = matches(32, 120, 0.001, 6)
     v = S.judge(chains((3, 31, 59), incident), [chains((0, 3, 31), good)])
-    assert v.kind == V.WRONG and v.gain_ratio.high < V.COLLAPSE_RATIO and v.best_is_better
+    assert v.kind == verdicts.WRONG and v.gain_ratio.high < verdicts.COLLAPSE_RATIO and v.best_is_better
     assert S.exit_code(v.kind) == 4
 
 
@@ -86,7 +86,7 @@ def test_too_little_text_is_undecided_and_says_how_much_more():
     tol = near_loss(near, good)
     assert tol > 0
     v = S.judge(chains((0, 2, 30), near), [chains((0, 3, 31), good)], tolerance=tol)
-    assert v.kind == V.UNDECIDED, v
+    assert v.kind == verdicts.UNDECIDED, v
     assert v.more_text is not None and v.more_text > 1
     assert not v.best_is_better
     assert S.exit_code(v.kind) == 5
@@ -102,17 +102,20 @@ def test_an_untrained_head_is_no_wiring_works():
     a = matches(16, 60, 0.005, 9)
     b = matches(16, 60, 0.005, 10)
     v = S.judge(chains((0, 3, 31), a), [chains((0, 4, 31), b)])
-    assert v.kind == V.NO_WIRING_WORKS
+    assert v.kind == verdicts.NO_WIRING_WORKS
     assert S.exit_code(v.kind) == 6
 
 
 def test_exit_codes_are_distinct_and_worst_wins():
-    kinds = [V.OK, V.COSTS, V.WRONG, V.UNDECIDED, V.NO_WIRING_WORKS]
+    kinds = [verdicts.OK, verdicts.COSTS, verdicts.WRONG, verdicts.UNDECIDED, verdicts.NO_WIRING_WORKS]
     assert len({S.exit_code(k) for k in kinds}) == len(kinds)
-    assert S.exit_code(V.OK) == 0 and all(S.exit_code(k) not in (0, 1, 2) for k in kinds[1:])
-    assert S.exit_code(V.PENDING) == S.exit_code(V.UNDECIDED)
-    assert S.worst([V.OK, V.WRONG, V.COSTS]) == V.WRONG
-    assert S.worst([V.OK, V.UNDECIDED]) == V.UNDECIDED and S.worst([V.OK, V.PENDING]) == V.PENDING
+    assert S.exit_code(verdicts.OK) == 0 and all(S.exit_code(k) not in (0, 1, 2) for k in kinds[1:])
+    assert S.exit_code(verdicts.PENDING) == S.exit_code(verdicts.UNDECIDED)
+    assert S.worst([verdicts.OK, verdicts.WRONG, verdicts.COSTS]) == verdicts.WRONG
+    assert (
+        S.worst([verdicts.OK, verdicts.UNDECIDED]) == verdicts.UNDECIDED
+        and S.worst([verdicts.OK, verdicts.PENDING]) == verdicts.PENDING
+    )
 
 
 def test_too_few_sequences_are_pending():
@@ -120,7 +123,7 @@ def test_too_few_sequences_are_pending():
     check's word for fewer requests than its minimum), with the text needed."""
     good = matches(S.MIN_SEQUENCES - 2, 60, 0.6, 13)
     v = S.judge(chains((0, 2, 30), matches(S.MIN_SEQUENCES - 2, 60, 0.001, 14)), [chains((0, 3, 31), good)])
-    assert v.kind == V.PENDING and v.more_text == S.MIN_SEQUENCES / (S.MIN_SEQUENCES - 2)
+    assert v.kind == verdicts.PENDING and v.more_text == S.MIN_SEQUENCES / (S.MIN_SEQUENCES - 2)
 
 
 def test_the_bootstrap_is_paired_and_seeded():

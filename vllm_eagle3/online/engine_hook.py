@@ -39,7 +39,7 @@ import torch
 from vllm_eagle3 import LOGGER
 from vllm_eagle3.online.runners import RUNNERS, RunnerHook, StepRows, runner_in_use, tp_rank, unknown_worker
 from vllm_eagle3.online.traces import RowSpan, Trace, Tracker
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3.wiring_check import Judge, report_path, write_report_file
 from vllm_eagle3.wirings import config_lines
 
@@ -337,19 +337,19 @@ class Checker:
         self.scored += 1
         v = self.judge.add(anchors, matches)
         self.write_report()
-        if v.kind in V.ALARMS and v.flagged is not None:
+        if v.kind in verdicts.ALARMS and v.flagged is not None:
             now = time.monotonic()
             if self.warned_kind != v.kind or now - self.last_warning >= self.cfg.warn_interval_s:
                 self.warned_kind, self.last_warning = v.kind, now
-                logger.log(V.entry(v.kind).log_level, "%s", self.warning_line())
+                logger.log(verdicts.entry(v.kind).log_level, "%s", self.warning_line())
 
     def warning_line(self) -> str:
         v, c = self.judge.verdict, self.plan.candidates
         conf, better = c[0], c[v.flagged]
-        what = f"keep under {V.COLLAPSE_RATIO:.0%} of" if v.kind == V.WRONG else f"lose {v.loss:.0%} of"
+        what = f"keep under {verdicts.COLLAPSE_RATIO:.0%} of" if v.kind == verdicts.WRONG else f"lose {v.loss:.0%} of"
         fix = "; ".join(config_lines(better.taps, self.num_layers)[:2])
         return (
-            f"vllm-eagle3 wiring check [engine {self.engine_index}]: {V.heading(v.kind, v.loss)}: the served "
+            f"vllm-eagle3 wiring check [engine {self.engine_index}]: {verdicts.heading(v.kind, v.loss)}: the served "
             f"taps {conf.label} {what} the "
             f"draft's first-token acceptance that {better.label} gets ({better.why}): {v.p0[0]:.3f} vs "
             f"{v.p0[v.flagged]:.3f} over {v.requests} requests ({v.anchors} positions; false-alarm bound "
@@ -361,7 +361,7 @@ class Checker:
         t = self.tracker
         out = self.judge.report(self.whys, self.k)
         if self.off_because is not None:
-            out["verdict"] = V.OFF
+            out["verdict"] = verdicts.OFF
             out["off_because"] = self.off_because
         out.update(
             engine=self.engine_index,

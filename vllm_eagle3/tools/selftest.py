@@ -182,7 +182,7 @@ def health_lines(
 ) -> list[Line]:
     """The online check's report, and the acceptance watch's verdict on the served counters (the settings and the
     model card expectation a server's watch would use: :mod:`vllm_eagle3.watch`)."""
-    from vllm_eagle3 import verdicts as V
+    from vllm_eagle3 import verdicts
     from vllm_eagle3.resolve import load_spec_file
     from vllm_eagle3.watch import WatchConfig, WiringWatch, expectation_for
     from vllm_eagle3.wiring_check import read_report_file
@@ -191,14 +191,16 @@ def health_lines(
     verdict, scored = report.get("verdict", "missing"), report.get("scored_requests", 0)
     why = report.get("off_because") or (
         f"the served taps lose {report.get('loss', 0):.0%}"
-        if verdict in V.ALARMS
+        if verdict in verdicts.ALARMS
         else f"{scored} requests scored, configured wiring position-0 "
         f"{(report.get('configured') or {}).get('position0', 0):.3f}"
     )
     cost = report.get("cost") or {}
     if cost:  # every request followed here (sample_every 1): the check's dearest setting
         why += f"; cost {cost['seconds']:.2f} s, {cost['fraction_of_engine_time']:.1%} of engine time"
-    lines = [Line("check", verdict not in (*V.ALARMS, V.OFF, "missing") and scored > 0, f"{verdict}: {why}")]
+    lines = [
+        Line("check", verdict not in (*verdicts.ALARMS, verdicts.OFF, "missing") and scored > 0, f"{verdict}: {why}")
+    ]
     cfg = load_spec_file(spec).watch or WatchConfig()
     if not cfg.enabled:
         return [*lines, Line("watch", False, "off in the capture spec")]
@@ -208,7 +210,7 @@ def health_lines(
         *lines,
         Line(
             "watch",
-            seen not in V.ALARMS,
+            seen not in verdicts.ALARMS,
             f"{seen} over {drafts:.0f} drafts (position-0 {accepted_per_pos[0] / max(drafts, 1):.3f})",
         ),
     ]

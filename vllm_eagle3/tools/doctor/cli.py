@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3.spec import CaptureSpecError, taps_label
 from vllm_eagle3.wirings import EXHAUSTIVE_LIMIT, config_lines
 from vllm_eagle3.tools.doctor.stats import EXIT_CODES, MIN_SEQUENCES, Reading, exit_code, needed_tokens
@@ -28,32 +28,32 @@ def verdict_line(name: str, v: Reading, k: int, tokens: int) -> str:
         f"[{-v.p0_diff.high * 100:+.1f}, {-v.p0_diff.low * 100:+.1f}])"
     )
     loss = f"loses {v.loss.fmt(100, 1, '%')} of it"
-    head = f"{V.heading(v.kind)}  {name}: {c.label}"
-    if v.kind == V.OK:
+    head = f"{verdicts.heading(v.kind)}  {name}: {c.label}"
+    if v.kind == verdicts.OK:
         how = (
             "it is the best"
             if b.taps == c.taps
             else f"indistinguishable from the best or within the {TOLERANCE:.0%} tolerance"
         )
         return f"{head}: {how}: {al}, {loss}; {p0}"
-    if v.kind == V.COSTS:
+    if v.kind == verdicts.COSTS:
         return (
-            f"{V.heading(v.kind, v.loss.estimate)}  {name}: {c.label}: {al}, {loss} (more than the "
+            f"{verdicts.heading(v.kind, v.loss.estimate)}  {name}: {c.label}: {al}, {loss} (more than the "
             f"{TOLERANCE:.0%} tolerance, significantly); {p0}"
         )
-    if v.kind == V.WRONG:
+    if v.kind == verdicts.WRONG:
         return (
             f"{head}: acceptance collapses: {al}; it keeps {v.gain_ratio.fmt(100, 1, '%')} of the best's "
             f"speculative gain; {p0}: the draft was not trained on these taps"
         )
-    if v.kind == V.NO_WIRING_WORKS:
+    if v.kind == verdicts.NO_WIRING_WORKS:
         return (
             f"{head}: even the best wiring {b.label} accepts {v.best_gain.estimate:.3f} drafts per target "
             f"forward [{v.best_gain.low:.3f}, {v.best_gain.high:.3f}]: the draft is untrained, or for another "
             "target or tokenizer; no wiring will fix it"
         )
     need = needed_tokens(tokens, v.more_text)
-    if v.kind == V.PENDING:
+    if v.kind == verdicts.PENDING:
         return (
             f"{head}: {v.sequences} sequences, fewer than the {MIN_SEQUENCES} the statistics need; about "
             f"{v.more_text:.1f}x more text would judge it (--max-tokens {need})"
@@ -83,7 +83,7 @@ def render(dx: Diagnosis, top: int = 10) -> str:
     lines.append(f"configured wiring from {dx.configured_from}:")
     for name, v in dx.verdicts.items():
         lines.append(verdict_line(name, v, dx.k, dx.tokens))
-        if v.kind == V.OK and v.equivalent:
+        if v.kind == verdicts.OK and v.equivalent:
             lines.append(f"  indistinguishable from it within the tolerance: {', '.join(v.equivalent[:6])}")
     for taps in dict.fromkeys(dx.adopt.values()):
         lines.append(f"adopt {taps_label(taps)} (significantly better than the configured wiring):")
@@ -93,15 +93,15 @@ def render(dx: Diagnosis, top: int = 10) -> str:
 
 
 DOCTOR_MEANING = {
-    V.OK: f"the configured wiring's acceptance length is within {TOLERANCE:.0%} of the best wiring's at the upper "
-    "end of its 95% interval (indistinguishable from the best, or within the tolerance)",
-    V.COSTS: f"significantly worse than the best by more than {TOLERANCE:.0%}: x = the acceptance length lost; the "
-    "config lines of the better wiring are printed",
-    V.WRONG: f"acceptance collapses: under {COLLAPSE_RATIO:.0%} of the best wiring's speculative gain (e.g. taps "
-    "[3, 31, 59] for a head trained on [embed, 3, 31])",
-    V.UNDECIDED: "the interval straddles the tolerance: the line says how much more text decides it",
-    V.PENDING: f"fewer than {MIN_SEQUENCES} sequences of text: the line says how much more text judges it",
-    V.NO_WIRING_WORKS: "no wiring makes the draft accept drafts: untrained, or for another target",
+    verdicts.OK: f"the configured wiring's acceptance length is within {TOLERANCE:.0%} of the best wiring's at the "
+    "upper end of its 95% interval (indistinguishable from the best, or within the tolerance)",
+    verdicts.COSTS: f"significantly worse than the best by more than {TOLERANCE:.0%}: x = the acceptance length lost; "
+    "the config lines of the better wiring are printed",
+    verdicts.WRONG: f"acceptance collapses: under {COLLAPSE_RATIO:.0%} of the best wiring's speculative gain (e.g. "
+    "taps [3, 31, 59] for a head trained on [embed, 3, 31])",
+    verdicts.UNDECIDED: "the interval straddles the tolerance: the line says how much more text decides it",
+    verdicts.PENDING: f"fewer than {MIN_SEQUENCES} sequences of text: the line says how much more text judges it",
+    verdicts.NO_WIRING_WORKS: "no wiring makes the draft accept drafts: untrained, or for another target",
 }
 """What each verdict means for the doctor's statistic (the shared meaning is vllm_eagle3.verdicts)."""
 
@@ -112,12 +112,12 @@ def verdicts_help() -> str:
 
     rows = [
         textwrap.fill(
-            f"  {V.heading(w.word) + (' x%' if w.word == V.COSTS else ''):<16} {EXIT_CODES[w.word]}  "
+            f"  {verdicts.heading(w.word) + (' x%' if w.word == verdicts.COSTS else ''):<16} {EXIT_CODES[w.word]}  "
             f"{DOCTOR_MEANING[w.word]}",
             116,
             subsequent_indent=" " * 22,
         )
-        for w in V.VOCABULARY
+        for w in verdicts.VOCABULARY
         if w.word in EXIT_CODES
     ]
     return "\n".join(rows)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3.verdicts import OK
 from vllm_eagle3 import envs
 from vllm_eagle3.checkpoint import DraftInfo, TargetInfo
 from vllm_eagle3.resolve import ENV_CONVENTION, ENV_SPEC, load_spec_file
@@ -433,7 +433,7 @@ def diagnose(
             v.best_is_better
             and recorded is not None
             and tuple(recorded) in by_taps
-            and judge(by_taps[tuple(recorded)], chains).kind == V.OK
+            and judge(by_taps[tuple(recorded)], chains).kind == OK
         ):
             adopt[name] = tuple(recorded)
         elif v.best_is_better:

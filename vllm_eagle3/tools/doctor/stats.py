@@ -43,7 +43,7 @@ from typing import Sequence
 
 import torch
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3.verdicts import COLLAPSE_RATIO, MIN_GAIN, TOLERANCE
 
 CONFIDENCE = 0.95
@@ -113,7 +113,7 @@ class Interval:
 class Reading:
     """The doctor's verdict on one configured wiring, with the intervals behind it."""
 
-    kind: V.Verdict  # ok | costs | wrong | no wiring works | undecided | pending
+    kind: verdicts.Verdict  # ok | costs | wrong | no wiring works | undecided | pending
     configured: WiringChains
     best: WiringChains
     loss: Interval  # relative acceptance-length loss vs the best
@@ -128,7 +128,7 @@ class Reading:
     def best_is_better(self) -> bool:
         """The best wiring is significantly better than the configured one by more than the tolerance (the only
         case where the doctor prints a config to adopt)."""
-        return self.kind in (V.COSTS, V.WRONG) and self.best.taps != self.configured.taps
+        return self.kind in (verdicts.COSTS, verdicts.WRONG) and self.best.taps != self.configured.taps
 
 
 def resample_weights(n: int, replicates: int = BOOTSTRAP, seed: str = "doctor") -> torch.Tensor:
@@ -185,34 +185,41 @@ def judge(
     ]
     more = None
     if n < MIN_SEQUENCES:
-        kind, more = V.PENDING, MIN_SEQUENCES / max(n, 1)
+        kind, more = verdicts.PENDING, MIN_SEQUENCES / max(n, 1)
     elif gain.high < MIN_GAIN:
-        kind = V.NO_WIRING_WORKS
+        kind = verdicts.NO_WIRING_WORKS
     elif ratio.high < COLLAPSE_RATIO:
-        kind = V.WRONG
+        kind = verdicts.WRONG
     elif loss.high <= tolerance:
-        kind = V.OK
+        kind = verdicts.OK
     elif loss.low > tolerance:
-        kind = V.COSTS
+        kind = verdicts.COSTS
     else:
-        kind = V.UNDECIDED
+        kind = verdicts.UNDECIDED
         half = (loss.high - loss.low) / 2
         more = (half / max(abs(loss.estimate - tolerance), 1e-9)) ** 2
         more = min(max(more, 1.0), MAX_MORE)
     return Reading(kind, configured, best, loss, p0, ratio, gain, n, more, equivalent)
 
 
-EXIT_CODES = {V.OK: 0, V.COSTS: 3, V.WRONG: 4, V.UNDECIDED: 5, V.PENDING: 5, V.NO_WIRING_WORKS: 6}
+EXIT_CODES = {
+    verdicts.OK: 0,
+    verdicts.COSTS: 3,
+    verdicts.WRONG: 4,
+    verdicts.UNDECIDED: 5,
+    verdicts.PENDING: 5,
+    verdicts.NO_WIRING_WORKS: 6,
+}
 """The doctor's exit status per verdict (1 is an input error, 2 a usage error)."""
 
 
 def exit_code(kind: str) -> int:
-    return EXIT_CODES[V.entry(kind)]
+    return EXIT_CODES[verdicts.entry(kind)]
 
 
-def worst(kinds: Sequence[str]) -> V.Verdict:
-    """The most serious of several verdicts (several engine readings of one config; :func:`V.worst`)."""
-    return V.worst(kinds)
+def worst(kinds: Sequence[str]) -> verdicts.Verdict:
+    """The most serious of several verdicts (several engine readings of one config; :func:`verdicts.worst`)."""
+    return verdicts.worst(kinds)
 
 
 def needed_tokens(tokens: int, more: float | None) -> int | None:
