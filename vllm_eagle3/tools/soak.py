@@ -42,30 +42,34 @@ REFERENCE_PROMPTS = ("def fibonacci(n):\n", "class Stack:\n    def __init__(self
 SHORT = ("def ", "import os\n", "x = ", "class A:\n", "for i in range(")
 DEFAULT_OUT_DIR = OUTPUT_HOME / "soak"  # where a soak writes unless told (--out-dir)
 PUBLISHED = "bench/soak.json"  # the soak the repository's BENCHMARKS.md shows (--publish)
-EXPECTED_4XX: tuple[str, ...] = ()  # none: min_p and logit_bias are served under speculation (issue 47)
-"""4xx answers that are vLLM's documented refusals (``vllm/v1/engine/input_processor.py``), not defects."""
-ROLES = {"VLLM::EngineCor": "engine core", "VLLM::Worker": "worker"}  # /proc/PID/comm is cut at 15 characters
+EXPECTED_4XX: tuple[str, ...] = ()  # none: min_p and logit_bias are served under speculation
+"""4xx answers that are vLLM's documented refusals (``vllm/v1/engine/input_processor.py``), not defects. min_p and
+logit_bias are not among them: ``model_patches.vllm_cpu_spec_min_p_logit_bias`` serves them under speculation."""
+ROLES = {"VLLM::EngineCore": "engine core", "VLLM::Worker": "worker"}
+"""vLLM's process titles (``set_process_title``) -> role. psutil's ``Process.name()`` gives the whole title (it
+completes the 15-character ``/proc/PID/comm`` from the command line), so a tensor-parallel worker keeps its own,
+e.g. ``VLLM::Worker_TP1``."""
 
 
 def tree_rss_by_process(root: int) -> dict[str, float]:
     """Resident memory (MiB) of ``root`` and each descendant, keyed ``"<pid> <role>"``: ``supervisor`` (``root``),
     ``API server`` (its python child that is no multiprocessing helper), ``engine core``, ``worker``, else the
-    process name (/proc/PID/comm)."""
+    process name (psutil's ``Process.name()``). Zombies and processes gone meanwhile are left out."""
+    import psutil
+
     from vllm_eagle3.tools.serve.supervisor import descendants
 
     out = {}
     for pid in [root, *descendants(root)]:
         try:
-            name = Path(f"/proc/{pid}/comm").read_text().strip()
-            status = Path(f"/proc/{pid}/status").read_text().splitlines()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                name, ppid, cmdline, rss = proc.name(), proc.ppid(), proc.cmdline(), proc.memory_info().rss
+        except psutil.Error:
             continue
-        fields = {k: v.split() for k, _, v in (line.partition(":") for line in status)}
-        if "VmRSS" not in fields:
-            continue  # a zombie
-        ppid = int(fields["PPid"][0])
-        helper = b"multiprocessing" in cmdline  # e.g. the resource tracker, a python child that is no server
+        helper = any("multiprocessing" in arg for arg in cmdline)  # e.g. the resource tracker: no server
         role = (
             "supervisor"
             if pid == root
@@ -73,7 +77,7 @@ def tree_rss_by_process(root: int) -> dict[str, float]:
             if ppid == root and name.startswith("python") and not helper
             else ROLES.get(name, name)
         )
-        out[f"{pid} {role}"] = round(int(fields["VmRSS"][0]) / 1024, 1)
+        out[f"{pid} {role}"] = round(rss / 2**20, 1)
     return out
 
 

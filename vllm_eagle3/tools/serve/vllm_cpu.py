@@ -50,9 +50,14 @@ def is_vllm_cpu() -> bool:
 
 
 def mem_available_gib(meminfo: str | None = None) -> float:
-    """``MemAvailable`` of /proc/meminfo in GiB (free memory plus what the kernel can reclaim, e.g. page cache)."""
-    text = Path("/proc/meminfo").read_text() if meminfo is None else meminfo
-    for line in text.splitlines():
+    """Available memory in GiB: free memory plus what the kernel can reclaim, e.g. page cache (psutil's
+    ``virtual_memory().available``, on Linux /proc/meminfo's ``MemAvailable``). ``meminfo``: the text of a
+    /proc/meminfo to read it from instead (tests)."""
+    if meminfo is None:
+        import psutil
+
+        return psutil.virtual_memory().available / 2**30
+    for line in meminfo.splitlines():
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) / 2**20
     raise RuntimeError("/proc/meminfo has no MemAvailable line")
