@@ -358,7 +358,7 @@ def same_text(summary: Mapping[str, Any], servers: Sequence[tuple[Variant, Any]]
     return list(map(sum, zip(*[g for x, _ in servers if (g := rows[x.key].get("same_text"))]))) or None
 
 
-WITHIN_BEST = 0.90  # issue 29: the adaptive schedule within 10 % of the best static k at every concurrency
+WITHIN_BEST = 0.90  # the adaptive schedule's bar: within 10 % of the best static k at every concurrency
 
 
 def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -429,7 +429,7 @@ def adaptive(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["mode"], r["concurrency"]))
 
 
-BAR = {"point": 1.00, "lo": 0.97, "point_c1": 2.0}  # issue 41: the shipped default vs no speculation, greedy identical
+BAR = {"point": 1.00, "lo": 0.97, "point_c1": 2.0}  # the shipped default vs no speculation (report_adaptive.BAR_TEXT)
 
 
 def verdict(c: int, sp: Mapping, same_text: Sequence[int] | None) -> list[str]:

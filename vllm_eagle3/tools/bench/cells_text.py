@@ -9,22 +9,24 @@ from typing import Any, Mapping, Sequence
 from vllm_eagle3.tools.bench.stats import Estimate, finite
 
 
-def e(d: Mapping | None, digits: int = 2) -> str:
+def fmt_estimate(d: Mapping | None, digits: int = 2) -> str:
+    """An estimate (``Estimate.as_dict``) with its interval, e.g. ``1.62 [1.51-1.74]``; ``n/a`` for none."""
     return Estimate.from_dict(d).fmt(digits) if d else "n/a"
 
 
-def f(x: Any, digits: int = 2) -> str:
+def fmt_number(x: Any, digits: int = 2) -> str:
+    """A number with ``digits`` decimals; ``n/a`` for a missing or non-finite one."""
     return f"{x:.{digits}f}" if isinstance(x, (int, float)) and finite(x) else "n/a"
 
 
 def per_server(xs: Sequence[Any], digits: int = 1) -> str:
     """``12.3 / 12.9``: one value per server."""
-    return " / ".join(f(x, digits) for x in xs)
+    return " / ".join(fmt_number(x, digits) for x in xs)
 
 
 def same_config(ests: Sequence[Mapping], digits: int = 3) -> str:
     """The ratios between two servers of one configuration, one per side; ``-`` when none was measured."""
-    return " ; ".join(e(x, digits) for x in ests) or "-"
+    return " ; ".join(fmt_estimate(x, digits) for x in ests) or "-"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -33,7 +35,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     )
 
 
-def _v(summary: Mapping, **want) -> list[dict]:
+def variants_with(summary: Mapping, **want) -> list[dict]:
+    """The summary's variants whose settings hold every ``want``, e.g. ``variants_with(s, k=3, compiled=False)``."""
     return [v for v in summary["variants"] if all(v["variant"].get(k) == x for k, x in want.items())]
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from vllm_eagle3.tools.bench.analysis import summarize
-from vllm_eagle3.tools.bench.cells_text import _v, e, f, legend, per_server, pyplot, same_config, style, table
+from vllm_eagle3.tools.bench.cells_text import fmt_estimate as e, fmt_number as f, legend, per_server, pyplot
+from vllm_eagle3.tools.bench.cells_text import same_config, style, table, variants_with as _v
 from vllm_eagle3.tools.bench.plan import SGLANG_DEFAULT_WIRING
 from vllm_eagle3.tools import REPO
 from vllm_eagle3.tools.bench.report_adaptive import SHIPPED_GLOB, adaptive_block, shipped_block, shipped_repo_block

@@ -1,6 +1,7 @@
 """The adaptive-k section of ``BENCHMARKS.md`` (``--plan adaptive``) and its tok/s plot: ``analysis.adaptive``'s
 rows against no speculation and the best static k, formatted, and how they were measured; the shipped default's
-section (``--plan shipped``: ``analysis.shipped``'s rows against issue 41's bar), on its page and per host kind.
+section (``--plan shipped``: ``analysis.shipped``'s rows against its bar, :data:`BAR_TEXT`), on its page and per host
+kind.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from vllm_eagle3.tools.bench.analysis import summarize
-from vllm_eagle3.tools.bench.cells_text import _v, e, f, pyplot, style, table
+from vllm_eagle3.tools.bench.cells_text import fmt_estimate, fmt_number, pyplot, style, table, variants_with
 from vllm_eagle3.tools.bench.plan import Variant
 from vllm_eagle3.tools.machine import backend_label
 
@@ -25,7 +26,9 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
     ad = next(v for v in summary["variants"] if v["variant"].get("adaptive"))
     k3 = {
         c: r
-        for v in _v(summary, capture="embed", k=3, replica=1, mla_verify="default", check=True, adaptive=False)
+        for v in variants_with(
+            summary, capture="embed", k=3, replica=1, mla_verify="default", check=True, adaptive=False
+        )
         for c, r in v["by_concurrency"].items()
     }
 
@@ -45,31 +48,31 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
         table_rows.append(
             [
                 c,
-                f(o["nospec_tok_s"], 1),
-                e(o.get("k3_speedup")),
-                f"k={o.get('best_static_k', 'n/a')}: {e(o.get('best_static_speedup'))}",
-                f"k={o['k']}: **{e(o['speedup'])}**",
-                e(o.get("vs_best_static"))
+                fmt_number(o["nospec_tok_s"], 1),
+                fmt_estimate(o.get("k3_speedup")),
+                f"k={o.get('best_static_k', 'n/a')}: {fmt_estimate(o.get('best_static_speedup'))}",
+                f"k={o['k']}: **{fmt_estimate(o['speedup'])}**",
+                fmt_estimate(o.get("vs_best_static"))
                 + servers(o)
                 + ("" if o.get("best_static_side_by_side", True) else " (not side by side)"),
                 " ; ".join(
-                    e(o.get("same_config", {}).get(x)) if x in o.get("same_config", {}) else "one server"
+                    fmt_estimate(o.get("same_config", {}).get(x)) if x in o.get("same_config", {}) else "one server"
                     for x in ("adaptive", "best_static")
                 ),
                 "yes" if o["never_slower"] else "**no**",
                 "yes" if o["within_best"] else "**no**",
-                e(kr.get("break_even")),
-                f(kr.get("model_verify")),
-                f(kr.get("ideal")),
+                fmt_estimate(kr.get("break_even")),
+                fmt_number(kr.get("model_verify")),
+                fmt_number(kr.get("ideal")),
                 same(o.get("same_text"))
                 + " (static: "
                 + (", ".join(f"k={k} {same(x)}" for k, x in sorted((o.get("static_same_text") or {}).items())) or "n/a")
                 + ")",
-                e(o.get("nospec_drift"), 3),
+                fmt_estimate(o.get("nospec_drift"), 3),
             ]
         )
     tau: dict[int, Any] = {}  # the light stretch's (per-request intervals at concurrency 1) where a k has both
-    for v in _v(summary, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False):
+    for v in variants_with(summary, capture="embed", replica=1, mla_verify="default", check=True, adaptive=False):
         tau.setdefault(v["variant"]["k"], (v.get("acceptance") or {}).get("tau"))
     replicas = max((o.get("servers") or [1])[0] for o in rows)
     turns1 = next((o.get("turns") for o in rows if o["concurrency"] == 1), None) or 4
@@ -113,7 +116,7 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
                     table_rows,
                 ),
                 "Acceptance length per static k (concurrency-1 requests): "
-                + ", ".join(f"k={k} {e(t)}" for k, t in sorted(tau.items()))
+                + ", ".join(f"k={k} {fmt_estimate(t)}" for k, t in sorted(tau.items()))
                 + ".",
             ]
             if x
@@ -170,11 +173,11 @@ def shipped_block(summary: Mapping, run: str, machine: Mapping) -> str:
                     [
                         str(o["concurrency"]),
                         str(o["servers"]),
-                        f(o["nospec_tok_s"], 1),
-                        f(o["tok_s"], 1),
-                        f"**{e(o['speedup'])}**",
+                        fmt_number(o["nospec_tok_s"], 1),
+                        fmt_number(o["tok_s"], 1),
+                        f"**{fmt_estimate(o['speedup'])}**",
                         "%d/%d" % tuple(o["same_text"]) if o["same_text"] else "n/a",
-                        f(o["tau"]),
+                        fmt_number(o["tau"]),
                         "yes" if not o["misses"] else "**no**: " + ", ".join(o["misses"]),
                     ]
                     for o in rows
@@ -204,7 +207,7 @@ def shipped_repo_block(runs: Sequence[Mapping]) -> str:
                 ["host kind", "date", "commit"] + [f"c={c}" for c in cs] + ["verdict"],
                 [
                     [host_kind(d["meta"]["machine"])[0], d["meta"]["date"], d["meta"]["machine"]["commit"]]
-                    + [e(next((o["speedup"] for o in r if o["concurrency"] == c), None)) for c in cs]
+                    + [fmt_estimate(next((o["speedup"] for o in r if o["concurrency"] == c), None)) for c in cs]
                     + [_verdict(r)]
                     for d, r in rows
                 ],
@@ -224,7 +227,7 @@ def plot_tok_s(data: Mapping, path: Path) -> bool:
     for v in (v for v in s["variants"] if Variant.from_dict(v["variant"]).chooses_k):
         base = {
             c: r["tok_s"]["value"]
-            for b in _v(s, k=0, stretch=v["variant"]["stretch"])
+            for b in variants_with(s, k=0, stretch=v["variant"]["stretch"])
             for c, r in b["by_concurrency"].items()
             if "tok_s" in r
         }

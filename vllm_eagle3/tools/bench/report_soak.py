@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from vllm_eagle3.tools import REPO
-from vllm_eagle3.tools.bench.cells_text import f, table
+from vllm_eagle3.tools.bench.cells_text import fmt_number, table
 
 SOAK_RSS_PNG = "bench/soak_rss.png"  # the published soak's plot of resident memory per process over time
 NO_SOAK = "_No soak result yet: run `vllm-eagle3 soak --publish` (see above)._"
@@ -48,9 +48,9 @@ def soak_block(soak: Mapping | None) -> str:
                     str(soak["transport_errors"]),
                     str(soak["early_disconnects"]),
                     str(soak["completion_tokens"]),
-                    f"{f(rss[0], 0)} -> {f(rss[1], 0)}",
-                    f"{f(soak['rss_growth_mb'], 0)} MiB ({f(soak['max_growth_mb'], 0)})",
-                    f(soak["acceptance_length"]),
+                    f"{fmt_number(rss[0], 0)} -> {fmt_number(rss[1], 0)}",
+                    f"{fmt_number(soak['rss_growth_mb'], 0)} MiB ({fmt_number(soak['max_growth_mb'], 0)})",
+                    fmt_number(soak["acceptance_length"]),
                     "**passed**" if soak["passed"] else "**FAILED**",
                 ]
             ],
@@ -65,7 +65,7 @@ def soak_block(soak: Mapping | None) -> str:
             "",
             "Resident memory per process, first -> last sample after warm-up (MiB): "
             + ", ".join(
-                f"{k.split(' ', 1)[-1]} {f(first.get(k), 0)} -> {f(last.get(k), 0)}"
+                f"{k.split(' ', 1)[-1]} {fmt_number(first.get(k), 0)} -> {fmt_number(last.get(k), 0)}"
                 for k in sorted(
                     set(first) | set(last), key=lambda k: int(k.split()[0]) if k.split()[0].isdigit() else 0
                 )
