@@ -219,7 +219,8 @@ def published(distribution: str) -> list[str]:
 
 def fetch(requirement: str, cache: Path, offline: bool, log=print) -> Path:
     """The newest wheel matching ``requirement`` (``vllm==0.33.*``), downloaded by pip into ``cache`` unless there;
-    pip's download line (the wheel and its size) is shown as it starts, then the time it took."""
+    on a terminal pip shows its progress bar, in a log its download line (the wheel and its size) as it starts; then
+    the time it took."""
     from packaging.requirements import Requirement
     from packaging.version import Version
 
@@ -234,17 +235,20 @@ def fetch(requirement: str, cache: Path, offline: bool, log=print) -> Path:
             "--no-deps",
             "--only-binary=:all:",
             "--progress-bar",
-            "off",
+            "on" if sys.stdout.isatty() else "off",
             "-d",
             str(cache),
             requirement,
         ]
         start, lines = time.monotonic(), []
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-            for line in proc.stdout:
-                lines.append(line.rstrip())
-                if re.match(r"\s*(Downloading|File was already downloaded|Saved|ERROR)", line):
-                    log(f"compat_check:     {line.strip()}")
+        if sys.stdout.isatty():  # pip's own progress bar on the terminal: a wheel is ~400 MB
+            proc = subprocess.run(cmd)
+        else:  # a log: pip's download line (the wheel and its size), then the time it took
+            with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+                for line in proc.stdout:
+                    lines.append(line.rstrip())
+                    if re.match(r"\s*(Downloading|File was already downloaded|Saved|ERROR)", line):
+                        log(f"compat_check:     {line.strip()}")
         if proc.returncode != 0:
             raise SystemExit(
                 f"compat_check: `{' '.join(cmd)}` failed:\n"
