@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
+from vllm_eagle3.tools.bench import live_cells
 from vllm_eagle3.tools.bench.client import RequestRecord
 from vllm_eagle3.tools.bench.plan import AB_PAIRS, MLA_DEFAULT, NATIVE, SGLANG_DEFAULT_WIRING, Variant, k_at
 from vllm_eagle3.tools.bench.stats import (
@@ -201,6 +202,7 @@ def summarize(data: Mapping[str, Any]) -> dict[str, Any]:
                     ms_per_token=median([r.latency_s * 1e3 / r.tokens for r in reqs if r.tokens]),
                     tokens=sum(r.tokens for r in reqs),
                     prompts=len({r.prompt for r in reqs}),
+                    live_k=live_cells.of_cell(thr[-1], v.live),  # live_cells: k at the cell's end, its changes
                 )
             if sp := split_summary(raw, c, f"{key}/{c}/split"):
                 row["split"] = sp
@@ -464,6 +466,7 @@ def shipped(res: Results, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "same_text": same,
                     "tau": 1 + sum(x[2] for x in counts) / sum(x[0] for x in counts) if counts else NAN,
                     "misses": verdict(c, sp, same),
+                    "live_k": [live_cells.of_cell(cs[-1], True) for cs in by_server(twins, c)],  # per server
                 }
             )
     return sorted(out, key=lambda r: (r["mode"], r["concurrency"]))

@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
         help="smoke: every code path, numbers meaningless; default: the headline cells (~1 h); check: "
         "the online wiring check's cost (~30 min); adaptive: k per batch size vs static k (~80 min); "
         "shipped: the shipped default (live_k) vs no speculation, issue 41's bar (~30 min; --publish: "
-        "bench/shipped-<host kind>); --dry-run lists each",
+        "bench/shipped-<host kind>); sustained: the shipped default vs no speculation, each cell long enough "
+        "for live k to move (--sustained-steps; ~45 min); --dry-run lists each",
     )
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
@@ -75,6 +76,14 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="a throughput cell at concurrency C sends max(prompts-per-cell, waves x C) requests, C in "
         "flight (4: steady load; 1: one wave, timed by its slowest request)",
+    )
+    g.add_argument(
+        "--sustained-steps",
+        type=int,
+        metavar="N",
+        help="sustained load: each throughput cell at C sends enough requests for ~N decode steps at batch C "
+        "(sized by requests, not by clock; past the prompt file's end its prompts are sent again); one move of "
+        "live k needs ~216 steps in a bucket; --plan sustained: 432",
     )
     g.add_argument(
         "--compiled",
@@ -168,6 +177,7 @@ def build_plan(args: argparse.Namespace) -> plans.Plan:
         "prompts": args.prompts_per_cell,
         "max_tokens": args.max_tokens,
         "waves": args.waves,
+        "steps": args.sustained_steps,
     }
     kw.update({k: v for k, v in given.items() if v is not None})
     plan = plans.build(args.plan, **kw)
@@ -195,6 +205,14 @@ def describe(plan: plans.Plan) -> str:
         )
         when += f" [side-by-side stretch {v.stretch}]" if v.stretch else ""
         lines.append(f"  {v.key:<24} {cells}{when}")
+    if plan.steps or any(v.live for v in plan.variants):  # what live k has room for (one move: ~216 steps)
+        concs = sorted({c.concurrency for v in plan.variants for c in v.cells if c.kind == "throughput"})
+        lines.append(
+            (f"sustained load (--sustained-steps {plan.steps}): " if plan.steps else "")
+            + "throughput cells of "
+            + ", ".join(f"c={c}: {plan.throughput_requests(c)} requests, ~{plan.steps_at(c)}" for c in concs)
+            + f" decode steps at up to C requests (at {plans.SUSTAINED_TAU} tokens per request-step)"
+        )
     warm, cold = (sum(plans.estimate_items(plan, w).values()) / 60 for w in (True, False))
     lines.append(
         f"estimated duration on a quiet 2-core box: ~{warm:.0f} min"  # the same without a compiled server
@@ -333,8 +351,8 @@ def execute(
     need = max(
         [plan.prompts, plan.stream_prompts]
         + [plan.split_requests(c.concurrency) for c in cells]
-        + [plan.throughput_requests(c.concurrency) for c in cells if c.kind == "throughput"]
-    )
+        + [max(plan.prompts, plan.waves * c.concurrency) for c in cells if c.kind == "throughput"]
+    )  # a sustained cell's further requests send the prompts again (run.cycled)
     if len(prompts) < need:
         raise SystemExit(
             f"vllm-eagle3 bench: {args.prompts} has {len(prompts)} prompts, the plan needs {need}; "

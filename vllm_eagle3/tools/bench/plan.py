@@ -201,6 +201,12 @@ def schedule_text(schedule) -> str:
     )
 
 
+# Sizing a sustained cell (Plan.steps): tokens per request and step assumed (the shipped k = 5's acceptance length,
+# the longest measured on the held-out prompts: a shorter one only lengthens the cell), and a wave more for the tails.
+SUSTAINED_TAU = 3
+SUSTAINED_MARGIN = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     name: str
@@ -210,12 +216,13 @@ class Plan:
     split_tokens: int = 48
     stream_prompts: int = 4
     waves: int = 4  # a throughput cell at concurrency C sends at least waves x C requests (see throughput_requests)
+    steps: int = 0  # sustained load: a throughput cell at C lasts at least this many decode steps at batch C
 
     def __post_init__(self) -> None:
-        if self.prompts < 2 or self.max_tokens < 2 or self.waves < 1:
+        if self.prompts < 2 or self.max_tokens < 2 or self.waves < 1 or self.steps < 0:
             raise ValueError(
-                f"a plan needs prompts >= 2 (an interval needs two), max_tokens >= 2 and waves >= 1; got "
-                f"prompts={self.prompts}, max_tokens={self.max_tokens}, waves={self.waves}"
+                f"a plan needs prompts >= 2 (an interval needs two), max_tokens >= 2, waves >= 1 and steps >= 0; "
+                f"got prompts={self.prompts}, max_tokens={self.max_tokens}, waves={self.waves}, steps={self.steps}"
             )
         keys = [v.key for v in self.variants]
         if len(set(keys)) != len(keys):
@@ -228,9 +235,21 @@ class Plan:
         }
 
     def throughput_requests(self, concurrency: int) -> int:
-        """Requests (= different prompts) of a throughput cell at ``concurrency``: ``prompts``, and at least
-        ``waves`` x concurrency so that C requests stay in flight for most of the cell."""
-        return max(self.prompts, self.waves * concurrency)
+        """Requests of a throughput cell at ``concurrency``: ``prompts`` (different ones), at least ``waves`` x
+        concurrency so that C requests stay in flight for most of the cell, and with ``steps`` the
+        :meth:`sustained_waves` x concurrency (past the prompt file's end its prompts are sent again)."""
+        return max(self.prompts, self.waves * concurrency, self.sustained_waves() * concurrency)
+
+    def sustained_waves(self) -> int:
+        """Waves of C requests that last ``steps`` decode steps: a wave of ``max_tokens`` tokens lasts ``max_tokens
+        / SUSTAINED_TAU`` steps (closed loop: C in flight, refilled as they finish), plus
+        ``SUSTAINED_MARGIN`` for the tails where fewer than C are left. 0 without ``steps``."""
+        return -(-self.steps * SUSTAINED_TAU // self.max_tokens) + SUSTAINED_MARGIN if self.steps else 0
+
+    def steps_at(self, concurrency: int) -> int:
+        """Decode steps a throughput cell at ``concurrency`` runs, at ``SUSTAINED_TAU`` tokens per request and step
+        (what ``--dry-run`` prints; e.g. plan shipped at C = 32: 64 requests x 128 tokens / 32 / 3 = 85)."""
+        return self.throughput_requests(concurrency) * self.max_tokens // (concurrency * SUSTAINED_TAU)
 
     def split_requests(self, concurrency: int) -> int:
         return max(concurrency, 4)
@@ -315,11 +334,13 @@ def adaptive_plan(
     ks=(1, 2, 3, 4, 5),
     compiled: bool = False,
     live: bool = False,
+    replicas: int = JUDGE_REPLICAS,
     **sizes,
 ) -> Plan:
     """Speculation that adapts to load, in four side-by-side stretches (``run.run_stretch``; what each runs, and
     why side by side: docs/adaptive-k.md). Split by load for memory: each server's KV cache fits its busiest cell.
-    ``live`` (plan ``shipped``): the judging stretches only, the shipped default (``Variant.live``) vs no spec."""
+    ``live`` (plans ``shipped``, ``sustained``): the judging stretches only, the shipped default (``Variant.live``) vs
+    no spec; ``replicas``: servers of each speculating configuration at light load."""
     light = tuple(c for c in concurrencies if c <= LIGHT_MAX)
     loaded = tuple(c for c in concurrencies if c > LIGHT_MAX)
     vs = []
@@ -330,12 +351,12 @@ def adaptive_plan(
                 Variant(k, EMBED_TAP if k else NO_SPEC, compiled=compiled, cells=timed, stretch=stretch)
                 for k in (0, *ks)
             ]
-    for stretch, concs, replicas in ((JUDGE, light, JUDGE_REPLICAS), (JUDGE_LOADED, loaded, 1)):
+    for stretch, concs, n in ((JUDGE, light, replicas), (JUDGE_LOADED, loaded, 1)):
         if not concs:
             continue
         cells = _cells("throughput", concs)  # started in this order: a server that would not fit is a replica
         vs.append(Variant(0, NO_SPEC, compiled=compiled, cells=cells, stretch=stretch))
-        for r in range(1, replicas + 1):
+        for r in range(1, n + 1):
             vs.append(
                 Variant(
                     max(ks),
@@ -372,10 +393,18 @@ PLAN_ARGS = {  # smoke: every code path in a few minutes, numbers meaningless; t
     "check": {},
     "adaptive": dict(waves=2),
     "shipped": dict(waves=2, live=True),
+    # the shipped default under sustained load (issue 49): one cell per concurrency long enough for live k to move
+    # (Plan.steps: room for two moves, each ~216 steps in a bucket with live_k's default settings), one server of each
+    "sustained": dict(waves=2, live=True, steps=432, replicas=1),
 }
-BUILDERS = {"check": check_plan, "adaptive": adaptive_plan, "shipped": adaptive_plan}  # not built by headline_plan
+BUILDERS = {
+    "check": check_plan,
+    "adaptive": adaptive_plan,
+    "shipped": adaptive_plan,
+    "sustained": adaptive_plan,
+}  # not built by headline_plan
 # plans not run on the shipped head's eval_prompts.json
-PLAN_PROMPTS = {"adaptive": "bench/heldout_prompts.json", "shipped": "bench/heldout_prompts.json"}
+PLAN_PROMPTS = {name: "bench/heldout_prompts.json" for name in ("adaptive", "shipped", "sustained")}
 
 
 def build(name: str, **kw) -> Plan:

@@ -10,9 +10,10 @@ import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from vllm_eagle3.tools.bench import live_cells
 from vllm_eagle3.tools.bench.analysis import summarize
-from vllm_eagle3.tools.bench.cells_text import fmt_estimate as e, fmt_number as f, legend, per_server, pyplot
-from vllm_eagle3.tools.bench.cells_text import same_config, style, table, variants_with as _v
+from vllm_eagle3.tools.bench.cells_text import fmt_estimate, fmt_number, legend, per_server, pyplot, same_config
+from vllm_eagle3.tools.bench.cells_text import style, table, variants_with
 from vllm_eagle3.tools.bench.plan import SGLANG_DEFAULT_WIRING
 from vllm_eagle3.tools import REPO
 from vllm_eagle3.tools.bench.report_adaptive import SHIPPED_GLOB, adaptive_block, shipped_block, shipped_repo_block
@@ -47,8 +48,12 @@ def run_block(meta: Mapping, plan: Mapping) -> str:
 def headline(summary: Mapping) -> str:
     rows = []
     for mode in (False, True):
-        base = _v(summary, k=0, compiled=mode, replica=1, mla_verify="default")
-        spec = _v(summary, capture="embed", compiled=mode, replica=1, mla_verify="default", check=True) if base else []
+        base = variants_with(summary, k=0, compiled=mode, replica=1, mla_verify="default")
+        spec = (
+            variants_with(summary, capture="embed", compiled=mode, replica=1, mla_verify="default", check=True)
+            if base
+            else []
+        )
         for v in spec:
             for c, row in ((c, row) for c, row in v["by_concurrency"].items() if "speedup" in row):
                 b = base[0]["by_concurrency"].get(c, {})
@@ -57,13 +62,13 @@ def headline(summary: Mapping) -> str:
                         ("compiled" if mode else "eager"),
                         c,
                         str(v["variant"]["k"]),
-                        e(b.get("tok_s"), 1),
-                        e(row.get("tok_s"), 1),
-                        f"**{e(row['speedup'])}**",
-                        e(v["acceptance"]["tau"]),
-                        e(row.get("break_even")),
-                        f(row.get("ideal")),
-                        f(row.get("model_verify")),
+                        fmt_estimate(b.get("tok_s"), 1),
+                        fmt_estimate(row.get("tok_s"), 1),
+                        f"**{fmt_estimate(row['speedup'])}**",
+                        fmt_estimate(v["acceptance"]["tau"]),
+                        fmt_estimate(row.get("break_even")),
+                        fmt_number(row.get("ideal")),
+                        fmt_number(row.get("model_verify")),
                         "%d/%d" % tuple(row["same_text"]) if "same_text" in row else "-",
                     ]
                 )
@@ -89,7 +94,7 @@ def advice_block(summary: Mapping) -> str:
     lines = []
     for a in summary["advice"]:
         tau, be = Estimate.from_dict(a.get("tau")), Estimate.from_dict(a.get("break_even"))
-        sp = e(a.get("speedup"))
+        sp = fmt_estimate(a.get("speedup"))
         if a["mode"] == SGLANG_DEFAULT_WIRING:
             lines.append(
                 f"- incident wiring (`{a['key']}`), concurrency {a['concurrency']}: acceptance length "
@@ -111,12 +116,12 @@ def advice_block(summary: Mapping) -> str:
             what = (
                 f"**do not speculate** (no speculation was fastest among k = {ks})"
                 if a["best_k"] == 0
-                else f"**k = {a['best_k']}** (fastest among k = {ks}: {f(a['best_tok_s'], 1)} tok/s)"
+                else f"**k = {a['best_k']}** (fastest among k = {ks}: {fmt_number(a['best_tok_s'], 1)} tok/s)"
             )
             lines.append(
                 f"- {a['mode']}, concurrency {a['concurrency']}: {what}; acceptance length {tau.fmt()}, "
-                f"break-even {be.fmt()} (speculation loses below it); ideal speedup {f(a.get('ideal'))}, "
-                f"verify-aware {f(a.get('model_verify'))}, achieved {sp}."
+                f"break-even {be.fmt()} (speculation loses below it); ideal speedup {fmt_number(a.get('ideal'))}, "
+                f"verify-aware {fmt_number(a.get('model_verify'))}, achieved {sp}."
             )
     return "\n".join(lines) or "_no advice: the run has no throughput cells with and without speculation_"
 
@@ -131,14 +136,15 @@ def all_cells(summary: Mapping) -> str:
                 [
                     v["label"] + (f" (ERROR: {v['error']})" if v["error"] else ""),
                     c,
-                    e(row.get("tok_s"), 1),
-                    f(row.get("latency_ms"), 0),
-                    f(row.get("ms_per_token"), 1),
-                    e(row.get("speedup")),
-                    e(row.get("speedup_timed")),
-                    e(acc.get("tau")) if v["variant"]["k"] else "-",
+                    fmt_estimate(row.get("tok_s"), 1),
+                    fmt_number(row.get("latency_ms"), 0),
+                    fmt_number(row.get("ms_per_token"), 1),
+                    fmt_estimate(row.get("speedup")),
+                    fmt_estimate(row.get("speedup_timed")),
+                    fmt_estimate(acc.get("tau")) if v["variant"]["k"] else "-",
                     pp,
                     "decode kernel" if v["mla_verify_on_decode_kernel"] else "vLLM's own" if v["variant"]["k"] else "-",
+                    live_cells.text(row.get("live_k")) if "tok_s" in row else "-",
                 ]
             )
     failed = [f"**Failed:** {v['key']}: {v['error']}" for v in summary["variants"] if v["error"]]
@@ -158,6 +164,7 @@ def all_cells(summary: Mapping) -> str:
                     "tau",
                     "per-position acceptance",
                     "MLA verify ran on",
+                    "live k at the end (changes in the cell)",
                 ],
                 rows,
             )
@@ -171,12 +178,12 @@ def split_block(summary: Mapping) -> str:
             v["label"],
             c,
             str(s["steps"]),
-            e(s["forward_ms"], 1),
-            e(s["draft_ms"], 1),
-            f(s["rest_ms"], 1),
-            e(s["step_ms"], 1),
-            f(row.get("c"), 3),
-            f(row.get("v")),
+            fmt_estimate(s["forward_ms"], 1),
+            fmt_estimate(s["draft_ms"], 1),
+            fmt_number(s["rest_ms"], 1),
+            fmt_estimate(s["step_ms"], 1),
+            fmt_number(row.get("c"), 3),
+            fmt_number(row.get("v")),
         ]
         for v in summary["variants"]
         for c, row in v["by_concurrency"].items()
@@ -203,7 +210,7 @@ def capture_block(summary: Mapping) -> str:
             str(o["concurrency"]),
             per_server(o["plugin_forward_ms"]),
             per_server(o["native_forward_ms"]),
-            f"**{e(o['ratio'], 3)}**",
+            f"**{fmt_estimate(o['ratio'], 3)}**",
             same_config(o["same_config_ratios"]),
             per_server(o["tau"], 2),
             o["verdict"],
@@ -231,7 +238,7 @@ def capture_block(summary: Mapping) -> str:
             str(o["concurrency"]),
             per_server(nz["plugin"], 2),
             per_server(nz["native"], 2),
-            f"**{e(nz['ratio'], 3)}**",
+            f"**{fmt_estimate(nz['ratio'], 3)}**",
             same_config(nz["same_config_ratios"]),
             nz["verdict"],
         ]
@@ -268,7 +275,7 @@ def check_block(summary: Mapping) -> str:
             str(o["concurrency"]),
             per_server(o["on_tok_s"]),
             per_server(o["off_tok_s"]),
-            f"**{e(o['ratio'], 3)}**",
+            f"**{fmt_estimate(o['ratio'], 3)}**",
             same_config(o["same_config_ratios"]),
             o["verdict"],
         ]
@@ -310,7 +317,11 @@ def costs_block(summary: Mapping) -> str:
     rows = []
     for v in summary["variants"]:
         rows += [
-            [v["label"], f"worker timers, concurrency {c}", f"tok/s timed / untimed = {e(row['timer_cost'], 3)}"]
+            [
+                v["label"],
+                f"worker timers, concurrency {c}",
+                f"tok/s timed / untimed = {fmt_estimate(row['timer_cost'], 3)}",
+            ]
             for c, row in v["by_concurrency"].items()
             if "timer_cost" in row
         ]
@@ -320,7 +331,8 @@ def costs_block(summary: Mapping) -> str:
                     v["label"],
                     "streaming client, concurrency 1",
                     f"tok/s streamed / plain = "
-                    f"{e(s['cost'], 3)}; TTFT {f(s['ttft_ms'], 0)} ms, ITL {f(s['itl_ms'], 1)} ms (median)",
+                    f"{fmt_estimate(s['cost'], 3)}; TTFT {fmt_number(s['ttft_ms'], 0)} ms, "
+                    f"ITL {fmt_number(s['itl_ms'], 1)} ms (median)",
                 ]
             )
     return table(["variant", "measurement", "cost (same requests)"], rows) if rows else "_not measured_"

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from vllm_eagle3.tools.bench import live_cells
 from vllm_eagle3.tools.bench.analysis import summarize
 from vllm_eagle3.tools.bench.cells_text import fmt_estimate, fmt_number, pyplot, style, table, variants_with
 from vllm_eagle3.tools.bench.plan import Variant
@@ -132,6 +133,14 @@ BAR_TEXT = (
 )
 
 
+LIVE_K_TEXT = (
+    "Live k: the k that the shipped server's bucket holding the cell's concurrency ended on, and how many times live "
+    "k changed a bucket's k during the cell (`k 5->4`: it started the cell at 5), read from `GET /v1/eagle3/wiring` "
+    "after each cell; each cell's whole report is in the run's `results.json` (`live_k` of the cell). *not "
+    "recorded*: a run from before results files kept it."
+)
+
+
 def host_kind(m: Mapping) -> tuple[str, str]:
     """A results file's machine as a host kind (CPU model + its widest vector ISA) and its slug:
     ``("AMD EPYC, AVX-512", "amd-epyc-avx512")``."""
@@ -144,9 +153,35 @@ def host_kind(m: Mapping) -> tuple[str, str]:
     return f"{m.get('cpu', '?')}, {isa}", "-".join(words + re.findall(r"[a-z0-9]+", isa.lower().replace("-", "")))
 
 
-def _verdict(rows: Sequence[Mapping]) -> str:
+def counts_as_host_kind(m: Mapping) -> bool:
+    """Whether a results file's machine is a host kind: a run under ``vllm-eagle3 emulate`` is not (its cores are
+    another kind's; docs/adaptive-k.md), whatever its cells measured."""
+    return not m.get("emulated")
+
+
+EMULATED = "**emulated: does not count** as a host kind"
+
+
+def _verdict(rows: Sequence[Mapping], machine: Mapping | None = None) -> str:
+    """``**meets it**`` / ``**misses it**: c=...``; an emulated run's says so first (:func:`counts_as_host_kind`)."""
     misses = [f"c={o['concurrency']} ({', '.join(o['misses'])})" for o in rows if o["misses"]]
-    return "**meets it**" if rows and not misses else "**misses it**: " + "; ".join(misses or ["no cell"])
+    bar = "**meets it**" if rows and not misses else "**misses it**: " + "; ".join(misses or ["no cell"])
+    if machine is not None and not counts_as_host_kind(machine):
+        return f"{EMULATED} (its cells: {bar.replace('**', '')})"
+    return bar
+
+
+def _live_k(o: Mapping) -> str:
+    """A shipped row's live k, one entry per server (``live_cells.text``)."""
+    return " ; ".join(live_cells.text(x) for x in o.get("live_k") or [live_cells.NOT_RECORDED])
+
+
+def _live_k_run(rows: Sequence[Mapping]) -> str:
+    """A run's live k per cell for the host-kind table: ``c=32 k=2 (0 changes)``, or ``not recorded`` (a run from
+    before results kept live k's report)."""
+    if all(x == live_cells.NOT_RECORDED for o in rows for x in o.get("live_k") or [live_cells.NOT_RECORDED]):
+        return live_cells.NOT_RECORDED
+    return ", ".join(f"c={o['concurrency']} {_live_k(o)}" for o in rows)
 
 
 def shipped_block(summary: Mapping, run: str, machine: Mapping) -> str:
@@ -167,6 +202,7 @@ def shipped_block(summary: Mapping, run: str, machine: Mapping) -> str:
                     "shipped / no spec",
                     "greedy same",
                     "acceptance length",
+                    "live k at the end (changes in the cell)",
                     "bar",
                 ],
                 [
@@ -178,12 +214,14 @@ def shipped_block(summary: Mapping, run: str, machine: Mapping) -> str:
                         f"**{fmt_estimate(o['speedup'])}**",
                         "%d/%d" % tuple(o["same_text"]) if o["same_text"] else "n/a",
                         fmt_number(o["tau"]),
+                        _live_k(o),
                         "yes" if not o["misses"] else "**no**: " + ", ".join(o["misses"]),
                     ]
                     for o in rows
                 ],
             ),
-            "Verdict: " + _verdict(rows) + ".",
+            LIVE_K_TEXT,
+            "Verdict: " + _verdict(rows, machine) + ".",
         ]
     )
 
@@ -198,20 +236,35 @@ def shipped_repo_block(runs: Sequence[Mapping]) -> str:
     if not runs:
         return "\n\n".join([head, BAR_TEXT, "_No run on any host kind yet: " + how + "_"])
     rows = [(d, summarize(d)["shipped"]) for d in runs]
+    rows.sort(key=lambda x: not counts_as_host_kind(x[0]["meta"]["machine"]))  # emulated rows last
     cs = sorted({o["concurrency"] for _, r in rows for o in r})
+    kinds = [(host_kind(d["meta"]["machine"])[0], r) for d, r in rows if counts_as_host_kind(d["meta"]["machine"])]
+    met = [k for k, r in kinds if _verdict(r) == "**meets it**"]
+    emulated = [host_kind(d["meta"]["machine"])[0] for d, _ in rows if not counts_as_host_kind(d["meta"]["machine"])]
     return "\n\n".join(
         [
             head,
             BAR_TEXT + " " + how,
             table(
-                ["host kind", "date", "commit"] + [f"c={c}" for c in cs] + ["verdict"],
+                ["host kind", "date", "commit"]
+                + [f"c={c}" for c in cs]
+                + ["verdict", "live k at the end of each cell (changes in the cell)"],
                 [
                     [host_kind(d["meta"]["machine"])[0], d["meta"]["date"], d["meta"]["machine"]["commit"]]
                     + [fmt_estimate(next((o["speedup"] for o in r if o["concurrency"] == c), None)) for c in cs]
-                    + [_verdict(r)]
+                    + [_verdict(r, d["meta"]["machine"]), _live_k_run(r)]
                     for d, r in rows
                 ],
             ),
+            f"Host kinds that meet the bar: {len(met)} of {len(kinds)}"
+            + (f" ({'; '.join(met)})" if met else "")
+            + (
+                f". Emulated, not counted: {len(emulated)} ({'; '.join(emulated)}): an emulated ISA runs on the cores "
+                "of another host kind ([docs/adaptive-k.md](docs/adaptive-k.md))."
+                if emulated
+                else "."
+            ),
+            LIVE_K_TEXT,
         ]
     )
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from vllm_eagle3 import envs
 from vllm_eagle3.tools import REPO, bundled
-from vllm_eagle3.tools.bench import client
+from vllm_eagle3.tools.bench import client, live_cells
 from vllm_eagle3.tools.bench.plan import (
     EMBED_TAP,
     LAYER_TAPS,
@@ -375,18 +375,17 @@ def run_stretch(
             at = [x for x in live if c in x[0].cell_list("throughput") and not x[1]["error"]]
             n, parts, t = plan.throughput_requests(c), chunks(plan.throughput_requests(c), c), time.monotonic()
             got: dict[str, list] = {x[0].key: [] for x in at}  # per server: (wall s, requests) of each chunk
+            before = {x[0].key: live_cells.snapshot(x[2].base_url) for x in at if x[0].live}
             for i, part in enumerate(parts):
                 for v, res, server, _, log in (at[j] for j in turn_order(len(at), i)):
                     try:
                         if not res["error"]:
                             got[v.key].append(
-                                client.cell(
-                                    server.base_url, models[v.key], [(p, prompts[p]) for p in part], c, plan.max_tokens
-                                )
+                                client.cell(server.base_url, models[v.key], cycled(prompts, part), c, plan.max_tokens)
                             )
                     except Exception as exc:  # noqa: BLE001 - one broken server must not lose the others' cells
                         _failed(v, res, exc, log, say)
-            for v, res, *_ in (x for x in at if not x[1]["error"]):
+            for v, res, server, *_ in (x for x in at if not x[1]["error"]):
                 reqs = [r for _, rs in got[v.key] for r in rs]
                 res["cells"].append(
                     {
@@ -397,6 +396,7 @@ def run_stretch(
                         "requests": [r.as_dict() for r in reqs],
                         "counters": client.summed(reqs),
                         "chunks": len(got[v.key]),
+                        "live_k": live_cells.after_cell(server.base_url, before[v.key], c) if v.live else None,
                     }
                 )
             said = [progress(x[0], "throughput", c) for x in at][-1:]
@@ -435,10 +435,11 @@ def _run_cell(
     """One cell on the server at ``url``: split and untimed send the same requests, with / without the worker timers."""
     rec: dict[str, Any] = {"kind": kind, "concurrency": c, "counters": None, "split": None}
     n, tokens = plan.cell_size(kind, c)
+    before = live_cells.snapshot(url) if variant.live else None
     if kind == "split":
         started = client.worker_rpc(url, "bench_timers_start")
         rec["draft_timed"] = bool(started and started[0].get("draft_timed"))
-    wall, reqs = client.cell(url, model, list(enumerate(prompts[:n])), c, tokens, kind == "stream")
+    wall, reqs = client.cell(url, model, cycled(prompts, range(n)), c, tokens, kind == "stream")
     if kind == "split":
         records = client.worker_rpc(url, "bench_timers_stop")
         rec["split"] = (
@@ -447,7 +448,14 @@ def _run_cell(
     rec["counters"] = client.summed(reqs)
     rec["wall_s"] = wall
     rec["requests"] = [r.as_dict() for r in reqs]
+    rec["live_k"] = live_cells.after_cell(url, before, c) if variant.live else None
     return rec
+
+
+def cycled(prompts: Sequence[Sequence[int]], part: Sequence[int]) -> list[tuple[int, Sequence[int]]]:
+    """(prompt index, prompt) of requests ``part``: a sustained cell's requests past the prompt file's end send its
+    prompts again, under their own index (e.g. 256 prompts: request 300 is prompt 44)."""
+    return [(p % len(prompts), prompts[p % len(prompts)]) for p in part]
 
 
 def write_results(path: Path, meta: Mapping[str, Any], plan: Plan, variants: Sequence[Mapping[str, Any]]) -> None:
