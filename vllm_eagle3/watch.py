@@ -65,7 +65,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 from pydantic import Field, ValidationInfo, field_validator
 
 from vllm_eagle3 import LOGGER
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3.settings import Settings
 from vllm_eagle3.spec import CaptureSpecError
 
@@ -88,11 +88,11 @@ class WatchConfig(Settings):
     window: int = Field(512, ge=16, description="drafts in the sliding window")
     min_drafts: int = Field(64, ge=1, description="drafts before anything is judged; at most `window`")
     floor: float = Field(
-        V.FLOOR,
+        verdicts.FLOOR,
         gt=0,
         lt=0.5,
-        description=f"position-0 acceptance below which the verdict is {V.WRONG} (below twice it {V.COSTS}) when "
-        "the draft has no eval.json",
+        description=f"position-0 acceptance below which the verdict is {verdicts.WRONG} (below twice it "
+        f"{verdicts.COSTS}) when the draft has no eval.json",
     )
     warn_interval_s: float = Field(600.0, ge=0, description="at least this long between two log lines")
 
@@ -187,7 +187,7 @@ def expectation_for(draft: str | Path | None, num_spec_tokens: int, cfg: WatchCo
     if not 0 < p0 <= 1:
         return floor_exp(f"{where}: recorded position-0 acceptance {p0!r} is not in (0, 1]")
     return Expectation(
-        p0, length, source, V.COLLAPSE_RATIO * p0, V.COSTS_RATIO * p0, tuple(pp[:num_spec_tokens]), label
+        p0, length, source, verdicts.COLLAPSE_RATIO * p0, verdicts.COSTS_RATIO * p0, tuple(pp[:num_spec_tokens]), label
     )
 
 
@@ -286,14 +286,14 @@ class WiringWatch:
         self.cfg, self.expectation, self.wiring = cfg, expectation, dict(wiring)
         self.num_spec_tokens, self.doctor_command, self.engine_index = num_spec_tokens, doctor_command, engine_index
         self.window = AcceptanceWindow(cfg.window, num_spec_tokens)
-        self.verdict = V.PENDING
+        self.verdict = verdicts.PENDING
         self.bounds = (0.0, 1.0)
         self.clock, self.log = clock, log
-        self._last_line_at: dict[V.Verdict, float] = {}  # per verdict: a costs line never holds back a wrong one
+        self._last_line_at: dict[verdicts.Verdict, float] = {}  # per verdict: a costs line never holds back a wrong one
         self.lines_logged = 0
         self.lines_suppressed = 0
         self.last_warning: str | None = None
-        self._announced: set[V.Verdict] = set()  # lines of the current bad episode (ok -> ... -> ok)
+        self._announced: set[verdicts.Verdict] = set()  # lines of the current bad episode (ok -> ... -> ok)
 
     def observe(
         self, num_drafts: int, accepted_per_pos: Sequence[int], draft_tokens_per_pos: Sequence[int] | None = None
@@ -307,12 +307,12 @@ class WiringWatch:
         """
         self.window.add(num_drafts, accepted_per_pos, draft_tokens_per_pos)
         self.verdict = self._judge()
-        if self.verdict == V.OK:
+        if self.verdict == verdicts.OK:
             self._announced.clear()
-        elif self.verdict == V.WRONG and V.WRONG not in self._announced:
-            self._announce(V.WRONG)
-        elif self.verdict == V.COSTS and not self._announced and self.bounds[0] >= self.expectation.wrong_below:
-            self._announce(V.COSTS)
+        elif self.verdict == verdicts.WRONG and verdicts.WRONG not in self._announced:
+            self._announce(verdicts.WRONG)
+        elif self.verdict == verdicts.COSTS and not self._announced and self.bounds[0] >= self.expectation.wrong_below:
+            self._announce(verdicts.COSTS)
         return self.verdict
 
     def _judge(self) -> str:
@@ -321,15 +321,15 @@ class WiringWatch:
             return self.verdict
         lo, hi = self.bounds = wilson_bounds(w.accepted[0] if w.accepted else 0, w.drafts)
         e = self.expectation
-        new = V.WRONG if hi < e.wrong_below else V.COSTS if hi < e.costs_below else V.OK
+        new = verdicts.WRONG if hi < e.wrong_below else verdicts.COSTS if hi < e.costs_below else verdicts.OK
         # Hysteresis: leave a bad state only once the lower bound clears its threshold.
-        if self.verdict == V.WRONG and new != V.WRONG and lo < e.wrong_below:
-            new = V.WRONG
-        if self.verdict in (V.COSTS, V.WRONG) and new == V.OK and lo < e.costs_below:
-            new = V.COSTS
+        if self.verdict == verdicts.WRONG and new != verdicts.WRONG and lo < e.wrong_below:
+            new = verdicts.WRONG
+        if self.verdict in (verdicts.COSTS, verdicts.WRONG) and new == verdicts.OK and lo < e.costs_below:
+            new = verdicts.COSTS
         return new
 
-    def _announce(self, verdict: V.Verdict) -> None:
+    def _announce(self, verdict: verdicts.Verdict) -> None:
         self._announced.add(verdict)
         now = self.clock()
         last = self._last_line_at.get(verdict)
@@ -340,9 +340,9 @@ class WiringWatch:
         self.lines_logged += 1
         line = self.message(verdict)
         self.last_warning = line
-        self.log.log(V.entry(verdict).log_level, "%s", line)
+        self.log.log(verdicts.entry(verdict).log_level, "%s", line)
 
-    def message(self, verdict: V.Verdict) -> str:
+    def message(self, verdict: verdicts.Verdict) -> str:
         w, e = self.window, self.expectation
         p0 = w.rates()[0] if w.drafts else float("nan")
         length = w.acceptance_length()
@@ -352,10 +352,10 @@ class WiringWatch:
             else f"no recorded expectation ({e.label})"
         )
         exp_len = f" vs {e.acceptance_length:.2f} expected" if e.acceptance_length is not None else ""
-        cut = e.wrong_below if verdict == V.WRONG else e.costs_below
-        how = "probably" if verdict == V.WRONG else "perhaps"
+        cut = e.wrong_below if verdict == verdicts.WRONG else e.costs_below
+        how = "probably" if verdict == verdicts.WRONG else "perhaps"
         return (
-            f"vllm-eagle3 wiring watch [engine {self.engine_index}]: {V.heading(verdict)}: served EAGLE-3 "
+            f"vllm-eagle3 wiring watch [engine {self.engine_index}]: {verdicts.heading(verdict)}: served EAGLE-3 "
             f"position-0 acceptance {p0:.3f} over the last {w.drafts} drafts (99.95% upper bound "
             f"{self.bounds[1]:.3f} < {verdict} threshold {cut:.3f}) vs {expected}; acceptance length "
             f"{length:.2f}{exp_len} at k={self.num_spec_tokens}. Serving taps {self.wiring.get('taps')} from "
@@ -417,19 +417,19 @@ def report(check: Mapping[str, Any] | None = None, live_k: Mapping[str, Any] | N
     engines = [w.snapshot() for w in active_watches()]
     check = dict(check or {})
     judges = {
-        "watch": V.overall(e["verdict"] for e in engines),
-        "check": V.overall(r.get("verdict", V.OFF) for r in check.values()),
+        "watch": verdicts.overall(e["verdict"] for e in engines),
+        "check": verdicts.overall(r.get("verdict", verdicts.OFF) for r in check.values()),
     }
-    verdict = V.overall(judges.values())
+    verdict = verdicts.overall(judges.values())
     return {
         "verdict": verdict,
-        "meaning": V.entry(verdict).meaning,
+        "meaning": verdicts.entry(verdict).meaning,
         "judges": judges,
         "active": bool(engines),
         "engines": engines,
         "check": check,
         "live_k": dict(live_k) if live_k else None,
-        "verdicts": V.as_json(),
+        "verdicts": verdicts.as_json(),
     }
 
 

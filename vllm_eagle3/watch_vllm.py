@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3 import watch as _watch
 from vllm_eagle3.live_k_vllm import read_report as read_live_k
 from vllm_eagle3.wiring_check import read_reports
@@ -121,7 +121,7 @@ class WiringCollector:
         def fam(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"vllm_eagle3_wiring_{name}", doc, labels=[*labels, *extra])
 
-        legend = f"({V.levels_help()}; vllm_eagle3.verdicts)"
+        legend = f"({verdicts.levels_help()}; vllm_eagle3.verdicts)"
         verdict = fam("verdict", f"vllm-eagle3 wiring verdict of the engine, every judge together {legend}")
         watch = fam("watch_verdict", f"the wiring watch's verdict: acceptance vs expectation {legend}")
         drafts = fam("window_drafts", "drafts in the wiring watch's sliding window")
@@ -138,7 +138,7 @@ class WiringCollector:
         )
         cut = fam(
             "wrong_threshold",
-            f"the watch says {V.WRONG} when the 99.95% upper bound of position-0 acceptance is below this",
+            f"the watch says {verdicts.WRONG} when the 99.95% upper bound of position-0 acceptance is below this",
         )
         info = fam("info", "resolved taps and their source (value 1)", ("taps", "source"))
         check = fam(
@@ -149,14 +149,15 @@ class WiringCollector:
         check_req = fam("check_requests", "requests the online wiring check has scored")
         check_p0 = fam("check_position0", "first-draft acceptance the online check measured", ("wiring", "taps"))
         check_loss = fam(
-            "check_loss", f"1 - configured / better first-draft acceptance (the x of {V.heading(V.COSTS)} x%)"
+            "check_loss",
+            f"1 - configured / better first-draft acceptance (the x of {verdicts.heading(verdicts.COSTS)} x%)",
         )
         check_cost = fam("check_cost_fraction", "fraction of the engine's time the online check has used")
         said: dict[str, list[str]] = {}  # engine -> each judge's verdict
         for idx, r in read_reports().items():
             lb = [self.model_names.get(int(idx), "") if idx.isdigit() else "", idx]
-            said.setdefault(idx, []).append(r.get("verdict", V.OFF))
-            check.add_metric([*lb, r["configured"]["taps"], r["best"]["taps"]], V.level(said[idx][-1]))
+            said.setdefault(idx, []).append(r.get("verdict", verdicts.OFF))
+            check.add_metric([*lb, r["configured"]["taps"], r["best"]["taps"]], verdicts.level(said[idx][-1]))
             check_req.add_metric(lb, r.get("requests", 0))
             for role in ("configured", "best"):
                 check_p0.add_metric([*lb, role, r[role]["taps"]], r[role]["position0"])
@@ -164,7 +165,7 @@ class WiringCollector:
             check_cost.add_metric(lb, r.get("cost", {}).get("fraction_of_engine_time", 0.0))
         for w in _watch.active_watches():
             lb = [self.model_names.get(w.engine_index, ""), str(w.engine_index)]
-            watch.add_metric(lb, V.level(w.verdict))
+            watch.add_metric(lb, verdicts.level(w.verdict))
             said.setdefault(str(w.engine_index), []).append(w.verdict)
             drafts.add_metric(lb, w.window.drafts)
             for i, r in enumerate(w.window.rates()):
@@ -177,7 +178,7 @@ class WiringCollector:
             info.add_metric([*lb, str(w.wiring.get("taps")), str(w.wiring.get("source"))[:200]], 1)
         for idx, words in said.items():
             lb = [self.model_names.get(int(idx), "") if idx.isdigit() else "", idx]
-            verdict.add_metric(lb, V.level(V.overall(words)))
+            verdict.add_metric(lb, verdicts.level(verdicts.overall(words)))
         yield from (
             verdict,
             watch,
@@ -275,7 +276,7 @@ class WiringWatchStatLogger(StatLoggerBase):
                 self.watch.wiring.get("source"),
                 "n/a" if e.position0 is None else f"{e.position0:.3f}",
                 e.source,
-                V.WRONG,
+                verdicts.WRONG,
                 e.wrong_below,
                 c.window,
                 c.min_drafts,

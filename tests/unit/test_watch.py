@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_eagle3 import verdicts as V
+from vllm_eagle3 import verdicts
 from vllm_eagle3 import watch as W
 from vllm_eagle3.resolve import load_spec_file
 from vllm_eagle3.spec import CaptureSpecError
@@ -49,7 +49,7 @@ class Clock:
 
 
 def fixed_expectation(p0: float = 0.8) -> W.Expectation:
-    return W.Expectation(p0, 3.0, "test", V.COLLAPSE_RATIO * p0, V.COSTS_RATIO * p0)
+    return W.Expectation(p0, 3.0, "test", verdicts.COLLAPSE_RATIO * p0, verdicts.COSTS_RATIO * p0)
 
 
 @pytest.fixture
@@ -137,8 +137,8 @@ def test_incident_collapses_with_one_warning(make_watch):
     min_drafts, then wrong, and exactly ONE warning however long it lasts (no costs line first); the line names the
     taps, their source, measured vs expected acceptance and the doctor command."""
     w, rec, _ = make_watch()
-    assert feed(w, 0.03, 56) == V.PENDING
-    assert feed(w, 0.03, 4000, seed=1) == V.WRONG
+    assert feed(w, 0.03, 56) == verdicts.PENDING
+    assert feed(w, 0.03, 4000, seed=1) == verdicts.WRONG
     warnings = rec.at(logging.WARNING)
     assert len(warnings) == 1, warnings
     assert rec.records == [rec.records[-1]], "a collapse in progress must give its wrong line alone, not costs first"
@@ -159,7 +159,7 @@ def test_healthy_head_is_ok_and_silent(make_watch):
     """Guards: false alarms on a correctly wired head (a served p0 somewhat below the offline 0.8, as real traffic
     gives) - never a line, verdict ok."""
     w, rec, _ = make_watch()
-    assert feed(w, 0.65, 20000) == V.OK
+    assert feed(w, 0.65, 20000) == verdicts.OK
     assert rec.records == []
 
 
@@ -167,9 +167,9 @@ def test_half_expected_costs_not_wrong(make_watch):
     """Guards: a partial miswiring (e.g. one tap off by one) lost among ok / wrong: p0 0.3 against 0.8 expected
     is below half (0.4) but above a quarter (0.2): costs, one line at the shared word's level (WARNING), no wrong."""
     w, rec, _ = make_watch()
-    assert feed(w, 0.3, 4000) == V.COSTS
+    assert feed(w, 0.3, 4000) == verdicts.COSTS
     lines = [r for r in rec.records]
-    assert len(lines) == 1 and lines[0].levelno == V.entry(V.COSTS).log_level == logging.WARNING
+    assert len(lines) == 1 and lines[0].levelno == verdicts.entry(verdicts.COSTS).log_level == logging.WARNING
     assert ": COSTS: " in lines[0].getMessage() and "WRONG" not in lines[0].getMessage()
 
 
@@ -178,18 +178,18 @@ def test_recovery_is_silent_and_rate_limit_holds(make_watch):
     warn_interval_s is not logged again as wrong (counted as suppressed; the costs it passes through on the way
     down is its own line, once); after the interval it is."""
     w, rec, clock = make_watch(W.WatchConfig(window=256, warn_interval_s=600))
-    assert feed(w, 0.02, 1000) == V.WRONG
+    assert feed(w, 0.02, 1000) == verdicts.WRONG
     n_lines = len(rec.records)
-    assert feed(w, 0.3, 600, seed=7) == V.COSTS  # on the way back: no costs line after the wrong one
-    assert feed(w, 0.8, 2000, seed=2) == V.OK
+    assert feed(w, 0.3, 600, seed=7) == verdicts.COSTS  # on the way back: no costs line after the wrong one
+    assert feed(w, 0.8, 2000, seed=2) == verdicts.OK
     assert len(rec.records) == n_lines, [r.getMessage() for r in rec.records[n_lines:]]
     clock.t += 60
-    assert feed(w, 0.02, 1000, seed=3) == V.WRONG
+    assert feed(w, 0.02, 1000, seed=3) == verdicts.WRONG
     wrong_lines = lambda: [m for m in rec.at(logging.WARNING) if ": WRONG: " in m]  # noqa: E731
     assert len(wrong_lines()) == 1 and w.lines_suppressed >= 1
     feed(w, 0.8, 2000, seed=4)
     clock.t += 601
-    assert feed(w, 0.02, 1000, seed=5) == V.WRONG
+    assert feed(w, 0.02, 1000, seed=5) == verdicts.WRONG
     assert len(wrong_lines()) == 2
 
 
@@ -198,10 +198,10 @@ def test_hysteresis_leaves_wrong_only_when_clearly_above(make_watch):
     window whose upper bound is no longer below the cut but whose lower bound is, stays wrong."""
     exp = fixed_expectation(0.8)  # wrong below 0.2
     w, _, _ = make_watch(W.WatchConfig(window=512), exp)
-    assert feed(w, 0.02, 1000) == V.WRONG
+    assert feed(w, 0.02, 1000) == verdicts.WRONG
     feed(w, 0.2, 1024, seed=6)  # the window now holds p0 ~ 0.2: bounds straddle the cut
     lo, hi = w.bounds
-    assert lo < exp.wrong_below <= hi and w.verdict == V.WRONG
+    assert lo < exp.wrong_below <= hi and w.verdict == verdicts.WRONG
 
 
 # ------------------------------------------------------------------------------------------------- expectation
@@ -217,7 +217,7 @@ def test_expectation_read_from_shipped_eval_json():
     e = W.expectation_for(SHIPPED_DRAFT, K, W.WatchConfig())
     assert e.position0 == pytest.approx(walk["1"]["accepted"] / walk["1"]["drafts"])
     assert e.acceptance_length == pytest.approx(1 + walk[str(K)]["accepted"] / walk[str(K)]["drafts"])
-    assert e.wrong_below == pytest.approx(V.COLLAPSE_RATIO * e.position0)
+    assert e.wrong_below == pytest.approx(verdicts.COLLAPSE_RATIO * e.position0)
     assert "served_walk" in e.source and len(e.per_position) == K
 
 
@@ -299,19 +299,28 @@ def test_report_is_json_and_names_everything(make_watch):
     feed(w, 0.03, 512)
     W.register_watch(w)
     try:
-        body = json.loads(json.dumps(W.report({"0": {"verdict": V.COSTS, "configured": {"taps": "[3, 31, 59]"}}})))
+        body = json.loads(
+            json.dumps(W.report({"0": {"verdict": verdicts.COSTS, "configured": {"taps": "[3, 31, 59]"}}}))
+        )
         alone = W.report()
     finally:
         W.unregister_watch(w)
-    assert body["verdict"] == V.WRONG and body["judges"] == {"watch": V.WRONG, "check": V.COSTS} and body["active"]
-    assert body["meaning"] == V.entry(V.WRONG).meaning and body["check"]["0"]["verdict"] == V.COSTS
-    assert [v["verdict"] for v in body["verdicts"]] == [v.word for v in V.VOCABULARY]
-    assert alone["verdict"] == V.WRONG and alone["judges"]["check"] == V.OFF
+    assert (
+        body["verdict"] == verdicts.WRONG
+        and body["judges"] == {"watch": verdicts.WRONG, "check": verdicts.COSTS}
+        and body["active"]
+    )
+    assert body["meaning"] == verdicts.entry(verdicts.WRONG).meaning and body["check"]["0"]["verdict"] == verdicts.COSTS
+    assert [v["verdict"] for v in body["verdicts"]] == [v.word for v in verdicts.VOCABULARY]
+    assert alone["verdict"] == verdicts.WRONG and alone["judges"]["check"] == verdicts.OFF
     e = body["engines"][0]
     assert e["wiring"]["taps"] == "[3, 31, 59]" and e["window"]["drafts"] >= 256
     assert e["window"]["position0_bounds"][1] < e["expected"]["wrong_below"]
     assert e["doctor"].startswith("vllm-eagle3 doctor") and e["last_warning"]
-    assert W.report()["verdict"] == V.OFF and W.report({"0": {"verdict": V.UNDECIDED}})["verdict"] == V.UNDECIDED
+    assert (
+        W.report()["verdict"] == verdicts.OFF
+        and W.report({"0": {"verdict": verdicts.UNDECIDED}})["verdict"] == verdicts.UNDECIDED
+    )
 
 
 def test_observe_costs_microseconds(make_watch):
