@@ -83,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="sustained load: each throughput cell at C sends enough requests for ~N decode steps at batch C "
         "(sized by requests, not by clock; past the prompt file's end its prompts are sent again); one move of "
-        "live k needs ~216 steps in a bucket; --plan sustained: 432",
+        "live k settles from a wrong start in ~240 steps in a bucket (two sweeps of every k); --plan sustained: 432",
     )
     g.add_argument(
         "--compiled",
@@ -205,7 +205,7 @@ def describe(plan: plans.Plan) -> str:
         )
         when += f" [side-by-side stretch {v.stretch}]" if v.stretch else ""
         lines.append(f"  {v.key:<24} {cells}{when}")
-    if plan.steps or any(v.live for v in plan.variants):  # what live k has room for (one move: ~216 steps)
+    if plan.steps or any(v.live for v in plan.variants):  # what live k has room for (settling: ~240 steps)
         concs = sorted({c.concurrency for v in plan.variants for c in v.cells if c.kind == "throughput"})
         lines.append(
             (f"sustained load (--sustained-steps {plan.steps}): " if plan.steps else "")

@@ -394,7 +394,8 @@ PLAN_ARGS = {  # smoke: every code path in a few minutes, numbers meaningless; t
     "adaptive": dict(waves=2),
     "shipped": dict(waves=2, live=True),
     # the shipped default under sustained load (issue 49): one cell per concurrency long enough for live k to move
-    # (Plan.steps: room for two moves, each ~216 steps in a bucket with live_k's default settings), one server of each
+    # (Plan.steps: room for settling from a wrong start, two sweeps of every k, ~240 steps in a bucket with live_k's
+    # default settings, and then holding), one server of each
     "sustained": dict(waves=2, live=True, steps=432, replicas=1),
 }
 BUILDERS = {
