@@ -18,6 +18,10 @@ Checks: every sampled token inside its context's support (a draft row without mi
 through at once), and Pearson chi-square of the joint (token 1, token 2) and of token 3's marginal against the exact
 probabilities, each at alpha 1e-3 (family-wise 2e-3; a shift of effect size w = 0.3 is detected with probability
 > 0.8 at n = 400). Seeds are fixed: a given build passes or fails reproducibly.
+
+Structured output on V2 (issue 47 item 3), in the same two engines: tests/e2e/test_structured_output_spec.py's
+completions cases of its first prompt (json_schema, regex, choice; greedy, one batch): the speculative engine's tokens
+equal the target alone's, each finished by "stop" and valid, with drafts verified and accepted meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import pytest
 
 from vllm_eagle3.testing.stats import chi_square
 
+from test_structured_output_spec import MAX_TOKENS as STRUCTURED_MAX_TOKENS, offline_cases  # tests/e2e, on sys.path
+
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "models" / "kimi-k25-mini"
 DRAFT = REPO / "models" / "kimi-k25-mini-eagle3"
@@ -44,6 +50,7 @@ GREEDY_PROMPTS = 4  # the first eval prompts
 FORCED = 30  # token id the +100 bias forces
 DIST_T, DIST_MIN_P, DIST_TOKENS, DIST_SAMPLES, TOP = 1.0, 0.1, 3, 400, 100
 DIST_ALPHA = 1e-3
+STRUCTURED = offline_cases(0)  # name -> (prompt, StructuredOutputsParams keywords, validity check)
 
 pytestmark = [pytest.mark.e2e]
 if not (TARGET / "config.json").is_file() or not (DRAFT / "eval_prompts.json").is_file():
@@ -96,6 +103,24 @@ def _spec_counts(llm) -> dict[str, float]:
     }
 
 
+def _structured(llm) -> dict[str, dict]:
+    """STRUCTURED's requests, greedy, in one batch: each one's token ids, text and finish reason."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    params = [
+        SamplingParams(
+            max_tokens=STRUCTURED_MAX_TOKENS, temperature=0.0, structured_outputs=StructuredOutputsParams(**keywords)
+        )
+        for _, keywords, _ in STRUCTURED.values()
+    ]
+    outs = llm.generate([prompt for prompt, _, _ in STRUCTURED.values()], params, use_tqdm=False)
+    return {
+        name: {"ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text, "finish": o.outputs[0].finish_reason}
+        for name, o in zip(STRUCTURED, outs)
+    }
+
+
 def _speculative(out: dict, say) -> None:
     from vllm import SamplingParams
 
@@ -139,6 +164,10 @@ def _speculative(out: dict, say) -> None:
             SamplingParams(max_tokens=16, temperature=1.0, min_p=0.05, logit_bias={FORCED: -5.0}, seed=3),
         ]
         out["min_p_lengths"] = [len(o.outputs[0].token_ids) for o in llm.generate(prompts, accepted, use_tqdm=False)]
+        c0 = _spec_counts(llm)
+        out["structured"] = _structured(llm)
+        out["structured_counts"] = {k: v - c0[k] for k, v in _spec_counts(llm).items()}
+        say(f"structured output: {len(STRUCTURED)} requests; speculation {out['structured_counts']}")
         ban = banned(want[0])
         c0 = _spec_counts(llm)
         dist = [
@@ -175,6 +204,7 @@ def _plain(out: dict, say) -> None:
         ]
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
         out["plain_greedy_bias"] = [list(o.outputs[0].token_ids) for o in outs]
+        out["plain_structured"] = _structured(llm)
         ban = set(banned(want[0]))
         top_params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=TOP)
 
@@ -295,6 +325,24 @@ def test_sampled_distribution_matches_no_speculation(run):
         assert p > DIST_ALPHA, f"{what} under speculation differs from no speculation: chi2 {stat:.1f}, df {df}, p {p}"
     c = run["dist_counts"]
     assert c["drafts"] > 0 and c["accepted"] > 0, f"speculation did not run while sampling: {c}"
+
+
+@pytest.mark.parametrize("name", list(STRUCTURED))
+def test_structured_output_greedy_identical_and_valid(run, name):
+    """Structured output on V2 under speculation: the tokens equal V2's without speculation (a grammar advanced by a
+    rejected draft, or a draft row left unmasked, would differ), finished by "stop" and valid for the schema / regex /
+    choice."""
+    got, want = run["structured"][name], run["plain_structured"][name]
+    print(f"[v2 sampling] structured {name}: {got['text']!r}", flush=True)
+    assert got["ids"] == want["ids"], f"speculative {got} != non-speculative {want}"
+    assert got["finish"] == "stop", f"grammar not completed in {STRUCTURED_MAX_TOKENS} tokens: {got['text']!r}"
+    STRUCTURED[name][2](got["text"])
+
+
+def test_structured_output_speculated(run):
+    """The structured requests ran under speculation: drafts verified and accepted while they were served."""
+    c = run["structured_counts"]
+    assert c["drafts"] > 0 and c["accepted"] > 0, c
 
 
 if __name__ == "__main__":

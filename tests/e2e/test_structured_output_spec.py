@@ -16,6 +16,8 @@ membership); over the module, drafts were verified and accepted; one json_schema
 text as unstreamed. JSON grammars allow any whitespace between tokens, and the miniature, trained on indented Python,
 greedily fills it with spaces before a ``true`` / ``false`` until max_tokens (seen with a boolean field, on both
 servers alike): the schemas hold strings, integers and enums, which it completes.
+Model Runner V2: :func:`offline_cases` (the first prompt's completions cases) run in the two V2 engines of
+tests/e2e/test_spec_min_p_logit_bias_v2.py, with and without speculation, under the same checks.
 """
 
 from __future__ import annotations
@@ -141,6 +143,22 @@ def cases() -> dict[str, tuple[str, dict, object]]:
 
 
 CASES = cases()
+
+
+def offline_cases(prompt: int = 0) -> dict[str, tuple[str, dict, object]]:
+    """The completions cases of prompt ``prompt`` as an offline engine takes them: name -> (prompt text,
+    ``StructuredOutputsParams`` keywords, validity check). tests/e2e/test_spec_min_p_logit_bias_v2.py runs them on
+    Model Runner V2."""
+    out = {}
+    for name, (path, body, check) in CASES.items():
+        if path == "/v1/completions" and name.endswith(f"_{prompt}"):
+            fmt = body.get("response_format")
+            out[name] = (
+                body["prompt"],
+                {"json": fmt["json_schema"]["schema"]} if fmt else body["structured_outputs"],
+                check,
+            )
+    return out
 
 
 def text_and_ids(path: str, r: dict) -> tuple[str, list[int]]:
