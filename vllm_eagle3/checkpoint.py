@@ -249,7 +249,8 @@ DRAFT_OPTIONS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residu
 
 VLLM_MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "kimi_k2")
 """Draft ``model_type`` values (a subset: the DeepSeek/Kimi ones) for which vLLM 0.32 treats the model as MLA
-(``transformers_utils/model_arch_config_convertor.py`` L314-341, which also needs ``kv_lora_rank``)."""
+(``transformers_utils/model_arch_config_convertor.py`` ``ModelArchConfigConvertorBase.is_deepseek_mla``, which also
+needs ``kv_lora_rank``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,10 +281,11 @@ def draft_readings(cfg: Mapping[str, Any]) -> list[DraftReading]:
     reads this draft config, per the draft class its architecture selects ("mla" or "llama").
 
     Fan-in, as each class computes it: the first of its ``fan_in`` sources present (``num_aux_hidden_states``, the
-    eagle_config list, the top-level list), else 3; e.g. vLLM ``llama_eagle3.py`` L210-216 / ``deepseek_eagle3.py``
-    L189-193 and SGLang ``llama_eagle3.py`` L156-161 never count the top-level list, SGLang ``kimi_k25_eagle3.py``
-    L48-59 never reads ``num_aux_hidden_states``. Options: the first place each class looks that holds the flag;
-    absent means off in every class.
+    eagle_config list, the top-level list), else 3; e.g. vLLM ``llama_eagle3.py`` ``LlamaModel.__init__`` /
+    ``deepseek_eagle3.py`` ``DeepseekV2Eagle3Model.__init__`` and SGLang ``llama_eagle3.py`` ``LlamaModel.__init__``
+    never count the top-level list, SGLang ``kimi_k25_eagle3.py`` ``_get_eagle_aux_layer_count`` never reads
+    ``num_aux_hidden_states``. Options: the first place each class looks that holds the flag; absent means off in every
+    class.
     """
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), Mapping) else {}
     kind = "mla" if (cfg.get("architectures") or ["?"])[0] in mla_draft_architectures() else "llama"
@@ -382,8 +384,9 @@ def draft_option_warnings(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
                     "mla-model-type",
                     f"MLA draft with model_type {cfg.get('model_type')!r} and kv_lora_rank "
                     f"{cfg.get('kv_lora_rank')!r}: vLLM 0.32 treats it as MLA only for model_type in "
-                    f"{list(VLLM_MLA_MODEL_TYPES)} with kv_lora_rank set (model_arch_config_convertor.py L314-341) "
-                    'and sizes its KV cache wrongly otherwise; set "model_type": "kimi_k2" (or deepseek_v3)',
+                    f"{list(VLLM_MLA_MODEL_TYPES)} with kv_lora_rank set (model_arch_config_convertor.py "
+                    'is_deepseek_mla) and sizes its KV cache wrongly otherwise; set "model_type": "kimi_k2" (or '
+                    "deepseek_v3)",
                 )
             )
         if cfg.get("num_hidden_layers", 1) != 1:
@@ -392,7 +395,7 @@ def draft_option_warnings(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
                     "mla-layers",
                     f"MLA draft with num_hidden_layers = {cfg.get('num_hidden_layers')}: "
                     "SGLang 0.5.23 refuses it "
-                    "(kimi_k25_eagle3.py L243-244 'EAGLE3 currently only supports 1 layer')",
+                    "(kimi_k25_eagle3.py Eagle3MLAModel.__init__: 'EAGLE3 currently only supports 1 layer')",
                 )
             )
     if (

@@ -149,8 +149,9 @@ def test_engine_defaults_when_nothing_is_set():
 
 
 def test_fan_in_sources_differ_between_engines():
-    """vLLM 0.32 (both classes) and SGLang's Llama draft: num_aux_hidden_states > nested list > 3; SGLang 0.5.23's
-    MLA draft (kimi_k25_eagle3.py L48-59): nested list > top-level list > 3, num_aux_hidden_states never read."""
+    """vLLM 0.32 (both classes) and SGLang's Llama draft: num_aux_hidden_states > nested list > 3; SGLang 0.5.23's MLA
+    draft (kimi_k25_eagle3.py _get_eagle_aux_layer_count): nested list > top-level list > 3, num_aux_hidden_states never
+    read."""
     r = readings({**MLA, IDS: [0, 3, 31, 59]})
     assert (r["vLLM 0.32"].num_taps, r["SGLang 0.5.23"].num_taps) == (3, 4)
     assert "the default 3" in r["vLLM 0.32"].num_taps_from and r["SGLang 0.5.23"].num_taps_from == "the top-level list"
@@ -167,16 +168,16 @@ def test_fan_in_sources_differ_between_engines():
 @pytest.mark.parametrize(
     "base, cfg, engine, opt, how",
     [
-        # MLA: vLLM deepseek_eagle3.py L101 reads norm_before_residual; SGLang kimi_k25_eagle3.py L159-161 always norms
+        # MLA: vLLM DeepseekV2Eagle3DecoderLayer reads norm_before_residual; SGLang Eagle3MLADecoderLayer always norms
         # after the residual.
         (MLA, {"norm_before_residual": True}, "SGLang 0.5.23", "norm_before_residual", "never reads it"),
         # MLA: neither class has an input_norm over the concatenation.
         (MLA, {"norm_before_fc": True}, "vLLM 0.32", "norm_before_fc", "never reads it"),
         (MLA, {"norm_before_fc": True}, "SGLang 0.5.23", "norm_before_fc", "never reads it"),
-        # SGLang's legacy name for fc_norm (kimi_k25_eagle3.py L230, llama_eagle3.py L185); vLLM reads only fc_norm.
+        # SGLang's legacy name for fc_norm (Eagle3MLAModel.__init__, LlamaModel.__init__); vLLM reads only fc_norm.
         (MLA, {"use_aux_norm": True}, "vLLM 0.32", "use_aux_norm", "never reads it"),
         (LLAMA, {"use_aux_norm": True}, "vLLM 0.32", "use_aux_norm", "never reads it"),
-        # Llama: SGLang 0.5.23 llama_eagle3.py L99-100 always norms after the residual.
+        # Llama: SGLang 0.5.23 LlamaDecoderLayer.forward always norms after the residual.
         (LLAMA, {"norm_before_residual": True}, "SGLang 0.5.23", "norm_before_residual", "never reads it"),
         # fc_norm / norm_output are read only at the top level; inside eagle_config every engine ignores them.
         (MLA, {"eagle_config": {"fc_norm": True}}, "vLLM 0.32", "fc_norm", "reads it only at the top level"),

@@ -510,10 +510,11 @@ FOUR_CFG = {
     "dst, ids", [("vllm", [0, 3, 31, 59]), ("speculators", [0, 3, 31, 59]), ("sglang", [0, 3, 31, 59])]
 )
 def test_convert_four_taps_where_expressible(dst, ids):
-    """vLLM 0.32 sizes fc from num_aux_hidden_states / the nested list (llama_eagle3.py L210-221); SGLang 0.5.23 takes
-    any number of ids: deepseek_v2.py L3473 keeps the list, the capture packer is sized len(list), the Llama draft's fc
-    from num_aux_hidden_states or the nested list (llama_eagle3.py L156-164) and the draft-extend buffers from the
-    draft's config (speculative/eagle_utils.py L237-276)."""
+    """vLLM 0.32 sizes fc from num_aux_hidden_states / the nested list (llama_eagle3.py LlamaModel.__init__); SGLang
+    0.5.23 takes any number of ids: DeepseekV2ForCausalLM.set_eagle3_layers_to_capture keeps the list, the capture
+    packer is sized len(list), the Llama draft's fc from num_aux_hidden_states or the nested list (llama_eagle3.py
+    LlamaModel.__init__) and the draft-extend buffers from the draft's config (speculative/eagle_utils.py
+    get_draft_input_from_target_hidden_dim)."""
     new, summary = convert.convert_config(FOUR_CFG, "vllm", dst, L)
     assert new[IDS] == new["eagle_config"][IDS] == ids and new["num_aux_hidden_states"] == 4, summary
 

@@ -3,13 +3,13 @@
 Why it exists: drafts trained for SGLang before PR #25454 (the incident's Kimi K2.5 head among them) write their
 capture ids in the LEGACY convention: id ``k`` means "output of layer k" = tap ``k + 1``, and the incident's fix
 wrote the embedding (tap 0) as ``-1``, i.e. ``[-1, 2, 30]`` for taps embed/3/31. SGLang 0.5.13..0.5.23's
-``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture`` shifts only lists starting with ``1`` and otherwise takes ids
-as taps, so ``[-1, 2, 30]`` is never matched (0.5.23 dies at the first forward: "captured 2 of 3 aux hidden states";
-0.5.13.post1's capture loop, deepseek_v2.py L2436-2507, has no such check and returns two states — read, not run)
-and ``[2, 30, 58]`` silently becomes taps 2/30/58. On 0.5.12.post1 and earlier (the legacy rule itself) ``-1``
-crashes instead (see below). A user who stays on SGLang with a legacy-convention draft gets the trained wiring back
-by applying this patch before the model is built (see ``vllm_eagle3.conventions``, convention ``sglang-legacy``, for
-the id table).
+``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture`` shifts only lists starting with ``1`` and otherwise takes ids as
+taps, so ``[-1, 2, 30]`` is never matched (0.5.23 dies at the first forward: "captured 2 of 3 aux hidden states";
+0.5.13.post1's capture loop, deepseek_v2.py ``DeepseekV2Model.forward``, has no such check and returns two states —
+read, not run) and ``[2, 30, 58]`` silently becomes taps 2/30/58. On 0.5.12.post1 and earlier (the legacy rule itself)
+``-1`` crashes instead (see below). A user who stays on SGLang with a legacy-convention draft gets the trained wiring
+back by applying this patch before the model is built (see ``vllm_eagle3.conventions``, convention ``sglang-legacy``,
+for the id table).
 
 What it changes: ``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture`` (inherited by ``DeepseekV3ForCausalLM``;
 SGLang's ``KimiK25ForConditionalGeneration`` delegates to its DeepseekV3 language model). With ids given it sets
