@@ -78,7 +78,7 @@ def graph_tokens_of(vllm_config: Any) -> int | None:
     ):
         return None
     if mode.has_full_cudagraphs():
-        runner = "Model Runner V2" if vllm_config.use_v2_model_runner else "the V1 runner"
+        runner = "Model Runner V2" if _runs_v2(vllm_config) else "the V1 runner"
         raise LiveKError(
             f"live_k cannot measure k under cudagraph_mode {mode.name}: {runner} captures FULL decode "
             f"graphs only for k in {_graphed_k(vllm_config)} of 0..{vllm_config.num_speculative_tokens}, "
@@ -89,11 +89,16 @@ def graph_tokens_of(vllm_config: Any) -> int | None:
     return compilation.max_cudagraph_capture_size
 
 
+def _runs_v2(vllm_config: Any) -> bool:
+    """vLLM's own rule (``VllmConfig.use_v2_model_runner``); vLLM 0.34 has no V1 runner and no such property."""
+    return getattr(vllm_config, "use_v2_model_runner", True)
+
+
 def _graphed_k(vllm_config: Any) -> list[int]:
     """The k values FULL decode graphs are captured for: V2 reads them off the dense table vLLM's scheduler runs on,
     V1 (and V2 without a table) captures k = num_speculative_tokens only."""
     spec, max_k = vllm_config.speculative_config, vllm_config.num_speculative_tokens
-    if not (vllm_config.use_v2_model_runner and spec.uses_dynamic_speculative_decoding()):
+    if not (_runs_v2(vllm_config) and spec.uses_dynamic_speculative_decoding()):
         return [max_k]
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 

@@ -110,7 +110,8 @@ def verified_counts(scheduler_output: Any, model_runner_output: Any) -> list[tup
     spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
     invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
     sampled = getattr(model_runner_output, "sampled_token_ids", None)
-    index = getattr(model_runner_output, "req_id_to_index", None) or {}
+    # req_ids, not req_id_to_index: vLLM 0.34's ModelRunnerOutput has only the first
+    index = {r: i for i, r in enumerate(getattr(model_runner_output, "req_ids", None) or ())}
     out = []
     for req_id, drafts in spec.items():
         i = index.get(req_id)

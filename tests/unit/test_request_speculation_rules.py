@@ -154,7 +154,7 @@ def test_verified_counts_match_vllms_per_request_metrics():
     so = SimpleNamespace(
         scheduled_spec_decode_tokens={"a": [5, 6, 7], "b": [1, 2], "c": []}, num_invalid_spec_tokens={"b": 1}
     )
-    mo = SimpleNamespace(sampled_token_ids=[[9], [5, 6, 4], [3], [1, 8]], req_id_to_index={"a": 1, "b": 3, "c": 0})
+    mo = SimpleNamespace(sampled_token_ids=[[9], [5, 6, 4], [3], [1, 8]], req_ids=["c", "a", "x", "b"])
     assert verified_counts(so, mo) == [("a", 3, 2), ("b", 1, 1)]
 
 
