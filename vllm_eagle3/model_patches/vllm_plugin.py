@@ -15,6 +15,7 @@ from vllm_eagle3.model_patches import vllm_cpu_rope_3d
 from vllm_eagle3.model_patches import vllm_cpu_onednn_release, vllm_cpu_spec_expand, vllm_cpu_top_k_empty
 from vllm_eagle3.model_patches import vllm_cpu_spec_min_p_logit_bias
 from vllm_eagle3.model_patches import vllm_endpoint_default
+from vllm_eagle3.model_patches import vllm_v2_spec_min_p_logit_bias
 from vllm_eagle3.model_patches import vllm_media_fetch_unreachable
 
 VLLM_PATCHES = (
@@ -28,6 +29,7 @@ VLLM_PATCHES = (
     vllm_endpoint_default.PATCH,
     vllm_cpu_onednn_release.PATCH,
     vllm_cpu_spec_min_p_logit_bias.PATCH,
+    vllm_v2_spec_min_p_logit_bias.PATCH,
 )
 
 

