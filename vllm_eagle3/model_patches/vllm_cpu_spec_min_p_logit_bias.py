@@ -28,7 +28,8 @@ ones; bonus-only processing fails the same bound), tests/e2e/test_sampling_optio
 tests/e2e/test_spec_min_p_logit_bias_v2.py (V2's own step loop: greedy identical, distributions).
 
 Retire when: vLLM's V1 rejection sampler applies argmax-invariant and bias processors to draft rows (vLLM #42744,
-#42802 min_p, #38202 logit_bias) and drops the guard. Only applied on CPU.
+#42802 min_p, #38202 logit_bias) and drops the guard. Only applied on CPU; on GPU vLLM,
+:mod:`~vllm_eagle3.model_patches.vllm_v2_spec_min_p_logit_bias` lifts the refusal where Model Runner V2 verifies.
 """
 
 from __future__ import annotations
