@@ -18,15 +18,16 @@ wraps the scheduler), which answers from measurements of the machine that serves
 - **choice**: each bucket starts at the configured table's k and first *settles*: every ``settle_every`` steps it
   holds another k for ``hold`` steps, each k of 0..max_k in turn (the least probed first, the nearest first among
   those), until every one has ``min_probes`` probes; then the k whose tokens per second beat the current k's by
-  ``margin`` and by two standard errors, the most, takes over and the bucket settles again from there, or, when none
-  does, the bucket is settled. A table measured on another machine is often wrong by more than one k, and the cost
-  curve is flat near its best (a neighbour alone may gain under the margin while k two away gains 15 %): a sweep
-  finds it in a few hundred steps where walking one k at a time did not move at all. Settled, every
+  ``margin`` and by two standard errors, the most, takes over and the bucket settles again from there. While none
+  does, the k that may still win (gain plus two standard errors above the margin) race on, up to ``evidence`` probes
+  each; when none is left, the bucket is settled. A table measured on another machine is often wrong by more than
+  one k, and the cost curve is flat near its best (a neighbour alone may gain under the margin while k two away gains
+  15 %): a sweep finds it in a few hundred steps where walking one k at a time did not move at all. Settled, every
   ``explore_every`` steps it holds a neighbouring k (one below, then one above, alternating) for ``hold`` steps; a
   neighbour takes over by the same rule over its last ``evidence`` probes, and the bucket settles again. Each probe
   is a paired measurement: its steps' cost against the current k's steps just before it. Exploration is bounded:
-  ``hold / (explore_every + hold)`` of a settled bucket's steps (10 % by default), and a sweep ends after
-  ``min_probes`` probes of each k; pairing and the evidence rule keep a noisy machine from walking k away from the
+  ``hold / (explore_every + hold)`` of a settled bucket's steps (10 % by default), and a sweep ends after at
+  most ``evidence`` probes of each k; pairing and the evidence rule keep a noisy machine from walking k away from the
   best (comparing moving averages did: in a side-by-side benchmark on two busy cores it took batch 1 from k=5 to k=2).
 - **graphs**: with CUDA graphs every k it may draft must run the same kind of step, or a probe measures graphs, not
   k. :func:`vllm_eagle3.live_k_vllm.graph_tokens_of` refuses graph modes captured per k; under PIECEWISE graphs
@@ -226,9 +227,15 @@ class LiveK:
         return [k for k in range(self.max_k + 1) if k != b.k and self._same_graphs(key, b.k, k)]
 
     def _sweep_left(self, b: _Bucket, key: int) -> list[int]:
-        """The k a settling bucket still has to probe, the least probed first, then the nearest, then the lower."""
+        """The k a settling bucket still has to probe, the least probed first, then the nearest, then the lower: each
+        k until it has ``min_probes`` probes; after that (a race) only a k that may still win, its gain plus two
+        standard errors above the margin, until it has ``evidence`` probes. A k two standard errors short of the
+        margin drops out, so the probes go where the answer is still open."""
+        s = self.settings
         probes = {k: len(b.evidence.get(k, ())) for k in self._candidates(b, key)}
-        left = [k for k, n in probes.items() if n < self.settings.min_probes]
+        left = [k for k, n in probes.items() if n < s.min_probes]
+        if not left:
+            left = [k for k, n in probes.items() if n < s.evidence and self._bound(b, k, +2) > math.log1p(s.margin)]
         return sorted(left, key=lambda k: (probes[k], abs(k - b.k), k))
 
     def _graphed_up_to(self, key: int, k: int) -> int:
@@ -295,12 +302,13 @@ class LiveK:
             if self._wins(b, probed):
                 self._move(batch, b, probed)
             return
-        if self._sweep_left(b, bucket_of(batch)):
+        key = bucket_of(batch)
+        if any(len(b.evidence.get(k, ())) < self.settings.min_probes for k in self._candidates(b, key)):
             return
         winners = [k for k in b.evidence if self._wins(b, k)]
         if winners:
             self._move(batch, b, max(winners, key=lambda k: self.gain(b, k)))
-        else:
+        elif not self._sweep_left(b, key):
             b.settled = True
             lo, hi = bucket_range(bucket_of(batch))
             logger.info(
@@ -312,16 +320,24 @@ class LiveK:
             )
 
     def _wins(self, b: _Bucket, k: int) -> bool:
-        """Whether ``k``'s probes beat the bucket's k by ``margin`` and two standard errors. The spread of one probe
-        is pooled over every k probed in the bucket (the machine's noise, not the k's): three probes of one k can
-        agree by chance, and a sweep that tries every k would find such a k by chance too."""
-        ev, gain = b.evidence.get(k, []), self.gain(b, k)
-        if len(ev) < self.settings.min_probes or gain is None:
+        """Whether ``k``'s probes beat the bucket's k by ``margin``, and by two standard errors (:meth:`_bound`)."""
+        if len(b.evidence.get(k, ())) < self.settings.min_probes:
             return False
+        return self._bound(b, k, 0) > math.log1p(self.settings.margin) and self._bound(b, k, -2) > 0
+
+    def _bound(self, b: _Bucket, k: int, errors: float) -> float:
+        """``k``'s gain plus ``errors`` standard errors (log tokens/s; -inf when unknown). The spread of one probe is
+        pooled over every k probed in the bucket (the machine's noise, not the k's): three probes of one k can agree
+        by chance, and a sweep that tries every k would find such a k by chance too."""
+        ev, gain = b.evidence.get(k, []), self.gain(b, k)
+        if gain is None:
+            return -math.inf
         lists = [x for x in b.evidence.values() if len(x) >= 2]
+        dof = sum(map(len, lists)) - len(lists)
+        if not dof:
+            return gain if errors == 0 else math.copysign(math.inf, errors)
         squares = sum((v - sum(x) / len(x)) ** 2 for x in lists for v in x)
-        spread = math.sqrt(squares / (sum(map(len, lists)) - len(lists)) / len(ev))
-        return gain > math.log1p(self.settings.margin) and gain - 2 * spread > 0
+        return gain + errors * math.sqrt(squares / dof / len(ev))
 
     def _move(self, batch: int, b: _Bucket, k: int) -> None:
         ev, gain = b.evidence[k], self.gain(b, k)

@@ -677,6 +677,11 @@ RELIED: tuple[Relied, ...] = (
         why="live_k: the report is written when the engine idles",
     ),
     relied("vllm.v1.core.sched.output", "SchedulerOutput.scheduled_spec_decode_tokens", why="live_k: drafts verified"),
+    relied(
+        "vllm.v1.core.sched.output",
+        "SchedulerOutput.num_scheduled_tokens",
+        why="live_k: a step that computes a prompt is no sample of k's cost",
+    ),
     relied("vllm.v1.core.sched.output", "SchedulerOutput.num_spec_tokens_to_schedule", why="the k the runner drafts"),
     relied("vllm.v1.outputs", "ModelRunnerOutput.sampled_token_ids", why="live_k: tokens accepted per request"),
     relied("vllm.v1.outputs", "ModelRunnerOutput.req_ids", why="live_k: a request's row"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import queue
 import shutil
 import sys
@@ -77,6 +78,17 @@ def live_k_report(base_url: str) -> dict[str, Any]:
     return live
 
 
+def generated_tokens(base_url: str) -> float:
+    """vLLM's ``vllm:generation_tokens_total`` (summed over engines): tokens generated so far, counted per step, not
+    per finished request, so the tokens/s of a few seconds is not quantized by request lengths."""
+    from vllm_eagle3.tools.serve.metrics import parse_prometheus
+
+    status, body = http_get(base_url + "/metrics", timeout=30)
+    if status != 200:
+        raise RuntimeError(f"GET /metrics answered {status}: {body[:300]}")
+    return sum(v for _, v in parse_prometheus(body).get("vllm:generation_tokens_total", []))
+
+
 def busiest(live: dict[str, Any], concurrency: int) -> list[int] | None:
     """The table row (first, last, k) holding ``concurrency`` requests, else the last row seen."""
     rows = live.get("table") or []
@@ -129,12 +141,13 @@ def trace(server: VllmServer, args: argparse.Namespace, prompts: list[list[int]]
     """Samples every ``args.every`` seconds while :func:`drive` runs; raises when any request failed."""
     done, errors = [0, 0], []  # requests, completion tokens; failed requests
     runner = threading.Thread(target=drive, args=(server, args, prompts, done, errors), daemon=True)
-    t0, last = time.monotonic(), (0.0, 0)
+    t0, last = time.monotonic(), (0.0, generated_tokens(server.base_url))
+    samples_start = last[1]
     samples = []
     runner.start()
     while True:
         runner.join(timeout=args.every)
-        now, tokens = time.monotonic() - t0, done[1]
+        now, tokens = time.monotonic() - t0, generated_tokens(server.base_url)
         live = live_k_report(server.base_url)
         row = busiest(live, args.concurrency)
         steps = sum(int(n) for n in live.get("steps_at_k", {}).values())
@@ -142,7 +155,7 @@ def trace(server: VllmServer, args: argparse.Namespace, prompts: list[list[int]]
             {
                 "t_s": round(now, 2),
                 "requests_done": done[0],
-                "tokens": tokens,
+                "tokens": int(tokens - samples_start),
                 "tokens_per_s": round((tokens - last[1]) / max(now - last[0], 1e-9), 2),
                 "bucket": row[:2] if row else None,
                 "k": row[2] if row else None,
@@ -203,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info()
     kind, slug = host_kind(machine)
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())  # other work on the box moves step times
     server = VllmServer(serve_args(args.start_k, args.max_k), log_path=out / "server.log", cwd=REPO)
     print(f"[live-k-trace] serving with k = {args.start_k} at every batch size (log {out / 'server.log'})")
     with server:
@@ -213,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": date,
         "machine": machine,
         "host_kind": kind,
+        "load_before": load_before,
+        "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "command": "vllm-eagle3 live-k-trace " + " ".join(sys.argv[1:] if argv is None else argv),
         "start_k": args.start_k,
         "max_k": args.max_k,
