@@ -183,7 +183,7 @@ def trace(server: VllmServer, args: argparse.Namespace, prompts: list[list[int]]
     return samples
 
 
-def plot(samples: Sequence[dict[str, Any]], title: str, path: Path) -> bool:
+def plot(samples: Sequence[dict[str, Any]], title: str, path: Path, max_k: int = 5) -> bool:
     from vllm_eagle3.tools.bench.cells_text import pyplot
 
     plt = pyplot(str(path))
@@ -193,6 +193,7 @@ def plot(samples: Sequence[dict[str, Any]], title: str, path: Path) -> bool:
     t = [s["t_s"] for s in samples]
     ax_k.step(t, [s["k"] for s in samples], where="post")
     ax_k.set_ylabel("k of the busiest bucket")
+    ax_k.set_ylim(-0.3, max_k + 0.3)
     ax_t.plot(t, [s["tokens_per_s"] for s in samples], marker=".")
     ax_t.set_ylabel("tokens/s")
     ax_t.set_xlabel("seconds")
@@ -240,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     (out / "live_k_trace.json").write_text(json.dumps(result, indent=1) + "\n")
     title = f"live k from k = {args.start_k}, c = {args.concurrency}: {kind}, {date}, {machine.get('commit')}"
-    drew = plot(samples, title, out / "live_k_trace.png")
+    drew = plot(samples, title, out / "live_k_trace.png", args.max_k)
     print(f"[live-k-trace] final table {final['table']}, changes {final['changes']}; wrote {out / 'live_k_trace.json'}")
     if args.publish:
         dest = REPO / "bench" / "live-k-trace" / f"{slug}-start{args.start_k}-c{args.concurrency}"
