@@ -10,28 +10,32 @@ aux hidden states. ``vllm-eagle3 serve`` calls :func:`check_pipeline_parallel` w
 
 from __future__ import annotations
 
-from unittest import mock
-
 from vllm_eagle3.spec import CaptureSpec, CaptureSpecError
 
 
 def pipeline_partition(num_layers: int, pp_size: int, partition: str | None = None) -> list[int]:
-    """Decoder layers per pipeline stage, split by vLLM's own ``vllm.distributed.utils.get_pp_indices`` under
-    ``VLLM_PP_LAYER_PARTITION = partition`` (None: unset, vLLM's even split), e.g. 61 layers, 2 stages -> [31, 30].
-    ``partition`` is the value the served engine will see; it is handed to vLLM's reader for this call only. vLLM is
-    imported here, with no fallback: the one caller, ``serve``, runs vLLM anyway, and only with PP > 1."""
-    from vllm import envs as vllm_envs
-    from vllm.distributed.utils import get_pp_indices
-
-    with mock.patch.object(vllm_envs, "VLLM_PP_LAYER_PARTITION", partition or None, create=True):
+    """Decoder layers per pipeline stage as vLLM's ``vllm.distributed.utils.get_pp_indices`` splits them:
+    ``VLLM_PP_LAYER_PARTITION = partition`` when given, else an even split whose remainder goes to the stages before
+    the last, e.g. 61 layers, 2 stages -> [31, 30]. Written out, not called: ``serve`` refuses a bad split before it
+    imports vLLM (a one-line refusal in a second, tests/e2e/test_serve_errors.py), and importing vLLM for this took
+    that away. ``tests/unit/test_pipeline_runner.py`` holds it equal to vLLM's own function over every split."""
+    if partition:
         try:
-            bounds = [get_pp_indices(num_layers, rank, pp_size) for rank in range(pp_size)]
-        except ValueError as exc:
+            parts = [int(x) for x in partition.split(",")]
+        except ValueError:
             raise CaptureSpecError(
-                f"VLLM_PP_LAYER_PARTITION={partition!r} is refused by vLLM ({exc}); list {pp_size} comma-separated "
+                f"VLLM_PP_LAYER_PARTITION={partition!r} is not a comma-separated list of ints; list {pp_size} "
                 f"layer counts summing to {num_layers}"
             ) from None
-    return [end - start for start, end in bounds]
+        if len(parts) != pp_size or sum(parts) != num_layers:
+            raise CaptureSpecError(
+                f"VLLM_PP_LAYER_PARTITION={partition!r} must list {pp_size} stages summing to {num_layers} layers"
+            )
+        return parts
+    parts = [num_layers // pp_size] * pp_size
+    for i in range(2, num_layers % pp_size + 2):
+        parts[-i] += 1
+    return parts
 
 
 def pipeline_runner() -> tuple[bool, str]:

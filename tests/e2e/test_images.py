@@ -210,9 +210,10 @@ def reference(prompts) -> list[dict]:
 def spec() -> VllmServer:
     """The shipped vision config (EAGLE-3 on) + the probe extension. The first test asks for ``reference`` before
     ``served``, so in a full run ``plain`` has stopped before this one starts."""
-    # The vision config's live k as it ships; the per-request draft back-off off: the acceptance test accounts for
-    # every token after the first as verified (a paused request's tokens are not).
-    plugin = json.dumps({"vllm_eagle3": {"live_k": True, "draft_backoff": False}})
+    # The vision config's table at a fixed k (live k off) and the per-request draft back-off off: the acceptance test
+    # accounts for every token after the first as verified, which a k = 0 step (live k's sweep drafts it) or a paused
+    # request's step is not.
+    plugin = json.dumps({"vllm_eagle3": {"live_k": False, "draft_backoff": False}})
     server = start_server(
         "spec",
         [

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from vllm_eagle3.resolve import CONFIG_SPEC_SOURCE
 from vllm_eagle3.testing.nodes import NodeGroup, one_core_per_node
@@ -79,12 +80,20 @@ def two_nodes(session_env, prompts, one_node) -> dict:
     config's additional-config only, the same head and k as the one-node server."""
     env = {k: v for k, v in session_env.items() if not k.startswith(PROJECT_ENV_PREFIXES)}
     env.pop("VLLM_PLUGINS", None)
+    # The serve config's own plugin mapping (its spec) with live k and the per-request draft back-off off, as the
+    # one-node server runs: acceptance is compared at one fixed k with every request drafting (live k's sweep drafts
+    # k = 0..5 by measured step times, and the k mix moves acceptance length). The spec still reaches every node only
+    # through vLLM's --additional-config.
+    plugin = yaml.safe_load(SERVE_CONFIG.read_text())["additional-config"]
+    plugin["vllm_eagle3"].update(live_k=False, draft_backoff=False)
     args = [
         str(TARGET),
         "--config",
         str(SERVE_CONFIG),
         "--speculative-config",
         eagle3_config(DRAFT),
+        "--additional-config",
+        json.dumps(plugin),
         "--tensor-parallel-size",
         str(TP),
     ]

@@ -50,16 +50,24 @@ def test_pre_start_check_knows_the_runner():
 
 
 def test_the_split_is_vllms_own():
-    """The pre-start split is vLLM's ``get_pp_indices`` (not a copy that could drift): the even split with its
-    remainder before the last stage, a given VLLM_PP_LAYER_PARTITION honoured for this call only, a bad one refused
-    in one line naming the variable."""
+    """The pre-start split equals vLLM's ``get_pp_indices`` for every layer count and stage count up to 64 x 8, and
+    for given VLLM_PP_LAYER_PARTITION values (vLLM reads the variable: patched for the call); a bad one is refused in
+    one line naming the variable. serve checks before it imports vLLM, so the split is written out, not called."""
+    from unittest import mock
+
     from vllm import envs as vllm_envs
     from vllm.distributed.utils import get_pp_indices
 
+    def vllms(layers: int, stages: int, partition: str | None = None) -> list[int]:
+        with mock.patch.object(vllm_envs, "VLLM_PP_LAYER_PARTITION", partition, create=True):
+            return [b - a for a, b in (get_pp_indices(layers, r, stages) for r in range(stages))]
+
+    for layers in range(1, 65):
+        for stages in range(1, min(layers, 8) + 1):
+            assert pipeline_partition(layers, stages) == vllms(layers, stages), (layers, stages)
     assert pipeline_partition(61, 2) == [31, 30] and pipeline_partition(61, 4) == [15, 15, 16, 15]
-    assert [get_pp_indices(61, r, 4) for r in range(4)] == [(0, 15), (15, 30), (30, 46), (46, 61)]
-    assert pipeline_partition(10, 3, "2,3,5") == [2, 3, 5] and "VLLM_PP_LAYER_PARTITION" not in vars(vllm_envs)
-    with pytest.raises(CaptureSpecError, match=r"VLLM_PP_LAYER_PARTITION='4,3' is refused by vLLM .*list 3"):
+    assert pipeline_partition(10, 3, "2,3,5") == vllms(10, 3, "2,3,5") == [2, 3, 5]
+    with pytest.raises(CaptureSpecError, match=r"VLLM_PP_LAYER_PARTITION='4,3' must list 3 stages summing to 10"):
         pipeline_partition(10, 3, "4,3")
 
 
