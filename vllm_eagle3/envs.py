@@ -29,6 +29,7 @@ SERVE_LOG = "EAGLE3_SERVE_LOG"
 CHECK_DIR = "EAGLE3_CHECK_DIR"
 HOME = "EAGLE3_HOME"
 EMULATED_ISA = "EAGLE3_EMULATED_ISA"
+LIVE_K_STEP_LOG = "EAGLE3_LIVE_K_STEP_LOG"
 SERVE_CHILD = "_EAGLE3_SERVE_CHILD"
 PLUGINS = "VLLM_PLUGINS"
 CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"
@@ -143,6 +144,13 @@ _VARS = (
         None,
         _isa,
         "Set by `vllm-eagle3 emulate avx2`: host facts read as an AVX2-only CPU (AVX-512 and AMX flags hidden).",
+    ),
+    Var(
+        LIVE_K_STEP_LOG,
+        None,
+        _text,
+        "File where live k appends one JSON line per engine step (batch, k, cost sample or not, seconds); unset: none "
+        "(`vllm-eagle3 live-k-trace` sets it).",
     ),
     Var(
         SERVE_CHILD,

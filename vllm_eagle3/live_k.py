@@ -71,12 +71,12 @@ class Settings(settings.Settings):
     section: ClassVar[str] = CONFIG_NAME
     error: ClassVar[type[Exception]] = LiveKError
 
-    explore_every: int = Field(36, ge=1, description="steps in a settled bucket between two probes of a neighbouring k")
+    explore_every: int = Field(72, ge=1, description="steps in a settled bucket between two probes of a neighbouring k")
     settle_every: int = Field(4, ge=1, description="steps between two probes while a bucket sweeps every k")
-    hold: int = Field(4, ge=2, description="steps a probe holds its k (the first verifies the previous k's drafts)")
+    hold: int = Field(8, ge=2, description="steps a probe holds its k (the first verifies the previous k's drafts)")
     margin: float = Field(0.03, ge=0, lt=1, description="how much faster (tokens/s) another k must be to take over")
     min_probes: int = Field(3, ge=2, description="probes of a k before it may take over")
-    evidence: int = Field(8, ge=2, description="probes of a k remembered (the last ones); >= min_probes")
+    evidence: int = Field(16, ge=2, description="probes of a k remembered (the last ones); >= min_probes")
     smoothing: float = Field(0.2, gt=0, le=1, description="weight of a new sample in a step-cost moving average")
     memory: float = Field(0.995, gt=0, le=1, description="per-step decay of the acceptance counts (~200 steps)")
 

@@ -14,11 +14,12 @@ live k off (one ERROR).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 from typing import Any, Mapping
 
-from vllm_eagle3 import LOGGER
+from vllm_eagle3 import LOGGER, envs
 from vllm_eagle3.live_k import CONFIG_NAME, LiveK, LiveKError, Settings
 from vllm_eagle3.wiring_check import read_report_file, report_file, write_report_file
 
@@ -208,6 +209,24 @@ def _write_report(scheduler: Any, live: LiveK) -> None:
         logger.warning("vllm-eagle3 live k: could not write %s: %s", path, exc)
 
 
+def _log_step(scheduler: Any, live: LiveK, decision, prefill: bool, seconds: float, verified) -> None:
+    """One JSON line per step into ``$EAGLE3_LIVE_K_STEP_LOG`` (when set): what the controller saw, for
+    ``vllm-eagle3 live-k-trace`` and for studying the machine's step-time noise. The file opens once per scheduler,
+    line-buffered."""
+    log = getattr(scheduler, "_vllm_eagle3_live_k_log", False)
+    if log is False:
+        path = envs.get(envs.LIVE_K_STEP_LOG)
+        log = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (lives as long as the scheduler)
+        scheduler._vllm_eagle3_live_k_log = log
+    if log is None:
+        return
+    batch, k, sample = decision
+    row = dict(t=round(live.clock(), 4), batch=batch, k=k, sample=sample, prefill=prefill, s=round(seconds, 6))
+    drafted, accepted = sum(n for n, _ in verified), sum(a for _, a in verified)
+    row.update(bucket_k=live._bucket(batch).k, drafted=drafted, accepted=accepted)
+    log.write(json.dumps(row) + "\n")
+
+
 def install() -> str:
     """Wrap vLLM's ``Scheduler`` (``__init__``, ``schedule``, ``update_from_output``) once per process."""
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -232,10 +251,10 @@ def install() -> str:
                 steps = self._vllm_eagle3_live_k_steps
                 if len(steps) > 16:  # outputs never handed back (an aborted step): forget them
                     steps.clear()
-                decision = live.decision
-                if decision is not None and decision[2] and _has_prefill(out):
+                decision, prefill = live.decision, _has_prefill(out)
+                if decision is not None and decision[2] and prefill:
                     decision = (*decision[:2], False)  # a prompt's prefill in the step: its time is not k's
-                steps[id(out)] = (decision, started)
+                steps[id(out)] = (decision, started, prefill)
             except Exception as exc:  # never fatal to the engine
                 live._break(exc)
         return out
@@ -251,10 +270,13 @@ def install() -> str:
         out = update(self, scheduler_output, model_runner_output)
         if live is not None and live.broken is None:
             try:
-                decision, started = self._vllm_eagle3_live_k_steps.pop(id(scheduler_output), (None, None))
+                steps = self._vllm_eagle3_live_k_steps
+                decision, started, prefill = steps.pop(id(scheduler_output), (None, None, False))
                 seconds = live.clock() - started if started is not None else 0.0
                 live.observe(decision, seconds, verified)
                 _write_report(self, live)
+                if decision is not None:
+                    _log_step(self, live, decision, prefill, seconds, verified)
             except Exception as exc:
                 live._break(exc)
         return out

@@ -11,6 +11,7 @@ the wall clock.
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -73,16 +74,22 @@ def simulate(
     noise: float = 0.0,
     seed: int = 0,
     probes: list[int] | None = None,
+    sigma: float = 0.0,
+    prompt_share: float = 0.0,
 ) -> list[int]:
-    """The k of each step; ``probes`` gets one entry per step drafting other than its bucket's k (a probe)."""
+    """The k of each step; ``probes`` gets one entry per step drafting other than its bucket's k (a probe). Step
+    times vary by a uniform ``noise`` (+-) or a log-normal ``sigma``; ``prompt_share`` of the steps compute a prompt
+    too, which live_k_vllm hands over as no cost sample."""
     rng = random.Random(seed)
     ks, prev = [], 0
     for _ in range(steps):
         k = live[b]
         decision = live.decision
+        if decision is not None and rng.random() < prompt_share:
+            decision = (*decision[:2], False)
         if probes is not None and k != live.buckets[live_k.bucket_of(b)].k:
             probes.append(k)
-        seconds = b * cost(b, prev, k) * (1 + rng.uniform(-noise, noise))
+        seconds = b * cost(b, prev, k) * (1 + rng.uniform(-noise, noise)) * math.exp(rng.gauss(0, sigma))
         verified = []
         for _ in range(b if prev else 0):
             accepted = 0
@@ -132,9 +139,9 @@ def test_exploration_is_bounded():
     for cost, b in ((cost_light, 1), (cost_loaded, 64), (cost_flat, 32)):
         clock, probes = Clock(), []
         live = LiveK(5, [2] * 128, s, clock)
-        ks = simulate(live, clock, cost, b, 600, probes=probes)
+        ks = simulate(live, clock, cost, b, 1200, probes=probes)
         sweeps = (1 + live.changes) * 5 * s.min_probes * s.hold
-        assert live.report()["settled"] and 0 < len(probes) <= sweeps + 600 * s.hold / (s.explore_every + s.hold)
+        assert live.report()["settled"] and 0 < len(probes) <= sweeps + 1200 * s.hold / (s.explore_every + s.hold)
         probes.clear()
         ks = simulate(live, clock, cost, b, 1800, probes=probes)
         assert live.changes == 0 or live.report()["settled"]
@@ -154,22 +161,37 @@ def test_buckets_learn_apart():
     assert near_best(cost_light, 1, 0.7, 5).isdisjoint(near_best(cost_loaded, 64, 0.7, 5))
 
 
-@pytest.mark.parametrize("start", [5, 0])
-def test_a_wrong_start_converges_within_a_sweep_or_two(start):
-    """Issue 49's case: batch 32 on a flat curve, the table's k = 5 (or 0) everywhere, step times +-10 %. Walking one
-    k at a time never moved there (a neighbour of 5 gains under the margin where noise is); the sweep reaches a k
-    within the margin of the fastest in at most 400 steps (2 sweeps of 5 k x 3 probes x 4 steps, 1 in 2 steps
-    probing) and then changes at most once in 3,000 steps."""
-    assert near_best(cost_flat, 32, 0.5, 5) == {1, 2}
+def cost_steep(b: int, verified: int, drafted: int) -> float:
+    """Batch 32 where issue 49 measured k = 5 at 0.974x and k = 2 at 1.125x against no speculation (AMD EPYC, AVX2):
+    with p = 0.5 k = 2-3 best, k = 5 13 % under k = 2."""
+    return 0.005 * (1 + 0.06 * (verified + drafted))
+
+
+@pytest.mark.parametrize("cost, start, best", [(cost_flat, 5, {1, 2}), (cost_flat, 0, {1, 2}), (cost_steep, 5, {2, 3})])
+def test_a_wrong_start_converges_on_a_noisy_machine(cost, start, best):
+    """Issue 49's case: batch 32, the table's k = 5 (or 0) everywhere, where k = 1-2 is best (2-3 on the steeper
+    curve), on this project's 2-core CPU's noise: step times log-normal with sigma 0.11 and 42 % of the steps
+    computing a prompt (no cost sample), both measured on the AMD EPYC (AVX-512) at c = 32 (`vllm-eagle3
+    live-k-trace`'s step log: 476 steps, 198 with a prompt, sigma 0.07-0.15 per k). Walking one k at a time never
+    moved there (a neighbour of 5 gains under the margin); the sweep reaches a k within the margin of the fastest in
+    at most 600 steps (one sweep of 5 k x 3 probes x 12 steps is 180, then the race of the k still open, up to 16
+    probes each) and then changes at most once in 3,000 steps. Probes are at most 10 % of those steps, plus one sweep
+    (5 k x 16 probes x 8 steps at most) for the sweep still running at step 600 and one for each change. The old
+    settings (hold 4, evidence 8, explore_every 36) fail here: on the
+    steeper curve k changed twice more after step 600."""
+    assert near_best(cost, 32, 0.5, 5) == best
+    s = Settings()
     for seed in range(4):
         clock = Clock()
-        live = LiveK(5, [start] * 64, Settings(), clock)
-        simulate(live, clock, cost_flat, 32, 400, p=0.5, noise=0.1, seed=seed)
-        assert live.table()[0][2] in {1, 2} and live.report()["settled"], (seed, live.report())
+        live = LiveK(5, [start] * 64, s, clock)
+        simulate(live, clock, cost, 32, 600, p=0.5, sigma=0.11, prompt_share=0.42, seed=seed)
+        assert live.table()[0][2] in best, (seed, live.report())
         changes, probes = live.changes, []
-        simulate(live, clock, cost_flat, 32, 3000, p=0.5, noise=0.1, seed=100 + seed, probes=probes)
-        assert live.changes - changes <= 1 and live.table()[0][2] in {1, 2}, (seed, live.report())
-        assert len(probes) <= 0.10 * 3000 + (live.changes - changes) * 5 * 3 * 4, len(probes)
+        simulate(live, clock, cost, 32, 3000, p=0.5, sigma=0.11, prompt_share=0.42, seed=100 + seed, probes=probes)
+        assert live.changes - changes <= 1 and live.table()[0][2] in best, (seed, live.report())
+        assert live.report()["settled"], (seed, live.report())
+        sweep = 5 * s.evidence * s.hold
+        assert len(probes) <= 0.10 * 3000 + (1 + live.changes - changes) * sweep, len(probes)
 
 
 def test_acceptance_estimate():
@@ -282,6 +304,32 @@ def test_vllm_scheduler_is_wrapped_and_reads_the_lookup():
     scheduler = SimpleNamespace(vllm_config=_config(True), num_spec_tokens=5, dynamic_sd_lookup=[0] + [5] * 8 + [2] * 8)
     live = live_k_vllm.attach(scheduler)
     assert scheduler.dynamic_sd_lookup is live and live[1] == 5 and live[12] == 2
+
+
+def test_each_step_goes_to_the_step_log_when_asked(tmp_path, monkeypatch):
+    """``$EAGLE3_LIVE_K_STEP_LOG``: one JSON line per step the controller saw (what ``live-k-trace`` summarizes)."""
+    import json
+
+    path = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("EAGLE3_LIVE_K_STEP_LOG", str(path))
+    clock = Clock()
+    live = LiveK(5, [5] * 8, Settings(), clock)
+    scheduler = SimpleNamespace()
+    for prefill, verified in ((True, []), (False, [(5, 3), (5, 1)])):
+        decision = (2, live[2], not prefill)
+        clock.now += 0.25
+        live.observe(decision, 0.25, verified)
+        live_k_vllm._log_step(scheduler, live, decision, prefill, 0.25, verified)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["batch"], r["k"], r["sample"], r["prefill"], r["s"], r["bucket_k"]) for r in rows] == [
+        (2, 5, False, True, 0.25, 5),
+        (2, 5, True, False, 0.25, 5),
+    ]
+    assert (rows[1]["drafted"], rows[1]["accepted"]) == (10, 4)
+    monkeypatch.delenv("EAGLE3_LIVE_K_STEP_LOG")
+    other = SimpleNamespace()
+    live_k_vllm._log_step(other, live, decision, False, 0.25, [])  # unset: nothing opened, nothing written
+    assert other._vllm_eagle3_live_k_log is None and len(path.read_text().splitlines()) == 2
 
 
 def test_report_reaches_the_endpoint(tmp_path, monkeypatch):

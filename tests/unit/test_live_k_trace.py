@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from vllm_eagle3.tools import REPO
-from vllm_eagle3.tools.live_k_trace import SERVE_CONFIG, busiest, main, serve_args
+from vllm_eagle3.tools.live_k_trace import SERVE_CONFIG, busiest, main, serve_args, step_summary
 
 pytestmark = pytest.mark.unit
 
@@ -25,6 +25,34 @@ def test_serve_args_replace_only_the_table():
         k: v for k, v in shipped.items() if k != "num_speculative_tokens_per_batch_size"
     }
     assert json.loads(serve_args(1, 3)[3])["num_speculative_tokens"] == 3
+
+
+@pytest.mark.parametrize("live_k", [True, False, {"hold": 8}])
+def test_serve_args_replace_live_k_and_keep_the_capture_spec(live_k):
+    args = serve_args(5, 5, live_k)
+    extra = json.loads(args[args.index("--additional-config") + 1])["vllm_eagle3"]
+    shipped = yaml.safe_load((REPO / SERVE_CONFIG).read_text())["additional-config"]["vllm_eagle3"]
+    assert extra["live_k"] == live_k and extra["capture_spec"] == shipped["capture_spec"]
+    assert {k for k in extra if k != "live_k"} == {k for k in shipped if k != "live_k"}
+
+
+def test_step_summary_reads_the_bucket_of_the_concurrency(tmp_path):
+    """Only cost samples of the bucket holding the concurrency count; the spread is of log seconds per request."""
+    rows = [
+        dict(t=0, batch=32, k=2, sample=True, prefill=False, s=0.32),
+        dict(t=1, batch=32, k=2, sample=True, prefill=False, s=0.32 * 1.2),
+        dict(t=2, batch=31, k=2, sample=False, prefill=True, s=9.0),  # a prompt step: no sample
+        dict(t=3, batch=4, k=5, sample=True, prefill=False, s=0.1),  # another bucket
+        dict(t=4, batch=30, k=3, sample=True, prefill=False, s=0.3),
+    ]
+    path = tmp_path / "steps.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = step_summary(path, 32)
+    assert out["steps"] == 5 and out["prompt_steps"] == 1
+    two, three = out["bucket_cost_samples"]["2"], out["bucket_cost_samples"]["3"]
+    assert two["samples"] == 2 and two["sd_log_cost"] == pytest.approx(0.1289, abs=1e-4)  # log(1.2) / sqrt(2)
+    assert three == {"samples": 1, "median_s_per_request": 0.01, "sd_log_cost": None}
+    assert "5" not in out["bucket_cost_samples"] and step_summary(tmp_path / "none.jsonl", 32) is None
 
 
 def test_busiest_is_the_bucket_of_the_concurrency():

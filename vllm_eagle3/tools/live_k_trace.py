@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import queue
 import shutil
@@ -28,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from vllm_eagle3 import envs
+from vllm_eagle3.live_k import bucket_of
 from vllm_eagle3.tools import OUTPUT_HOME, REPO, bundled
 from vllm_eagle3.tools.serve.process import VllmServer, http_get, served_model_name
 
@@ -52,20 +55,43 @@ def parser() -> argparse.ArgumentParser:
         default=OUTPUT_HOME / "live-k-trace",
         help=f"where the trace goes (default {OUTPUT_HOME / 'live-k-trace'})",
     )
+    p.add_argument(
+        "--live-k",
+        type=json.loads,
+        default=True,
+        metavar="JSON",
+        help="live k's settings as the serve config's live_k takes them, e.g. '{\"hold\": 8}' (default true: the "
+        "shipped settings)",
+    )
+    p.add_argument(
+        "--fixed",
+        action="store_true",
+        help="live k off: k = --start-k at every step (one cell of a static sweep, to compare live k's choice with)",
+    )
     p.add_argument("--publish", action="store_true", help="also copy the trace into the repository's bench/")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     return p
 
 
-def serve_args(start_k: int, max_k: int) -> list[str]:
+def serve_args(start_k: int, max_k: int, live_k: Any = True) -> list[str]:
     """The shipped serve config (paths relative to the repository, where the server runs) with its speculative
-    config's table replaced: ``start_k`` at every batch size, k up to ``max_k``."""
+    config's table replaced: ``start_k`` at every batch size, k up to ``max_k``; and its ``live_k`` replaced by
+    ``live_k`` (false: the table as written)."""
     import yaml
 
     cfg = yaml.safe_load(bundled(SERVE_CONFIG, "live-k-trace").read_text())
     spec = dict(cfg["speculative-config"])
     spec.update(num_speculative_tokens=max_k, num_speculative_tokens_per_batch_size=[[1, 4096, start_k]])
-    return ["--config", SERVE_CONFIG, "--speculative-config", json.dumps(spec)]
+    extra = json.loads(json.dumps(cfg["additional-config"]))
+    extra["vllm_eagle3"]["live_k"] = live_k
+    return [
+        "--config",
+        SERVE_CONFIG,
+        "--speculative-config",
+        json.dumps(spec),
+        "--additional-config",
+        json.dumps(extra),
+    ]
 
 
 def live_k_report(base_url: str) -> dict[str, Any]:
@@ -148,7 +174,7 @@ def trace(server: VllmServer, args: argparse.Namespace, prompts: list[list[int]]
     while True:
         runner.join(timeout=args.every)
         now, tokens = time.monotonic() - t0, generated_tokens(server.base_url)
-        live = live_k_report(server.base_url)
+        live = live_k_report(server.base_url) if not args.fixed else {"table": [[1, 4096, args.start_k]]}
         row = busiest(live, args.concurrency)
         steps = sum(int(n) for n in live.get("steps_at_k", {}).values())
         samples.append(
@@ -181,6 +207,35 @@ def trace(server: VllmServer, args: argparse.Namespace, prompts: list[list[int]]
     if errors:
         raise RuntimeError(f"{len(errors)} of {args.requests} request(s) failed, the first: {errors[0]}")
     return samples
+
+
+def tokens_per_s(samples: Sequence[dict[str, Any]]) -> float:
+    """Tokens per second over the whole run (the last sample's tokens over its time)."""
+    return samples[-1]["tokens"] / samples[-1]["t_s"] if samples and samples[-1]["t_s"] > 0 else math.nan
+
+
+def step_summary(path: Path, concurrency: int) -> dict[str, Any] | None:
+    """From the engine's step log (``$EAGLE3_LIVE_K_STEP_LOG``, live k on): per k, the cost samples of the bucket
+    holding ``concurrency`` (steps that computed no prompt and verified the same k's drafts): how many, their median
+    seconds per request, and the spread of log cost (the machine's step-to-step noise, what a probe must beat)."""
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    key = bucket_of(concurrency)
+    per_k: dict[int, list[float]] = {}
+    for r in rows:
+        if r["sample"] and bucket_of(r["batch"]) == key and r["s"] > 0:
+            per_k.setdefault(r["k"], []).append(math.log(r["s"] / r["batch"]))
+    out = {}
+    for k, logs in sorted(per_k.items()):
+        mean = sum(logs) / len(logs)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)) if len(logs) > 1 else None
+        out[str(k)] = {
+            "samples": len(logs),
+            "median_s_per_request": round(math.exp(sorted(logs)[len(logs) // 2]), 6),
+            "sd_log_cost": round(sd, 4) if sd is not None else None,
+        }
+    return {"steps": len(rows), "prompt_steps": sum(r["prefill"] for r in rows), "bucket_cost_samples": out}
 
 
 def plot(samples: Sequence[dict[str, Any]], title: str, path: Path, max_k: int = 5) -> bool:
@@ -218,12 +273,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     kind, slug = host_kind(machine)
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())  # other work on the box moves step times
-    server = VllmServer(serve_args(args.start_k, args.max_k), log_path=out / "server.log", cwd=REPO)
-    print(f"[live-k-trace] serving with k = {args.start_k} at every batch size (log {out / 'server.log'})")
+    steps_path = out / "steps.jsonl"
+    steps_path.unlink(missing_ok=True)
+    live_k = False if args.fixed else args.live_k
+    server = VllmServer(
+        serve_args(args.start_k, args.max_k, live_k),
+        env={**os.environ, envs.LIVE_K_STEP_LOG: str(steps_path)},
+        log_path=out / "server.log",
+        cwd=REPO,
+    )
+    how = "live k off" if args.fixed else "live k on"
+    print(f"[live-k-trace] serving with k = {args.start_k} at every batch size, {how} (log {out / 'server.log'})")
     with server:
         server.wait_ready(timeout=900)
         samples = trace(server, args, prompts)
-        final = live_k_report(server.base_url)
+        final = live_k_report(server.base_url) if not args.fixed else None
     result = {
         "date": date,
         "machine": machine,
@@ -236,15 +300,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "requests": args.requests,
         "max_tokens": args.max_tokens,
+        "fixed": args.fixed,
         "samples": samples,
         "live_k": final,
+        "steps": step_summary(steps_path, args.concurrency),
     }
     (out / "live_k_trace.json").write_text(json.dumps(result, indent=1) + "\n")
-    title = f"live k from k = {args.start_k}, c = {args.concurrency}: {kind}, {date}, {machine.get('commit')}"
+    what = f"k = {args.start_k} fixed" if args.fixed else f"live k from k = {args.start_k}"
+    title = f"{what}, c = {args.concurrency}: {kind}, {date}, {machine.get('commit')}"
     drew = plot(samples, title, out / "live_k_trace.png", args.max_k)
-    print(f"[live-k-trace] final table {final['table']}, changes {final['changes']}; wrote {out / 'live_k_trace.json'}")
+    end = f"final table {final['table']}, changes {final['changes']}" if final else f"k = {args.start_k} fixed"
+    print(f"[live-k-trace] {end}, {tokens_per_s(samples):.1f} tok/s over the run; wrote {out / 'live_k_trace.json'}")
     if args.publish:
-        dest = REPO / "bench" / "live-k-trace" / f"{slug}-start{args.start_k}-c{args.concurrency}"
+        name = f"{slug}-{'fixed' if args.fixed else 'start'}{args.start_k}-c{args.concurrency}"
+        dest = REPO / "bench" / "live-k-trace" / name
         dest.mkdir(parents=True, exist_ok=True)
         for name in ("live_k_trace.json", "live_k_trace.png") if drew else ("live_k_trace.json",):
             shutil.copy2(out / name, dest / name)
