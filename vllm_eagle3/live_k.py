@@ -79,6 +79,9 @@ class Settings(settings.Settings):
     evidence: int = Field(16, ge=2, description="probes of a k remembered (the last ones); >= min_probes")
     smoothing: float = Field(0.2, gt=0, le=1, description="weight of a new sample in a step-cost moving average")
     memory: float = Field(0.995, gt=0, le=1, description="per-step decay of the acceptance counts (~200 steps)")
+    host_table: bool = Field(
+        True, description="start from the table measured on this host kind (configs/live_k_start.yaml) when listed"
+    )
 
     @model_validator(mode="after")
     def _evidence_holds_min_probes(self) -> "Settings":

@@ -17,6 +17,7 @@ import functools
 import json
 import logging
 import math
+from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_eagle3 import LOGGER, envs
@@ -116,8 +117,8 @@ def attach(scheduler: Any) -> LiveK | None:
         return None
     graph_tokens = graph_tokens_of(scheduler.vllm_config)
     max_k, table = scheduler.num_spec_tokens, scheduler.dynamic_sd_lookup
-    where = "the configured num_speculative_tokens_per_batch_size" if table else f"k = {max_k}"
-    start = table or [max_k] * (getattr(scheduler, "max_num_running_reqs", 1) + 1)  # dense, like vLLM's
+    size = len(table) if table else getattr(scheduler, "max_num_running_reqs", 1) + 1  # dense, like vLLM's
+    start, where = start_of(scheduler.vllm_config, settings, max_k, table or None, size)
     live = LiveK(max_k, start, settings, held=functools.partial(_seeded_sampling, scheduler), graph_tokens=graph_tokens)
     scheduler.dynamic_sd_lookup = live
     setattr(scheduler, _MARK, live)
@@ -129,8 +130,8 @@ def attach(scheduler: Any) -> LiveK | None:
     )
     logger.info(
         "vllm-eagle3 live k: on; k in 0..%d per batch size, measured on this machine while serving: each batch-size "
-        "bucket starting from %s (written in the config, not measured here) sweeps every k (%d probes each, one every "
-        "%d steps) and settles on the fastest by %.0f %%, then probes a neighbouring k every %d steps for %d; %s; "
+        "bucket starting from %s sweeps every k (%d probes each, one every %d steps) and settles on the fastest by "
+        "%.0f %%, then probes a neighbouring k every %d steps for %d; %s; "
         "each change is logged",
         max_k,
         where,
@@ -142,6 +143,31 @@ def attach(scheduler: Any) -> LiveK | None:
         graphs,
     )
     return live
+
+
+def start_of(
+    vllm_config: Any, settings: Settings, max_k: int, table: list[int] | None, size: int
+) -> tuple[list[int], str]:
+    """Where each bucket starts (vLLM's dense lookup, ``size`` entries) and the words that say where it came from: the
+    table measured on this host kind for this draft (:mod:`vllm_eagle3.live_k_start`) when
+    ``configs/live_k_start.yaml`` lists one and ``host_table`` is on, else the serve config's table (``table``; None:
+    k = max_k everywhere)."""
+    from vllm_eagle3 import live_k_start
+
+    configured = "the configured num_speculative_tokens_per_batch_size" if table else f"k = {max_k}"
+    if not settings.host_table:
+        return table or [max_k] * size, f"{configured} (written in the config; host_table off)"
+    kind, slug = live_k_start.this_host()
+    draft = Path(str(vllm_config.speculative_config.model)).name
+    try:
+        found = live_k_start.lookup(live_k_start.read(live_k_start.start_file()), draft, slug, kind, max_k)
+    except live_k_start.StartTableError as exc:
+        raise LiveKError(f"{exc} (or serve with live_k: {{host_table: false}})") from None
+    if found is None:
+        why = f"{live_k_start.START_FILE} has no {draft} on {slug}"
+        return table or [max_k] * size, f"{configured} (written in the config, not measured on this host kind: {why})"
+    rows = [list(row) for row in found.table]
+    return live_k_start.dense(found, size), f"the table measured on {kind} for {draft}, {rows} ({found.measured})"
 
 
 def _verified(scheduler_output: Any, model_runner_output: Any) -> list[tuple[int, int]]:

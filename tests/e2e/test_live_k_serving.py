@@ -3,8 +3,8 @@ pair: vLLM's own scheduler asks the plugin's lookup for k at every step, the loo
 text does not change.
 
 Server: the shipped serve config's speculation (k up to 5) started deliberately wrong, at k = 1 for every batch size
-(the shipped table says 5 up to batch 8), with live k sweeping fast (``settle_every`` 2, ``hold`` 4, ``evidence`` 8,
-then ``explore_every`` 8).
+(the shipped table says 5 up to batch 8; ``host_table`` off, so not this host kind's table either), with live k
+sweeping fast (``settle_every`` 2, ``hold`` 4, ``evidence`` 8, then ``explore_every`` 8).
 Asserted, on counts and tokens:
 
 - the start-up line says live k is on, over k 0..5, from the configured table;
@@ -56,7 +56,13 @@ def server(server_pool):
             }
         ),
         "--additional-config",
-        json.dumps({"vllm_eagle3": {"live_k": {"settle_every": 2, "explore_every": 8, "hold": 4, "evidence": 8}}}),
+        json.dumps(
+            {
+                "vllm_eagle3": {
+                    "live_k": {"settle_every": 2, "explore_every": 8, "hold": 4, "evidence": 8, "host_table": False}
+                }
+            }
+        ),
         "--capture-spec",
         str(SPEC),
     ]

@@ -105,7 +105,19 @@ def test_plain_vllm_serve_starts_with_the_plugin_and_names_the_taps(session_env,
     assert wiring["verdict"] in verdicts.BY_WORD and wiring["active"], wiring
     assert [e["wiring"]["taps"] for e in wiring["engines"]] == ["[embed, 3, 31]"], wiring["engines"]
     # The YAML's live_k: the scheduler's k lookup is the plugin's, and the engine reported the steps it chose k for.
-    assert "vllm-eagle3 live k: on; k in 0..5" in text, text[-3000:]
+    on = [x for x in text.splitlines() if "vllm-eagle3 live k: on; k in 0..5" in x]
+    assert on, text[-3000:]
+    # It starts from this host kind's measured table when configs/live_k_start.yaml lists one, and says which.
+    from vllm_eagle3 import live_k_start
+
+    kind, slug = live_k_start.this_host()
+    listed = live_k_start.read(live_k_start.start_file()).get("kimi-k25-mini-eagle3", {})
+    said = (
+        f"the table measured on {kind}"
+        if slug in listed
+        else f"not measured on this host kind: {live_k_start.START_FILE}"
+    )
+    assert said in on[0], on[0]
     live = wiring["live_k"]
     assert live and live["state"] == "on" and sum(live["steps_at_k"].values()) > 0, live
     assert FOUND not in text, [x for x in text.splitlines() if FOUND in x]

@@ -251,7 +251,9 @@ def test_bad_settings_say_what_to_change(value, needle):
 
 
 def _config(live, spec_k=5, dp=1):
-    spec = SimpleNamespace(num_speculative_tokens=spec_k) if spec_k else None
+    spec = (
+        SimpleNamespace(num_speculative_tokens=spec_k, model="/models/a-draft-no-host-table-lists") if spec_k else None
+    )
     return SimpleNamespace(
         additional_config={"vllm_eagle3": {"live_k": live}},
         speculative_config=spec,

@@ -27,12 +27,21 @@ def test_serve_args_replace_only_the_table():
     assert json.loads(serve_args(1, 3)[3])["num_speculative_tokens"] == 3
 
 
-@pytest.mark.parametrize("live_k", [True, False, {"hold": 8}])
-def test_serve_args_replace_live_k_and_keep_the_capture_spec(live_k):
+@pytest.mark.parametrize(
+    "live_k, served",
+    [
+        (True, {"host_table": False}),
+        (False, False),
+        ({"hold": 8}, {"host_table": False, "hold": 8}),
+        ({"host_table": True}, {"host_table": True}),
+    ],
+)
+def test_serve_args_replace_live_k_and_keep_the_capture_spec(live_k, served):
+    """The trace starts from --start-k, not from this host kind's table, unless told otherwise."""
     args = serve_args(5, 5, live_k)
     extra = json.loads(args[args.index("--additional-config") + 1])["vllm_eagle3"]
     shipped = yaml.safe_load((REPO / SERVE_CONFIG).read_text())["additional-config"]["vllm_eagle3"]
-    assert extra["live_k"] == live_k and extra["capture_spec"] == shipped["capture_spec"]
+    assert extra["live_k"] == served and extra["capture_spec"] == shipped["capture_spec"]
     assert {k for k in extra if k != "live_k"} == {k for k in shipped if k != "live_k"}
 
 

@@ -76,13 +76,16 @@ def parser() -> argparse.ArgumentParser:
 def serve_args(start_k: int, max_k: int, live_k: Any = True) -> list[str]:
     """The shipped serve config (paths relative to the repository, where the server runs) with its speculative
     config's table replaced: ``start_k`` at every batch size, k up to ``max_k``; and its ``live_k`` replaced by
-    ``live_k`` (false: the table as written)."""
+    ``live_k`` (false: the table as written), with ``host_table`` off unless given (the trace starts where it is
+    told, not from a table measured on this host kind)."""
     import yaml
 
     cfg = yaml.safe_load(bundled(SERVE_CONFIG, "live-k-trace").read_text())
     spec = dict(cfg["speculative-config"])
     spec.update(num_speculative_tokens=max_k, num_speculative_tokens_per_batch_size=[[1, 4096, start_k]])
     extra = json.loads(json.dumps(cfg["additional-config"]))
+    if live_k is not False:  # the start is the table above, not this host kind's (configs/live_k_start.yaml)
+        live_k = {"host_table": False, **(live_k if isinstance(live_k, dict) else {})}
     extra["vllm_eagle3"]["live_k"] = live_k
     return [
         "--config",

@@ -6,10 +6,10 @@ kind.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from vllm_eagle3 import live_k_start
 from vllm_eagle3.tools.bench import live_cells
 from vllm_eagle3.tools.bench.analysis import summarize
 from vllm_eagle3.tools.bench.cells_text import fmt_estimate, fmt_number, pyplot, style, table, variants_with
@@ -143,14 +143,9 @@ LIVE_K_TEXT = (
 
 def host_kind(m: Mapping) -> tuple[str, str]:
     """A results file's machine as a host kind (CPU model + its widest vector ISA) and its slug:
-    ``("AMD EPYC, AVX-512", "amd-epyc-avx512")``."""
-    flags = str(m.get("flags", "")).split()
-    isa = next(
-        (isa for flag, isa in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags),
-        "no AVX2",
-    ) + (" emulated" if m.get("emulated") else "")  # vllm-eagle3 emulate: not a host kind
-    words = re.findall(r"[a-z0-9]+", re.sub(r"\((R|TM)\)", "", str(m.get("cpu", "cpu"))).lower())[:2]
-    return f"{m.get('cpu', '?')}, {isa}", "-".join(words + re.findall(r"[a-z0-9]+", isa.lower().replace("-", "")))
+    ``("AMD EPYC, AVX-512", "amd-epyc-avx512")`` (:func:`vllm_eagle3.live_k_start.host_kind`, which the engine uses
+    to find this host kind's start table)."""
+    return live_k_start.host_kind(str(m.get("cpu", "?")), str(m.get("flags", "")).split(), bool(m.get("emulated")))
 
 
 def counts_as_host_kind(m: Mapping) -> bool:
