@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
         "the online wiring check's cost (~30 min); adaptive: k per batch size vs static k (~80 min); "
         "shipped: the shipped default (live_k) vs no speculation, issue 41's bar (~30 min; --publish: "
         "bench/shipped-<host kind>); sustained: the shipped default vs no speculation, each cell long enough "
-        "for live k to move (--sustained-steps; ~45 min); --dry-run lists each",
+        "for live k to move (--sustained-steps; ~85 min); --dry-run lists each",
     )
     p.add_argument("--smoke", action="store_const", dest="plan", const="smoke", help="= --plan smoke")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its estimated duration, run nothing")
@@ -82,8 +82,9 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="sustained load: each throughput cell at C sends enough requests for ~N decode steps at batch C "
-        "(sized by requests, not by clock; past the prompt file's end its prompts are sent again); one move of "
-        "live k settles from a wrong start in ~240 steps in a bucket (two sweeps of every k); --plan sustained: 432",
+        "(sized by requests, not by clock; past the prompt file's end its prompts are sent again); live k reaches "
+        "the best k from a wrong start within ~600 steps in a bucket (a sweep of every k, then the race); "
+        "--plan sustained: 720",
     )
     g.add_argument(
         "--compiled",
