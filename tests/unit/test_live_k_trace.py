@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from vllm_eagle3.tools import REPO
-from vllm_eagle3.tools.live_k_trace import SERVE_CONFIG, busiest, main, serve_args, step_summary
+from vllm_eagle3.tools.live_k_trace import SERVE_CONFIG, busiest, main, serve_args, steady, step_summary
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +75,14 @@ def test_a_start_k_outside_the_range_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--start-k", "6", "--max-k", "5"])
     assert exit_.value.code == 2 and "--start-k must be in 0..--max-k (5), got 6" in capsys.readouterr().err
+
+
+def test_steady_leaves_out_the_ramp_and_the_tail():
+    """Only samples with all ``concurrency`` requests in flight count, and the first of them (part ramp)."""
+    done = [0, 0, 4, 10, 20, 30, 40, 50, 60, 64, 64]
+    rate = [5.0, 50.0, 999.0, 100.0, 110.0, 90.0, 100.0, 100.0, 70.0, 20.0, 1.0]
+    samples = [{"requests_done": d, "tokens_per_s": r} for d, r in zip(done, rate)]
+    out = steady(samples, requests=64, concurrency=8)  # full load while 0 < done <= 56: 4 (ramp), 10 .. 50
+    assert out["samples"] == 5 and out["tokens_per_s"] == 100.0
+    assert out["ci95"][0] < 100.0 < out["ci95"][1]
+    assert steady(samples[:4], requests=64, concurrency=8) is None  # too few to say

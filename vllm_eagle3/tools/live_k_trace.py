@@ -217,6 +217,21 @@ def tokens_per_s(samples: Sequence[dict[str, Any]]) -> float:
     return samples[-1]["tokens"] / samples[-1]["t_s"] if samples and samples[-1]["t_s"] > 0 else math.nan
 
 
+def steady(samples: Sequence[dict[str, Any]], requests: int, concurrency: int) -> dict[str, Any] | None:
+    """Tokens/s while ``concurrency`` requests were in flight: the samples after the first and before the last
+    ``concurrency`` requests finished (the ramp and the tail, where fewer run, left out), their mean and a 95 %
+    bootstrap interval over them (the bench's :func:`~vllm_eagle3.tools.bench.stats.mean_ci`; samples ``--every``
+    seconds apart hold dozens of steps each): the level to compare with another run's, e.g. live k's against a fixed
+    k's."""
+    from vllm_eagle3.tools.bench.stats import mean_ci
+
+    rates = [s["tokens_per_s"] for s in samples if 0 < s["requests_done"] <= requests - concurrency][1:]
+    if len(rates) < 3:  # the first sample past the ramp still holds part of it
+        return None
+    est = mean_ci(rates, "live-k-trace steady", method="bootstrap over samples")
+    return {"samples": est.n, "tokens_per_s": round(est.value, 2), "ci95": [round(est.lo, 2), round(est.hi, 2)]}
+
+
 def step_summary(path: Path, concurrency: int) -> dict[str, Any] | None:
     """From the engine's step log (``$EAGLE3_LIVE_K_STEP_LOG``, live k on): per k, the cost samples of the bucket
     holding ``concurrency`` (steps that computed no prompt and verified the same k's drafts): how many, their median
@@ -306,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fixed": args.fixed,
         "samples": samples,
         "live_k": final,
+        "steady": steady(samples, args.requests, args.concurrency),
         "steps": step_summary(steps_path, args.concurrency),
     }
     (out / "live_k_trace.json").write_text(json.dumps(result, indent=1) + "\n")
