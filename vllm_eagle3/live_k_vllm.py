@@ -171,15 +171,12 @@ def start_of(
 
 
 def _verified(scheduler_output: Any, model_runner_output: Any) -> list[tuple[int, int]]:
-    spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
-    sampled = getattr(model_runner_output, "sampled_token_ids", None)
-    index = {r: i for i, r in enumerate(getattr(model_runner_output, "req_ids", None) or ())}
-    out = []
-    for req_id, drafts in spec.items():
-        i = index.get(req_id)
-        if drafts and sampled and i is not None and i < len(sampled) and len(sampled[i]):
-            out.append((len(drafts), len(sampled[i]) - 1))
-    return out
+    """(drafted, accepted) of each request whose drafts the step verified, as the draft back-off counts them
+    (:func:`~vllm_eagle3.request_speculation_vllm.verified_counts`: drafts the grammar invalidated were never
+    verified, so they are neither drafted nor rejected)."""
+    from vllm_eagle3.request_speculation_vllm import verified_counts
+
+    return [(drafted, accepted) for _, drafted, accepted in verified_counts(scheduler_output, model_runner_output)]
 
 
 def _has_prefill(scheduler_output: Any) -> bool:

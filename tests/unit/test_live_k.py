@@ -308,6 +308,17 @@ def test_vllm_scheduler_is_wrapped_and_reads_the_lookup():
     assert scheduler.dynamic_sd_lookup is live and live[1] == 5 and live[12] == 2
 
 
+def test_verified_drafts_are_counted_as_the_back_off_counts_them():
+    """Drafts the grammar invalidated were never verified: neither drafted nor rejected for the acceptance estimate
+    (one counting for live k and the per-request back-off)."""
+    out = SimpleNamespace(
+        scheduled_spec_decode_tokens={"a": [1, 2, 3], "b": [4, 5, 6], "c": []},
+        num_invalid_spec_tokens={"b": 2},
+    )
+    runner = SimpleNamespace(req_ids=["b", "a", "c"], sampled_token_ids=[[4, 9], [1, 7], [8]])
+    assert sorted(live_k_vllm._verified(out, runner)) == [(1, 1), (3, 1)]
+
+
 def test_each_step_goes_to_the_step_log_when_asked(tmp_path, monkeypatch):
     """``$EAGLE3_LIVE_K_STEP_LOG``: one JSON line per step the controller saw (what ``live-k-trace`` summarizes)."""
     import json
