@@ -484,7 +484,7 @@ def test_sampled_output_keeps_the_target_distribution(server, before):
     their distribution must be the target's.
 
     Reference: the exact distribution (see :func:`next_token_dist`) of token 1, of token 2 given each token 1, and of
-    token 3 given each (token 1, token 2) -- 1 + ~6 + ~27 one-token requests. Samples: DIST_SAMPLES requests with
+    token 3 given each (token 1, token 2) -- 1 + 2 + 4 one-token requests here. Samples: DIST_SAMPLES requests with
     seeds 0..N-1 (deterministic), T=0.8, top-k 10, top-p 0.9, three tokens each.
     Prompt: the reference prompt's last DIST_PROMPT_TOKENS = 32 of its 64 tokens. Prefill is most of a 3-token
     request's cost (vLLM-CPU serves MLA without prefix caching), and the shorter context has the same distributions
