@@ -97,8 +97,21 @@ def exact_under(speculative_config) -> bool:
     return getattr(speculative_config, "rejection_sample_method", "standard") not in INEXACT_METHODS
 
 
-def _apply() -> str:
+def lifted(validate, exact):
+    """``SamplingParams._validate_spec_decode`` less its min_p / logit_bias refusal where ``exact(speculative_config)``
+    (vLLM's ``validate`` on the request with both cleared, so anything else it refuses keeps its 400); vLLM's check
+    as is elsewhere. One body for this patch and the GPU V2 one, which differ only in ``exact``."""
     import msgspec
+
+    def _validate_spec_decode(self, speculative_config):
+        if speculative_config is None or not exact(speculative_config):
+            return validate(self, speculative_config)
+        return validate(msgspec.structs.replace(self, min_p=0.0, logit_bias=None), speculative_config)
+
+    return _validate_spec_decode
+
+
+def _apply() -> str:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.sample import logits_processor, rejection_sampler
     from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
@@ -142,10 +155,7 @@ def _apply() -> str:
         ones = torch.ones_like(sampling_metadata.temperature)
         return constraints(logits, cu_num_draft_tokens, replace(sampling_metadata, temperature=ones))
 
-    def _validate_spec_decode(self, speculative_config):
-        if speculative_config is None or not exact_under(speculative_config):
-            return validate(self, speculative_config)
-        return validate(msgspec.structs.replace(self, min_p=0.0, logit_bias=None), speculative_config)
+    _validate_spec_decode = lifted(validate, exact_under)
 
     for fn, original in (
         (build_logitsprocs, build),

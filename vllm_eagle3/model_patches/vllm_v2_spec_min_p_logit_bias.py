@@ -93,7 +93,6 @@ def exact_under(speculative_config) -> bool:
 
 
 def _apply() -> str:
-    import msgspec
     from vllm.config import VllmConfig
     from vllm.sampling_params import SamplingParams
 
@@ -106,10 +105,7 @@ def _apply() -> str:
         post_init(self)
         mark(self)
 
-    def _validate_spec_decode(self, speculative_config):
-        if speculative_config is None or not exact_under(speculative_config):
-            return validate(self, speculative_config)
-        return validate(msgspec.structs.replace(self, min_p=0.0, logit_bias=None), speculative_config)
+    _validate_spec_decode = on_cpu.lifted(validate, exact_under)
 
     for fn, original in ((__post_init__, post_init), (_validate_spec_decode, validate)):
         fn.__doc__ = original.__doc__
