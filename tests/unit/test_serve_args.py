@@ -121,3 +121,17 @@ def test_capture_spec_goes_into_the_additional_config():
         capture_spec_argv(
             ["m", "--additional-config", json.dumps({"vllm_eagle3": {"convention": "sglang"}})], None, "vllm"
         )
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "inf", "nan"])
+def test_stop_grace_must_be_positive_seconds(value):
+    from vllm_eagle3.tools.serve.cli import stop_grace
+
+    with pytest.raises(ServeInputError, match=rf"--stop-grace {value}: give the seconds vLLM may take to stop"):
+        stop_grace(value)
+
+
+def test_stop_grace_default_and_value():
+    from vllm_eagle3.tools.serve.cli import STOP_GRACE_S, stop_grace
+
+    assert stop_grace(None) == STOP_GRACE_S == 20 and stop_grace("5") == 5.0 and stop_grace("2.5") == 2.5
