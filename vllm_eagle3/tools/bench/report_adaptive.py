@@ -13,7 +13,7 @@ from vllm_eagle3 import live_k_start
 from vllm_eagle3.tools.bench import live_cells
 from vllm_eagle3.tools.bench.analysis import summarize
 from vllm_eagle3.tools.bench.cells_text import fmt_estimate, fmt_number, pyplot, style, table, variants_with
-from vllm_eagle3.tools.bench.plan import Variant
+from vllm_eagle3.tools.bench.plan import LIGHT_MAX, Variant
 from vllm_eagle3.tools.machine import backend_label
 
 TEMPLATE = Path(__file__).with_name("template_adaptive.md")  # the section's method paragraph, in prose
@@ -77,10 +77,11 @@ def adaptive_block(summary: Mapping, run: str = "", backend: str = "") -> str:
         tau.setdefault(v["variant"]["k"], (v.get("acceptance") or {}).get("tau"))
     replicas = max((o.get("servers") or [1])[0] for o in rows)
     turns1 = next((o.get("turns") for o in rows if o["concurrency"] == 1), None) or 4
+    light = any(o["concurrency"] <= LIGHT_MAX for o in rows)  # only the light stretch has replicas
     if not (
         any(o.get("side_by_side") for o in rows)
         and any(o.get("chosen_side_by_side") for o in rows)  # planned
-        and any(v["variant"]["replica"] > 1 for v in summary["variants"] if v["variant"]["adaptive"])
+        and (not light or any(v["variant"]["replica"] > 1 for v in summary["variants"] if v["variant"]["adaptive"]))
     ):
         raise ValueError(
             "an adaptive results file from before the judging stretches had replicas (servers run one "
