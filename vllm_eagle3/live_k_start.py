@@ -89,7 +89,9 @@ def lookup(
     data: Mapping[str, Any], draft: str, slug: str, kind: str, max_k: int, where: str = START_FILE
 ) -> Start | None:
     """``data[draft][slug]`` as a :class:`Start`, None when not listed; an entry that cannot be a table is refused
-    (:class:`StartTableError`: rows of [first, last, k], ascending without gaps from batch size 1, k in 0..max_k)."""
+    (:class:`StartTableError`: rows of [first, last, k], ascending without gaps from batch size 1, k >= 0). A k above
+    the server's ``max_k`` (num_speculative_tokens) is capped to it: the table says what that host wanted with up to
+    5 drafts, and a server that drafts at most 3 starts where the nearest k it can draft is."""
     entry = (data.get(draft) or {}).get(slug)
     if entry is None:
         return None
@@ -101,12 +103,12 @@ def lookup(
         if not (isinstance(row, list) and len(row) == 3 and all(isinstance(x, int) for x in row)):
             raise StartTableError(f"{name}: row {row!r} is not [first batch size, last, k]")
         first, last, k = row
-        if first != expect or last < first or not 0 <= k <= max_k:
+        if first != expect or last < first or k < 0:
             raise StartTableError(
-                f"{name}: row {row!r} must start at batch size {expect}, end at or after it, and have k in "
-                f"0..{max_k} (num_speculative_tokens); fix the row or delete the entry"
+                f"{name}: row {row!r} must start at batch size {expect}, end at or after it, and have k >= 0; fix "
+                f"the row or delete the entry"
             )
-        rows.append((first, last, k))
+        rows.append((first, last, min(k, max_k)))
         expect = last + 1
     if not rows:
         raise StartTableError(f"{name}: the table is empty")
