@@ -113,12 +113,3 @@ def lookup(
     if not rows:
         raise StartTableError(f"{name}: the table is empty")
     return Start(kind, tuple(rows), str(entry["measured"]))
-
-
-def dense(start: Start, size: int) -> list[int]:
-    """vLLM's dense lookup (index = batch size, 0 unused) of ``size`` entries; batch sizes past the last row take
-    its k."""
-    out = [start.table[0][2]]
-    for batch in range(1, size):
-        out.append(next((k for first, last, k in start.table if first <= batch <= last), start.table[-1][2]))
-    return out

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_eagle3 import LOGGER, envs
-from vllm_eagle3.live_k import CONFIG_NAME, LiveK, LiveKError, Settings
+from vllm_eagle3.live_k import CONFIG_NAME, LiveK, LiveKError, Settings, bucket_of
 from vllm_eagle3.wiring_check import read_report_file, report_file, write_report_file
 
 logger = logging.getLogger(f"{LOGGER}.live_k")
@@ -166,8 +166,11 @@ def start_of(
     if found is None:
         why = f"{live_k_start.START_FILE} has no {draft} on {slug}"
         return table or [max_k] * size, f"{configured} (written in the config, not measured on this host kind: {why})"
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
     rows = [list(row) for row in found.table]
-    return live_k_start.dense(found, size), f"the table measured on {kind} for {draft}, {rows} ({found.measured})"
+    dense = build_dynamic_sd_schedule_lookup(rows, size - 1, max_k)  # as vLLM expands the config's table
+    return dense, f"the table measured on {kind} for {draft}, {rows} ({found.measured})"
 
 
 def _verified(scheduler_output: Any, model_runner_output: Any) -> list[tuple[int, int]]:
@@ -246,7 +249,7 @@ def _log_step(scheduler: Any, live: LiveK, decision, prefill: bool, seconds: flo
     batch, k, sample = decision
     row = dict(t=round(live.clock(), 4), batch=batch, k=k, sample=sample, prefill=prefill, s=round(seconds, 6))
     drafted, accepted = sum(n for n, _ in verified), sum(a for _, a in verified)
-    row.update(bucket_k=live._bucket(batch).k, drafted=drafted, accepted=accepted)
+    row.update(bucket_k=live.buckets[bucket_of(batch)].k, drafted=drafted, accepted=accepted)
     log.write(json.dumps(row) + "\n")
 
 

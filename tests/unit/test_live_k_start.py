@@ -73,11 +73,7 @@ def test_a_server_drafting_fewer_starts_at_the_nearest_k_it_can_draft():
     assert start.table == ((1, 8, 3), (9, 4096, 2))
 
 
-def test_dense_is_vllms_lookup():
-    start = live_k_start.lookup({"d": {"k": TABLE}}, "d", "k", "K", 5)
-    assert live_k_start.dense(start, 12) == [5, 5, 5, 5, 5, 5, 5, 5, 5, 2, 2, 2]
-    short = live_k_start.Start("K", ((1, 2, 4),), "x")
-    assert live_k_start.dense(short, 5) == [4, 4, 4, 4, 4]  # past the last row: its k
+def test_an_unlisted_draft_or_host_kind_has_no_table():
     assert live_k_start.lookup({"d": {"k": TABLE}}, "other", "k", "K", 5) is None
     assert live_k_start.lookup({"d": {"k": TABLE}}, "d", "other", "K", 5) is None
 
@@ -98,8 +94,15 @@ def on_host(tmp_path, monkeypatch):
 
 def test_a_listed_host_kind_starts_from_its_table_and_says_so(on_host):
     start, words = live_k_vllm.start_of(_config(), Settings(), 5, [1] * 17, 17)
-    assert start == [5] * 9 + [2] * 8
+    assert start == [0] + [5] * 8 + [2] * 8  # vLLM's dense lookup: index = batch size, 0 unused
+    assert live_k_vllm.start_of(_config(), Settings(), 3, None, 12)[0] == [0] + [3] * 8 + [2] * 3  # k 5 capped at 3
     assert words == "the table measured on Test CPU, AVX2 for kimi-k25-mini-eagle3, [[1, 8, 5], [9, 4096, 2]] (a test)"
+
+
+def test_batch_sizes_past_the_last_row_take_its_k(on_host):
+    short = {"table": [[1, 2, 4]], "measured": "x"}
+    (on_host / live_k_start.START_FILE).write_text(yaml.safe_dump({"kimi-k25-mini-eagle3": {"test-host": short}}))
+    assert live_k_vllm.start_of(_config(), Settings(), 5, None, 5)[0] == [0, 4, 4, 4, 4]
 
 
 def test_another_host_or_draft_starts_from_the_config_and_says_it_was_not_measured_here(on_host, monkeypatch):

@@ -225,8 +225,9 @@ def steady(samples: Sequence[dict[str, Any]], requests: int, concurrency: int) -
     k's."""
     from vllm_eagle3.tools.bench.stats import mean_ci
 
-    rates = [s["tokens_per_s"] for s in samples if 0 < s["requests_done"] <= requests - concurrency][1:]
-    if len(rates) < 3:  # the first sample past the ramp still holds part of it
+    full = [s["tokens_per_s"] for s in samples if 0 < s["requests_done"] <= requests - concurrency]
+    rates = full[1:]  # the first sample past the ramp still holds part of it
+    if len(rates) < 3:
         return None
     est = mean_ci(rates, "live-k-trace steady", method="bootstrap over samples")
     return {"samples": est.n, "tokens_per_s": round(est.value, 2), "ci95": [round(est.lo, 2), round(est.hi, 2)]}
