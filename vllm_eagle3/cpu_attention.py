@@ -55,6 +55,18 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name as ``/proc/cpuinfo`` gives it (lscpu's "Model name" on x86 comes from the same line), or
+    ``"?"``. The one reading that results files (``machine_info``) and the engine's host kind (``live_k_start``)
+    share, so a start table recorded from a results file names the host kind the engine looks up."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "?"
+    return next((ln.partition(":")[2].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")), "?")
+
+
 def hardware_flags() -> set[str]:
     """This host's CPU flags as ``/proc/cpuinfo`` lists them, whatever an emulation hides; empty where unreadable."""
     try:

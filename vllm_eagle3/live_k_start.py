@@ -47,12 +47,7 @@ def this_host() -> tuple[str, str]:
     emulate avx2`` the emulated flags, so such an engine never takes a real AVX2 host's table)."""
     from vllm_eagle3 import cpu_attention, envs
 
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        info = ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
-    return host_kind(model, cpu_attention.cpu_flags(), emulated=bool(envs.EAGLE3_EMULATED_ISA))
+    return host_kind(cpu_attention.cpu_model(), cpu_attention.cpu_flags(), emulated=bool(envs.EAGLE3_EMULATED_ISA))
 
 
 def start_file() -> Path:

@@ -35,6 +35,23 @@ def test_host_kinds_are_the_results_files(cpu, flags, emulated, slug):
     assert host_kind({"cpu": cpu, "flags": " ".join(flags), "emulated": emulated})[1] == slug
 
 
+def test_this_host_is_named_as_its_results_files_name_it():
+    """The engine's host kind and a results file's machine block read the same CPU model and flags, so this host's
+    benchmark, recorded into the start table, is the table its engine finds."""
+    from vllm_eagle3.tools.bench.report_adaptive import host_kind
+    from vllm_eagle3.tools.machine import machine_info
+
+    assert live_k_start.this_host() == host_kind(machine_info())
+
+
+def test_the_cpu_model_is_cpuinfos_model_name():
+    info = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13 64-Core Processor\nflags\t: avx2\n"
+    from vllm_eagle3 import cpu_attention
+
+    assert cpu_attention.cpu_model(info) == "AMD EPYC 7B13 64-Core Processor"
+    assert cpu_attention.cpu_model("processor\t: 0\n") == "?"
+
+
 def test_the_shipped_file_holds_only_usable_tables():
     """Every entry of configs/live_k_start.yaml is a whole table for k up to the shipped 5, with what measured it; an
     emulated host kind is never listed (its cores are another kind's)."""

@@ -31,14 +31,12 @@ def machine_info() -> dict[str, str]:
 
     from vllm_eagle3 import cpu_attention, envs
 
-    lscpu = sh("lscpu")
     flags = cpu_attention.cpu_flags()  # as the engine sees them: without AVX-512 / AMX under `emulate avx2`
     hardware = cpu_attention.hardware_flags()
     wide = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in hardware]
-    model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
     git = shlex.quote(str(REPO))
     return {
-        "cpu": model,
+        "cpu": cpu_attention.cpu_model(),
         "nproc": sh("nproc"),
         "memory": sh("free -g | awk '/Mem:/ {print $2\" GiB\"}'"),
         "flags": " ".join(f for f in ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx2") if f in flags) or "?",
