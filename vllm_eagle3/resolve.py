@@ -181,10 +181,11 @@ def plugin_config(additional_config: Mapping[str, Any] | None) -> dict[str, Any]
 def spec_source(config: Any = None, environ: Mapping[str, str] | None = None) -> SpecSource:
     """The precedence, stated once: ``config`` (a ``VllmConfig``, or its ``additional_config`` mapping) carrying
     ``vllm_eagle3.capture_spec`` or ``vllm_eagle3.convention`` wins over the environment's ``EAGLE3_SPEC`` /
-    ``EAGLE3_CONVENTION`` (``environ``, default ``os.environ``), which are the fallback."""
+    ``EAGLE3_CONVENTION`` (``environ``, default ``os.environ``), which are the fallback. A ``vllm_eagle3`` mapping
+    with neither (only runtime options such as ``live_k``) says nothing of the spec, so the environment's applies."""
     additional = getattr(config, "additional_config", config)
     mine = plugin_config(additional if isinstance(additional, Mapping) else None)
-    if mine:
+    if "capture_spec" in mine or "convention" in mine:
         sf = (
             spec_file_from_mapping(mine["capture_spec"], f"{CONFIG_SPEC_SOURCE} {CONFIG_KEY}.capture_spec")
             if "capture_spec" in mine

@@ -245,6 +245,9 @@ def test_config_spec_wins_over_the_environment(target, tmp_path, spec_yaml):
     )
     assert spec_source(None, {ENV_CONVENTION: "vllm"}).origin == "$EAGLE3_CONVENTION"
     assert spec_source(None, {}).origin == "none"
+    # Runtime options alone (live k off) say nothing of the spec: the env var's spec still applies, not "none".
+    options_only = spec_source({CONFIG_KEY: {"live_k": False}}, {ENV_SPEC: str(spec_yaml)})
+    assert options_only.origin == "$EAGLE3_SPEC" and options_only.spec_file.spec.taps == (0, 3, 31)
 
 
 def test_unknown_plugin_config_key_is_refused():
