@@ -322,3 +322,45 @@ def write_spec_yaml(
         lines.append(f"draft_ids_convention: {draft_ids_convention}")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def build_eagle3_echo_draft(folder: str | Path, target: str | Path, aux_ids: Sequence[int], slot: int = 0) -> Path:
+    """An EAGLE-3 draft (``LlamaForCausalLMEagle3``) for ``target`` whose proposals are set by one aux slot: it
+    proposes, for every draft step, the token whose embedding the target handed it in aux slot ``slot`` (the spec's
+    ``embed`` tap). At position t the aux list is the target's state for token t while the draft's input token is
+    t+1, so it proposes x[t+2] = x[t]: accepted wherever the target's greedy output repeats a token or alternates two.
+
+    Built on :func:`build_eagle3_draft` (full draft vocabulary, no ``d2t``/``t2d``): ``fc`` copies slot ``slot``
+    into the residual (``[0 .. I .. 0]``), the midlayer's ``o_proj`` and ``down_proj`` are zero (attention and MLP
+    add nothing), and ``lm_head`` rows are the target's input embeddings scaled to unit RMS, so after the final
+    RMSNorm the largest logit is the embedded token itself (Cauchy-Schwarz; the rows are distinct). A draft fed the
+    wrong tensor in that slot (a reordered or wrong aux list) proposes tokens from a hidden state instead, and is
+    then almost never accepted.
+    """
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    tcfg = json.loads((Path(target) / "config.json").read_text())
+    V = int((tcfg.get("text_config") or tcfg)["vocab_size"])
+    folder = build_eagle3_draft(folder, target, aux_ids, draft_vocab_size=V)
+    weights = load_file(str(folder / "model.safetensors"))
+    for key in ("d2t", "t2d"):
+        weights.pop(key)
+    emb = None
+    for f in sorted(Path(target).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                if name.endswith("model.embed_tokens.weight") and not name.startswith("vision"):
+                    emb = st.get_tensor(name).to(torch.float32)
+    assert emb is not None and emb.shape[0] == V, f"no [{V}, H] embed_tokens weight in {target}"
+    H = emb.shape[1]
+    fc = torch.zeros(H, len(aux_ids) * H)
+    fc[:, slot * H : (slot + 1) * H] = torch.eye(H)
+    weights["fc.weight"] = fc
+    weights["midlayer.self_attn.o_proj.weight"].zero_()
+    weights["midlayer.mlp.down_proj.weight"].zero_()
+    # eps: the pad token's embedding row is all zeros (padding_idx); its lm_head row stays zero, not NaN
+    weights["lm_head.weight"] = (emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)).contiguous()
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
