@@ -22,6 +22,14 @@ probabilities, each at alpha 1e-3 (family-wise 2e-3; a shift of effect size w = 
 Structured output on V2 (issue 47 item 3), in the same two engines: tests/e2e/test_structured_output_spec.py's
 completions cases of its first prompt (json_schema, regex, choice; greedy, one batch): the speculative engine's tokens
 equal the target alone's, each finished by "stop" and valid, with drafts verified and accepted meanwhile.
+
+Batches: on the speculative engine the greedy-with-bias requests and the structured ones each run in a batch of their
+own (the drafts and acceptances counted around them are theirs), the +100-bias and min-p requests share one; the target
+alone serves its greedy-with-bias and structured requests in one batch (one set of decode steps instead of two; its
+batches differ from the speculative engine's either way, whose verify steps carry k + 1 rows a request; seeds are per
+request). The process's ``[v2 sampling]`` lines give the seconds
+since it started: the 400 seeded requests take about half of it (V2's rejection sampler in Triton's interpreter, and
+the target's 400 prefills: MLA on vLLM-CPU has no prefix caching).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -103,8 +112,8 @@ def _spec_counts(llm) -> dict[str, float]:
     }
 
 
-def _structured(llm) -> dict[str, dict]:
-    """STRUCTURED's requests, greedy, in one batch: each one's token ids, text and finish reason."""
+def _structured_requests() -> tuple[list[str], list]:
+    """STRUCTURED's requests, greedy: their prompts and sampling parameters."""
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -114,11 +123,21 @@ def _structured(llm) -> dict[str, dict]:
         )
         for _, keywords, _ in STRUCTURED.values()
     ]
-    outs = llm.generate([prompt for prompt, _, _ in STRUCTURED.values()], params, use_tqdm=False)
+    return [prompt for prompt, _, _ in STRUCTURED.values()], params
+
+
+def _structured_results(outs) -> dict[str, dict]:
+    """Each structured request's token ids, text and finish reason, by name (``outs`` in STRUCTURED's order)."""
     return {
         name: {"ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text, "finish": o.outputs[0].finish_reason}
         for name, o in zip(STRUCTURED, outs)
     }
+
+
+def _structured(llm) -> dict[str, dict]:
+    """STRUCTURED's requests, greedy, in one batch of their own."""
+    prompts, params = _structured_requests()
+    return _structured_results(llm.generate(prompts, params, use_tqdm=False))
 
 
 def _speculative(out: dict, say) -> None:
@@ -143,11 +162,12 @@ def _speculative(out: dict, say) -> None:
         ]
         out["greedy_bias"] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy, use_tqdm=False)]
         out["greedy_counts"] = {k: v - c0[k] for k, v in _spec_counts(llm).items()}
+        say(f"greedy with a bias: {GREEDY_PROMPTS} requests; speculation {out['greedy_counts']}")
+        # The +100 bias requests and the min-p ones in one batch (rows of both kinds side by side in V2's sampler)
         forced = [
             SamplingParams(max_tokens=16, temperature=t, seed=s, ignore_eos=True, logit_bias={FORCED: 100.0})
             for t, s in ((0.0, 0), (1.0, 1), (1.0, 2), (0.7, 3))
         ]
-        out["forced"] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, forced, use_tqdm=False)]
         accepted = [
             SamplingParams(max_tokens=16, temperature=0.8, min_p=0.1, seed=1),
             SamplingParams(
@@ -163,7 +183,10 @@ def _speculative(out: dict, say) -> None:
             SamplingParams(max_tokens=16, temperature=0.0, min_p=0.3),
             SamplingParams(max_tokens=16, temperature=1.0, min_p=0.05, logit_bias={FORCED: -5.0}, seed=3),
         ]
-        out["min_p_lengths"] = [len(o.outputs[0].token_ids) for o in llm.generate(prompts, accepted, use_tqdm=False)]
+        outs = llm.generate(prompts + prompts, forced + accepted, use_tqdm=False)
+        out["forced"] = [list(o.outputs[0].token_ids) for o in outs[: len(forced)]]
+        out["min_p_lengths"] = [len(o.outputs[0].token_ids) for o in outs[len(forced) :]]
+        say(f"+100 bias and min-p: {len(forced) + len(accepted)} requests")
         c0 = _spec_counts(llm)
         out["structured"] = _structured(llm)
         out["structured_counts"] = {k: v - c0[k] for k, v in _spec_counts(llm).items()}
@@ -202,9 +225,11 @@ def _plain(out: dict, say) -> None:
             SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True, logit_bias=greedy_bias(w))
             for w in want
         ]
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
-        out["plain_greedy_bias"] = [list(o.outputs[0].token_ids) for o in outs]
-        out["plain_structured"] = _structured(llm)
+        texts, structured = _structured_requests()  # with the greedy requests: one batch, the same outputs
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts] + texts, greedy + structured, use_tqdm=False)
+        out["plain_greedy_bias"] = [list(o.outputs[0].token_ids) for o in outs[: len(greedy)]]
+        out["plain_structured"] = _structured_results(outs[len(greedy) :])
+        say(f"greedy with a bias and structured output: {len(outs)} requests")
         ban = set(banned(want[0]))
         top_params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=TOP)
 
@@ -229,9 +254,10 @@ def _plain(out: dict, say) -> None:
 
 def main(path: str) -> int:
     out: dict = {}
+    t0 = time.monotonic()
 
     def say(line: str) -> None:
-        print(f"[v2 sampling] {line}", file=sys.stderr, flush=True)
+        print(f"[v2 sampling] {time.monotonic() - t0:5.0f} s: {line}", file=sys.stderr, flush=True)
 
     try:
         _speculative(out, say)
