@@ -3,7 +3,9 @@
 GPU vLLM serves EAGLE-3 on Model Runner V2 (``vllm/v1/worker/gpu/``); vLLM-CPU builds V1. Under ``vllm-eagle3 emulate
 v2`` (vllm_eagle3/tools/v2_site) every process builds V2, whose Triton kernels run in Triton's interpreter: V2's real
 ``execute_model`` / ``sample_tokens``, rejection sampler and ``EagleSpeculator`` serve here. Each run is ``vllm-eagle3
-selftest`` (vllm_eagle3/tools/selftest.py) in a process of its own, its numbers written as JSON:
+selftest``'s ``main`` (vllm_eagle3/tools/selftest.py, its command-line arguments), its numbers written as JSON; the two
+V1 runs share one process and the two V2 runs another (this file's ``main``: vLLM imported once per environment, every
+engine still a process tree of its own, started and stopped by the selftest):
 
 - V1, Llama head (``models/kimi-k25-mini-eagle3``), with an engine without speculation: the reference, and the
   selftest CI runs on V1;
@@ -15,7 +17,8 @@ Guards: the plugin's capture or check relying on something V2 does not do as V1 
 stale check taps under a graph replay), and a V2 hook that changes what is served. Exact comparisons (float32):
 greedy tokens, the draft's input (``torch.equal`` with cat of the step's aux list), per-position accepted counts and
 the check's anchor counts; the taps against transformers within the selftest's ``TAP_RTOL`` (its docstring says why).
-Cost: four engine starts and one reference load each (~8 min on a loaded 2-core box).
+Cost: five engine starts (the V1 Llama run's second is its engine without speculation) and one reference load per
+run, in two processes (~3-4 min on a loaded 2-core box).
 """
 
 from __future__ import annotations
@@ -37,55 +40,72 @@ RUN_TIMEOUT_S = 1200
 pytestmark = pytest.mark.e2e
 
 
-def _run(name: str, argv: list[str], v2: bool, out: Path) -> dict:
+RUNS: dict[str, tuple[str, list[str]]] = {
+    "v1": ("vllm_eagle3.tools.selftest", []),
+    "v1_mla": ("vllm_eagle3.tools.selftest", ["--draft", str(MLA), "--no-baseline"]),
+    "v2_replayed": (
+        "vllm_eagle3.testing.replay",
+        ["--target", str(REPO / "models" / "kimi-k25-mini"), "--draft", str(LLAMA), "--capture-spec", str(SPEC)],
+    ),
+    "v2_mla": ("vllm_eagle3.tools.selftest", ["--draft", str(MLA), "--no-baseline"]),
+}
+"""name -> the module whose ``main(argv)`` runs it (``vllm-eagle3 selftest``'s, or the replay's) and its arguments."""
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/e2e/test_model_runner_v2.py OUT NAME...``: RUNS' NAMEs one after another in this process (its
+    environment V1's or ``emulate v2``'s), each writing OUT/NAME.json with its exit status added as ``exit``."""
+    import importlib
+    import traceback
+
+    out = Path(argv[0])
+    for name in argv[1:]:
+        module, args = RUNS[name]
+        path = out / f"{name}.json"
+        print(f"[{name}] python -m {module} {' '.join(args)}", flush=True)
+        try:
+            code = importlib.import_module(module).main([*args, "--json", str(path)])
+        except Exception:  # noqa: BLE001 - the run failed; the next one still runs, the test reports it
+            traceback.print_exc()
+            code = 1
+        print(f"[{name}] exit {code}", flush=True)
+        if path.is_file():
+            path.write_text(json.dumps({**json.loads(path.read_text()), "exit": code}))
+    return 0
+
+
+def _run(names: list[str], v2: bool, out: Path) -> dict[str, dict]:
+    """RUNS' ``names`` in one process of their own (Python, vLLM and torch imported once for them)."""
     from vllm_eagle3.tools.emulate import v2_environ
 
     env = v2_environ() if v2 else dict(os.environ)
-    log = out / f"{name}.log"
+    log = out / f"{'v2' if v2 else 'v1'}.log"
     with log.open("w") as f:
         proc = subprocess.run(
-            [sys.executable, "-m", *argv, "--json", str(out / f"{name}.json")],
+            [sys.executable, __file__, str(out), *names],
             env=env,
             cwd=REPO,
             stdout=f,
             stderr=subprocess.STDOUT,
-            timeout=RUN_TIMEOUT_S,
+            timeout=RUN_TIMEOUT_S * len(names),
         )
     text = log.read_text(errors="replace")
     print(
-        f"[{name}] exit {proc.returncode}\n"
+        f"[{log.name}] exit {proc.returncode}\n"
         + "\n".join(line for line in text.splitlines() if not line.startswith("(")),
         flush=True,
     )
-    assert (out / f"{name}.json").is_file(), f"{name} wrote no results (exit {proc.returncode}); log {log}"
-    data = json.loads((out / f"{name}.json").read_text())
-    data["exit"] = proc.returncode
-    return data
+    runs = {}
+    for name in names:
+        assert (out / f"{name}.json").is_file(), f"{name} wrote no results (exit {proc.returncode}); log {log}"
+        runs[name] = json.loads((out / f"{name}.json").read_text())
+    return runs
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("runner_v2")
-    selftest = ["vllm_eagle3.tools.selftest"]
-    return {
-        "v1": _run("v1", selftest, False, out),
-        "v2_replayed": _run(
-            "v2_replayed",
-            [
-                "vllm_eagle3.testing.replay",
-                "--target",
-                str(REPO / "models" / "kimi-k25-mini"),
-                "--draft",
-                str(LLAMA),
-                "--capture-spec",
-                str(SPEC),
-            ],
-            True,
-            out,
-        ),
-        "v1_mla": _run("v1_mla", [*selftest, "--draft", str(MLA), "--no-baseline"], False, out),
-        "v2_mla": _run("v2_mla", [*selftest, "--draft", str(MLA), "--no-baseline"], True, out),
-    }
+    return {**_run(["v1", "v1_mla"], False, out), **_run(["v2_replayed", "v2_mla"], True, out)}
 
 
 def _lines(run: dict) -> dict[str, dict]:
@@ -154,3 +174,7 @@ def test_check_scores_the_same_when_every_forward_is_replayed(runs):
     assert got["anchors"] == want["anchors"]
     assert [c["position0"] for c in got["candidates"]] == [c["position0"] for c in want["candidates"]]
     assert _lines(replayed)["check"]["ok"] and _lines(replayed)["watch"]["ok"]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
