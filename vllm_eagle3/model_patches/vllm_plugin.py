@@ -17,6 +17,7 @@ from vllm_eagle3.model_patches import vllm_cpu_spec_min_p_logit_bias
 from vllm_eagle3.model_patches import vllm_endpoint_default
 from vllm_eagle3.model_patches import vllm_v2_spec_min_p_logit_bias
 from vllm_eagle3.model_patches import vllm_media_fetch_unreachable
+from vllm_eagle3.model_patches import vllm_cpu_no_spin
 
 VLLM_PATCHES = (
     vllm_cpu_block_size.PATCH,
@@ -30,6 +31,7 @@ VLLM_PATCHES = (
     vllm_cpu_onednn_release.PATCH,
     vllm_cpu_spec_min_p_logit_bias.PATCH,
     vllm_v2_spec_min_p_logit_bias.PATCH,
+    vllm_cpu_no_spin.PATCH,
 )
 
 
