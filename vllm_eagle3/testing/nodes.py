@@ -43,6 +43,33 @@ def one_core_per_node(rank: int) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": str(rank), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_HOST_IP": LOOPBACK}
 
 
+def quiet_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port below the kernel's ephemeral range, for ``--master-port``.
+
+    Node 0's worker binds the master port tens of seconds after it is chosen (imports, engine start). A port from
+    :func:`free_port` lies in the ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 here),
+    which every outgoing connection and every ``bind(0)`` on the box draws from, and under ``make test -n 2`` the
+    other worker's clients open connections all the time: one took the port first (node 0: ``EADDRINUSE``). The
+    kernel hands out no port below that range by itself, so only another test choosing the same one could take it."""
+    import random
+    import socket
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(20000, max(low, 20001))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    return free_port(host)
+
+
 class NodeServer(VllmServer):
     """Node ``rank`` of a multi-node ``vllm serve``: node 0 serves the API on ``host:port``, the others run
     ``--headless``. ``serve_args`` are vLLM's options shared by every node (model, config, parallel sizes);
@@ -97,7 +124,7 @@ class NodeGroup:
         cwd: str | Path | None = None,
         plugin_ranks: Sequence[int] = (),
     ) -> None:
-        master_port = free_port()
+        master_port = quiet_port()
         self.nodes = [
             NodeServer(
                 serve_args,
