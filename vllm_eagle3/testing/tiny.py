@@ -338,8 +338,9 @@ def build_eagle3_echo_draft(folder: str | Path, target: str | Path, aux_ids: Seq
     then almost never accepted.
     """
     import torch
-    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
+
+    from vllm_eagle3.reference.core import load_target_embedding
 
     tcfg = json.loads((Path(target) / "config.json").read_text())
     V = int((tcfg.get("text_config") or tcfg)["vocab_size"])
@@ -347,13 +348,8 @@ def build_eagle3_echo_draft(folder: str | Path, target: str | Path, aux_ids: Seq
     weights = load_file(str(folder / "model.safetensors"))
     for key in ("d2t", "t2d"):
         weights.pop(key)
-    emb = None
-    for f in sorted(Path(target).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as st:
-            for name in st.keys():
-                if name.endswith("model.embed_tokens.weight") and not name.startswith("vision"):
-                    emb = st.get_tensor(name).to(torch.float32)
-    assert emb is not None and emb.shape[0] == V, f"no [{V}, H] embed_tokens weight in {target}"
+    emb = load_target_embedding(Path(target))
+    assert emb.shape[0] == V, f"{target}'s embed_tokens has {emb.shape[0]} rows, its config {V}"
     H = emb.shape[1]
     fc = torch.zeros(H, len(aux_ids) * H)
     fc[:, slot * H : (slot + 1) * H] = torch.eye(H)
