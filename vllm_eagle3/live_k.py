@@ -15,20 +15,26 @@ wraps the scheduler), which answers from measurements of the machine that serves
   first j drafts are all accepted, counted over every verified draft (acceptance belongs to the head and the text,
   not to the batch size, so all buckets share it). A position never drafted yet is extrapolated from the last one
   measured (the head's conditional acceptance rate held).
-- **choice**: each bucket starts at the configured table's k and first *settles*: every ``settle_every`` steps it
+- **choice**: a bucket whose start was measured on this kind of host (``measured_start``: the table of
+  ``configs/live_k_start.yaml``) starts *settled* at that k (below). Any other starts at the configured table's k
+  and first *sweeps*: every ``settle_every`` steps it
   holds another k for ``hold`` steps, each k of 0..max_k in turn (the least probed first, the nearest first among
   those), until every one has ``min_probes`` probes; then the k whose tokens per second beat the current k's by
-  ``margin`` and by two standard errors, the most, takes over and the bucket settles again from there. While none
+  ``margin`` and by two standard errors, the most, takes over and the bucket sweeps again from there. While none
   does, the k that may still win (gain plus two standard errors above the margin) race on, up to ``evidence`` probes
   each; when none is left, the bucket is settled. A table measured on another machine is often wrong by more than
   one k, and the cost curve is flat near its best (a neighbour alone may gain under the margin while k two away gains
   15 %): a sweep finds it in a few hundred steps where walking one k at a time did not move at all. Settled, every
   ``explore_every`` steps it holds a neighbouring k (one below, then one above, alternating) for ``hold`` steps; a
-  neighbour takes over by the same rule over its last ``evidence`` probes, and the bucket settles again. Each probe
+  neighbour takes over by the same rule over its last ``evidence`` probes, and the bucket sweeps again. Each probe
   is a paired measurement: its steps' cost against the current k's steps just before it. Exploration is bounded:
   ``hold / (explore_every + hold)`` of a settled bucket's steps (10 % by default), and a sweep ends after at
   most ``evidence`` probes of each k; pairing and the evidence rule keep a noisy machine from walking k away from the
   best (comparing moving averages did: in a side-by-side benchmark on two busy cores it took batch 1 from k=5 to k=2).
+  A sweep is the price of a start that may be wrong: two thirds of its ~180 steps draft another k. From a start
+  measured on this host kind it was paid in full on every fresh server, and `bench --plan shipped` on the AMD EPYC
+  (AVX-512) fell from 2.19 / 1.12x to 1.90 / 0.99x at c = 1 / 32 (k = 2 drafted in 53 of c = 32's 192 steps), so such
+  a start is settled from the first step; a neighbour that wins still moves it, and the bucket then sweeps.
 - **graphs**: with CUDA graphs every k it may draft must run the same kind of step, or a probe measures graphs, not
   k. :func:`vllm_eagle3.live_k_vllm.graph_tokens_of` refuses graph modes captured per k; under PIECEWISE graphs
   (keyed by token count) a neighbour is probed only where both k run graphed, or both eager, at every batch size
@@ -124,7 +130,7 @@ class _Bucket:
     probe_k: int | None = None
     probe_left: int = 0
     next_up: bool = False  # the next probe goes above the current k (alternates)
-    settled: bool = False  # False: sweeping every k (since the start or the last change)
+    settled: bool = False  # False: sweeping every k (since a start not measured here, or the last change)
     window: list[float] = dataclasses.field(default_factory=list)  # the last samples at k, just before a probe
     probed: list[float] = dataclasses.field(default_factory=list)  # this probe's samples
     evidence: dict[int, list[float]] = dataclasses.field(default_factory=dict)  # k -> log(cost at k / cost now)
@@ -137,7 +143,8 @@ class LiveK:
     entry per batch size the engine runs); ``graph_tokens`` the largest decode step (tokens) that replays a CUDA graph
     (None: the engine captures none): a probe never crosses that line, so it compares k, not graph against eager;
     ``held()`` says whether probing must wait (a seeded sampled request is served: its text depends on the k of every
-    step), asked only at steps that would probe; ``clock`` is injectable for tests. :meth:`__getitem__` is vLLM's
+    step), asked only at steps that would probe; ``measured_start``: ``start`` was measured on this host kind, so each
+    bucket starts settled instead of sweeping; ``clock`` is injectable for tests. :meth:`__getitem__` is vLLM's
     lookup; :meth:`observe` takes each finished
     step. Not thread-safe: the scheduler calls both from its one thread.
     """
@@ -150,11 +157,12 @@ class LiveK:
         clock: Callable[[], float] = time.monotonic,
         held: Callable[[], bool] = lambda: False,
         graph_tokens: int | None = None,
+        measured_start: bool = False,
     ) -> None:
         if max_k < 1:
             raise LiveKError(f"live_k needs num_speculative_tokens >= 1, got {max_k}")
         self.max_k, self.start, self.settings, self.clock, self.held = max_k, list(start), settings, clock, held
-        self.graph_tokens = graph_tokens
+        self.graph_tokens, self.measured_start = graph_tokens, measured_start
         self.buckets: dict[int, _Bucket] = {}
         self.drafted = [0.0] * (max_k + 1)  # [j]: drafts of length >= j (decayed counts)
         self.accepted = [0.0] * (max_k + 1)  # [j]: drafts whose first j tokens were all accepted
@@ -207,7 +215,8 @@ class LiveK:
     def _bucket(self, batch: int) -> _Bucket:
         key = bucket_of(batch)
         if key not in self.buckets:
-            self.buckets[key] = _Bucket(k=min(self.start[min(batch, len(self.start) - 1)], self.max_k))
+            k = min(self.start[min(batch, len(self.start) - 1)], self.max_k)
+            self.buckets[key] = _Bucket(k=k, settled=self.measured_start)
         return self.buckets[key]
 
     def _start_probe(self, b: _Bucket, key: int) -> int:

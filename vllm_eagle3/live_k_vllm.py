@@ -18,7 +18,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from vllm_eagle3 import LOGGER, envs
 from vllm_eagle3.live_k import CONFIG_NAME, LiveK, LiveKError, Settings, bucket_of
@@ -118,8 +118,15 @@ def attach(scheduler: Any) -> LiveK | None:
     graph_tokens = graph_tokens_of(scheduler.vllm_config)
     max_k, table = scheduler.num_spec_tokens, scheduler.dynamic_sd_lookup
     size = len(table) if table else getattr(scheduler, "max_num_running_reqs", 1) + 1  # dense, like vLLM's
-    start, where = start_of(scheduler.vllm_config, settings, max_k, table or None, size)
-    live = LiveK(max_k, start, settings, held=functools.partial(_seeded_sampling, scheduler), graph_tokens=graph_tokens)
+    start = start_of(scheduler.vllm_config, settings, max_k, table or None, size)
+    live = LiveK(
+        max_k,
+        start.table,
+        settings,
+        held=functools.partial(_seeded_sampling, scheduler),
+        graph_tokens=graph_tokens,
+        measured_start=start.measured,
+    )
     scheduler.dynamic_sd_lookup = live
     setattr(scheduler, _MARK, live)
     scheduler._vllm_eagle3_live_k_steps = {}
@@ -128,16 +135,18 @@ def attach(scheduler: Any) -> LiveK | None:
         if graph_tokens is None
         else f"PIECEWISE CUDA graphs up to {graph_tokens} tokens: a probe stays on k's side of that line"
     )
+    sweep = (
+        f"sweeps every k ({settings.min_probes} probes each, one every {settings.settle_every} steps) and settles on "
+        f"the fastest by {100 * settings.margin:.0f} %"
+    )
     logger.info(
         "vllm-eagle3 live k: on; k in 0..%d per batch size, measured on this machine while serving: each batch-size "
-        "bucket starting from %s sweeps every k (%d probes each, one every %d steps) and settles on the fastest by "
-        "%.0f %%, then probes a neighbouring k every %d steps for %d; %s; "
-        "each change is logged",
+        "bucket %s, then probes a neighbouring k every %d steps for %d; %s; each change is logged",
         max_k,
-        where,
-        settings.min_probes,
-        settings.settle_every,
-        100 * settings.margin,
+        f"starts settled at {start.where}; a neighbour faster by {100 * settings.margin:.0f} % takes over, and the "
+        f"bucket then {sweep}"
+        if start.measured
+        else f"starting from {start.where} {sweep}",
         settings.explore_every,
         settings.hold,
         graphs,
@@ -145,18 +154,24 @@ def attach(scheduler: Any) -> LiveK | None:
     return live
 
 
-def start_of(
-    vllm_config: Any, settings: Settings, max_k: int, table: list[int] | None, size: int
-) -> tuple[list[int], str]:
-    """Where each bucket starts (vLLM's dense lookup, ``size`` entries) and the words that say where it came from: the
-    table measured on this host kind for this draft (:mod:`vllm_eagle3.live_k_start`) when
-    ``configs/live_k_start.yaml`` lists one and ``host_table`` is on, else the serve config's table (``table``; None:
-    k = max_k everywhere)."""
+class Start(NamedTuple):
+    """Where live k starts: vLLM's dense lookup, the words that say where it came from, and whether it was measured on
+    this host kind (then each bucket starts settled instead of sweeping every k)."""
+
+    table: list[int]
+    where: str
+    measured: bool
+
+
+def start_of(vllm_config: Any, settings: Settings, max_k: int, table: list[int] | None, size: int) -> Start:
+    """Where each bucket starts (``size`` entries): the table measured on this host kind for this draft
+    (:mod:`vllm_eagle3.live_k_start`) when ``configs/live_k_start.yaml`` lists one and ``host_table`` is on, else the
+    serve config's table (``table``; None: k = max_k everywhere)."""
     from vllm_eagle3 import live_k_start
 
     configured = "the configured num_speculative_tokens_per_batch_size" if table else f"k = {max_k}"
     if not settings.host_table:
-        return table or [max_k] * size, f"{configured} (written in the config; host_table off)"
+        return Start(table or [max_k] * size, f"{configured} (written in the config; host_table off)", False)
     kind, slug = live_k_start.this_host()
     draft = Path(str(vllm_config.speculative_config.model)).name
     try:
@@ -165,12 +180,13 @@ def start_of(
         raise LiveKError(f"{exc} (or serve with live_k: {{host_table: false}})") from None
     if found is None:
         why = f"{live_k_start.START_FILE} has no {draft} on {slug}"
-        return table or [max_k] * size, f"{configured} (written in the config, not measured on this host kind: {why})"
+        where = f"{configured} (written in the config, not measured on this host kind: {why})"
+        return Start(table or [max_k] * size, where, False)
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
     rows = [list(row) for row in found.table]
     dense = build_dynamic_sd_schedule_lookup(rows, size - 1, max_k)  # as vLLM expands the config's table
-    return dense, f"the table measured on {kind} for {draft}, {rows} ({found.measured})"
+    return Start(dense, f"the table measured on {kind} for {draft}, {rows} ({found.measured})", True)
 
 
 def _verified(scheduler_output: Any, model_runner_output: Any) -> list[tuple[int, int]]:

@@ -194,6 +194,26 @@ def test_a_wrong_start_converges_on_a_noisy_machine(cost, start, best):
         assert len(probes) <= 0.10 * 3000 + (1 + live.changes - changes) * sweep, len(probes)
 
 
+@pytest.mark.parametrize("cost, b, start", [(cost_light, 1, None), (cost_loaded, 64, None), (cost_steep, 32, 5)])
+def test_a_start_measured_on_this_host_kind_is_settled_from_the_first_step(cost, b, start):
+    """``measured_start`` (the table of configs/live_k_start.yaml for this host kind): no sweep, so from the first
+    step at most hold / (explore_every + hold) of the steps probe, always a neighbour. At the right k it stays (the
+    first two cases); at a wrong one it still leaves, and sweeps from there (k = 5 on the steep curve, where k = 2-3
+    is best: the neighbour k = 4 gains ~5 %, over the margin)."""
+    s = Settings()
+    right = best_k(cost, b, 0.7 if start is None else 0.5, 5)
+    clock, probes = Clock(), []
+    live = LiveK(5, [right if start is None else start] * 128, s, clock, measured_start=True)
+    ks = simulate(live, clock, cost, b, 800, p=0.7 if start is None else 0.5, probes=probes)
+    if start is None:
+        assert live.changes == 0 and live.table()[0][2] == right and live.report()["settled"]
+        first = [k for k in ks[:180] if k != right]  # a sweep would draft another k in ~120 of these 180
+        assert len(first) <= 2 * s.hold and len(probes) <= len(ks) * s.hold / (s.explore_every + s.hold) + s.hold
+        assert set(probes) == {k for k in (right - 1, right + 1) if 0 <= k <= 5}
+    else:
+        assert live.changes >= 1 and live.table()[0][2] in near_best(cost, b, 0.5, 5), live.report()
+
+
 def test_acceptance_estimate():
     """a_j counted over verified drafts; a position never drafted is extrapolated with the last conditional rate."""
     live = LiveK(5, [2, 2], Settings(memory=1.0))

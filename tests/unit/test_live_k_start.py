@@ -110,8 +110,9 @@ def on_host(tmp_path, monkeypatch):
 
 
 def test_a_listed_host_kind_starts_from_its_table_and_says_so(on_host):
-    start, words = live_k_vllm.start_of(_config(), Settings(), 5, [1] * 17, 17)
+    start, words, measured = live_k_vllm.start_of(_config(), Settings(), 5, [1] * 17, 17)
     assert start == [0] + [5] * 8 + [2] * 8  # vLLM's dense lookup: index = batch size, 0 unused
+    assert measured  # so each bucket starts settled (tests/unit/test_live_k.py)
     assert live_k_vllm.start_of(_config(), Settings(), 3, None, 12)[0] == [0] + [3] * 8 + [2] * 3  # k 5 capped at 3
     assert words == "the table measured on Test CPU, AVX2 for kimi-k25-mini-eagle3, [[1, 8, 5], [9, 4096, 2]] (a test)"
 
@@ -123,14 +124,14 @@ def test_batch_sizes_past_the_last_row_take_its_k(on_host):
 
 
 def test_another_host_or_draft_starts_from_the_config_and_says_it_was_not_measured_here(on_host, monkeypatch):
-    start, words = live_k_vllm.start_of(_config("/x/other-head"), Settings(), 5, [1] * 17, 17)
-    assert start == [1] * 17
+    start, words, measured = live_k_vllm.start_of(_config("/x/other-head"), Settings(), 5, [1] * 17, 17)
+    assert start == [1] * 17 and not measured
     assert words == (
         "the configured num_speculative_tokens_per_batch_size (written in the config, not measured on this host "
         "kind: configs/live_k_start.yaml has no other-head on test-host)"
     )
-    start, words = live_k_vllm.start_of(_config(), Settings(host_table=False), 5, None, 4)
-    assert start == [5, 5, 5, 5] and words == "k = 5 (written in the config; host_table off)"
+    start, words, measured = live_k_vllm.start_of(_config(), Settings(host_table=False), 5, None, 4)
+    assert start == [5, 5, 5, 5] and not measured and words == "k = 5 (written in the config; host_table off)"
 
 
 def test_a_broken_file_refuses_to_start_naming_the_way_out(on_host):
