@@ -31,10 +31,11 @@ wraps the scheduler), which answers from measurements of the machine that serves
   ``hold / (explore_every + hold)`` of a settled bucket's steps (10 % by default), and a sweep ends after at
   most ``evidence`` probes of each k; pairing and the evidence rule keep a noisy machine from walking k away from the
   best (comparing moving averages did: in a side-by-side benchmark on two busy cores it took batch 1 from k=5 to k=2).
-  A sweep is the price of a start that may be wrong: two thirds of its ~180 steps draft another k. From a start
-  measured on this host kind it was paid in full on every fresh server, and `bench --plan shipped` on the AMD EPYC
-  (AVX-512) fell from 2.19 / 1.12x to 1.90 / 0.99x at c = 1 / 32 (k = 2 drafted in 53 of c = 32's 192 steps), so such
-  a start is settled from the first step; a neighbour that wins still moves it, and the bucket then sweeps.
+  A sweep is the price of a start that may be wrong: two thirds of its ~180 steps draft another k, on every fresh
+  server. A start measured on this host kind is settled from the first step instead (the 10 % bound holds from
+  there); a neighbour that wins still moves it, and the bucket then sweeps. In `bench --plan shipped` on the AMD EPYC
+  (AVX-512) the c = 32 cell drafted the start's k = 2 in 53 of its 192 steps with the sweep, 130 of 212 without (the
+  rest are batches of 8 or fewer as the cell drains, k = 5).
 - **graphs**: with CUDA graphs every k it may draft must run the same kind of step, or a probe measures graphs, not
   k. :func:`vllm_eagle3.live_k_vllm.graph_tokens_of` refuses graph modes captured per k; under PIECEWISE graphs
   (keyed by token count) a neighbour is probed only where both k run graphed, or both eager, at every batch size
