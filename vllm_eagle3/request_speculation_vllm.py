@@ -79,7 +79,7 @@ class Gates:
 
 
 def backoff_of(vllm_config: Any) -> Backoff | None:
-    """The ``draft_backoff`` setting of this config's plugin mapping (absent: the defaults; false: off)."""
+    """The ``draft_backoff`` setting of this config's plugin mapping (true: the defaults; absent or false: off)."""
     from vllm_eagle3.resolve import plugin_config
 
     return Backoff.from_config(plugin_config(getattr(vllm_config, "additional_config", None)).get(CONFIG_NAME))

@@ -135,7 +135,7 @@ class PluginConfig(Settings):
     )
     draft_backoff: Any = Field(
         None,
-        description="true (the default when absent), false or a mapping: a request whose drafts keep failing stops "
+        description="true, false (the default when absent) or a mapping: a request whose drafts keep failing stops "
         "drafting and re-probes (vllm_eagle3/request_speculation.py)",
     )
 

@@ -109,7 +109,7 @@ def test_drafting_steps_is_the_bound():
 @pytest.mark.parametrize(
     "value, want",
     [
-        (None, Backoff()),
+        (None, None),  # off unless asked: on by default it cost 14 % at c = 1 (request_speculation.Backoff)
         (True, Backoff()),
         (False, None),
         ({"misses": 2}, Backoff(misses=2)),
@@ -142,7 +142,7 @@ def test_the_plugin_mapping_takes_draft_backoff():
 
     config = SimpleNamespace(additional_config={"vllm_eagle3": {"draft_backoff": {"misses": 2}}})
     assert backoff_of(config) == Backoff(misses=2)
-    assert backoff_of(SimpleNamespace(additional_config={})) == Backoff()
+    assert backoff_of(SimpleNamespace(additional_config={})) is None  # absent: off
     assert backoff_of(SimpleNamespace(additional_config={"vllm_eagle3": {"draft_backoff": False}})) is None
 
 
