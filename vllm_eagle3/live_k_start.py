@@ -7,8 +7,9 @@ host its k can be wrong by more than one, and live k then spends its first sweep
 widest vector ISA, as every results file names it: ``amd-epyc-avx512``), the table that kind of host was measured to
 want, with what measured it. An engine on a listed host kind starts every bucket from that table and says so at
 start-up, naming the measurement; any other host starts from the serve config's table and says that it was written in
-the config, not measured on this host kind. Live k measures and moves from either start; this only chooses where it
-begins. Off with ``live_k: {host_table: false}``.
+the config, not measured on this host kind. Live k measures and moves from either start; a listed table also starts
+each bucket settled (neighbour probes only) instead of sweeping every k (:class:`vllm_eagle3.live_k.LiveK`'s
+``measured_start``). Off with ``live_k: {host_table: false}``.
 
 The file, one entry per measured (draft, host kind)::
 
