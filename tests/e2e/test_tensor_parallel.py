@@ -109,7 +109,6 @@ def tp2(dsv3_dir, make_draft, reference, tmp_path_factory):
         env={"EAGLE3_SPEC": str(spec), **TP_ENV},
         tensor_parallel_size=TP,
         disable_log_stats=False,
-        in_process=False,  # a worker process per rank
     )
     try:
         engine.llm.apply_model(install_recorder)

@@ -113,7 +113,6 @@ def vllm_mm(kimi_dir, make_draft, tmp_path_factory):
         make_draft(kimi_dir, [0, 3, 31]),
         env={"EAGLE3_SPEC": str(spec), "PYTHONPATH": pythonpath},
         limit_mm_per_prompt={"vision_chunk": 1},
-        in_process=False,  # the worker imports this folder's observers through PYTHONPATH
     )  # images on (start_engine defaults Kimi to 0)
     try:
         engine.llm.apply_model(install_recorder)

@@ -4,11 +4,9 @@ the capture tests' prompt, and functions run in the workers through ``LLM.collec
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from vllm_eagle3.tools import engine as _engine
-from vllm_eagle3.tools.engine import Engine, counter_totals, stop_engine
+from vllm_eagle3.tools.engine import Engine, counter_totals, start_engine, stop_engine
 
 __all__ = [
     "Engine",
@@ -21,17 +19,6 @@ __all__ = [
     "worker_attention_builders",
     "worker_mla_verify_calls",
 ]
-
-
-def start_engine(
-    model: Path, draft: Path | None = None, env: dict[str, str | None] | None = None, in_process: bool = True, **kw: Any
-) -> Engine:
-    """:func:`vllm_eagle3.tools.engine.start_engine`, in the test's process unless ``in_process=False``: two spawned
-    processes fewer per engine (each imports vLLM and torch again). A test whose engine needs processes of its own
-    (another ``VLLM_PLUGINS`` or patch set, TP = 2, the ``vllm serve`` process layout) passes False; one that
-    forgets is refused with the reason."""
-    return _engine.start_engine(model, draft, env, in_process=in_process, **kw)
-
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 """The prompt of every capture test; its token ids are its UTF-8 bytes (tiny byte-level tokenizer)."""

@@ -82,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         prepare=lambda llm: llm.collective_rpc(install_replay)[0],
         after=lambda llm: llm.collective_rpc(stage_state)[0],
         baseline=False,
-        in_process=True,
     )
     data["lines"] = [vars(line) for line in lines]
     args.json.write_text(json.dumps(data, indent=1))

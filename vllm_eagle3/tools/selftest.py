@@ -230,13 +230,11 @@ def selftest(
     prepare=None,
     after=None,
     baseline: bool = True,
-    in_process: bool = False,
 ) -> tuple[list[Line], dict[str, Any]]:
     """The lines and every number behind them. ``prepare(llm)`` / ``after(llm)``: run on the speculative engine once
     it is up / after its requests (tests change how its runner steps, and look at it afterwards). Without
     ``baseline`` no engine without speculation is started: greedy output is compared with the model card's recorded
-    continuation (transformers, float32). ``in_process``: the engines run in this process
-    (:func:`vllm_eagle3.tools.engine.start_engine`), not as the processes ``vllm serve`` runs."""
+    continuation (transformers, float32)."""
     from vllm_eagle3.resolve import load_spec_file
     from vllm_eagle3.tools.doctor.engine import engine_memory_env
     from vllm_eagle3.tools.engine import environment
@@ -260,12 +258,10 @@ def selftest(
 
     say(f"starting vLLM with {draft.name} (k = {k}, float32) ...")
     with environment(env):  # the engine's processes and this one (the tensors the recorders send back)
-        return _run(
-            target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data, say, prepare, after, in_process
-        )
+        return _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data, say, prepare, after)
 
 
-def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data, say, prepare, after, in_process):
+def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data, say, prepare, after):
     from vllm import SamplingParams
 
     from vllm_eagle3.tools.doctor.measure import load_target, run_target
@@ -288,7 +284,6 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
         max_model_len=max(256, length),
         additional_config=plugin,
         disable_log_stats=False,
-        in_process=in_process,
     )
     try:
         info = engine.llm.collective_rpc(_runner_info)[0]
@@ -353,7 +348,7 @@ def _run(target, draft, taps, k, prompts, max_tokens, work, own_spec, env, data,
         plain_tokens, than = data["card_tokens"], "as the model card's recorded float32 continuation"
     else:
         say("starting vLLM without speculation ...")
-        plain = start_engine(target, None, env=env, max_model_len=max(256, length), in_process=in_process)
+        plain = start_engine(target, None, env=env, max_model_len=max(256, length))
         try:
             t0 = time.monotonic()
             outs = plain.llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
@@ -405,11 +400,6 @@ def main(argv: list[str] | None = None) -> int:
         "float32 continuation instead (faster; float32 only)",
     )
     p.add_argument("--json", type=Path, help="also write every number (and the tokens) here")
-    p.add_argument(
-        "--in-process",
-        action="store_true",
-        help="run the engines in this process (two process start-ups fewer each; vllm serve spawns them)",
-    )
     args = p.parse_args(argv)
     t0 = time.monotonic()
     say = lambda line: print(f"[selftest] {line}", flush=True)  # noqa: E731
@@ -423,7 +413,6 @@ def main(argv: list[str] | None = None) -> int:
             args.max_tokens,
             say,
             baseline=not args.no_baseline,
-            in_process=args.in_process,
         )
     except Exception as exc:  # noqa: BLE001 - the operator gets one line and a non-zero exit, the log has the rest
         cause = getattr(exc, "engine_log", "")
