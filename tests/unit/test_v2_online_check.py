@@ -123,12 +123,13 @@ def vllm_cpu_shims(monkeypatch):
     ):
         for name in names:
             monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
-    if "vllm.v1.worker.cpu.shm" not in sys.modules:
-        monkeypatch.setitem(sys.modules, "vllm.v1.worker.cpu.shm", None)  # records "absent": removed after the test
-        monkeypatch.delitem(sys.modules, "vllm.v1.worker.cpu.shm")
+    imported_here = "vllm.v1.worker.cpu.shm" not in sys.modules
     import vllm.v1.worker.cpu.shm as shm
 
     importlib.reload(shm)
+    yield
+    if imported_here:
+        del sys.modules["vllm.v1.worker.cpu.shm"]
 
 
 def _v2_step(aux):
